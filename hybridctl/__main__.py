@@ -1,0 +1,3 @@
+from hybridctl.cli import main
+
+main()

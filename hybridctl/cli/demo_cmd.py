@@ -1,0 +1,3 @@
+"""`hybridctl demo` (placeholder until its issue lands)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""`hybridctl doctor` (placeholder until its issue lands)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""`hybridctl init` (placeholder until its issue lands)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""`hybridctl schema` (placeholder until its issue lands)."""
+
+from __future__ import annotations

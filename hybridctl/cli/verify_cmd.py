@@ -1,0 +1,3 @@
+"""`hybridctl verify` (placeholder until its issue lands)."""
+
+from __future__ import annotations

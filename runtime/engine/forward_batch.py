@@ -1,0 +1,66 @@
+"""The contract between the engine (scheduler, pools) and the model code.
+
+The engine owns memory: it allocates the buffers in `PoolBuffers` from the model's `ModelLayout`, hands out KV
+token slots and state slots, and builds one `ForwardBatch` per step. The model only reads and writes those buffers
+at the indices it is given; it never allocates cache memory itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """What the engine needs to size and allocate the two pools for a model."""
+
+    num_layers: int
+    attn_layer_ids: tuple[int, ...]  # model layer index of each full-attention layer, in order
+    linear_layer_ids: tuple[int, ...]  # model layer index of each linear-attention / Mamba layer, in order
+    num_kv_heads: int  # per rank
+    head_dim: int  # K head dim of full attention
+    v_head_dim: int  # V head dim of full attention
+    conv_state_shape: tuple[int, ...]  # per slot, per linear layer, e.g. (conv_dim, kernel - 1)
+    ssm_state_shape: tuple[int, ...]  # per slot, per linear layer, e.g. (heads, k_dim, v_dim)
+    vocab_size: int
+
+
+@dataclass
+class PoolBuffers:
+    """Cache memory the model reads and writes. Index 0 of each list is the first layer of that kind."""
+
+    k: list[torch.Tensor]  # per full-attention layer: [num_token_slots, num_kv_heads, head_dim]
+    v: list[torch.Tensor]  # per full-attention layer: [num_token_slots, num_kv_heads, v_head_dim]
+    conv: list[torch.Tensor]  # per linear layer: [num_state_slots, *conv_state_shape]
+    ssm: list[torch.Tensor]  # per linear layer: [num_state_slots, *ssm_state_shape]
+
+
+@dataclass
+class ForwardBatch:
+    """One model step over several sequences.
+
+    extend: each sequence appends `extend_lens[i]` new tokens after `prefix_lens[i]` tokens already cached (their K/V
+    in the KV pool and their recurrent state in `state_slots[i]`; a sequence with prefix_len 0 starts from a zeroed
+    slot). decode: every extend_len is 1. The model writes the new tokens' K/V at `out_locs`, advances each
+    sequence's state in place in its slot, and returns logits at the positions asked for.
+    """
+
+    mode: Literal["extend", "decode"]
+    input_ids: torch.Tensor  # [T] int64, new tokens of all sequences concatenated
+    positions: torch.Tensor  # [T] int64, absolute positions of those tokens
+    extend_lens: list[int]  # new tokens per sequence
+    prefix_lens: list[int]  # cached tokens per sequence
+    kv_locs: list[torch.Tensor]  # per sequence: KV token-slot of every token 0..prefix+extend-1
+    out_locs: torch.Tensor  # [T]: KV token-slot where each new token's K/V is written
+    state_slots: torch.Tensor  # [B] int64: state-pool slot of each sequence
+    # Logits: by default only for the last new token of each sequence ([B, vocab]). With all_logits the model
+    # returns logits for every new token ([T, vocab]) — speculative verification needs them.
+    all_logits: bool = False
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
