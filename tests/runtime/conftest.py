@@ -1,8 +1,10 @@
 """Shared fixtures for live runtime tests: the demo model, built once, and a real `python -m runtime` server.
 
-`start_runtime_server(model_dir, *extra_args)` starts the server as a subprocess on a free loopback port, waits
-until `/health` answers 200, yields a `RunningServer` (`.url`, `.port`, `.log_path`, `.process`), then stops it with
-SIGTERM and checks it really exited. Nothing here imitates the runtime: tests talk to it over HTTP.
+`start_runtime_server(model_dir, *extra_args)` starts the server as a subprocess on a free loopback port,
+waits until `/health` answers 200, yields a `RunningServer` (`.url`, `.port`, `.log_path`, `.process`), then
+stops it with SIGTERM and checks it really exited. Nothing here imitates the runtime: tests talk to it over
+HTTP. Import it as `from tests.runtime.conftest import start_runtime_server`, or use the
+`runtime_server_factory` fixture.
 """
 
 from __future__ import annotations
