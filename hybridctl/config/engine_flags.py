@@ -1,0 +1,110 @@
+"""SGLang's launch_server flags as package data, dumped from its real argparse parser.
+
+The table lives in `hybridctl/data/sglang-<version>-flags.tsv` (columns: options, dest, type, default, choices,
+action); `scripts/regen_sglang_flags.py` rewrites it from an installed sglang. Reading it needs no sglang.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+DEFAULT_SGLANG_VERSION = "0.5.23"
+
+
+@dataclass(frozen=True)
+class FlagInfo:
+    name: str  # the primary option string, e.g. "--model-path"
+    dest: str  # the ServerArgs field, e.g. "model_path"
+    type: str | None  # "int", "float", "str", ... as argparse reports it; None for flags without a value
+    default: str | None  # Python repr of the default as argparse holds it ("None", "'auto'", "256", ...)
+    choices: tuple[str, ...]
+    action: str  # argparse action class: StoreAction, StoreTrueAction, BooleanOptionalAction, ...
+    aliases: tuple[str, ...] = ()  # the other option strings ("--model" for "--model-path", "--no-x" for "--x")
+
+    @property
+    def takes_value(self) -> bool:
+        return self.action not in {"StoreTrueAction", "StoreFalseAction", "BooleanOptionalAction"} and not (
+            self.action.endswith("StoreTrueAction") or self.action.endswith("StoreConstAction")
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "dest": self.dest,
+            "type": self.type,
+            "default": self.default,
+            "choices": list(self.choices),
+            "action": self.action,
+            "aliases": list(self.aliases),
+        }
+
+
+def available_versions() -> list[str]:
+    """Versions that have a flag table in the package."""
+    names = [p.name for p in resources.files("hybridctl.data").iterdir()]
+    found = [n[len("sglang-") : -len("-flags.tsv")] for n in names if n.startswith("sglang-") and n.endswith("-flags.tsv")]
+    return sorted(found, key=_version_key)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in version.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def nearest_version(version: str) -> str:
+    """The newest table not newer than `version` (else the oldest): flags rarely vanish between patch releases."""
+    versions = available_versions()
+    older = [v for v in versions if _version_key(v) <= _version_key(version)]
+    return older[-1] if older else versions[0]
+
+
+@lru_cache(maxsize=8)
+def sglang_flags(version: str = DEFAULT_SGLANG_VERSION) -> dict[str, FlagInfo]:
+    """Flags of `python -m sglang.launch_server` for `version`, keyed by primary option string ("--page-size").
+
+    Raises KeyError naming the available versions when there is no table for `version`; use `nearest_version`.
+    """
+    path = resources.files("hybridctl.data") / f"sglang-{version}-flags.tsv"
+    if not path.is_file():
+        raise KeyError(
+            f"no SGLang flag table for version {version!r}; available: {', '.join(available_versions())}"
+        )
+    return parse_flag_table(path.read_text(encoding="utf-8"))
+
+
+def parse_flag_table(text: str) -> dict[str, FlagInfo]:
+    flags: dict[str, FlagInfo] = {}
+    reader = csv.DictReader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
+    for row in reader:
+        options = row["options"].split()
+        if not options:
+            continue
+        info = FlagInfo(
+            name=options[0],
+            dest=row["dest"],
+            type=None if row["type"] in ("", "None") else row["type"],
+            default=row["default"] or None,
+            choices=tuple(c for c in (row["choices"] or "").split(",") if c),
+            action=row["action"],
+            aliases=tuple(options[1:]),
+        )
+        flags[info.name] = info
+    return flags
+
+
+def find_flag(name: str, version: str = DEFAULT_SGLANG_VERSION) -> FlagInfo | None:
+    """Resolve what a user may write in `extra_engine_args`: "--page-size", "page-size", "page_size" or an alias."""
+    flags = sglang_flags(version)
+    bare = name.strip().lstrip("-")
+    candidates = {f"--{bare}", f"--{bare.replace('_', '-')}"}
+    for info in flags.values():
+        if info.name in candidates or candidates.intersection(info.aliases) or info.dest == bare:
+            return info
+    return None
