@@ -1,0 +1,1 @@
+"""`hybridctl doctor`: judge the host, predict failures from the config, diagnose logs, write fixes."""

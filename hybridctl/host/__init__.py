@@ -1,0 +1,1 @@
+"""What this machine offers: GPUs, drivers, CUDA VMM, torch and sglang builds (probed only)."""
