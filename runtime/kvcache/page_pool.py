@@ -1,0 +1,44 @@
+"""The paged KV pool's allocator: hands out pages of `page_size` token slots of the full-attention KV buffers.
+
+Page p covers token slots [p * page_size, (p + 1) * page_size). The allocator only tracks which pages are
+free; the prefix cache knows which are cached, and requests know which they hold privately.
+"""
+
+from __future__ import annotations
+
+
+class KVPagePool:
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        # Lowest pages first: keeps early allocations contiguous, which makes dumps readable.
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))
+        self._is_free = [True] * num_pages
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int] | None:
+        """n pages, or None (nothing taken) when fewer than n are free."""
+        if n > len(self._free):
+            return None
+        pages = [self._free.pop() for _ in range(n)]
+        for p in pages:
+            self._is_free[p] = False
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        for p in pages:
+            if self._is_free[p]:
+                raise RuntimeError(f"KV page {p} freed twice")
+            self._is_free[p] = True
+            self._free.append(p)
+
+    def free_pages(self) -> list[int]:
+        return list(self._free)
+
+    def reset(self) -> None:
+        self.__init__(self.num_pages, self.page_size)  # type: ignore[misc]

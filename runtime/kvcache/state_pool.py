@@ -1,0 +1,63 @@
+"""The recurrent-state slot pool: one slot = conv window + SSM state of every linear layer for one sequence.
+
+The allocator tracks free slots; `copy` and `zero` act on the real buffers (all linear layers at once), which
+is how the prefix cache snapshots a running request's state and hands a cached state to a new request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.engine.forward_batch import PoolBuffers
+
+
+class StateSlotPool:
+    def __init__(self, num_slots: int, buffers: PoolBuffers | None) -> None:
+        self.num_slots = num_slots
+        self.buffers = buffers
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._is_free = [True] * num_slots
+        self.copies = 0  # state copies done (snapshots on match and checkpoints)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        if not self._free:
+            return None
+        slot = self._free.pop()
+        self._is_free[slot] = False
+        return slot
+
+    def free(self, slot: int) -> None:
+        if self._is_free[slot]:
+            raise RuntimeError(f"state slot {slot} freed twice")
+        self._is_free[slot] = True
+        self._free.append(slot)
+
+    def free_slots(self) -> list[int]:
+        return list(self._free)
+
+    def zero(self, slot: int) -> None:
+        if self.buffers is None:
+            return
+        for t in (*self.buffers.conv, *self.buffers.ssm):
+            t[slot].zero_()
+
+    def copy(self, src: int, dst: int) -> None:
+        self.copies += 1
+        if self.buffers is None:
+            return
+        for t in (*self.buffers.conv, *self.buffers.ssm):
+            t[dst].copy_(t[src])
+
+    def read(self, slot: int) -> list[torch.Tensor]:
+        """Clones of the slot's tensors (tests compare states with this)."""
+        if self.buffers is None:
+            return []
+        return [t[slot].clone() for t in (*self.buffers.conv, *self.buffers.ssm)]
+
+    def reset(self) -> None:
+        self._free = list(range(self.num_slots - 1, -1, -1))
+        self._is_free = [True] * self.num_slots
