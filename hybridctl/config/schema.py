@@ -35,6 +35,19 @@ class ServerConfig(_Section):
         "auto", description="Serving engine: sglang on GPU hosts with sglang installed, else the bundled runtime."
     )
     tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel degree (GPUs per model replica).")
+    dp_size: int = Field(
+        1, ge=1, le=64, description="Data-parallel replicas behind one server (SGLang's --dp-size)."
+    )
+    ep_size: int = Field(
+        1, ge=1, le=64, description="Expert-parallel degree for MoE layers (SGLang's --ep-size); 1 = off."
+    )
+    nnodes: int = Field(
+        1, ge=1, le=64, description="Nodes one server spans (multi-node tensor/expert parallel)."
+    )
+    node_rank: int = Field(0, ge=0, le=63, description="This node's rank among nnodes (0 = the first node).")
+    dist_init_addr: str | None = Field(
+        None, description="host:port of node 0 for multi-node start-up; required when nnodes > 1."
+    )
 
 
 class MemoryConfig(_Section):
