@@ -1,0 +1,81 @@
+"""What every model class offers the engine and the loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runtime.engine.forward_batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.models.layers.attention import AttentionMetadata
+from runtime.models.layers.packing import SequencePacking
+
+
+@dataclass
+class StepContext:
+    """Per-forward metadata, built once and shared by every layer."""
+
+    batch: ForwardBatch
+    buffers: PoolBuffers
+    attn: AttentionMetadata
+    packing: SequencePacking | None  # None in decode mode
+    state_slots: torch.Tensor
+    out_locs: torch.Tensor
+    positions: torch.Tensor
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, buffers: PoolBuffers, device: torch.device) -> StepContext:
+        decode = batch.mode == "decode"
+        return cls(
+            batch=batch,
+            buffers=buffers,
+            attn=AttentionMetadata.build(batch, device),
+            packing=None if decode else SequencePacking.build(batch, device),
+            state_slots=batch.state_slots.to(device),
+            out_locs=batch.out_locs.to(device),
+            positions=batch.positions.to(device),
+        )
+
+    def logit_rows(self) -> torch.Tensor | None:
+        """Packed indices of the tokens whose logits are returned; None means all of them."""
+        if self.batch.all_logits or self.packing is None:
+            return None
+        return self.packing.last_index
+
+
+class HybridModel(nn.Module):
+    """A causal LM whose layers read and write the engine's pools.
+
+    Subclasses set `config` (a plain dataclass of the fields they use), build modules named exactly like
+    the HF checkpoint's tensors, and implement `layout` and `forward`.
+    """
+
+    config: object
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Tensors the checkpoint carries that this model does not run (e.g. Qwen3-Next's `mtp.*` draft
+        # layers), kept for speculative decoding.
+        self.extra_weights: dict[str, torch.Tensor] = {}
+
+    def layout(self) -> ModelLayout:
+        raise NotImplementedError
+
+    def checkpoint_sources(self) -> dict[str, list[str]]:
+        """Parameters assembled from several checkpoint tensors: param name → tensor names, concatenated
+        on dim 0 in that order and reshaped to the parameter's shape. Other parameters use their own name."""
+        return {}
+
+    def checkpoint_aliases(self) -> dict[str, str]:
+        """Parameters that may fall back to another tensor when absent (tied embeddings)."""
+        return {}
+
+    def extra_weight_prefixes(self) -> tuple[str, ...]:
+        return ()
+
+    def forward(
+        self, batch: ForwardBatch, buffers: PoolBuffers
+    ) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError

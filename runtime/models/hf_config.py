@@ -1,0 +1,58 @@
+"""Typed access to an HF config.json, with errors that name the file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runtime.models.errors import ModelLoadError
+
+_MISSING = object()
+
+
+class HFConfig:
+    def __init__(self, data: dict[str, Any], path: Path) -> None:
+        self.data = data
+        self.path = path
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        value = self.data.get(key, default)
+        if value is _MISSING or (value is None and default is _MISSING):
+            raise ModelLoadError(
+                f"{self.path}: key '{key}' is missing; this model type needs it. Re-export the checkpoint "
+                f"with its original config.json, or add '{key}' to the file."
+            )
+        return value
+
+    def int(self, key: str, default: Any = _MISSING) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ModelLoadError(f"{self.path}: key '{key}' must be an integer, got {value!r}; fix the file.")
+        return value
+
+    def float(self, key: str, default: Any = _MISSING) -> float:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelLoadError(f"{self.path}: key '{key}' must be a number, got {value!r}; fix the file.")
+        return float(value)
+
+    def rope(self, default_theta: float = 10000.0, default_partial: float = 1.0) -> tuple[float, float]:
+        """(rope_theta, partial_rotary_factor) from either the transformers-5 `rope_parameters` dict or
+        the older top-level keys. Only unscaled ("default") RoPE is implemented; others are refused."""
+        params = self.data.get("rope_parameters") or {}
+        scaling = self.data.get("rope_scaling") or {}
+        kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+        if kind != "default":
+            raise ModelLoadError(
+                f"{self.path}: rope type '{kind}' (rope_parameters/rope_scaling) is not supported by the "
+                "bundled runtime; only default RoPE is. Serve this model with SGLang, or remove the scaling."
+            )
+        theta = params.get("rope_theta", self.data.get("rope_theta", default_theta))
+        partial = params.get("partial_rotary_factor", self.data.get("partial_rotary_factor", default_partial))
+        return float(theta), float(partial)
+
+    def eos_token_ids(self) -> tuple[int, ...]:
+        eos = self.data.get("eos_token_id")
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, list) else (int(eos),)

@@ -1,0 +1,1 @@
+"""Layer building blocks shared by the model classes (pure torch, no transformers)."""

@@ -1,0 +1,99 @@
+"""Paged full attention over the engine's KV token pool.
+
+The model writes each new token's K/V at its token slot, then reads every token of the sequence back through
+`kv_locs`. Index tensors are built once per forward (`AttentionMetadata`) and shared by all attention layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from runtime.engine.forward_batch import ForwardBatch
+
+
+@dataclass
+class AttentionMetadata:
+    """Gather indices for one forward.
+
+    decode: `kv_index` [B, Lmax] (padding points at the slot of the sequence's first token, masked out by
+    `kv_mask` [B, 1, 1, Lmax], None when all sequences have the same length).
+    extend: per sequence, the KV slots (`seq_kv`), the span of its queries in the packed batch, and its mask
+    (None when there is no cached prefix, so SDPA's own causal path is used).
+    """
+
+    decode: bool
+    kv_index: torch.Tensor | None = None
+    kv_mask: torch.Tensor | None = None
+    seq_kv: list[torch.Tensor] | None = None
+    q_spans: list[tuple[int, int]] | None = None
+    seq_masks: list[torch.Tensor | None] | None = None
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, device: torch.device) -> AttentionMetadata:
+        if batch.mode == "decode":
+            lens = [int(loc.numel()) for loc in batch.kv_locs]
+            max_len = max(lens)
+            if min(lens) == max_len:
+                return cls(decode=True, kv_index=torch.stack(list(batch.kv_locs)).to(device))
+            index = torch.stack(
+                [F.pad(loc, (0, max_len - loc.numel()), value=int(loc[0])) for loc in batch.kv_locs]
+            )
+            lens_t = torch.tensor(lens)
+            mask = (torch.arange(max_len)[None, :] < lens_t[:, None])[:, None, None, :]
+            return cls(decode=True, kv_index=index.to(device), kv_mask=mask.to(device))
+        spans: list[tuple[int, int]] = []
+        masks: list[torch.Tensor | None] = []
+        start = 0
+        for ext, pre in zip(batch.extend_lens, batch.prefix_lens, strict=False):
+            spans.append((start, ext))
+            start += ext
+            if pre == 0:
+                masks.append(None)
+            else:
+                rows = torch.arange(ext, device=device)[:, None] + pre
+                masks.append(torch.arange(pre + ext, device=device)[None, :] <= rows)
+        return cls(
+            decode=False, seq_kv=[loc.to(device) for loc in batch.kv_locs], q_spans=spans, seq_masks=masks
+        )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_locs: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, Hq, D]; k: [T, Hkv, D]; v: [T, Hkv, Dv] for the new tokens. Returns [T, Hq, Dv] in q's dtype."""
+    k_cache[out_locs] = k.to(k_cache.dtype)
+    v_cache[out_locs] = v.to(v_cache.dtype)
+    num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
+    if meta.decode:
+        assert meta.kv_index is not None
+        batch = q.shape[0]
+        # Query heads of one KV group become the "query length" axis: no K/V repeat, one SDPA call for
+        # the whole batch.
+        group = num_q_heads // num_kv_heads
+        qg = q.view(batch, num_kv_heads, group, q.shape[-1])
+        keys = k_cache[meta.kv_index].to(q.dtype).transpose(1, 2)
+        values = v_cache[meta.kv_index].to(q.dtype).transpose(1, 2)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=meta.kv_mask, scale=scale)
+        return out.reshape(batch, num_q_heads, v.shape[-1])
+    assert meta.seq_kv is not None and meta.q_spans is not None and meta.seq_masks is not None
+    gqa = num_q_heads != num_kv_heads
+    outs = []
+    for kv_slots, (start, length), mask in zip(meta.seq_kv, meta.q_spans, meta.seq_masks, strict=False):
+        qs = q[start : start + length].transpose(0, 1)[None]
+        keys = k_cache[kv_slots].to(q.dtype).transpose(0, 1)[None]
+        values = v_cache[kv_slots].to(q.dtype).transpose(0, 1)[None]
+        out = F.scaled_dot_product_attention(
+            qs, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
+        )
+        outs.append(out[0].transpose(0, 1))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

@@ -1,0 +1,85 @@
+"""The gated delta rule: chunked form for prefill, one recurrent step for decode.
+
+State S per head is [k_dim, v_dim]; per token: S = exp(g) S; S += k ⊗ beta (v - Sᵀk); out = Sᵀq.
+The chunked form follows transformers' `torch_chunk_gated_delta_rule` (UT transform per chunk, one sequential
+step per chunk), so a long prompt costs L / chunk_size Python iterations, not L.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k: [B, L, H, Dk] (already l2-normalized, heads expanded to H); v: [B, L, H, Dv]; g, beta: [B, L, H].
+
+    Padded steps must carry g = 0 and beta = 0: they then neither decay nor write the state.
+    Returns (out [B, L, H, Dv] fp32, final state [B, H, Dk, Dv] fp32).
+    """
+    batch, length, heads, dk = k.shape
+    dv = v.shape[-1]
+    q, k, v, beta, g = (x.transpose(1, 2).float().contiguous() for x in (q, k, v, beta, g))
+    q = q * dk**-0.5
+    pad = (chunk_size - length % chunk_size) % chunk_size
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+    n_chunks = (length + pad) // chunk_size
+    v_beta = v * beta[..., None]
+    k_beta = k * beta[..., None]
+    q, k, k_beta, v_beta = (
+        x.view(batch, heads, n_chunks, chunk_size, x.shape[-1]) for x in (q, k, k_beta, v_beta)
+    )
+    g = g.view(batch, heads, n_chunks, chunk_size)
+    upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
+    cum = g.cumsum(dim=-1)
+    pair_decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    ut_system = (k_beta @ k.transpose(-1, -2)) * pair_decay
+    intra = (q @ k.transpose(-1, -2)) * pair_decay
+    cum_exp = cum.exp()[..., None]
+    new_values = torch.linalg.solve_triangular(ut_system, v_beta, upper=False, unitriangular=True)
+    k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * cum_exp, upper=False, unitriangular=True)
+    q = q * cum_exp
+    k = k * (cum[..., -1:] - cum).exp()[..., None]
+    chunk_decay = cum[..., -1].exp()[..., None, None]
+    state = initial_state.float()
+    out = torch.empty(batch, heads, n_chunks, chunk_size, dv, dtype=torch.float32, device=q.device)
+    for i in range(n_chunks):
+        v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ state
+        out[:, :, i] = q[:, :, i] @ state + intra[:, :, i] @ v_new
+        state = state * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
+    out = out.view(batch, heads, -1, dv)[:, :, :length].transpose(1, 2)
+    return out, state
+
+
+def recurrent_gated_delta_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence. q, k: [B, H, Dk] (l2-normalized); v: [B, H, Dv]; g, beta: [B, H];
+    state: [B, H, Dk, Dv] fp32. Returns (out [B, H, Dv] fp32, new state)."""
+    q = q.float() * q.shape[-1] ** -0.5
+    k = k.float()
+    state = state * g.float().exp()[..., None, None]
+    kv_mem = (k[..., None, :] @ state).squeeze(-2)  # [B, H, Dv]
+    delta = (v.float() - kv_mem) * beta.float()[..., None]
+    state = state + k[..., :, None] * delta[..., None, :]
+    out = (q[..., None, :] @ state).squeeze(-2)
+    return out, state

@@ -1,0 +1,99 @@
+"""Qwen3-Next's gated DeltaNet token mixer (linear attention with a conv front end and a delta-rule state)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
+from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_step
+from runtime.models.layers.norm import GatedRMSNorm
+from runtime.models.layers.packing import SequencePacking
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(
+        self,
+        hidden: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        k_head_dim: int,
+        v_head_dim: int,
+        conv_kernel: int,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.k_head_dim, self.v_head_dim = k_head_dim, v_head_dim
+        self.key_dim = num_k_heads * k_head_dim
+        self.value_dim = num_v_heads * v_head_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
+        self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(hidden, 2 * num_v_heads, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(num_v_heads))
+        self.norm = GatedRMSNorm(v_head_dim, eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        return (self.conv_dim, self.conv1d.kernel_size[0] - 1)
+
+    @property
+    def ssm_state_shape(self) -> tuple[int, int, int]:
+        return (self.num_v_heads, self.k_head_dim, self.v_head_dim)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The checkpoint interleaves q, k, v, z (and b, a) per key-head group; undo that grouping."""
+        tokens = x.shape[0]
+        ratio = self.num_v_heads // self.num_k_heads
+        qkvz = self.in_proj_qkvz(x).view(tokens, self.num_k_heads, -1)
+        ba = self.in_proj_ba(x).view(tokens, self.num_k_heads, 2 * ratio)
+        q, k, v, z = torch.split(
+            qkvz, [self.k_head_dim, self.k_head_dim, ratio * self.v_head_dim, ratio * self.v_head_dim], dim=-1
+        )
+        b, a = torch.split(ba, [ratio, ratio], dim=-1)
+        mixed = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
+        z = z.reshape(tokens, self.num_v_heads, self.v_head_dim)
+        return mixed, z, b.reshape(tokens, self.num_v_heads), a.reshape(tokens, self.num_v_heads)
+
+    def _split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lead = mixed.shape[:-1]
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2norm(q.reshape(*lead, self.num_k_heads, self.k_head_dim).float())
+        k = l2norm(k.reshape(*lead, self.num_k_heads, self.k_head_dim).float())
+        ratio = self.num_v_heads // self.num_k_heads
+        if ratio > 1:
+            q = q.repeat_interleave(ratio, dim=-2)
+            k = k.repeat_interleave(ratio, dim=-2)
+        return q, k, v.reshape(*lead, self.num_v_heads, self.v_head_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        conv_pool: torch.Tensor,
+        ssm_pool: torch.Tensor,
+        packing: SequencePacking | None,
+        state_slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: [T, hidden]. `packing` is None in decode mode (one token per sequence, T == B)."""
+        mixed, z, b, a = self._project(x)
+        weight = self.conv1d.weight[:, 0, :]
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        if packing is None:
+            mixed = causal_conv1d_decode(mixed, weight, self.conv1d.bias, conv_pool, state_slots)
+            q, k, v = self._split_heads(mixed)
+            out, state = recurrent_gated_delta_step(q, k, v, g, beta, ssm_pool[state_slots].float())
+            ssm_pool[state_slots] = state.to(ssm_pool.dtype)
+        else:
+            mixed = causal_conv1d_extend(mixed, weight, self.conv1d.bias, conv_pool, packing)
+            q, k, v = (packing.pad(t) for t in self._split_heads(mixed))
+            g, beta = packing.zero_padding(packing.pad(g)), packing.zero_padding(packing.pad(beta))
+            out, state = chunk_gated_delta_rule(q, k, v, g, beta, packing.initial_state(ssm_pool))
+            ssm_pool[packing.state_slots] = state.to(ssm_pool.dtype)
+            out = packing.unpad(out)
+        out = self.norm(out.to(x.dtype), z)
+        return self.out_proj(out.reshape(x.shape[0], self.value_dim))

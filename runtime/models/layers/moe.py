@@ -1,0 +1,95 @@
+"""Sparse mixture of experts with top-k softmax routing and a sigmoid-gated shared expert (Qwen3-Next)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.models.layers.mlp import GatedMLP
+
+
+class TopKRouter(nn.Module):
+    def __init__(self, hidden: int, num_experts: int, top_k: int, norm_topk_prob: bool) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (weights [T, k] in x's dtype, expert ids [T, k])."""
+        logits = F.linear(x, self.weight)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        top, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top.to(logits.dtype), ids
+
+
+class Experts(nn.Module):
+    """All experts' SwiGLU weights as stacked tensors: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        flat_ids = ids.reshape(-1)
+        # Sort the (token, slot) assignments by expert once; each hit expert then runs one matmul on its
+        # tokens.
+        order = torch.argsort(flat_ids, stable=True)
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        token_of = order // ids.shape[1]
+        w_sorted = weights.reshape(-1)[order]
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            tokens = token_of[start : start + count]
+            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, self.down_proj[expert])
+            out.index_add_(0, tokens, (h * w_sorted[start : start + count, None]).to(out.dtype))
+            start += count
+        return out
+
+
+class SparseMoE(nn.Module):
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        intermediate: int,
+        shared_intermediate: int,
+        norm_topk_prob: bool,
+    ) -> None:
+        super().__init__()
+        self.gate = TopKRouter(hidden, num_experts, top_k, norm_topk_prob)
+        self.experts = Experts(num_experts, hidden, intermediate)
+        self.shared_expert = GatedMLP(hidden, shared_intermediate) if shared_intermediate > 0 else None
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate > 0 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = self.experts(x, ids, weights)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    @staticmethod
+    def checkpoint_sources(prefix: str, num_experts: int) -> dict[str, list[str]]:
+        """HF checkpoints store one tensor per expert; these name the tensors stacked into each fused
+        parameter."""
+        return {
+            f"{prefix}.experts.gate_up_proj": [
+                f"{prefix}.experts.{e}.{part}.weight"
+                for e in range(num_experts)
+                for part in ("gate_proj", "up_proj")
+            ],
+            f"{prefix}.experts.down_proj": [
+                f"{prefix}.experts.{e}.down_proj.weight" for e in range(num_experts)
+            ],
+        }

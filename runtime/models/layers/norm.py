@@ -1,0 +1,71 @@
+"""RMSNorm variants, each matching its reference implementation bit for bit in fp32."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Plain RMSNorm: `weight * x / rms(x)`, computed in fp32 then cast back (Llama / Nemotron-H style)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """Qwen3-Next's RMSNorm: the stored weight is an offset from 1; multiplied before the downcast."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).type_as(x)
+
+
+class GatedRMSNorm(nn.Module):
+    """Norm-then-gate used on the gated DeltaNet output: `weight * norm(x) * silu(gate)`."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * h.to(dtype)
+        h = h * F.silu(gate.float())
+        return h.to(dtype)
+
+
+class GroupedGatedRMSNorm(nn.Module):
+    """Mamba2's gated norm: gate first (`x * silu(z)`), then RMS-normalize per `group_size` channels."""
+
+    def __init__(self, dim: int, eps: float, group_size: int) -> None:
+        super().__init__()
+        self.eps = eps
+        self.group_size = group_size
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float() * F.silu(gate.float())
+        shape = h.shape
+        h = h.view(*shape[:-1], shape[-1] // self.group_size, self.group_size)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.view(shape).to(dtype)

@@ -1,0 +1,70 @@
+"""Packed ⇄ padded views of an extend batch, built once per forward and shared by all recurrent layers.
+
+Recurrent layers (conv, delta rule, SSD scan) run over a right-padded [B, Lmax, ...] batch so sequences of
+different lengths go through one vectorized call; padded steps are made no-ops by the layer (zero update,
+no decay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.engine.forward_batch import ForwardBatch
+
+
+@dataclass
+class SequencePacking:
+    lens: torch.Tensor  # [B] int64, new tokens per sequence
+    max_len: int
+    gather_index: torch.Tensor  # [B, Lmax] index into the packed tokens (padding repeats a valid index)
+    valid: torch.Tensor  # [B, Lmax] bool
+    has_prefix: torch.Tensor  # [B] bool: the sequence continues a cached state
+    state_slots: torch.Tensor  # [B] int64
+    last_index: torch.Tensor  # [B] packed index of each sequence's last new token
+    uniform: bool  # every sequence has max_len tokens (no padding)
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, device: torch.device) -> SequencePacking:
+        lens = torch.tensor(batch.extend_lens, dtype=torch.int64)
+        max_len = int(lens.max())
+        starts = torch.cumsum(lens, 0) - lens
+        steps = torch.arange(max_len)[None, :]
+        valid = steps < lens[:, None]
+        gather_index = starts[:, None] + torch.minimum(steps, (lens - 1)[:, None])
+        return cls(
+            lens=lens.to(device),
+            max_len=max_len,
+            gather_index=gather_index.to(device),
+            valid=valid.to(device),
+            has_prefix=torch.tensor([p > 0 for p in batch.prefix_lens], device=device),
+            state_slots=batch.state_slots.to(device),
+            last_index=(starts + lens - 1).to(device),
+            uniform=bool((lens == max_len).all()),
+        )
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, ...] → [B, Lmax, ...]; padded rows hold copies of a valid row (callers neutralize them)."""
+        if self.uniform:
+            return x.view(self.lens.numel(), self.max_len, *x.shape[1:])
+        return x[self.gather_index]
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, Lmax, ...] → [T, ...] in packed order."""
+        if self.uniform:
+            return x.reshape(-1, *x.shape[2:])
+        return x[self.valid]
+
+    def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
+        """Zero the padded steps of a [B, Lmax, ...] tensor."""
+        if self.uniform:
+            return x
+        mask = self.valid.view(*self.valid.shape, *([1] * (x.dim() - 2)))
+        return x * mask.to(x.dtype)
+
+    def initial_state(self, pool: torch.Tensor) -> torch.Tensor:
+        """State of each sequence from its slot, fp32; zero for a fresh sequence whatever the slot holds."""
+        state = pool[self.state_slots].float()
+        keep = self.has_prefix.view(-1, *([1] * (state.dim() - 1)))
+        return torch.where(keep, state, torch.zeros((), dtype=state.dtype, device=state.device))

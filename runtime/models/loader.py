@@ -1,0 +1,156 @@
+"""Load an HF model directory (config.json + *.safetensors, sharded or not) into our own model classes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from runtime.models.base import HybridModel
+from runtime.models.errors import ModelLoadError
+from runtime.models.hf_config import HFConfig
+from runtime.models.registry import resolve
+
+# Non-parameter tensors some exporters write; they are recomputed, never read.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_config(model_path: Path) -> HFConfig:
+    path = model_path / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(
+            f"{path}: not found. Point the runtime at an HF model directory that has config.json."
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path}: not valid JSON ({exc}); fix or re-download the file.") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object at the top level; fix or re-download the file.")
+    return HFConfig(data, path)
+
+
+def _tensor_files(model_path: Path) -> dict[str, Path]:
+    """Tensor name → the .safetensors file holding it (from the shard index when there is one)."""
+    index = model_path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ModelLoadError(
+                f"{index}: no valid 'weight_map' ({exc}); fix or re-download the file."
+            ) from exc
+        files = {name: model_path / shard for name, shard in weight_map.items()}
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise ModelLoadError(
+                    f"{index}: lists shard {shard.name}, which is missing; download it again."
+                )
+        return files
+    shards = sorted(model_path.glob("*.safetensors"))
+    if not shards:
+        raise ModelLoadError(
+            f"{model_path}: no *.safetensors files; the runtime loads safetensors weights only."
+        )
+    files = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():
+                files[name] = shard
+    return files
+
+
+def _eos_ids(model_path: Path, cfg: HFConfig) -> tuple[int, ...]:
+    ids = list(cfg.eos_token_ids())
+    gen = model_path / "generation_config.json"
+    if gen.is_file():
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{gen}: not valid JSON ({exc}); fix or delete the file.") from exc
+        for token in eos if isinstance(eos, list) else [eos] if eos is not None else []:
+            if token not in ids:
+                ids.append(int(token))
+    return tuple(ids)
+
+
+def load_model(
+    model_path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> HybridModel:
+    """Build the model class for `model_path`'s config.json and fill every parameter from its safetensors."""
+    model_path = Path(model_path)
+    cfg = read_config(model_path)
+    entry = resolve(cfg)
+    # Built on the meta device: no random init, no memory until the checkpoint fills each parameter.
+    with torch.device("meta"):
+        model = entry.build(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    files = _tensor_files(model_path)
+    _fill_parameters(model, files, dtype, torch.device(device))
+    model.eos_token_ids = _eos_ids(model_path, cfg)
+    return model.eval()
+
+
+def _fill_parameters(
+    model: HybridModel, files: dict[str, Path], dtype: torch.dtype, device: torch.device
+) -> None:
+    sources = model.checkpoint_sources()
+    aliases = model.checkpoint_aliases()
+    extra_prefixes = model.extra_weight_prefixes()
+    plan: dict[str, list[str]] = {}
+    for name, _ in model.named_parameters():
+        if name in files:
+            plan[name] = [name]
+        elif name in sources and all(s in files for s in sources[name]):
+            plan[name] = sources[name]
+        elif name in aliases and aliases[name] in files:
+            plan[name] = [aliases[name]]
+        else:
+            wanted = sources.get(name, [name])
+            missing = next(s for s in wanted if s not in files)
+            where = sorted({p.name for p in files.values()})
+            raise ModelLoadError(
+                f"{next(iter(files.values())).parent}: tensor '{missing}' (parameter '{name}') is missing "
+                f"from {', '.join(where)}. The checkpoint does not match its config.json; re-export or "
+                "re-download the model."
+            )
+    used = {s for names in plan.values() for s in names}
+    for tensor, path in files.items():
+        if tensor in used or tensor.endswith(_IGNORED_SUFFIXES):
+            continue
+        if tensor.startswith(extra_prefixes):
+            continue
+        raise ModelLoadError(
+            f"{path}: unexpected tensor '{tensor}', which no layer of this {type(model).__name__} uses. The "
+            "checkpoint does not match its config.json (wrong layer count or layer types?); fix "
+            "config.json or re-export the model."
+        )
+    handles: dict[Path, object] = {}
+    try:
+
+        def read(tensor: str) -> torch.Tensor:
+            path = files[tensor]
+            if path not in handles:
+                handles[path] = safe_open(str(path), framework="pt", device="cpu")
+            return handles[path].get_tensor(tensor)  # type: ignore[attr-defined]
+
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, tensors in plan.items():
+                param = params[name]
+                parts = [read(t) for t in tensors]
+                value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+                if value.numel() != param.numel() or (len(parts) == 1 and value.shape != param.shape):
+                    raise ModelLoadError(
+                        f"{files[tensors[0]]}: tensor '{tensors[0]}' has shape {tuple(parts[0].shape)}, but "
+                        f"parameter '{name}' needs {tuple(param.shape)}. The checkpoint does not match its "
+                        "config.json; fix config.json or re-export the model."
+                    )
+                param.copy_(value.view(param.shape).to(dtype))
+            for tensor in files:
+                if tensor.startswith(extra_prefixes):
+                    model.extra_weights[tensor] = read(tensor).to(dtype=dtype, device=device)
+    finally:
+        handles.clear()
