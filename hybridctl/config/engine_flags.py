@@ -1,7 +1,8 @@
 """SGLang's launch_server flags as package data, dumped from its real argparse parser.
 
-The table lives in `hybridctl/data/sglang-<version>-flags.tsv` (columns: options, dest, type, default, choices,
-action); `scripts/regen_sglang_flags.py` rewrites it from an installed sglang. Reading it needs no sglang.
+The table lives in `hybridctl/data/sglang-<version>-flags.tsv` (columns: options, dest, type, default,
+choices, action); `scripts/regen_sglang_flags.py` rewrites it from an installed sglang.
+Reading it needs no sglang.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ class FlagInfo:
     default: str | None  # Python repr of the default as argparse holds it ("None", "'auto'", "256", ...)
     choices: tuple[str, ...]
     action: str  # argparse action class: StoreAction, StoreTrueAction, BooleanOptionalAction, ...
-    aliases: tuple[str, ...] = ()  # the other option strings ("--model" for "--model-path", "--no-x" for "--x")
+    aliases: tuple[
+        str, ...
+    ] = ()  # the other option strings ("--model" for "--model-path", "--no-x" for "--x")
 
     @property
     def takes_value(self) -> bool:
@@ -46,7 +49,11 @@ class FlagInfo:
 def available_versions() -> list[str]:
     """Versions that have a flag table in the package."""
     names = [p.name for p in resources.files("hybridctl.data").iterdir()]
-    found = [n[len("sglang-") : -len("-flags.tsv")] for n in names if n.startswith("sglang-") and n.endswith("-flags.tsv")]
+    found = [
+        n[len("sglang-") : -len("-flags.tsv")]
+        for n in names
+        if n.startswith("sglang-") and n.endswith("-flags.tsv")
+    ]
     return sorted(found, key=_version_key)
 
 
@@ -59,7 +66,7 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 
 def nearest_version(version: str) -> str:
-    """The newest table not newer than `version` (else the oldest): flags rarely vanish between patch releases."""
+    """The newest table not newer than `version` (else the oldest): flags rarely vanish in patch releases."""
     versions = available_versions()
     older = [v for v in versions if _version_key(v) <= _version_key(version)]
     return older[-1] if older else versions[0]
@@ -67,7 +74,7 @@ def nearest_version(version: str) -> str:
 
 @lru_cache(maxsize=8)
 def sglang_flags(version: str = DEFAULT_SGLANG_VERSION) -> dict[str, FlagInfo]:
-    """Flags of `python -m sglang.launch_server` for `version`, keyed by primary option string ("--page-size").
+    """Flags of `python -m sglang.launch_server` for `version`, keyed by primary option ("--page-size").
 
     Raises KeyError naming the available versions when there is no table for `version`; use `nearest_version`.
     """
@@ -100,7 +107,7 @@ def parse_flag_table(text: str) -> dict[str, FlagInfo]:
 
 
 def find_flag(name: str, version: str = DEFAULT_SGLANG_VERSION) -> FlagInfo | None:
-    """Resolve what a user may write in `extra_engine_args`: "--page-size", "page-size", "page_size" or an alias."""
+    """Resolve what users write in `extra_engine_args`: "--page-size", "page-size", "page_size", alias."""
     flags = sglang_flags(version)
     bare = name.strip().lstrip("-")
     candidates = {f"--{bare}", f"--{bare.replace('_', '-')}"}

@@ -1,4 +1,4 @@
-"""What validation reports: one `Finding` per problem, `ConfigError` when loading cannot go on, and the report."""
+"""What validation reports: a `Finding` per problem, `ConfigError` when loading cannot go on, the report."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem in a config file, located as precisely as the parser allows, with the exact change that fixes it."""
+    """One problem in a config file, located as precisely as possible, with the exact change that fixes it."""
 
     severity: Severity
     code: str
@@ -60,7 +60,7 @@ class ConfigError(Exception):
 
 @dataclass
 class ValidationReport:
-    """Everything `check_files` found. `config` is the loaded configuration when the files parsed and validated."""
+    """Everything `check_files` found; `config` is the loaded configuration when the files were valid."""
 
     config_path: str
     settings_path: str
@@ -90,7 +90,8 @@ class ValidationReport:
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(
-            self.findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.file, f.line or 0, f.column or 0, f.code)
+            self.findings,
+            key=lambda f: (SEVERITY_ORDER[f.severity], f.file, f.line or 0, f.column or 0, f.code),
         )
 
     def to_dict(self) -> dict[str, object]:

@@ -1,0 +1,343 @@
+"""Load and check `config.toml` + `settings.json`.
+
+`load_hybrid_config` is what every command uses (raises ConfigError on syntax or schema errors);
+`check_files` is what `hybridctl validate` uses (every finding, including the cross-file rules; never
+raises for bad content).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from hybridctl.config.findings import ConfigError, Finding, ValidationReport
+from hybridctl.config.locate import KeyLocator
+from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
+from hybridctl.config.schema_errors import FileFormat, validation_findings, where
+from hybridctl.config.secret_scan import scan_for_secrets
+
+__all__ = [
+    "ConfigError",
+    "Finding",
+    "ValidationReport",
+    "ParsedFile",
+    "check_files",
+    "load_hybrid_config",
+    "parse_config_text",
+    "parse_settings_text",
+]
+
+CONFIG_NAME = "config.toml"
+SETTINGS_NAME = "settings.json"
+SCHEMA_REF_KEY = "$schema"  # settings.json may name its JSON Schema for editors; it is not a setting
+
+
+@dataclass
+class ParsedFile:
+    """One file after reading and parsing (not yet schema-checked)."""
+
+    path: str
+    fmt: FileFormat
+    data: dict[str, Any] | None = None
+    locator: KeyLocator = field(default_factory=KeyLocator)
+    findings: list[Finding] = field(default_factory=list)
+    missing: bool = False
+
+
+def _read_text(path: Path, fmt: FileFormat, missing_ok: bool) -> tuple[str | None, ParsedFile]:
+    parsed = ParsedFile(path=str(path), fmt=fmt)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        parsed.missing = True
+        if not missing_ok:
+            parsed.findings.append(
+                Finding(
+                    "error",
+                    "FILE_NOT_FOUND",
+                    str(path),
+                    None,
+                    None,
+                    "",
+                    f"{path} does not exist.",
+                    f"run `hybridctl init --out {path.parent}` to write a commented one, or pass the path "
+                    "of yours.",
+                )
+            )
+        return None, parsed
+    except OSError as exc:
+        parsed.findings.append(
+            Finding(
+                "error",
+                "FILE_UNREADABLE",
+                str(path),
+                None,
+                None,
+                "",
+                f"cannot read {path}: {exc.strerror or exc}.",
+                f"check that {path} is a readable file (not a directory) and its permissions.",
+            )
+        )
+        return None, parsed
+    try:
+        return raw.decode("utf-8-sig"), parsed
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        parsed.findings.append(
+            Finding(
+                "error",
+                "FILE_ENCODING",
+                str(path),
+                line,
+                column,
+                "",
+                f"{path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}).",
+                f"save {path} as UTF-8.",
+            )
+        )
+        return None, parsed
+
+
+def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
+    """Parse TOML text; syntax errors become a TOML_SYNTAX finding with line and column."""
+    import tomlkit
+    from tomlkit.exceptions import ParseError
+
+    parsed = ParsedFile(path=path, fmt="toml")
+    try:
+        data = tomlkit.parse(text).unwrap()
+    except ParseError as exc:
+        message = str(exc).split(" at line ")[0]
+        parsed.findings.append(
+            Finding(
+                "error",
+                "TOML_SYNTAX",
+                path,
+                exc.line,
+                exc.col,
+                "",
+                f"TOML syntax error: {message}.",
+                f"correct the TOML at line {exc.line}, column {exc.col} of {path} (strings need quotes, "
+                "tables are [name], each key once).",
+            )
+        )
+        return parsed
+    except Exception as exc:  # noqa: BLE001  (tomlkit raises assorted errors for odd documents: duplicate keys, ...)
+        parsed.findings.append(
+            Finding(
+                "error",
+                "TOML_SYNTAX",
+                path,
+                None,
+                None,
+                "",
+                f"TOML error: {exc}.",
+                f"correct {path}: each key once, each table once, valid TOML values.",
+            )
+        )
+        return parsed
+    parsed.data = data
+    parsed.locator = KeyLocator.for_toml(text)
+    return parsed
+
+
+def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
+    """Parse JSON text; syntax errors become a JSON_SYNTAX finding, duplicate keys a warning."""
+    parsed = ParsedFile(path=path, fmt="json")
+    duplicates: list[str] = []
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                duplicates.append(key)
+            result[key] = value
+        return result
+
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as exc:
+        parsed.findings.append(
+            Finding(
+                "error",
+                "JSON_SYNTAX",
+                path,
+                exc.lineno,
+                exc.colno,
+                "",
+                f"JSON syntax error: {exc.msg}.",
+                f"correct the JSON at line {exc.lineno}, column {exc.colno} of {path} (keys in double "
+                "quotes, no "
+                "trailing commas, no comments).",
+            )
+        )
+        return parsed
+    except RecursionError:
+        parsed.findings.append(
+            Finding(
+                "error",
+                "JSON_SYNTAX",
+                path,
+                None,
+                None,
+                "",
+                "JSON nested too deeply to read.",
+                f"{path} holds four small objects; rewrite it (`hybridctl init` writes a fresh one).",
+            )
+        )
+        return parsed
+    parsed.locator = KeyLocator.for_json(text)
+    for key in dict.fromkeys(duplicates):
+        line, column = parsed.locator.find((key,)) or (None, None)
+        parsed.findings.append(
+            Finding(
+                "warning",
+                "DUPLICATE_KEY",
+                path,
+                line,
+                column,
+                key,
+                f"key `{key}` appears more than once; JSON keeps only the last.",
+                f"keep one `{key}` in {path}.",
+            )
+        )
+    if isinstance(data, dict) and isinstance(data.get(SCHEMA_REF_KEY), str):
+        data = {k: v for k, v in data.items() if k != SCHEMA_REF_KEY}
+    parsed.data = data
+    return parsed
+
+
+def _other_file_keys(model: type[BaseModel], file_name: str, fmt: FileFormat) -> dict[str, str]:
+    """Key name -> where it belongs in the other file, for "this key lives in settings.json" hints."""
+    from hybridctl.config.field_docs import iter_field_docs
+
+    return {
+        doc.path[-1]: where(doc.path, file_name, fmt) for doc in iter_field_docs(model) if not doc.is_section
+    }
+
+
+def _validate(parsed: ParsedFile, model: type[BaseModel], other: dict[str, str]) -> BaseModel | None:
+    if parsed.data is None:
+        return None
+    try:
+        # strict: "30000" is not a port and 1 is not `true`; the files have real types, so say so.
+        return model.model_validate(parsed.data, strict=True)
+    except ValidationError as exc:
+        parsed.findings.extend(
+            validation_findings(exc, model, parsed.path, parsed.fmt, parsed.locator, other)
+        )
+        return None
+
+
+def _load(
+    config_path: str | Path, settings_path: str | Path
+) -> tuple[HybridConfig | None, ParsedFile, ParsedFile]:
+    config_path, settings_path = Path(config_path), Path(settings_path)
+    text, config_file = _read_text(config_path, "toml", missing_ok=False)
+    if text is not None:
+        config_file = parse_config_text(text, str(config_path))
+    text, settings_file = _read_text(settings_path, "json", missing_ok=True)
+    if text is not None:
+        settings_file = parse_settings_text(text, str(settings_path))
+    elif settings_file.missing:
+        settings_file.data = {}  # settings.json is optional: every setting has a default
+    config = _validate(config_file, ConfigToml, _other_file_keys(SettingsJson, settings_file.path, "json"))
+    settings = _validate(settings_file, SettingsJson, _other_file_keys(ConfigToml, config_file.path, "toml"))
+    if isinstance(config, ConfigToml) and isinstance(settings, SettingsJson):
+        return HybridConfig(config=config, settings=settings), config_file, settings_file
+    return None, config_file, settings_file
+
+
+def load_hybrid_config(
+    config_path: str | Path = CONFIG_NAME, settings_path: str | Path = SETTINGS_NAME
+) -> HybridConfig:
+    """Both files as one HybridConfig. No settings.json means defaults; a missing config.toml is an error.
+
+    Raises ConfigError (with every syntax and schema error, each located) when the files cannot be used.
+    """
+    cfg, config_file, settings_file = _load(config_path, settings_path)
+    errors = [f for f in (*config_file.findings, *settings_file.findings) if f.severity == "error"]
+    if cfg is None or errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def _secret_findings(parsed: ParsedFile) -> list[Finding]:
+    findings = []
+    for hit in scan_for_secrets(parsed.data or {}):
+        line, column = parsed.locator.find(hit.path) or (None, None)
+        dotted = ".".join(hit.path)
+        findings.append(
+            Finding(
+                "error",
+                "LITERAL_SECRET",
+                parsed.path,
+                line,
+                column,
+                dotted,
+                f"`{dotted}` holds {hit.kind} ({hit.length} characters, not shown); files get copied, "
+                "committed "
+                "and printed, so secrets do not belong in them.",
+                f"remove the value from {parsed.path}, export it in an environment variable and name that "
+                "variable "
+                'in [api] api_key_env (e.g. "api_key_env": "OPENAI_API_KEY") — then rotate the exposed key.',
+            )
+        )
+    return findings
+
+
+def _place(finding: Finding, config_file: ParsedFile, settings_file: ParsedFile) -> Finding:
+    """Rules report logical file names; point them at the real files and lines."""
+    target = settings_file if finding.file == SETTINGS_NAME else config_file
+    line, column = (target.locator.find(finding.key.split(".")) if finding.key else None) or (None, None)
+    fix = (
+        finding.fix.replace(f"of {finding.file}", f"of {target.path}")
+        if target.path != finding.file
+        else finding.fix
+    )
+    return replace(finding, file=target.path, line=line, column=column, fix=fix)
+
+
+def check_files(
+    config_path: str | Path = CONFIG_NAME,
+    settings_path: str | Path = SETTINGS_NAME,
+    engine_version: str | None = None,
+) -> ValidationReport:
+    """Every finding about the two files: syntax, schema, secrets, cross-file and engine rules.
+
+    Never raises for bad file content."""
+    from hybridctl.config.rules import check_rules
+
+    cfg, config_file, settings_file = _load(config_path, settings_path)
+    findings = [*config_file.findings, *settings_file.findings]
+    if settings_file.missing:
+        findings.append(
+            Finding(
+                "info",
+                "SETTINGS_DEFAULTS",
+                settings_file.path,
+                None,
+                None,
+                "",
+                f"{settings_file.path} does not exist; every setting takes its default.",
+                "nothing to do, or run `hybridctl init` to write one with the defaults spelled out.",
+            )
+        )
+    findings += _secret_findings(config_file) + _secret_findings(settings_file)
+    if cfg is not None:
+        findings += [
+            _place(f, config_file, settings_file)
+            for f in check_rules(cfg, engine_version=engine_version, include_secrets=False)
+        ]
+    return ValidationReport(
+        config_path=config_file.path,
+        settings_path=settings_file.path,
+        findings=findings,
+        config=cfg,
+        engine_version=engine_version,
+    )

@@ -1,0 +1,133 @@
+"""Map a key path ("server.port") to its line and column in the file, so findings point at the right line.
+
+Neither tomlkit nor the json module keeps positions of keys in parsed data, so both files are scanned
+here. The scanners run only on text that already parsed, which keeps them small; anything they miss falls
+back to the nearest enclosing table (or None), never to a wrong line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_right
+from collections.abc import Sequence
+
+Position = tuple[int, int]  # 1-based line and column
+KeyPath = tuple[str, ...]
+
+_TABLE_RE = re.compile(r"^\s*\[\[?\s*(?P<name>[^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY_RE = re.compile(
+    r"^(?P<indent>\s*)(?P<key>(?:[A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*'))*)\s*="
+)
+_INLINE_KEY_RE = re.compile(r"[{,]\s*(?P<key>[A-Za-z0-9_\-]+|\"[^\"]*\")\s*=")
+
+
+def _split_dotted(key: str) -> list[str]:
+    parts = re.findall(r"\"[^\"]*\"|'[^']*'|[^.\s]+", key)
+    return [p[1:-1] if p[:1] in "\"'" else p for p in parts]
+
+
+class KeyLocator:
+    """Positions of keys in one file; `find` answers the exact key or its nearest located ancestor."""
+
+    def __init__(self, positions: dict[KeyPath, Position] | None = None) -> None:
+        self.positions: dict[KeyPath, Position] = positions or {}
+
+    def find(self, path: Sequence[str]) -> Position | None:
+        key = tuple(str(p) for p in path)
+        while key:
+            if key in self.positions:
+                return self.positions[key]
+            key = key[:-1]
+        return None
+
+    def exact(self, path: Sequence[str]) -> Position | None:
+        return self.positions.get(tuple(str(p) for p in path))
+
+    @classmethod
+    def for_toml(cls, text: str) -> KeyLocator:
+        return cls(toml_key_positions(text))
+
+    @classmethod
+    def for_json(cls, text: str) -> KeyLocator:
+        return cls(json_key_positions(text))
+
+
+def toml_key_positions(text: str) -> dict[KeyPath, Position]:
+    positions: dict[KeyPath, Position] = {}
+    table: list[str] = []
+    in_multiline: str | None = None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if in_multiline:
+            if line.count(in_multiline) % 2 == 1:
+                in_multiline = None
+            continue
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        table_match = _TABLE_RE.match(line)
+        if table_match and stripped.startswith("["):
+            table = _split_dotted(table_match.group("name"))
+            positions.setdefault(tuple(table), (lineno, line.index("[") + 1))
+            continue
+        key_match = _KEY_RE.match(line)
+        if not key_match:
+            continue
+        path = (*table, *_split_dotted(key_match.group("key")))
+        positions.setdefault(path, (lineno, len(key_match.group("indent")) + 1))
+        rest = line[key_match.end() :]
+        for quote in ('"""', "'''"):
+            if rest.count(quote) % 2 == 1:
+                in_multiline = quote
+        if rest.lstrip().startswith("{"):
+            offset = key_match.end()
+            for inner in _INLINE_KEY_RE.finditer(rest):
+                inner_key = _split_dotted(inner.group("key"))
+                positions.setdefault((*path, *inner_key), (lineno, offset + inner.start("key") + 1))
+    return positions
+
+
+def json_key_positions(text: str) -> dict[KeyPath, Position]:
+    """Positions of every object key, tracking the path on a stack; strings are skipped with escapes."""
+    line_starts = [0] + [m.end() for m in re.finditer(r"\n", text)]
+
+    def position(offset: int) -> Position:
+        line = bisect_right(line_starts, offset)
+        return line, offset - line_starts[line - 1] + 1
+
+    positions: dict[KeyPath, Position] = {}
+    stack: list[list] = []  # ["obj", current key] or ["arr", index]
+    expecting_key = False
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if stack and stack[-1][0] == "obj" and expecting_key:
+                try:
+                    key = json.loads(text[i : j + 1])
+                except ValueError:
+                    key = text[i + 1 : j]
+                stack[-1][1] = str(key)
+                path = tuple(str(frame[1]) for frame in stack)
+                positions.setdefault(path, position(i))
+                expecting_key = False
+            i = j + 1
+            continue
+        if ch == "{":
+            stack.append(["obj", None])
+            expecting_key = True
+        elif ch == "[":
+            stack.append(["arr", 0])
+        elif ch in "}]":
+            if stack:
+                stack.pop()
+        elif ch == "," and stack:
+            if stack[-1][0] == "obj":
+                expecting_key = True
+            else:
+                stack[-1][1] += 1
+        i += 1
+    return positions
