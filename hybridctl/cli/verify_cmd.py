@@ -1,3 +1,220 @@
-"""`hybridctl verify` (placeholder until its issue lands)."""
+"""`hybridctl verify {all,basic,prefix-cache,spec}`: check a running server against its config.
+
+Exit codes: 0 every check that ran passed (skipped ones do not count), 1 a check failed, 2 the server cannot
+be
+reached or the target/config cannot be determined.
+"""
 
 from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from hybridctl.cli.app import app
+
+verify_app = typer.Typer(
+    help="Check a running server: it answers, prefix caching works, speculative decoding accepts drafts.",
+    no_args_is_help=True,
+)
+app.add_typer(verify_app, name="verify")
+
+_URL = typer.Option(None, "--url", help="Server URL (default: from config.toml [server] host/port).")
+_CONFIG = typer.Option(None, "--config", help="config.toml (default: ./config.toml when present).")
+_SETTINGS = typer.Option(None, "--settings", help="settings.json (default: beside config.toml).")
+_KEY_ENV = typer.Option(None, "--api-key-env", help="Environment variable that holds the server's API key.")
+_JSON = typer.Option(False, "--json", help="Print the report as JSON.")
+
+
+def _execute(
+    names: tuple[str, ...],
+    url: str | None,
+    config_path: str | None,
+    settings_path: str | None,
+    api_key_env: str | None,
+    as_json: bool,
+    options: Any,
+) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from hybridctl.config.findings import ConfigError
+    from hybridctl.verify.client import ServerUnreachable
+    from hybridctl.verify.prefix_judge import OptionsError
+    from hybridctl.verify.render import render_report
+    from hybridctl.verify.report import unreachable_report
+    from hybridctl.verify.runner import TargetError, load_config, resolve_target, run_checks
+
+    err = Console(stderr=True)
+    try:
+        options.prefix_cache.validate()
+        config = load_config(config_path, settings_path)
+        target = resolve_target(url, config, api_key_env)
+    except (ConfigError, TargetError, OptionsError) as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    try:
+        if as_json:
+            report = run_checks(target, config, names, options)
+        else:
+            with err.status("verifying …") as status:
+                report = run_checks(
+                    target,
+                    config,
+                    names,
+                    options,
+                    on_check=lambda n: status.update(f"verify {n} against {target.url} …"),
+                )
+    except ServerUnreachable as exc:
+        if as_json:
+            typer.echo(json.dumps(unreachable_report(target.url, str(exc)), indent=2))
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_report(report, Console())
+    raise typer.Exit(0 if report.passed else 1)
+
+
+def _options(
+    doc_tokens: int = 2048,
+    trials: int = 5,
+    warmup: int = 2,
+    questions: int = 2,
+    repeats: int = 2,
+    max_ratio: float = 0.8,
+    min_cached_fraction: float = 0.9,
+    max_new_tokens: int = 4,
+    seed: int = 0,
+    spec_requests: int = 4,
+    min_accept_length: float = 1.5,
+) -> Any:
+    from hybridctl.verify.prefix_judge import PrefixCacheOptions
+    from hybridctl.verify.runner import VerifyOptions
+    from hybridctl.verify.spec import SpecOptions
+
+    return VerifyOptions(
+        prefix_cache=PrefixCacheOptions(
+            doc_tokens=doc_tokens,
+            trials=trials,
+            warmup=warmup,
+            questions=questions,
+            repeats=repeats,
+            max_ratio=max_ratio,
+            min_cached_fraction=min_cached_fraction,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+        ),
+        spec=SpecOptions(requests=spec_requests, min_accept_length=min_accept_length),
+    )
+
+
+_DOC = typer.Option(2048, "--doc-tokens", help="Length of the shared document in tokens.")
+_TRIALS = typer.Option(5, "--trials", help="Measured trials (each: flush, cold, warm requests).")
+_WARMUP = typer.Option(2, "--warmup", help="Unmeasured warm-up requests before the trials.")
+_QUESTIONS = typer.Option(2, "--questions", help="Different questions per document (the last one is judged).")
+_REPEATS = typer.Option(2, "--repeats", help="Identical-prompt repeats per trial (the last one is judged).")
+_MAX_RATIO = typer.Option(0.8, "--max-ratio", help="Pass when median warm TTFT / cold TTFT is at most this.")
+_MIN_CACHED = typer.Option(
+    0.9, "--min-cached-fraction", help="Pass when warm cached_tokens >= this x document."
+)
+_MAX_NEW = typer.Option(4, "--max-new-tokens", help="Tokens generated per prefix-cache request.")
+_SEED = typer.Option(0, "--seed", help="Seed for documents, questions and the bootstrap.")
+_SPEC_REQ = typer.Option(4, "--spec-requests", help="Requests the spec check sends.")
+_MIN_ACCEPT = typer.Option(
+    1.5, "--min-accept-length", help="Pass when the mean accept length is at least this."
+)
+
+
+@verify_app.command("all")
+def verify_all(
+    url: str | None = _URL,
+    config: str | None = _CONFIG,
+    settings: str | None = _SETTINGS,
+    api_key_env: str | None = _KEY_ENV,
+    as_json: bool = _JSON,
+    doc_tokens: int = _DOC,
+    trials: int = _TRIALS,
+    warmup: int = _WARMUP,
+    max_ratio: float = _MAX_RATIO,
+    min_cached_fraction: float = _MIN_CACHED,
+    min_accept_length: float = _MIN_ACCEPT,
+) -> None:
+    """Run basic, prefix-cache and spec."""
+    opts = _options(
+        doc_tokens=doc_tokens,
+        trials=trials,
+        warmup=warmup,
+        max_ratio=max_ratio,
+        min_cached_fraction=min_cached_fraction,
+        min_accept_length=min_accept_length,
+    )
+    _execute(("basic", "prefix-cache", "spec"), url, config, settings, api_key_env, as_json, opts)
+
+
+@verify_app.command("basic")
+def verify_basic(
+    url: str | None = _URL,
+    config: str | None = _CONFIG,
+    settings: str | None = _SETTINGS,
+    api_key_env: str | None = _KEY_ENV,
+    as_json: bool = _JSON,
+) -> None:
+    """The server answers, streaming works, /model_info and /server_info match the config."""
+    _execute(("basic",), url, config, settings, api_key_env, as_json, _options())
+
+
+@verify_app.command("prefix-cache")
+def verify_prefix_cache(
+    url: str | None = _URL,
+    config: str | None = _CONFIG,
+    settings: str | None = _SETTINGS,
+    api_key_env: str | None = _KEY_ENV,
+    as_json: bool = _JSON,
+    doc_tokens: int = _DOC,
+    trials: int = _TRIALS,
+    warmup: int = _WARMUP,
+    questions: int = _QUESTIONS,
+    repeats: int = _REPEATS,
+    max_ratio: float = _MAX_RATIO,
+    min_cached_fraction: float = _MIN_CACHED,
+    max_new_tokens: int = _MAX_NEW,
+    seed: int = _SEED,
+) -> None:
+    """Cold vs warm TTFT on a shared document; cached_tokens per request; /metrics hit rate."""
+    opts = _options(
+        doc_tokens=doc_tokens,
+        trials=trials,
+        warmup=warmup,
+        questions=questions,
+        repeats=repeats,
+        max_ratio=max_ratio,
+        min_cached_fraction=min_cached_fraction,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+    )
+    _execute(("prefix-cache",), url, config, settings, api_key_env, as_json, opts)
+
+
+@verify_app.command("spec")
+def verify_spec(
+    url: str | None = _URL,
+    config: str | None = _CONFIG,
+    settings: str | None = _SETTINGS,
+    api_key_env: str | None = _KEY_ENV,
+    as_json: bool = _JSON,
+    spec_requests: int = _SPEC_REQ,
+    min_accept_length: float = _MIN_ACCEPT,
+) -> None:
+    """Speculative decoding accept length vs the configured ceiling (skipped when the server has none)."""
+    _execute(
+        ("spec",),
+        url,
+        config,
+        settings,
+        api_key_env,
+        as_json,
+        _options(spec_requests=spec_requests, min_accept_length=min_accept_length),
+    )

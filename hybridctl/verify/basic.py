@@ -1,0 +1,153 @@
+"""`verify basic`: the server answers, streaming works, and what it serves is what config.toml says.
+
+Greedy decoding makes the streamed and the non-streamed answer to the same prompt token-identical, so
+comparing
+them checks the streaming path end to end, not only that some bytes arrived.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hybridctl.config.schema import HybridConfig
+from hybridctl.verify.client import SGLangClient
+from hybridctl.verify.report import CheckResult
+
+PROBE_PROMPT = "The three primary colors are"
+PROBE_TOKENS = 8
+
+
+def same_model_path(served: str, configured: str) -> bool:
+    """Paths compare resolved: a relative config path and the server's absolute one name the same model."""
+    if served == configured:
+        return True
+    try:
+        return Path(served).expanduser().resolve() == Path(configured).expanduser().resolve()
+    except OSError:
+        return False
+
+
+def expected_server_args(config: HybridConfig) -> dict[str, Any]:
+    """`/server_info` keys (SGLang's names) and the values config.toml + settings.json imply for them."""
+    expected: dict[str, Any] = {"disable_radix_cache": not config.prefix_cache_enabled}
+    spec = config.config.speculative
+    if config.speculative_enabled:
+        expected["speculative_algorithm"] = spec.speculative_algorithm
+        expected["speculative_num_steps"] = spec.speculative_num_steps
+        expected["speculative_eagle_topk"] = spec.speculative_topk
+    else:
+        expected["speculative_algorithm"] = None
+    runtime = config.settings.runtime
+    expected["chunked_prefill_size"] = runtime.chunked_prefill_size
+    if runtime.max_running_requests is not None:
+        expected["max_running_requests"] = runtime.max_running_requests
+    expected["schedule_policy"] = runtime.schedule_policy
+    return expected
+
+
+def compare_server_args(server_info: dict[str, Any], expected: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(mismatches, notes): a key the server does not report is a note, a different value a mismatch."""
+    mismatches: list[str] = []
+    notes: list[str] = []
+    for key, want in expected.items():
+        if key not in server_info:
+            notes.append(f"/server_info does not report {key}; not compared")
+            continue
+        got = server_info[key]
+        if key == "speculative_algorithm" and want is None and got in (None, "", "none", "None"):
+            continue
+        if got != want:
+            mismatches.append(f"{key}: server has {got!r}, the config implies {want!r}")
+    return mismatches, notes
+
+
+def run_basic(client: SGLangClient, config: HybridConfig | None) -> CheckResult:
+    reasons: list[str] = []
+    notes: list[str] = []
+    measurements: dict[str, Any] = {}
+
+    status = client.health()
+    measurements["health_status"] = status
+    if status != 200:
+        reasons.append(
+            f"/health answered HTTP {status}, not 200: the server is up but not ready (still loading?)"
+        )
+
+    info = client.model_info()
+    measurements["model_info"] = {
+        k: info.get(k)
+        for k in (
+            "model_path",
+            "served_model_name",
+            "tokenizer_path",
+            "is_generation",
+            "model_type",
+            "architectures",
+        )
+    }
+    if info.get("is_generation") is False:
+        reasons.append("/model_info says is_generation=false: this is an embedding server, not a generator")
+    if config is not None:
+        configured = config.config.server.model_path
+        served = str(info.get("model_path") or "")
+        if configured and not same_model_path(served, configured):
+            reasons.append(
+                f"/model_info model_path is {served!r} but config.toml [server] model_path is "
+                f"{configured!r}: "
+                "the server at this URL serves another model (wrong port, or relaunch after editing "
+                "the config)"
+            )
+        server_info = client.server_info()
+        mismatches, arg_notes = compare_server_args(server_info, expected_server_args(config))
+        notes.extend(arg_notes)
+        reasons.extend(
+            f"/server_info {m} — relaunch with `hybridctl launch` so the server runs this config"
+            for m in mismatches
+        )
+    else:
+        notes.append("no config.toml given: /model_info and /server_info were not compared with a config")
+
+    plain = client.generate(PROBE_PROMPT, max_new_tokens=PROBE_TOKENS)
+    meta = plain["meta_info"]
+    missing = [k for k in ("prompt_tokens", "completion_tokens", "finish_reason") if k not in meta]
+    if missing:
+        reasons.append(f"/generate meta_info lacks {', '.join(missing)} (SGLang always sends them)")
+    if int(meta.get("completion_tokens", 0) or 0) < 1:
+        reasons.append("/generate produced no tokens (completion_tokens is 0)")
+
+    streamed = client.generate_stream(PROBE_PROMPT, max_new_tokens=PROBE_TOKENS)
+    measurements["stream"] = {
+        "chunks": streamed.chunks,
+        "ttft_ms": None if streamed.ttft_s is None else round(streamed.ttft_s * 1000, 2),
+        "e2e_ms": round(streamed.e2e_s * 1000, 2),
+        "completion_tokens": streamed.completion_tokens,
+    }
+    if streamed.chunks == 0:
+        reasons.append("streamed /generate sent no `data:` chunks")
+    elif not streamed.saw_done:
+        reasons.append("streamed /generate did not end with `data: [DONE]`")
+    if streamed.ttft_s is None:
+        reasons.append("streamed /generate never reported a first token (completion_tokens stayed 0)")
+    plain_text = str(plain.get("text", ""))
+    if streamed.completion_tokens != int(meta.get("completion_tokens", 0) or 0):
+        reasons.append(
+            f"greedy stream produced {streamed.completion_tokens} tokens, the same request without streaming "
+            f"{meta.get('completion_tokens')}: streaming and non-streaming paths disagree"
+        )
+    elif plain_text not in (streamed.text, "".join(streamed.text_pieces)):
+        reasons.append(
+            f"greedy stream text {streamed.text!r} differs from the non-streamed {plain_text!r}: "
+            "streaming and non-streaming paths disagree"
+        )
+
+    if reasons:
+        summary = f"{len(reasons)} problem(s): {reasons[0]}"
+        return CheckResult("basic", "failed", summary, reasons, notes, measurements)
+    ttft = measurements["stream"]["ttft_ms"]
+    summary = (
+        f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft} ms); model matches config"
+    )
+    if config is None:
+        summary = f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft} ms)"
+    return CheckResult("basic", "passed", summary, reasons, notes, measurements)

@@ -1,0 +1,67 @@
+"""Rich rendering of a VerifyReport (the `--json` form is `VerifyReport.to_dict`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from hybridctl.verify.report import VerifyReport
+
+_STYLE = {"passed": "bold green", "failed": "bold red", "skipped": "yellow"}
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _prefix_table(m: dict[str, Any]) -> Table:
+    table = Table(title="prefix-cache: TTFT (ms)", title_justify="left")
+    for col in ("case", "median", "p90", "warm/cold", "95% CI", "per-trial spread", "cached tokens (judged)"):
+        table.add_column(col, justify="right" if col != "case" else "left")
+    cold = m["cold_ttft_ms"]
+    table.add_row(
+        "cold", _fmt(cold["median"]), _fmt(cold["p90"]), "1.00", "", "", str(m["cold_cached_tokens"])
+    )
+    for case in ("realistic", "identical"):
+        c = m[case]
+        r, spread = c["ratio"], c["per_trial_ratio"]
+        table.add_row(
+            c["description"],
+            _fmt(c["warm_ttft_ms"]["median"]),
+            _fmt(c["warm_ttft_ms"]["p90"]),
+            f"{r['ratio']:.2f}",
+            f"{r['ci_low']:.2f}-{r['ci_high']:.2f}",
+            f"{spread['min']:.2f}-{spread['max']:.2f}",
+            f"{[row[-1] for row in c['cached_tokens']]} of {m['document_tokens']}",
+        )
+    return table
+
+
+def render_report(report: VerifyReport, console: Console) -> None:
+    table = Table(title=f"hybridctl verify — {report.url}", title_justify="left")
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("summary", overflow="fold")
+    for check in report.checks:
+        table.add_row(check.name, f"[{_STYLE[check.status]}]{check.status}[/]", escape(check.summary))
+    console.print(table)
+    for check in report.checks:
+        if check.name == "prefix-cache" and "cold_ttft_ms" in check.measurements:
+            console.print(_prefix_table(check.measurements))
+            metrics = check.measurements.get("metrics")
+            if metrics:
+                console.print(
+                    f"  /metrics cache hit rate: {_fmt(metrics['cache_hit_rate_before'], 3)} -> "
+                    f"{_fmt(metrics['cache_hit_rate_after'], 3)}; hit rate of this check's prompt tokens "
+                    f"{_fmt(metrics['hit_rate_during_check'], 3)}"
+                )
+        if check.status == "failed":
+            for reason in check.reasons:
+                console.print(f"  [red]✗ {check.name}:[/] {escape(reason)}", soft_wrap=True)
+        for note in check.notes:
+            console.print(f"  [dim]• {check.name}: {escape(note)}[/]", soft_wrap=True)
+    verdict = "[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"
+    console.print(f"verify: {verdict}")

@@ -1,0 +1,121 @@
+"""Run checks against one server: resolve the URL (--url, else config.toml [server]), the API key (from a
+named
+environment variable), and turn "cannot connect" into `ServerUnreachable` before any check starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hybridctl.config.schema import HybridConfig
+from hybridctl.verify.basic import run_basic
+from hybridctl.verify.client import SGLangClient, Target
+from hybridctl.verify.prefix_cache import run_prefix_cache
+from hybridctl.verify.prefix_judge import PrefixCacheOptions
+from hybridctl.verify.report import CheckResult, VerifyReport
+from hybridctl.verify.spec import SpecOptions, run_spec
+
+CHECK_NAMES = ("basic", "prefix-cache", "spec")
+
+
+class TargetError(ValueError):
+    """The target cannot be determined (no URL, unset API-key variable): a usage problem, exit code 2."""
+
+
+@dataclass
+class VerifyOptions:
+    prefix_cache: PrefixCacheOptions = field(default_factory=PrefixCacheOptions)
+    spec: SpecOptions = field(default_factory=SpecOptions)
+
+
+def url_from_config(config: HybridConfig) -> str:
+    host = config.config.server.host
+    # A server bound to every interface is reached on loopback from this host.
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{config.config.server.port}"
+
+
+def resolve_target(
+    url: str | None, config: HybridConfig | None, api_key_env: str | None, timeout_s: float = 300.0
+) -> Target:
+    if url is None:
+        if config is None:
+            raise TargetError(
+                "no server address: pass --url http://HOST:PORT, or --config config.toml whose "
+                "[server] host/port name the server"
+            )
+        url = url_from_config(config)
+    if not url.startswith(("http://", "https://")):
+        raise TargetError(f"--url {url!r} is not an http(s) URL; write it like http://127.0.0.1:30000")
+    key = None
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise TargetError(
+                f"--api-key-env names {api_key_env}, but that environment variable is unset or "
+                f"empty; export {api_key_env}=<key> first (the key itself never goes on the command line)"
+            )
+    return Target(url=url.rstrip("/"), api_key=key, timeout_s=timeout_s)
+
+
+def load_config(config_path: str | None, settings_path: str | None) -> HybridConfig | None:
+    """The config files if given (else ./config.toml if present), relative model paths resolved."""
+    from hybridctl.config.loader import load_hybrid_config
+
+    if config_path is None:
+        if not Path("config.toml").is_file():
+            return None
+        config_path = "config.toml"
+    if settings_path is None:
+        settings_path = str(Path(config_path).parent / "settings.json")
+    config = load_hybrid_config(config_path, settings_path)
+    base = Path(config_path).resolve().parent
+    server = config.config.server
+    for attr in ("model_path", "tokenizer_path"):
+        value = getattr(server, attr)
+        if value and not Path(value).is_absolute() and (base / value).exists():
+            setattr(server, attr, str((base / value).resolve()))
+    return config
+
+
+def run_checks(
+    target: Target,
+    config: HybridConfig | None,
+    names: tuple[str, ...] = CHECK_NAMES,
+    options: VerifyOptions | None = None,
+    on_check: Callable[[str], None] | None = None,
+) -> VerifyReport:
+    """Run the named checks in order. Raises ServerUnreachable if the server does not answer at all."""
+    opts = options or VerifyOptions()
+    report = VerifyReport(url=target.url)
+    with SGLangClient(target) as client:
+        client.health()  # raises ServerUnreachable before any check runs
+        for name in names:
+            if on_check is not None:
+                on_check(name)
+            report.checks.append(_run_one(client, config, name, opts))
+    return report
+
+
+def _run_one(
+    client: SGLangClient, config: HybridConfig | None, name: str, opts: VerifyOptions
+) -> CheckResult:
+    from hybridctl.verify.client import ServerError
+
+    try:
+        if name == "basic":
+            return run_basic(client, config)
+        if name == "prefix-cache":
+            return run_prefix_cache(client, config, opts.prefix_cache)
+        if name == "spec":
+            return run_spec(client, config, opts.spec)
+    except ServerError as exc:
+        reason = f"the server gave an unusable answer: {exc}"
+        return CheckResult(name, "failed", reason, [reason])
+    raise ValueError(f"unknown check {name!r}; known: {', '.join(CHECK_NAMES)}")
