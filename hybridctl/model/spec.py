@@ -1,0 +1,195 @@
+"""`load_model_spec`: a HF config.json (file or model dir) -> ModelSpec, the numbers every planner needs.
+
+Per-rank numbers follow SGLang 0.5.23: recurrent state per request from configs/mamba_utils.py, KV bytes
+per token from model_executor/pool_configurator.py (`DefaultPoolConfigurator._compute_cell_size`), KV heads
+per rank from configs/model_config.py:1700-1711 (`get_num_kv_heads`: replicated when tp exceeds the KV heads).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hybridctl.model.dtypes import SSM_DTYPES, canonical_dtype, dtype_bytes
+from hybridctl.model.errors import ModelSpecError
+from hybridctl.model.families import read_geometry
+from hybridctl.model.state_shapes import state_bytes_per_request
+from hybridctl.model.weights import weight_bytes
+
+# configs/mamba_utils.py:68: the conv window dtype is bfloat16 unless SGLANG_MAMBA_CONV_DTYPE says otherwise.
+CONV_DTYPE = "bfloat16"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One hybrid model at one tensor-parallel degree. All *_per_rank / bytes numbers are per GPU."""
+
+    source: str  # the config.json read
+    family: str  # qwen3_next | qwen3_5 | kimi_linear | nemotron_h | falcon_h1 | granitemoehybrid
+    model_type: str
+    architecture: str
+    tp: int
+    num_layers: int
+    layer_kinds: tuple[str, ...]  # attention | linear | mamba | mlp | moe | attention+mamba, per layer
+    attn_layer_ids: tuple[int, ...]  # layers with full attention (they hold KV)
+    linear_layer_ids: tuple[int, ...]  # layers with recurrent state (linear attention or Mamba)
+    num_attn_layers: int
+    num_linear_layers: int
+    linear_kind: str  # gated_deltanet | kda | mamba2
+    attention_kind: str  # mha | mla
+    num_attention_heads: int
+    num_kv_heads: int  # whole model
+    num_kv_heads_per_rank: int
+    head_dim: int
+    v_head_dim: int
+    kv_lora_rank: int | None  # MLA only
+    qk_rope_head_dim: int | None  # MLA only
+    hidden_size: int
+    vocab_size: int
+    context_len: int
+    conv_state_shape: tuple[int, ...]  # per request, per linear layer, per rank
+    ssm_state_shape: tuple[int, ...]  # per request, per linear layer, per rank
+    conv_dtype: str
+    ssm_dtype: str
+    ssm_dtype_source: str  # flag | config | default
+    conv_state_bytes: int  # per request, per linear layer, per rank
+    ssm_state_bytes: int  # per request, per linear layer, per rank
+    mamba_state_bytes_per_request: int  # all linear layers, per rank (SGLang's mamba_cache_per_req)
+    kv_dtype: str
+    kv_bytes_per_token: int  # full-attention layers only, per rank (SGLang's cell_size)
+    weights_bytes: int  # whole model
+    weights_bytes_per_rank: int
+    weights_source: str  # safetensors | safetensors-index | estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key, value in d.items():
+            if isinstance(value, tuple):
+                d[key] = list(value)
+        return d
+
+
+def _config_path(path: str | Path) -> tuple[Path, Path | None]:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        cfg = p / "config.json"
+        if not cfg.is_file():
+            raise ModelSpecError(
+                f"{p}: no config.json in this directory. Point --model at a HF model directory "
+                f"or its config.json."
+            )
+        return cfg, p
+    if p.is_file():
+        return p, p.parent
+    raise ModelSpecError(
+        f"{p}: no such file or directory. Point --model at a HF model directory or config.json."
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModelSpecError(f"{path}: cannot read ({exc.strerror}).") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelSpecError(f"{path}: not valid JSON ({exc}). Fix or re-download config.json.") from None
+    if not isinstance(data, dict):
+        raise ModelSpecError(f"{path}: the top level must be a JSON object, as in every HF config.json.")
+    return data
+
+
+def _resolve_ssm_dtype(flag: str | None, from_config: str | None, source: Path) -> tuple[str, str]:
+    # configs/mamba_utils.py:47-107: flag (SGLANG_MAMBA_SSM_DTYPE) > config mamba_ssm_dtype > float32.
+    if flag is not None:
+        name = canonical_dtype(flag) if flag.lower() in {"fp32", "bf16", "fp16", *SSM_DTYPES} else flag
+        if name not in SSM_DTYPES:
+            raise ModelSpecError(
+                f"--mamba-ssm-dtype {flag!r} is not supported; use one of {', '.join(SSM_DTYPES)}."
+            )
+        return name, "flag"
+    if from_config is not None:
+        if from_config not in SSM_DTYPES:
+            raise ModelSpecError(
+                f"{source}: key 'mamba_ssm_dtype' is {from_config!r}; SGLang accepts {', '.join(SSM_DTYPES)} "
+                f"(and would silently fall back to float32). Fix the value or drop the key."
+            )
+        return from_config, "config"
+    return "float32", "default"
+
+
+def load_model_spec(
+    path: str | Path,
+    *,
+    tp: int = 1,
+    ssm_dtype: str | None = None,
+    kv_dtype: str = "bfloat16",
+) -> ModelSpec:
+    """Read config.json (a file, or a model dir holding one) of a supported hybrid model."""
+    if tp < 1:
+        raise ModelSpecError(f"tensor-parallel size must be >= 1, got {tp}.")
+    cfg_path, model_dir = _config_path(path)
+    geom = read_geometry(_read_json(cfg_path), str(cfg_path))
+    try:
+        shape = geom.state_shape(tp)
+    except ValueError as exc:
+        raise ModelSpecError(
+            f"{cfg_path}: cannot shard this model {tp} ways: {exc}. Pick a --tp that divides it."
+        ) from None
+    ssm_name, ssm_source = _resolve_ssm_dtype(ssm_dtype, geom.config_ssm_dtype, cfg_path)
+    conv_b, ssm_b = dtype_bytes(CONV_DTYPE), dtype_bytes(ssm_name)
+    try:
+        kv_b = dtype_bytes(kv_dtype)
+    except ValueError as exc:
+        raise ModelSpecError(f"KV cache dtype: {exc}.") from None
+    kv_heads_rank = max(1, geom.num_kv_heads // tp)
+    n_attn = len(geom.attn_layer_ids)
+    if geom.attention_kind == "mla":
+        # pool_configurator.py (MLA branch of _compute_cell_size): latent + rope key, shared by all heads,
+        # not split across ranks.
+        assert geom.kv_lora_rank is not None and geom.qk_rope_head_dim is not None
+        kv_per_token = (geom.kv_lora_rank + geom.qk_rope_head_dim) * n_attn * kv_b
+    else:
+        kv_per_token = kv_heads_rank * (geom.head_dim + geom.v_head_dim) * n_attn * kv_b
+    weights = weight_bytes(model_dir, geom)
+    return ModelSpec(
+        source=str(cfg_path),
+        family=geom.family,
+        model_type=geom.model_type,
+        architecture=geom.architecture,
+        tp=tp,
+        num_layers=len(geom.layer_kinds),
+        layer_kinds=geom.layer_kinds,
+        attn_layer_ids=geom.attn_layer_ids,
+        linear_layer_ids=geom.linear_layer_ids,
+        num_attn_layers=n_attn,
+        num_linear_layers=len(geom.linear_layer_ids),
+        linear_kind=geom.linear_kind,
+        attention_kind=geom.attention_kind,
+        num_attention_heads=geom.num_attention_heads,
+        num_kv_heads=geom.num_kv_heads,
+        num_kv_heads_per_rank=kv_heads_rank,
+        head_dim=geom.head_dim,
+        v_head_dim=geom.v_head_dim,
+        kv_lora_rank=geom.kv_lora_rank,
+        qk_rope_head_dim=geom.qk_rope_head_dim,
+        hidden_size=geom.hidden_size,
+        vocab_size=geom.vocab_size,
+        context_len=geom.context_len,
+        conv_state_shape=shape.conv,
+        ssm_state_shape=shape.temporal,
+        conv_dtype=CONV_DTYPE,
+        ssm_dtype=ssm_name,
+        ssm_dtype_source=ssm_source,
+        conv_state_bytes=shape.conv_numel * conv_b,
+        ssm_state_bytes=shape.temporal_numel * ssm_b,
+        mamba_state_bytes_per_request=state_bytes_per_request(
+            shape, conv_bytes=conv_b, ssm_bytes=ssm_b, num_linear_layers=len(geom.linear_layer_ids)
+        ),
+        kv_dtype=canonical_dtype(kv_dtype),
+        kv_bytes_per_token=kv_per_token,
+        weights_bytes=weights.total,
+        weights_bytes_per_rank=-(-weights.total // tp),
+        weights_source=weights.source,
+    )
