@@ -1,0 +1,123 @@
+"""Read a server log (SGLang 0.5.x or the bundled runtime) into data: failure-pattern matches, start-up pool
+sizes, prefix-cache statistics. Pure text processing; turning matches into fixes is diagnose.py's job.
+
+Logs come with ANSI colours, "[2026-01-02 10:00:00 TP0] " prefixes, several ranks interleaved and tracebacks
+whose last line repeats the message; the same failure is reported once, at its first line, with a count.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from hybridctl.doctor.log_patterns import PATTERNS, LogPattern
+from hybridctl.logs.startup import StartupInfo, parse_startup
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# SGLang's configure_logger: "[%(asctime)s{.ms}{ prefix}] message", prefix like " TP0" or " DP1 TP3".
+_PREFIX = re.compile(
+    r"^\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z]{1,4}\d+)*)\]\s?"
+)
+_MAX_EVIDENCE = 400
+
+_PREFILL = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (\d+)")
+# server_args is logged as a dict repr ('key': value) in 0.5.2x and as ServerArgs(key=value) before.
+_ARG = re.compile(r"['\"]?\b(disable_radix_cache|page_size|mamba_radix_cache_strategy|speculative_algorithm|"
+                  r"disaggregation_mode|enable_unified_memory)['\"]?\s*[:=]\s*('[^']*'|\"[^\"]*\"|[\w.]+)")
+
+
+def startup_summary(info: StartupInfo) -> dict[str, int | None]:
+    """The three start-up numbers `doctor --json` reports."""
+    kv_tokens = info.max_total_num_tokens
+    if kv_tokens is None and info.kv:
+        kv_tokens = info.kv[0].tokens
+    return {
+        "max_mamba_cache_size": info.mamba.max_mamba_cache_size if info.mamba else None,
+        "kv_tokens": kv_tokens,
+        "max_running_requests": info.max_running_requests,
+    }
+
+
+@dataclass
+class LogMatch:
+    pattern: LogPattern
+    line: int  # 1-based, first occurrence
+    evidence: str
+    count: int = 1  # lines that said it (ranks, repeats), not counting traceback source lines
+    ranks: set[str] = field(default_factory=set)
+    weak: bool = False  # only seen as a source line inside a traceback so far
+
+
+@dataclass
+class LogScan:
+    lines: int = 0
+    matches: list[LogMatch] = field(default_factory=list)
+    startup: StartupInfo = field(default_factory=StartupInfo)
+    mamba_pool_line: int | None = None  # where the state pool's size was logged
+    server_args: dict[str, str] = field(default_factory=dict)
+    prefill_batches: int = 0  # prefill log lines that carried new tokens
+    cached_tokens: int = 0  # sum of #cached-token over them
+    first_prefill_line: int | None = None
+
+
+def clean_line(raw: str) -> tuple[str, str, str]:
+    """(line without colours, message without the log prefix, rank tag like "TP0" or "")."""
+    line = _ANSI.sub("", raw.rstrip("\r\n"))
+    m = _PREFIX.match(line)
+    if not m:
+        return line, line, ""
+    return line, line[m.end():], m.group("ranks").strip()
+
+
+def scan_log(raw_lines: Iterable[str]) -> LogScan:
+    scan = LogScan()
+    seen: dict[str, LogMatch] = {}
+    messages: list[str] = []
+    rank = ""  # traceback lines carry no prefix: they belong to the rank of the last prefixed line
+    in_source = False  # the line after '  File "...", line N' is source code, weaker evidence than the error
+    for number, raw in enumerate(raw_lines, start=1):
+        scan.lines = number
+        line, message, ranks = clean_line(raw)
+        if line is not message:
+            rank = ranks
+        codes_here: set[str] = set()
+        for pattern in PATTERNS:
+            if pattern.code in codes_here or not pattern.regex.search(message):
+                continue
+            codes_here.add(pattern.code)
+            _record(seen, pattern, number, line, rank, weak=in_source)
+        in_source = line.startswith('  File "')
+        messages.append(message)
+        if scan.mamba_pool_line is None and "Mamba Cache is allocated" in message:
+            scan.mamba_pool_line = number
+        _read_prefill(message, number, scan)
+        if "server_args" in message or "ServerArgs(" in message:
+            scan.server_args.update({k: v.strip("'\"") for k, v in _ARG.findall(message)})
+    scan.matches = sorted(seen.values(), key=lambda m: m.line)
+    scan.startup = parse_startup(messages)
+    return scan
+
+
+def _record(
+    seen: dict[str, LogMatch], pattern: LogPattern, number: int, line: str, rank: str, weak: bool
+) -> None:
+    hit = seen.get(pattern.id)
+    if hit is None:
+        seen[pattern.id] = hit = LogMatch(pattern, number, line[:_MAX_EVIDENCE], weak=weak)
+    elif hit.weak and not weak:
+        # The exception line says what happened; the source line before it only shows the check.
+        hit.line, hit.evidence, hit.weak = number, line[:_MAX_EVIDENCE], False
+    elif not weak:
+        hit.count += 1
+    if rank:
+        hit.ranks.add(rank)
+
+
+def _read_prefill(message: str, number: int, scan: LogScan) -> None:
+    m = _PREFILL.search(message)
+    if m and int(m.group(1)) + int(m.group(2)) > 0:
+        scan.prefill_batches += 1
+        scan.cached_tokens += int(m.group(2))
+        if scan.first_prefill_line is None:
+            scan.first_prefill_line = number
