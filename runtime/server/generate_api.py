@@ -1,0 +1,116 @@
+"""SGLang's native `/generate`: one prompt or a batch, whole answers or an SSE stream of cumulative chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from runtime.server.context import BadJson, ServerContext, error_response, json_body, watch_disconnect
+from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
+from runtime.server.generate_request import (
+    ContractError,
+    PreparedRequest,
+    RequestValueError,
+    parse_generate_body,
+)
+from runtime.server.request_state import RequestState
+from runtime.server.sse import DONE, AbortingStreamingResponse, sse_event
+
+logger = logging.getLogger("runtime.server")
+
+
+def value_error(message: str, status: int = 400) -> JSONResponse:
+    """SGLang's body for a request it understood but cannot serve."""
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def start_group(
+    ctx: ServerContext, prepared: list[PreparedRequest]
+) -> tuple[RequestGroup, list[RequestState]]:
+    """Submit the requests; raises DuplicateRequestId before anything runs when a rid is already in flight."""
+    states = [RequestState(p, ctx.tokenizer) for p in prepared]
+    group = RequestGroup(ctx.engine, [p.request for p in prepared])
+    if ctx.args.log_requests:
+        for p in prepared:
+            logger.info(
+                "Receive: rid=%s, prompt_tokens=%d, sampling_params=%s, stream=%s",
+                p.request.rid,
+                len(p.request.input_ids),
+                vars(p.request.sampling),
+                p.request.stream,
+            )
+    return group, states
+
+
+async def run_to_end(
+    ctx: ServerContext, request: Request, group: RequestGroup, states: list[RequestState]
+) -> None:
+    """Drive a non-streaming group to its end; a client that hangs up aborts it."""
+    watcher = asyncio.create_task(watch_disconnect(request, group.close))
+    try:
+        async for index, out in group.updates():
+            states[index].update(out)
+            if out.finished:
+                ctx.finish(states[index], streaming=False)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+def abort_error(states: list[RequestState]) -> JSONResponse | None:
+    """SGLang turns an engine abort carrying an HTTP status (allocation failure) into an error answer."""
+    for s in states:
+        reason = s.finish_reason or {}
+        status = reason.get("status_code")
+        if reason.get("type") == "abort" and isinstance(status, int) and 400 <= status < 600:
+            return value_error(str(reason.get("message", "request aborted")), status)
+    return None
+
+
+async def generate(request: Request) -> Response:
+    ctx: ServerContext = request.app.state.ctx
+    try:
+        body = await json_body(request)
+    except BadJson as e:
+        return error_response(str(e), err_type="Bad Request")
+    try:
+        prepared, single, stream = parse_generate_body(
+            body, encode=ctx.tokenizer.encode, vocab_size=ctx.vocab_size, context_len=ctx.context_len
+        )
+    except ContractError as e:
+        return JSONResponse({"error": str(e)}, status_code=400)
+    except RequestValueError as e:
+        return value_error(str(e))
+    try:
+        group, states = start_group(ctx, prepared)
+    except DuplicateRequestId as e:
+        return value_error(str(e))
+    if stream:
+        return AbortingStreamingResponse(_stream(ctx, group, states, single), on_close=group.close)
+    await run_to_end(ctx, request, group, states)
+    failure = abort_error(states)
+    if failure is not None:
+        return failure
+    if single:
+        return JSONResponse(states[0].to_dict(with_index=False))
+    return JSONResponse([s.to_dict(with_index=False) for s in states])
+
+
+async def _stream(
+    ctx: ServerContext, group: RequestGroup, states: list[RequestState], single: bool
+) -> AsyncIterator[bytes]:
+    async for index, out in group.updates():
+        state = states[index]
+        state.update(out)
+        if out.finished:
+            ctx.finish(state, streaming=True)
+        elif not out.new_token_ids:
+            continue
+        yield sse_event(state.to_dict(with_index=not single))
+    yield DONE

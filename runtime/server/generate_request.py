@@ -1,0 +1,277 @@
+"""Parsing and checking a `/generate` body the way SGLang 0.5.23 does, into engine requests.
+
+SGLang refuses an unknown sampling parameter with serde's text ("unknown field `x`, expected one of ...")
+and a wrong JSON type with "invalid type: ..., expected ...". Parameters SGLang has but the runtime does not
+implement are accepted only at their neutral value; anything else is refused by name, never ignored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.engine.api import GenerateRequest, SamplingParams
+
+# SGLang 0.5.23's sampling-parameter fields, in its order (api/v1/api_types.py _FIELDS_SamplingParams).
+SGLANG_SAMPLING_FIELDS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width",
+    "watermark", "choice",
+)  # fmt: skip
+
+# Accepted only at these values: the runtime has no penalties, grammars, beams or watermarks.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "min_new_tokens": (None, 0),
+    "n": (None, 1),
+    "stop_regex": (None, "", []),
+    "json_schema": (None, ""),
+    "regex": (None, ""),
+    "ebnf": (None, ""),
+    "structural_tag": (None, ""),
+    "logit_bias": (None, {}),
+    "custom_params": (None, {}),
+    "beam_width": (None, 1),
+    "watermark": (None,),
+    "choice": (None, []),
+}
+
+
+class ContractError(ValueError):
+    """The body breaks SGLang's JSON contract (SGLang answers `{"error": "<text>"}` with 400)."""
+
+
+class RequestValueError(ValueError):
+    """Well-formed but cannot be served (SGLang answers `{"error": {"message": ...}}` with 400)."""
+
+
+def _unexpected(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"boolean `{'true' if v else 'false'}`"
+    if isinstance(v, int):
+        return f"integer `{v}`"
+    if isinstance(v, float):
+        return f"floating point `{v}`"
+    if isinstance(v, str):
+        return f'string "{v}"'
+    if isinstance(v, list):
+        return "sequence"
+    if isinstance(v, dict):
+        return "map"
+    return type(v).__name__
+
+
+def _invalid(key: str, v: Any, expected: str) -> ContractError:
+    return ContractError(f"{key}: invalid type: {_unexpected(v)}, expected {expected}")
+
+
+def _number(key: str, v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _invalid(key, v, "f32")
+    return float(v)
+
+
+def _integer(key: str, v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _invalid(key, v, "i64")
+    return v
+
+
+def _boolean(key: str, v: Any) -> bool | None:
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise _invalid(key, v, "a boolean")
+    return v
+
+
+def _strings(key: str, v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return list(v)
+    raise _invalid(key, v, "a string or a sequence of strings")
+
+
+def _token_ids(key: str, v: Any) -> list[int]:
+    if v is None:
+        return []
+    if isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        return list(v)
+    raise _invalid(key, v, "a sequence of integers")
+
+
+@dataclass
+class ParsedSampling:
+    sampling: SamplingParams
+    max_new_tokens_given: bool  # False: SGLang's default 128 (or the context budget if smaller)
+    skip_special_tokens: bool
+    no_stop_trim: bool
+
+
+def parse_sampling_params(raw: Any) -> ParsedSampling:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ContractError(
+            f"sampling_params: invalid type: {_unexpected(raw)}, expected struct SamplingParams"
+        )
+    for key in raw:
+        if key not in SGLANG_SAMPLING_FIELDS:
+            listed = ", ".join(f"`{f}`" for f in SGLANG_SAMPLING_FIELDS)
+            raise ContractError(f"unknown field `{key}`, expected one of {listed}")
+    for key, allowed in _NEUTRAL.items():
+        if key in raw and raw[key] not in allowed:
+            raise RequestValueError(
+                f"sampling_params.{key}={raw[key]!r} is not implemented by the bundled runtime "
+                f"(accepted: {', '.join(repr(a) for a in allowed if a is not None) or 'null'})"
+            )
+    p = SamplingParams()
+    temperature = _number("temperature", raw.get("temperature"))
+    if temperature is not None:
+        p.temperature = temperature
+    top_p = _number("top_p", raw.get("top_p"))
+    if top_p is not None:
+        p.top_p = top_p
+    top_k = _integer("top_k", raw.get("top_k"))
+    if top_k is not None:
+        p.top_k = -1 if top_k >= 1 << 30 else top_k  # SGLang's TOP_K_ALL means "whole vocabulary"
+    min_p = _number("min_p", raw.get("min_p"))
+    if min_p is not None:
+        p.min_p = min_p
+    max_new = _integer("max_new_tokens", raw.get("max_new_tokens"))
+    if max_new is not None:
+        p.max_new_tokens = max_new
+    p.stop = _strings("stop", raw.get("stop"))
+    p.stop_token_ids = _token_ids("stop_token_ids", raw.get("stop_token_ids"))
+    p.ignore_eos = bool(_boolean("ignore_eos", raw.get("ignore_eos")))
+    p.seed = _integer("sampling_seed", raw.get("sampling_seed"))
+    _integer("stream_interval", raw.get("stream_interval"))  # accepted; every token is streamed
+    _boolean("spaces_between_special_tokens", raw.get("spaces_between_special_tokens"))
+    skip = _boolean("skip_special_tokens", raw.get("skip_special_tokens"))
+    no_trim = _boolean("no_stop_trim", raw.get("no_stop_trim"))
+    problem = p.validate()
+    if problem is not None:
+        raise RequestValueError(problem)
+    return ParsedSampling(
+        sampling=p,
+        max_new_tokens_given="max_new_tokens" in raw and raw["max_new_tokens"] is not None,
+        skip_special_tokens=True if skip is None else skip,
+        no_stop_trim=bool(no_trim),
+    )
+
+
+@dataclass
+class PreparedRequest:
+    """One engine request plus what the server needs to render its answer."""
+
+    index: int
+    request: GenerateRequest
+    skip_special_tokens: bool
+    no_stop_trim: bool
+
+
+def _prompts(body: dict[str, Any], encode: Any) -> tuple[list[list[int]], bool]:
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if text is None and input_ids is None:
+        raise RequestValueError("Either text, input_ids or input_embeds should be provided.")
+    if text is not None and input_ids is not None:
+        raise RequestValueError("Give either text or input_ids, not both.")
+    if text is not None:
+        if isinstance(text, str):
+            return [encode(text)], True
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            return [encode(t) for t in text], False
+        raise ContractError(
+            f"text: invalid type: {_unexpected(text)}, expected a string or a list of strings"
+        )
+    if isinstance(input_ids, list) and not input_ids:
+        raise RequestValueError("input_ids cannot be empty.")
+    if isinstance(input_ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+        return [list(input_ids)], True
+    if isinstance(input_ids, list) and all(isinstance(row, list) for row in input_ids):
+        return [_token_ids("input_ids", row) for row in input_ids], False
+    raise ContractError(
+        f"input_ids: invalid type: {_unexpected(input_ids)}, expected a list of token ids or a list of lists"
+    )
+
+
+def parse_generate_body(
+    body: Any, *, encode: Any, vocab_size: int, context_len: int
+) -> tuple[list[PreparedRequest], bool, bool]:
+    """(requests, is_single, stream) from a /generate body; raises ContractError or RequestValueError."""
+    if not isinstance(body, dict):
+        raise ContractError(f"invalid type: {_unexpected(body)}, expected struct GenerateRequest")
+    stream = _boolean("stream", body.get("stream")) or False
+    prompts, single = _prompts(body, encode)
+    raw_params = body.get("sampling_params")
+    if isinstance(raw_params, list):
+        if len(raw_params) != len(prompts):
+            raise RequestValueError(
+                f"sampling_params has {len(raw_params)} entries for a batch of {len(prompts)} prompts"
+            )
+        params = [parse_sampling_params(r) for r in raw_params]
+    else:
+        params = [parse_sampling_params(raw_params)] * len(prompts)
+    rid = body.get("rid")
+    if rid is None:
+        rids = [uuid.uuid4().hex for _ in prompts]
+    elif single and isinstance(rid, str):
+        rids = [rid]
+    elif (
+        not single
+        and isinstance(rid, list)
+        and len(rid) == len(prompts)
+        and all(isinstance(r, str) for r in rid)
+    ):
+        rids = list(rid)
+    else:
+        raise RequestValueError("rid must be a string for one prompt, or a list of strings, one per prompt")
+    if len(set(rids)) != len(rids):
+        raise RequestValueError(f"Duplicate request ID detected: {rids}")
+    out: list[PreparedRequest] = []
+    for i, (ids, ps, r) in enumerate(zip(prompts, params, rids, strict=True)):
+        out.append(prepare_request(i, ids, ps, r, stream, vocab_size, context_len))
+    return out, single, stream
+
+
+def prepare_request(
+    index: int, ids: list[int], ps: ParsedSampling, rid: str, stream: bool, vocab_size: int, context_len: int
+) -> PreparedRequest:
+    if not ids:
+        raise RequestValueError("The prompt is empty: it tokenizes to 0 tokens; send at least one token.")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestValueError(
+            f"input_ids has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
+        )
+    if len(ids) >= context_len:
+        raise RequestValueError(
+            f"The input ({len(ids)} tokens) is longer than the model's context length ({context_len} tokens)."
+        )
+    sampling = SamplingParams(**vars(ps.sampling))
+    budget = context_len - len(ids)
+    if sampling.max_new_tokens > budget:
+        if ps.max_new_tokens_given:
+            raise RequestValueError(
+                f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
+                f"You requested a total of {len(ids) + sampling.max_new_tokens} tokens: {len(ids)} tokens "
+                f"from the input messages and {sampling.max_new_tokens} tokens for the completion. Please "
+                "reduce the number of tokens in the input messages or the completion to fit within the limit."
+            )
+        sampling.max_new_tokens = budget
+    request = GenerateRequest(rid=rid, input_ids=ids, sampling=sampling, stream=stream)
+    return PreparedRequest(index, request, ps.skip_special_tokens, ps.no_stop_trim)

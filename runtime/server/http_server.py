@@ -1,0 +1,204 @@
+"""The HTTP app: SGLang 0.5.23's native and OpenAI routes, API-key auth, and the warm-up before ready."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from runtime.engine.api import GenerateRequest, SamplingParams
+from runtime.server import generate_api, openai_api
+from runtime.server.context import ServerContext
+from runtime.server.engine_bridge import RequestGroup
+from runtime.server.metrics import render_metrics
+
+logger = logging.getLogger("runtime.server")
+
+API_VERSION = "0.5.23"  # the SGLang HTTP API this server speaks
+HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLang's default SGLANG_HEALTH_CHECK_TIMEOUT
+
+
+class ApiKeyMiddleware:
+    """SGLang's auth: with --api-key all routes but health/ready/metrics need `Authorization: Bearer <key>`.
+
+    Pure ASGI (not BaseHTTPMiddleware) so a streaming client's disconnect still reaches the route.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._allowed(scope):
+            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        path: str = scope.get("path", "")
+        if scope.get("method") == "OPTIONS" or path.startswith(("/health", "/ready", "/metrics")):
+            return True
+        headers = dict(scope.get("headers") or [])
+        parts = headers.get(b"authorization", b"").decode("latin-1").split(" ", 1)
+        return (
+            len(parts) == 2
+            and parts[0].lower() == "bearer"
+            and secrets.compare_digest(parts[1], self.api_key)
+        )
+
+
+def _ctx(request: Request) -> ServerContext:
+    return request.app.state.ctx  # type: ignore[no-any-return]
+
+
+async def health_generate(request: Request) -> Response:
+    """As SGLang: 503 until warmed up; then 200 once the engine produces any output within the timeout."""
+    ctx = _ctx(request)
+    if not ctx.ready:
+        return Response(status_code=503)
+    engine = ctx.engine
+    tic = time.monotonic()
+    probe = GenerateRequest(
+        rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+        input_ids=[0],
+        sampling=SamplingParams(temperature=0.0, max_new_tokens=1),
+    )
+    group = RequestGroup(engine, [probe])
+    try:
+        while time.monotonic() < tic + HEALTH_CHECK_TIMEOUT_S:
+            await asyncio.sleep(0.05)
+            if engine.last_output_time > tic:
+                return Response(status_code=200)
+        logger.error(
+            "Health check failed: no output from the engine for %.0f seconds", HEALTH_CHECK_TIMEOUT_S
+        )
+        return Response(status_code=503)
+    finally:
+        group.close()
+
+
+async def ready(request: Request) -> Response:
+    return Response(status_code=200 if _ctx(request).ready else 503)
+
+
+def model_info_dict(ctx: ServerContext) -> dict[str, Any]:
+    return {
+        "model_path": ctx.args.model_path,
+        "served_model_name": ctx.model_name,
+        "tokenizer_path": ctx.args.resolved_tokenizer_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "load_format": "auto",
+        "reasoning_parser": None,
+        "tool_call_parser": None,
+        "disaggregation_mode": "null",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": ctx.hf_config.get("model_type"),
+        "architectures": ctx.hf_config.get("architectures"),
+    }
+
+
+async def model_info(request: Request) -> Response:
+    return JSONResponse(model_info_dict(_ctx(request)))
+
+
+async def get_model_info(request: Request) -> Response:
+    logger.warning("Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
+                   "Please use '/model_info' instead.")  # fmt: skip
+    return await model_info(request)
+
+
+async def server_info(request: Request) -> Response:
+    ctx = _ctx(request)
+    stats = await ctx.stats()
+    internal = asdict(stats)
+    internal["last_gen_throughput"] = stats.gen_throughput  # SGLang's key for the same number
+    resolved = await asyncio.to_thread(ctx.client.resolved_args)
+    body: dict[str, Any] = {
+        **ctx.args.public_dict(),
+        **{k: v for k, v in resolved.items() if k != "api_key"},
+        "served_model_name": ctx.model_name,
+        "tokenizer_path": ctx.args.resolved_tokenizer_path,
+        "max_total_num_tokens": stats.max_total_num_tokens,
+        "max_running_requests": stats.max_running_requests,
+        "max_mamba_cache_size": stats.max_mamba_cache_size,
+        "context_length": stats.context_len,
+        "startup_time": ctx.startup_time,
+        "internal_states": [internal],
+        "version": API_VERSION,
+        "runtime": "hybridctl bundled runtime",
+        "frontend": "python",
+    }
+    return JSONResponse(body)
+
+
+async def get_server_info(request: Request) -> Response:
+    logger.warning("Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+                   "Please use '/server_info' instead.")  # fmt: skip
+    return await server_info(request)
+
+
+async def flush_cache(request: Request) -> Response:
+    ok = await asyncio.to_thread(_ctx(request).client.flush_cache)
+    if ok:
+        return PlainTextResponse(
+            "Cache flushed.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be performed.)\n"
+        )
+    return PlainTextResponse(
+        "Cache not flushed: requests are running or waiting; retry when the server is idle.\n",
+        status_code=400,
+    )
+
+
+async def metrics(request: Request) -> Response:
+    ctx = _ctx(request)
+    text = render_metrics(await ctx.stats(), ctx.timings, ctx.model_name)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def build_app(ctx: ServerContext, warmup: Any = None) -> ASGIApp:
+    """The ASGI app; `warmup` (an async callable) runs once the server listens, then the server is ready."""
+    routes = [
+        Route("/health", health_generate, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
+        Route("/get_model_info", get_model_info, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/get_server_info", get_server_info, methods=["GET"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/generate", generate_api.generate, methods=["POST", "PUT"]),
+        *openai_api.routes(),
+    ]
+    if ctx.args.enable_metrics:
+        routes.append(Route("/metrics", metrics, methods=["GET"]))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(warmup()) if warmup is not None else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.ctx = ctx
+    if ctx.args.api_key:
+        return ApiKeyMiddleware(app, ctx.args.api_key)
+    return app

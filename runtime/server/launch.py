@@ -1,0 +1,166 @@
+"""Start the runtime: check the model directory, start the engine, serve HTTP, warm up, then say it is ready.
+
+Start-up problems a user can fix (bad model path, unreadable tokenizer, pools that cannot hold one request)
+are raised as `StartupError` with one line naming the flag to change; `python -m runtime` prints it, exits 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from runtime.args import RuntimeArgs
+from runtime.server.context import ServerContext, read_hf_config
+from runtime.server.tokenizer import ServerTokenizer, TokenizerLoadError
+
+logger = logging.getLogger("runtime.server")
+
+READY_MESSAGE = "The server is fired up and ready to roll!"
+WARMUP_TEXT = "The capital city of France is"  # SGLang's warm-up prompt
+
+
+class StartupError(Exception):
+    pass
+
+
+def _engine_args(args: RuntimeArgs, device: str) -> Any:
+    from runtime.engine.api import EngineArgs
+
+    dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
+    wanted: dict[str, Any] = {
+        "model_path": args.model_path,
+        "tokenizer_path": args.tokenizer_path,
+        "dtype": dtype,
+        "device": device,
+        "page_size": args.page_size,
+        "disable_radix_cache": args.disable_radix_cache,
+        "mem_fraction_static": args.mem_fraction_static,
+        "memory_budget_gib": args.memory_budget_gib,
+        "mamba_full_memory_ratio": args.mamba_full_memory_ratio,
+        "max_mamba_cache_size": args.max_mamba_cache_size,
+        "mamba_ssm_dtype": args.mamba_ssm_dtype,
+        "mamba_radix_cache_strategy": args.mamba_radix_cache_strategy,
+        "mamba_track_interval": args.mamba_track_interval,
+        "max_running_requests": args.max_running_requests,
+        "max_total_tokens": args.max_total_tokens,
+        "chunked_prefill_size": args.chunked_prefill_size,
+        "schedule_policy": args.schedule_policy,
+        "state_snapshot_on_match": not args.disable_state_snapshot_on_match,
+        "state_copy_on_write": not args.disable_state_copy_on_write,
+        "dual_lru_eviction": not args.disable_dual_lru_eviction,
+        "random_seed": args.random_seed,
+        "log_mamba_state_stats": args.log_mamba_state_stats,
+        "context_length": args.context_length,
+    }
+    known = {f.name for f in fields(EngineArgs)}
+    # None means "derive it": leave those to the engine's defaults, as SGLang leaves them to its resolution.
+    return EngineArgs(**{k: v for k, v in wanted.items() if k in known and v is not None})
+
+
+def _check_model_dir(args: RuntimeArgs) -> None:
+    path = Path(args.model_path)
+    if not path.is_dir():
+        raise StartupError(
+            f"--model-path {args.model_path}: no such directory (the runtime loads local models only)"
+        )
+    if not (path / "config.json").is_file():
+        raise StartupError(
+            f"--model-path {args.model_path}: config.json not found; point it at a model directory"
+        )
+
+
+def _resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise StartupError("--device cuda: torch sees no CUDA device here; use --device cpu (or auto)")
+    return requested
+
+
+def start_context(args: RuntimeArgs) -> ServerContext:
+    """Everything before HTTP: tokenizer, engine (model + pools). Raises StartupError for fixable problems."""
+    _check_model_dir(args)
+    try:
+        tokenizer = ServerTokenizer.load(args.resolved_tokenizer_path)
+    except TokenizerLoadError as e:
+        raise StartupError(str(e)) from None
+    import torch
+
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    if args.random_seed is not None:
+        torch.manual_seed(args.random_seed)
+    from runtime.engine.api import start_engine
+
+    device = _resolve_device(args.device)
+    try:
+        client = start_engine(_engine_args(args, device))
+    except (ValueError, OSError, RuntimeError, KeyError) as e:
+        logger.debug("engine start-up failed", exc_info=True)
+        raise StartupError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+    stats = client.stats()
+    hf_config = read_hf_config(args.model_path)
+    vocab = hf_config.get("vocab_size")
+    return ServerContext(
+        args=args,
+        client=client,
+        tokenizer=tokenizer,
+        hf_config=hf_config,
+        context_len=stats.context_len,
+        vocab_size=int(vocab) if isinstance(vocab, int) else tokenizer.vocab_size,
+    )
+
+
+def serve(ctx: ServerContext) -> int:
+    """Run the HTTP server until SIGINT/SIGTERM; returns the process exit code."""
+    import httpx
+    import uvicorn
+
+    from runtime.server.http_server import build_app
+
+    args = ctx.args
+    failed: list[str] = []
+    server: uvicorn.Server | None = None
+
+    async def warmup() -> None:
+        assert server is not None
+        while not server.started:
+            await asyncio.sleep(0.05)
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        payload = {"text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+        try:
+            async with httpx.AsyncClient(timeout=600.0) as client:
+                res = await client.post(f"http://{host}:{args.port}/generate", json=payload, headers=headers)
+            if res.status_code != 200:
+                raise RuntimeError(f"warm-up request answered {res.status_code}: {res.text[:300]}")
+        except Exception as e:
+            failed.append(str(e))
+            logger.error("Initialization failed. warmup error: %s", e)
+            server.should_exit = True
+            return
+        ctx.ready = True
+        logger.info(READY_MESSAGE)
+
+    config = uvicorn.Config(
+        build_app(ctx, warmup),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.log_requests,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    finally:
+        ctx.client.shutdown()
+    if failed:
+        return 1
+    return 0 if server.started else 1

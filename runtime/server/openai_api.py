@@ -1,0 +1,280 @@
+"""OpenAI-compatible routes as SGLang serves them: /v1/models, /v1/completions, /v1/chat/completions.
+
+Requests are translated into the same engine requests as /generate (one parser of sampling parameters);
+answers carry SGLang's extras (`matched_stop`, `usage.prompt_tokens_details.cached_tokens`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from runtime.server.context import BadJson, ServerContext, error_response, json_body
+from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
+from runtime.server.generate_api import abort_error, run_to_end, start_group
+from runtime.server.generate_request import (
+    ContractError,
+    PreparedRequest,
+    RequestValueError,
+    parse_sampling_params,
+    prepare_request,
+)
+from runtime.server.request_state import RequestState
+from runtime.server.sse import DONE, AbortingStreamingResponse, sse_event
+
+# OpenAI request field -> SGLang sampling parameter (the rest of the body is ignored, as OpenAI clients send
+# many optional fields).
+_SAMPLING_MAP = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "seed": "sampling_seed",
+    "n": "n",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_new_tokens",
+    "skip_special_tokens": "skip_special_tokens",
+    "no_stop_trim": "no_stop_trim",
+    "logit_bias": "logit_bias",
+    "regex": "regex",
+    "json_schema": "json_schema",
+    "ebnf": "ebnf",
+}
+
+
+# Accepted only at their neutral values: the runtime returns no logprobs and runs no tools or grammars.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "tools": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+def _ctx(request: Request) -> ServerContext:
+    return request.app.state.ctx  # type: ignore[no-any-return]
+
+
+async def list_models(request: Request) -> Response:
+    ctx = _ctx(request)
+    card = {
+        "id": ctx.model_name,
+        "object": "model",
+        "created": int(ctx.startup_time),
+        "owned_by": "sglang",
+        "root": ctx.model_name,
+        "max_model_len": ctx.context_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+def _sampling_from_openai(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
+    raw: dict[str, Any] = {}
+    for key, target in _SAMPLING_MAP.items():
+        if body.get(key) is not None:
+            raw[target] = body[key]
+    for key in max_tokens_keys:
+        if body.get(key) is not None:
+            raw["max_new_tokens"] = body[key]
+            break
+    for key, allowed in _UNSUPPORTED.items():
+        if body.get(key) not in allowed:
+            raise RequestValueError(f"{key}={body[key]!r} is not implemented by the bundled runtime")
+    return raw
+
+
+def _prepare(
+    ctx: ServerContext, body: dict[str, Any], ids: list[int], max_keys: tuple[str, ...]
+) -> PreparedRequest:
+    parsed = parse_sampling_params(_sampling_from_openai(body, max_keys))
+    rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+    stream = bool(body.get("stream"))
+    return prepare_request(0, ids, parsed, rid, stream, ctx.vocab_size, ctx.context_len)
+
+
+def _usage(state: RequestState) -> dict[str, Any]:
+    return {
+        "prompt_tokens": state.prompt_tokens,
+        "completion_tokens": state.completion_tokens,
+        "total_tokens": state.prompt_tokens + state.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": state.cached_tokens},
+    }
+
+
+def _finish(state: RequestState) -> tuple[str | None, Any]:
+    reason = state.finish_reason or {}
+    return reason.get("type"), reason.get("matched")
+
+
+async def _parse(request: Request) -> dict[str, Any] | Response:
+    try:
+        body = await json_body(request)
+    except BadJson as e:
+        return error_response(str(e), err_type="Bad Request")
+    if not isinstance(body, dict):
+        return error_response("The request body must be a JSON object.")
+    return body
+
+
+async def completions(request: Request) -> Response:
+    ctx = _ctx(request)
+    body = await _parse(request)
+    if isinstance(body, Response):
+        return body
+    prompt = body.get("prompt")
+    try:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            ids = ctx.tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        elif prompt is None:
+            raise RequestValueError("prompt is required")
+        else:
+            raise RequestValueError(
+                "prompt must be a string or a list of token ids (batches: send one per request)"
+            )
+        if body.get("max_tokens") is None:
+            body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions
+        prepared = _prepare(ctx, body, ids, ("max_tokens",))
+    except (RequestValueError, ContractError) as e:
+        return error_response(str(e))
+    return await _serve(ctx, request, body, prepared, chat=False)
+
+
+async def chat_completions(request: Request) -> Response:
+    ctx = _ctx(request)
+    body = await _parse(request)
+    if isinstance(body, Response):
+        return body
+    messages = body.get("messages")
+    try:
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise RequestValueError("messages must be a non-empty list of {role, content} objects")
+        for m in messages:
+            if isinstance(m.get("content"), list):  # OpenAI content parts: only text is understood here
+                parts = m["content"]
+                if any(not isinstance(p, dict) or p.get("type") != "text" for p in parts):
+                    raise RequestValueError("only text content parts are supported by the bundled runtime")
+                m["content"] = "".join(str(p.get("text", "")) for p in parts)
+        try:
+            text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as e:
+            raise RequestValueError(str(e)) from None
+        prepared = _prepare(ctx, body, ctx.tokenizer.encode(text), ("max_completion_tokens", "max_tokens"))
+    except (RequestValueError, ContractError) as e:
+        return error_response(str(e))
+    return await _serve(ctx, request, body, prepared, chat=True)
+
+
+async def _serve(
+    ctx: ServerContext, request: Request, body: dict[str, Any], prepared: PreparedRequest, chat: bool
+) -> Response:
+    try:
+        group, states = start_group(ctx, [prepared])
+    except DuplicateRequestId as e:
+        return error_response(str(e))
+    model = body.get("model") if isinstance(body.get("model"), str) else ctx.model_name
+    response_id = ("chatcmpl-" if chat else "cmpl-") + prepared.request.rid
+    if prepared.request.stream:
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        chunks = _stream(ctx, group, states[0], response_id, model, chat, include_usage)
+        return AbortingStreamingResponse(chunks, on_close=group.close)
+    await run_to_end(ctx, request, group, states)
+    failure = abort_error(states)
+    if failure is not None:
+        return error_response(str((states[0].finish_reason or {}).get("message")), failure.status_code)
+    state = states[0]
+    finish_reason, matched = _finish(state)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "matched_stop": matched,
+    }
+    if chat:
+        choice["message"] = {"role": "assistant", "content": state.text(), "reasoning_content": None,
+                             "tool_calls": None}  # fmt: skip
+    else:
+        choice["text"] = state.text()
+    return JSONResponse(
+        {
+            "id": response_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(state),
+        }
+    )
+
+
+async def _stream(
+    ctx: ServerContext,
+    group: RequestGroup,
+    state: RequestState,
+    response_id: str,
+    model: str,
+    chat: bool,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(delta: str | None, finish_reason: str | None = None, matched: Any = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["matched_stop"] = matched
+        if chat:
+            choice["delta"] = {} if delta is None else {"content": delta}
+        else:
+            choice["text"] = delta or ""
+        return sse_event(
+            {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
+        )
+
+    if chat:  # OpenAI's first chat chunk announces the role
+        yield sse_event({"id": response_id, "object": kind, "created": created, "model": model,
+                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]})  # fmt: skip
+    sent = ""
+    async for _, out in group.updates():
+        state.update(out)
+        text = state.text()
+        delta = text[len(sent) :] if text.startswith(sent) else ""
+        sent = text if text.startswith(sent) else sent
+        if out.finished:
+            ctx.finish(state, streaming=True)
+            if delta:
+                yield chunk(delta)
+            finish_reason, matched = _finish(state)
+            yield chunk(None if chat else "", finish_reason, matched)
+        elif delta:
+            yield chunk(delta)
+    if include_usage:
+        yield sse_event({"id": response_id, "object": kind, "created": created, "model": model, "choices": [],
+                         "usage": _usage(state)})  # fmt: skip
+    yield DONE
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]

@@ -1,0 +1,110 @@
+"""One request's progress as the server renders it: cumulative ids/text, finish reason, timings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.engine.api import RequestOutput
+from runtime.server.generate_request import PreparedRequest
+from runtime.server.tokenizer import IncrementalDetokenizer, ServerTokenizer
+
+
+@dataclass
+class RequestState:
+    prepared: PreparedRequest
+    tokenizer: ServerTokenizer
+    created: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    spec_verify_ct: int = 0
+    token_times: list[float] = field(default_factory=list)  # arrival time of each output chunk with tokens
+    _detok: IncrementalDetokenizer | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = len(self.prepared.request.input_ids)
+        self._detok = IncrementalDetokenizer(self.tokenizer, self.prepared.skip_special_tokens)
+
+    @property
+    def rid(self) -> str:
+        return self.prepared.request.rid
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def update(self, out: RequestOutput) -> None:
+        now = time.perf_counter()
+        if out.new_token_ids:
+            if self.first_token_time is None:
+                self.first_token_time = now
+            self.token_times.append(now)
+            self.output_ids.extend(out.new_token_ids)
+        self.prompt_tokens = out.prompt_tokens
+        self.completion_tokens = out.completion_tokens
+        self.cached_tokens = out.cached_tokens
+        self.spec_verify_ct = out.spec_verify_ct
+        if out.finished:
+            self.finished_time = now
+            self.finish_reason = out.finish_reason or {
+                "type": "abort",
+                "message": "finished without a reason",
+            }
+
+    def text(self) -> str:
+        """Cumulative text so far; once finished, trimmed at the matched stop as SGLang's detokenizer does."""
+        assert self._detok is not None
+        matched = (self.finish_reason or {}).get("matched")
+        ids = self.output_ids
+        if self.finished and isinstance(matched, int) and not self.prepared.no_stop_trim and ids:
+            ids = ids[:-1]  # the stop token itself is not part of the text
+        if len(ids) < len(self._detok.ids):
+            text = self.tokenizer.decode(ids, self.prepared.skip_special_tokens)
+        else:
+            text = self._detok.extend(ids[len(self._detok.ids) :], final=self.finished)
+        if self.finished and isinstance(matched, str):
+            pos = text.find(matched)
+            if pos != -1:
+                text = text[: pos + len(matched)] if self.prepared.no_stop_trim else text[:pos]
+        return text
+
+    @property
+    def e2e_latency(self) -> float:
+        end = self.finished_time if self.finished_time is not None else time.perf_counter()
+        return end - self.created
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.created
+
+    def meta_info(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "weight_version": "default",
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+        if self.spec_verify_ct > 0:
+            meta["spec_verify_ct"] = self.spec_verify_ct
+            meta["spec_accept_length"] = self.completion_tokens / self.spec_verify_ct
+        if self.finished:
+            meta["e2e_latency"] = self.e2e_latency
+        return meta
+
+    def to_dict(self, with_index: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "text": self.text(),
+            "output_ids": list(self.output_ids),
+            "meta_info": self.meta_info(),
+        }
+        if with_index:
+            out["index"] = self.prepared.index
+        return out

@@ -1,0 +1,34 @@
+"""Server-sent events as SGLang writes them: `data: <json>` + a blank line per chunk, `data: [DONE]` last."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class AbortingStreamingResponse(StreamingResponse):
+    """An SSE response that runs `on_close` however the stream ends: finished, failed, or client gone.
+
+    Starlette stops iterating the body when a write fails or the client disconnects, without closing the
+    iterator; `on_close` (which aborts unfinished requests in the engine) must not depend on that.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

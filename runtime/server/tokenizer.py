@@ -1,0 +1,145 @@
+"""The server's tokenizer: text in, text out, and the chat template, from a Hugging Face tokenizer directory.
+
+Reads `tokenizer.json` with the `tokenizers` library and `tokenizer_config.json` (special tokens, whether to
+add a BOS token, the Jinja chat template) the way transformers does, without importing transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class TokenizerLoadError(ValueError):
+    """The tokenizer directory is missing a file or holds one that cannot be read."""
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json writes special tokens either as a string or as an AddedToken dict.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+@dataclass
+class ServerTokenizer:
+    path: Path
+    _tok: Any  # tokenizers.Tokenizer
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    add_bos_token: bool
+
+    @classmethod
+    def load(cls, path: str | Path) -> ServerTokenizer:
+        from tokenizers import Tokenizer
+
+        directory = Path(path)
+        tok_file = directory / "tokenizer.json"
+        if not tok_file.is_file():
+            raise TokenizerLoadError(
+                f"{tok_file} not found: the runtime needs a Hugging Face fast tokenizer (tokenizer.json); "
+                "pass --tokenizer-path to a directory that has one"
+            )
+        try:
+            tok = Tokenizer.from_file(str(tok_file))
+        except Exception as e:  # the tokenizers library raises its own exception types
+            raise TokenizerLoadError(f"{tok_file}: cannot be read as a tokenizer ({e})") from None
+        cfg: dict[str, Any] = {}
+        cfg_file = directory / "tokenizer_config.json"
+        if cfg_file.is_file():
+            try:
+                cfg = json.loads(cfg_file.read_text())
+            except json.JSONDecodeError as e:
+                raise TokenizerLoadError(f"{cfg_file}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        template = cfg.get("chat_template")
+        template_file = directory / "chat_template.jinja"
+        if template is None and template_file.is_file():
+            template = template_file.read_text()
+        if isinstance(template, list):  # a list of named templates: transformers takes "default"
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        return cls(
+            path=directory,
+            _tok=tok,
+            chat_template=template if isinstance(template, str) else None,
+            bos_token=_token_text(cfg.get("bos_token")),
+            eos_token=_token_text(cfg.get("eos_token")),
+            add_bos_token=bool(cfg.get("add_bos_token", False)),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
+        if self.add_bos_token and self.bos_token is not None:
+            bos = self._tok.token_to_id(self.bos_token)
+            if bos is not None and (not ids or ids[0] != bos):
+                ids.insert(0, bos)
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def token_id(self, token: str) -> int | None:
+        found = self._tok.token_to_id(token)
+        return None if found is None else int(found)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Render OpenAI chat messages to the prompt text, as transformers' apply_chat_template does."""
+        if self.chat_template is None:
+            raise ValueError(
+                f"the tokenizer at {self.path} has no chat template (tokenizer_config.json 'chat_template'); "
+                "use /v1/completions or /generate with a plain prompt"
+            )
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except TemplateError as e:
+            raise ValueError(f"chat template error: {e}") from None
+
+
+class IncrementalDetokenizer:
+    """Cumulative text of a growing id list, holding back an incomplete UTF-8 sequence at the end.
+
+    Byte-level BPE splits multi-byte characters across tokens; decoding such a prefix yields U+FFFD. Streaming
+    that and later replacing it would break SGLang's "each chunk extends the previous text" contract, so the
+    tail is held back until the character is complete (or the request ends).
+    """
+
+    def __init__(self, tokenizer: ServerTokenizer, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.text = ""
+
+    def extend(self, new_ids: list[int], final: bool = False) -> str:
+        self.ids.extend(new_ids)
+        decoded = self._tokenizer.decode(self.ids, self._skip)
+        if not final:
+            while decoded.endswith("\ufffd"):
+                decoded = decoded[:-1]
+        # Never shrink what was already sent (a held-back char can only add to the text).
+        if decoded.startswith(self.text) or final:
+            self.text = decoded
+        return self.text
