@@ -1,3 +1,125 @@
-"""`hybridctl bench` (placeholder until its issue lands)."""
+"""`hybridctl bench`: load a running server with streamed requests and report latency and throughput.
+
+Exit codes: 0 every request succeeded, 1 some failed, 2 the server cannot be reached or the options are
+invalid.
+"""
 
 from __future__ import annotations
+
+import json
+import math
+
+import typer
+
+from hybridctl.cli.app import app
+
+
+@app.command("bench")
+def bench(
+    url: str | None = typer.Option(None, "--url", help="Server URL (default: from config.toml [server])."),
+    config: str | None = typer.Option(
+        None, "--config", help="config.toml (default: ./config.toml if present)."
+    ),
+    settings: str | None = typer.Option(
+        None, "--settings", help="settings.json (default: beside config.toml)."
+    ),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Env variable holding the API key."),
+    dataset: str = typer.Option(
+        "generated-shared-prefix", "--dataset", help="generated-shared-prefix (SGLang's shape) or random."
+    ),
+    num_groups: int = typer.Option(4, "--num-groups", help="Shared-prefix groups (system prompts)."),
+    prompts_per_group: int = typer.Option(4, "--prompts-per-group", help="Questions per system prompt."),
+    system_prompt_len: int = typer.Option(512, "--system-prompt-len", help="System prompt tokens."),
+    question_len: int = typer.Option(64, "--question-len", help="Question tokens."),
+    num_prompts: int = typer.Option(16, "--num-prompts", help="Requests of the random dataset."),
+    input_len: int = typer.Option(256, "--input-len", help="Prompt tokens of the random dataset."),
+    range_ratio: float = typer.Option(
+        1.0, "--range-ratio", help="random: lengths drawn from [len*ratio, len]."
+    ),
+    output_len: int = typer.Option(32, "--output-len", help="Tokens generated per request."),
+    max_concurrency: int = typer.Option(
+        8, "--max-concurrency", help="Requests in flight at most (0: no limit)."
+    ),
+    request_rate: float = typer.Option(
+        math.inf, "--request-rate", help="Poisson arrivals per second (inf: all)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for prompts, order and arrivals."),
+    flush: bool = typer.Option(True, "--flush/--no-flush", help="Flush the prefix cache before the run."),
+    plot: str | None = typer.Option(
+        None, "--plot", help="Write latency histograms to this PNG (matplotlib)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Benchmark a running server: TTFT, TPOT, ITL, E2E, throughput, cache hit rate, accept length."""
+    import importlib.util
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    from hybridctl.bench.datasets import DatasetError, RandomShape, SharedPrefixShape
+    from hybridctl.bench.loadgen import LoadShape
+    from hybridctl.bench.runner import BenchOptions, BenchOptionsError
+    from hybridctl.config.findings import ConfigError
+    from hybridctl.verify.client import ServerUnreachable
+    from hybridctl.verify.runner import TargetError, load_config, resolve_target
+
+    err = Console(stderr=True)
+
+    def fail(message: str, code: int = 2) -> typer.Exit:
+        err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
+        return typer.Exit(code)
+
+    if dataset not in ("generated-shared-prefix", "random"):
+        raise fail(f"--dataset {dataset!r} is not known; use generated-shared-prefix or random")
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise fail(
+            "--plot needs matplotlib, which is not installed: `pip install matplotlib`, or drop --plot"
+        )
+    options = BenchOptions(
+        dataset=dataset,  # type: ignore[arg-type]
+        shared_prefix=SharedPrefixShape(
+            num_groups, prompts_per_group, system_prompt_len, question_len, output_len
+        ),
+        random=RandomShape(num_prompts, input_len, output_len, range_ratio),
+        load=LoadShape(max_concurrency=max_concurrency or None, request_rate=request_rate, seed=seed),
+        flush=flush,
+    )
+    try:
+        options.validate()
+        cfg = load_config(config, settings)
+        target = resolve_target(url, cfg, api_key_env)
+    except (ConfigError, TargetError, BenchOptionsError) as exc:
+        raise fail(str(exc)) from None
+    try:
+        result = _run_with_progress(target, options, cfg, err, show=not as_json)
+    except ServerUnreachable as exc:
+        raise fail(str(exc)) from None
+    except DatasetError as exc:
+        raise fail(str(exc)) from None
+    if plot is not None and result.run is not None:
+        from hybridctl.bench.plot import plot_latencies
+
+        plot_latencies(result.run, plot)
+        result.notes.append(f"latency histograms written to {plot}")
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        from hybridctl.bench.render import render_bench
+
+        render_bench(result, Console())
+    raise typer.Exit(0 if result.failed == 0 else 1)
+
+
+def _run_with_progress(target, options, cfg, err, show: bool):  # type: ignore[no-untyped-def]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hybridctl.bench.runner import run_bench
+
+    with Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                  disable=not show, transient=True) as progress:  # fmt: skip
+        task = progress.add_task("requests", total=None)
+        return run_bench(
+            target, options, cfg,
+            on_start=lambda n: progress.update(task, total=n),
+            on_done=lambda _record: progress.advance(task),
+        )  # fmt: skip
