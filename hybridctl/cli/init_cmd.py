@@ -1,3 +1,91 @@
-"""`hybridctl init` (placeholder until its issue lands)."""
+"""`hybridctl init`: write a commented config.toml, settings.json and their JSON Schemas."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hybridctl.cli.app import app
+
+
+@app.command("init")
+def init(
+    out: Path = typer.Option(Path("."), "--out", help="Directory to write the files into."),
+    model: str | None = typer.Option(
+        None, "--model", help="Model directory or its config.json (sizes pools)."
+    ),
+    gpu_mem_gib: float | None = typer.Option(
+        None, "--gpu-mem-gib", help="GPU memory per device in GiB (default: detected with NVML)."
+    ),
+    tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor-parallel degree."),
+    context_len: int | None = typer.Option(None, "--context-len", min=1, help="Longest request, in tokens."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", min=1, help="Expected concurrent requests (workload hint for the planner)."
+    ),
+    engine: str = typer.Option("auto", "--engine", help="auto, sglang or builtin."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+    demo: bool = typer.Option(
+        False, "--demo", help="Build a tiny demo model and serve it with the builtin engine."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written and the plan as JSON."),
+) -> None:
+    """Write config.toml (a comment on every key) and settings.json, sized by the planner for --model.
+
+    Exit codes: 0 written, 2 nothing written (a file exists without --force, or bad input).
+    """
+    import json
+
+    from hybridctl.config.atomic_write import WouldOverwriteError
+    from hybridctl.config.init_project import InitError, InitOptions, init_project
+
+    opts = InitOptions(
+        out_dir=out,
+        model=model,
+        gpu_mem_gib=gpu_mem_gib,
+        tp=tp,
+        context_len=context_len,
+        concurrency=concurrency,
+        engine=engine,
+        force=force,
+        demo=demo,
+    )
+    try:
+        result = init_project(opts)
+    except WouldOverwriteError as exc:
+        typer.echo(f"error: {exc} Nothing was written.", err=True)
+        raise typer.Exit(2) from None
+    except InitError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except Exception as exc:  # noqa: BLE001  (model/planner errors carry a clear message; never a traceback)
+        if type(exc).__name__ not in {"ModelSpecError", "PoolSizingError", "PlanError"}:
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(highlight=False, soft_wrap=True)
+    for path in result.files:
+        console.print(f"[green]wrote[/] {escape(path)}")
+    if result.demo_model:
+        console.print(f"demo model: {escape(result.demo_model)}")
+    for key, why in result.notes.items():
+        console.print(f"  {escape(key)}: {escape(why)}")
+    if result.plan:
+        plan = result.plan
+        console.print(
+            "plan: "
+            + ", ".join(
+                f"{k} {plan[k]}"
+                for k in ("max_running_requests", "max_mamba_cache_size", "max_total_num_tokens")
+                if k in plan
+            )
+        )
+    elif result.plan_skipped:
+        console.print(f"[yellow]no plan[/]: {escape(result.plan_skipped)}")
+    console.print("next: `hybridctl validate` then `hybridctl launch`.")

@@ -1,3 +1,50 @@
-"""`hybridctl schema` (placeholder until its issue lands)."""
+"""`hybridctl schema`: JSON Schemas of config.toml and settings.json (for editors), or the key reference."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hybridctl.cli.app import app
+
+
+@app.command("schema")
+def schema(
+    out: Path | None = typer.Option(
+        None, "--out", help="Write config.schema.json and settings.schema.json into this directory."
+    ),
+    file: str | None = typer.Option(None, "--file", help="Print only one schema: config or settings."),
+    docs: bool = typer.Option(False, "--docs", help="Print the Markdown reference of every key instead."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing schema files under --out."),
+) -> None:
+    """Print (or write with --out) the JSON Schemas generated from hybridctl's config schema."""
+    import json
+
+    from hybridctl.config.json_schema import SCHEMA_FILE_NAMES, json_schema
+
+    if docs:
+        from hybridctl.config.docs_table import render_configuration_md
+
+        typer.echo(render_configuration_md(), nl=False)
+        return
+    if file is not None and file not in SCHEMA_FILE_NAMES:
+        typer.echo(f"--file {file}: expected one of {', '.join(SCHEMA_FILE_NAMES)}.", err=True)
+        raise typer.Exit(2)
+    which = [file] if file else list(SCHEMA_FILE_NAMES)
+    texts = {w: json.dumps(json_schema(w), indent=2) + "\n" for w in which}  # type: ignore[arg-type]
+    if out is None:
+        if len(texts) == 1:
+            typer.echo(next(iter(texts.values())), nl=False)
+        else:
+            typer.echo(json.dumps({SCHEMA_FILE_NAMES[w]: json.loads(t) for w, t in texts.items()}, indent=2))
+        return
+    from hybridctl.config.atomic_write import WouldOverwriteError, write_files
+
+    try:
+        written = write_files({out / SCHEMA_FILE_NAMES[w]: t for w, t in texts.items()}, force=force)  # type: ignore[index]
+    except WouldOverwriteError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for path in written:
+        typer.echo(f"wrote {path}")

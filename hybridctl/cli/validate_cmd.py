@@ -1,3 +1,63 @@
-"""`hybridctl validate` (placeholder until its issue lands)."""
+"""`hybridctl validate [CONFIG] [SETTINGS]`: every finding about the two files; exit 0 / 1 (--strict) / 2."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from hybridctl.cli.app import app
+
+if TYPE_CHECKING:
+    from hybridctl.config.findings import ValidationReport
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def render_report(report: ValidationReport) -> None:
+    """One line per finding (file:line:col, severity, code, key, message), its fix below, then a verdict."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(highlight=False, soft_wrap=True)
+    for f in report.sorted_findings():
+        key = f" [bold]{escape(f.key)}[/bold]" if f.key else ""
+        severity = f"[{_STYLE[f.severity]}]{f.severity}[/]"
+        console.print(f"{escape(f.location())}: {severity} {f.code}{key}: {escape(f.message)}")
+        if f.fix:
+            console.print(f"    [green]fix:[/] {escape(f.fix)}")
+    errors, warnings = len(report.errors), len(report.warnings)
+    files = escape(f"{report.config_path} + {report.settings_path}")
+    if errors:
+        console.print(f"[bold red]invalid[/]: {errors} error(s), {warnings} warning(s) in {files}")
+    elif warnings:
+        console.print(f"[yellow]valid with {warnings} warning(s)[/]: {files}")
+    else:
+        console.print(f"[green]valid[/]: {files}")
+
+
+@app.command("validate")
+def validate(
+    config: Path = typer.Argument(Path("config.toml"), help="config.toml to check."),
+    settings: Path = typer.Argument(Path("settings.json"), help="settings.json to check (optional file)."),
+    engine_version: str | None = typer.Option(
+        None, "--engine-version", help="SGLang version whose flags and rules apply (default 0.5.23)."
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when there are warnings."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check config.toml and settings.json: syntax, schema, cross-file and engine rules.
+
+    Exit codes: 0 valid, 1 warnings with --strict, 2 errors.
+    """
+    import json
+
+    from hybridctl.config.loader import check_files
+
+    report = check_files(config, settings, engine_version=engine_version)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_report(report)
+    raise typer.Exit(report.exit_code(strict=strict))

@@ -1,0 +1,219 @@
+"""`hybridctl init` as a library call: choose values (planner when a model is given), render, check, write."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybridctl.config.atomic_write import write_files
+from hybridctl.config.json_schema import SCHEMA_FILE_NAMES, json_schema
+from hybridctl.config.schema import HybridConfig
+
+CONFIG_FILE = "config.toml"
+SETTINGS_FILE = "settings.json"
+DEMO_MODEL_DIR = "demo-model"
+GIB = 1024**3
+
+
+class InitError(Exception):
+    """init cannot proceed; the message says what to change."""
+
+
+@dataclass
+class InitOptions:
+    out_dir: Path = Path(".")
+    model: str | None = None  # config.json file or model directory
+    gpu_mem_gib: float | None = None  # None: detect with NVML
+    tp: int = 1
+    context_len: int | None = None
+    concurrency: int | None = None
+    engine: str = "auto"
+    force: bool = False
+    demo: bool = False
+
+
+@dataclass
+class InitResult:
+    out_dir: str
+    files: list[str]
+    config: HybridConfig
+    notes: dict[str, str] = field(default_factory=dict)  # dotted key -> why init chose its value
+    plan: dict[str, Any] | None = None
+    plan_skipped: str | None = None  # why there is no plan
+    demo_model: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out_dir": self.out_dir,
+            "files": self.files,
+            "config": self.config.config.model_dump(mode="json"),
+            "settings": self.config.settings.model_dump(mode="json"),
+            "notes": self.notes,
+            "plan": self.plan,
+            "plan_skipped": self.plan_skipped,
+            "demo_model": self.demo_model,
+        }
+
+
+def target_files(out_dir: Path) -> list[Path]:
+    return [
+        out_dir / CONFIG_FILE,
+        out_dir / SETTINGS_FILE,
+        *(out_dir / n for n in SCHEMA_FILE_NAMES.values()),
+    ]
+
+
+def build_demo_model(out_dir: Path) -> Path:
+    """Run `python -m runtime.demo_model --out DIR` in a subprocess: the control plane never imports torch."""
+    runtime_spec = importlib.util.find_spec("runtime")
+    has_module = runtime_spec is not None and any(
+        (Path(loc) / "demo_model.py").is_file() or (Path(loc) / "demo_model").is_dir()
+        for loc in (runtime_spec.submodule_search_locations or [])
+    )
+    if importlib.util.find_spec("torch") is None or not has_module:
+        raise InitError(
+            "--demo builds a small model with the bundled runtime, which needs torch and the runtime extra: "
+            'pip install torch==2.13.0 && pip install -e ".[runtime]" (or pip install "hybridctl[runtime]").'
+        )
+    target = out_dir / DEMO_MODEL_DIR
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.demo_model", "--out", str(target)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0 or not (target / "config.json").is_file():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        raise InitError(f"building the demo model in {target} failed (exit {proc.returncode}):\n{tail}")
+    return target
+
+
+def _model_path_for(model: str) -> tuple[Path, str | None]:
+    """model_path to write (a directory when we have one) and a note when it is only a config file."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise InitError(
+            f"--model {model}: no such file or directory; give a model directory or its config.json."
+        )
+    path = path.resolve()
+    if path.is_dir():
+        return path, None
+    if path.name == "config.json":
+        return path.parent, None
+    return path, (
+        f"model_path points at {path.name}, a config file without weights: set it to the model directory "
+        "before launching."
+    )
+
+
+def _detect_gpu_mem_bytes() -> int | None:
+    try:
+        from hybridctl.host import nvml  # the planner's tiny NVML reader; absent or failing -> not detected
+    except ImportError:
+        return None
+    for name in ("gpu_memory_bytes", "detect_gpu_memory_bytes", "total_gpu_memory_bytes"):
+        fn = getattr(nvml, name, None)
+        if callable(fn):
+            try:
+                value = fn()
+            except Exception:  # noqa: BLE001  (NVML raises assorted errors on hosts without a driver)
+                return None
+            return int(value) if value else None
+    return None
+
+
+def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path) -> None:
+    """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
+    try:
+        from hybridctl.model.spec import load_model_spec
+        from hybridctl.planner.plan import make_plan, recommend
+    except ImportError as exc:
+        result.plan_skipped = f"the planner is not available in this install ({exc})"
+        return
+    spec = load_model_spec(model_dir, tp=opts.tp)
+    if opts.gpu_mem_gib is not None:
+        gpu_mem = int(opts.gpu_mem_gib * GIB)
+    elif cfg.config.server.engine == "builtin":
+        gpu_mem = int((cfg.config.memory.memory_budget_gib or 4.0) * GIB)
+    else:
+        gpu_mem = _detect_gpu_mem_bytes()
+    if gpu_mem is None:
+        result.plan_skipped = "no GPU detected and no --gpu-mem-gib given: values are schema defaults"
+        return
+    rec = recommend(
+        spec, gpu_mem_bytes=gpu_mem, tp=opts.tp, context_len=opts.context_len, concurrency=opts.concurrency
+    )
+    from hybridctl.config.recommendation import apply_recommendation
+
+    result.notes.update(apply_recommendation(cfg, rec))
+    result.plan = make_plan(cfg, spec, gpu_mem_bytes=gpu_mem).to_dict()
+
+
+def _check_round_trip(cfg: HybridConfig, config_data: object, settings_data: object) -> None:
+    """What init writes must load back to exactly what it chose; anything else is a bug in the renderer."""
+    from pydantic import ValidationError
+
+    from hybridctl.config.schema import ConfigToml, SettingsJson
+
+    try:
+        loaded = HybridConfig(
+            config=ConfigToml.model_validate(config_data, strict=True),
+            settings=SettingsJson.model_validate(settings_data, strict=True),
+        )
+    except ValidationError as exc:
+        raise InitError(f"internal error: init rendered files that do not validate: {exc}") from None
+    if loaded != cfg:
+        raise InitError("internal error: the rendered files do not load back to the chosen values.")
+
+
+def init_project(opts: InitOptions) -> InitResult:
+    """Write config.toml, settings.json and their JSON Schemas into `opts.out_dir`; returns what it wrote."""
+    from hybridctl.config.atomic_write import WouldOverwriteError
+    from hybridctl.config.loader import parse_config_text, parse_settings_text
+    from hybridctl.config.render import render_config_toml, render_settings_json
+
+    out_dir = opts.out_dir
+    targets = target_files(out_dir)
+    existing = [p for p in targets if p.exists()]
+    if existing and not opts.force:
+        raise WouldOverwriteError(existing)  # before the slow demo build, not after it
+    if opts.engine not in ("auto", "sglang", "builtin"):
+        raise InitError(f"--engine {opts.engine}: expected auto, sglang or builtin.")
+    cfg = HybridConfig()
+    cfg.config.server.engine = opts.engine  # type: ignore[assignment]
+    cfg.config.server.tp_size = opts.tp
+    result = InitResult(out_dir=str(out_dir), files=[], config=cfg)
+    model = opts.model
+    if opts.demo:
+        result.demo_model = str(build_demo_model(out_dir).resolve())
+        model = result.demo_model
+        cfg.config.server.engine = "builtin"
+        result.notes["server.engine"] = "--demo serves the demo model with the bundled runtime"
+    if model:
+        model_dir, note = _model_path_for(model)
+        cfg.config.server.model_path = str(model_dir)
+        if note:
+            result.notes["server.model_path"] = note
+        _choose_values(cfg, opts, result, model_dir)
+    else:
+        result.plan_skipped = "no --model given: values are schema defaults"
+
+    config_text = render_config_toml(cfg.config, notes=result.notes)
+    settings_text = render_settings_json(cfg.settings)
+    _check_round_trip(cfg, parse_config_text(config_text).data, parse_settings_text(settings_text).data)
+
+    files = {
+        out_dir / CONFIG_FILE: config_text,
+        out_dir / SETTINGS_FILE: settings_text,
+        **{
+            out_dir / name: json.dumps(json_schema(which), indent=2) + "\n"
+            for which, name in SCHEMA_FILE_NAMES.items()
+        },
+    }
+    result.files = [str(p) for p in write_files(files, force=opts.force)]
+    return result
