@@ -216,10 +216,12 @@ class RadixCache:
         del node.parent.children[node.key[: self.page_size]]
         return len(node.pages)
 
-    def evict_kv(self, num_pages: int) -> int:
+    def evict_kv(self, num_pages: int, keep: RadixNode | None = None) -> int:
         """Free >= num_pages KV pages from unlocked leaves, least recently used first. Returns pages freed."""
         heap = [
-            (n.kv_access, id(n), n) for n in self._iter_nodes() if n.is_leaf and n.lock_ref == 0 and n.parent
+            (n.kv_access, id(n), n)
+            for n in self._iter_nodes()
+            if n.is_leaf and n.lock_ref == 0 and n.parent and n is not keep
         ]
         heapq.heapify(heap)
         freed = 0
@@ -231,7 +233,23 @@ class RadixCache:
                 heapq.heappush(heap, (parent.kv_access, id(parent), parent))
         return freed
 
-    def evict_states(self, num_slots: int) -> int:
+    def detach_state(self, node: RadixNode) -> int:
+        """Take a node's state out of the cache (the caller now owns the slot)."""
+        slot = node.state_slot
+        assert slot is not None
+        node.state_slot = None
+        self.cached_states -= 1
+        return slot
+
+    def path_pages(self, node: RadixNode) -> list[int]:
+        chain: list[RadixNode] = []
+        n: RadixNode | None = node
+        while n is not None and n is not self.root:
+            chain.append(n)
+            n = n.parent
+        return [p for n in reversed(chain) for p in n.pages]
+
+    def evict_states(self, num_slots: int, keep: RadixNode | None = None) -> int:
         """Free at least num_slots cached states. Returns slots freed.
 
         Dual LRU: the least recently used states go first, whatever their KV; an unlocked leaf goes with its
@@ -240,11 +258,12 @@ class RadixCache:
         if not self.dual_lru:
             before = self.cached_states
             while self.cached_states > before - num_slots and self.evictable_pages > 0:
-                if self.evict_kv(1) == 0:
+                if self.evict_kv(1, keep=keep) == 0:
                     break
             return before - self.cached_states
         candidates = sorted(
-            (n for n in self._iter_nodes() if n.state_slot is not None), key=lambda n: n.state_access
+            (n for n in self._iter_nodes() if n.state_slot is not None and n is not keep),
+            key=lambda n: n.state_access,
         )
         freed = 0
         for node in candidates[:num_slots]:

@@ -1,0 +1,193 @@
+"""The engine in one object, single-threaded: model + tokenizer + pools + prefix cache + scheduler.
+
+`EngineCore.step()` runs one scheduler step. The threaded client (engine_thread.py) drives it for the server;
+tests drive it directly, in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.engine.api import EngineArgs, EngineStats
+from runtime.engine.forward_batch import ForwardBatch
+from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_dtype, size_and_allocate
+from runtime.kvcache.cache_manager import CacheManager
+from runtime.kvcache.page_pool import KVPagePool
+from runtime.kvcache.state_pool import StateSlotPool
+from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+
+logger = logging.getLogger("runtime.engine")
+
+DEFAULT_MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
+
+
+def load_tokenizer(path: str) -> Any | None:
+    """The fast tokenizer from tokenizer.json, or None when the directory has none (token ids only)."""
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(file))
+
+
+class EngineCore:
+    def __init__(self, args: EngineArgs) -> None:
+        from runtime.models.loader import load_model
+
+        _validate(args)
+        if args.device == "auto":
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.args = args
+        self.dtype = resolve_torch_dtype(args.dtype, args.device)
+        t0 = time.perf_counter()
+        self.model = load_model(args.model_path, dtype=self.dtype, device=args.device)
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        logger.info(
+            "Load weight end. type=%s, dtype=%s, mem usage=%.2f GB, elapsed=%.2f s",
+            type(self.model).__name__,
+            self.dtype,
+            weight_bytes / (1 << 30),
+            time.perf_counter() - t0,
+        )
+        self.tokenizer = load_tokenizer(args.tokenizer_path or args.model_path)
+        layout = self.model.layout()
+        self.pools: Pools = size_and_allocate(args, layout, weight_bytes, self.dtype)
+        self.context_len = context_len = self.pools.context_len
+        self.weight_bytes = weight_bytes
+        plan = self.pools.plan
+        radix = not args.disable_radix_cache
+        self.cache = CacheManager(
+            KVPagePool(plan.max_total_num_tokens // args.page_size, args.page_size),
+            StateSlotPool(self.pools.num_state_slots, self.pools.buffers),
+            radix_enabled=radix,
+            dual_lru=args.dual_lru_eviction,
+            snapshot_on_match=args.state_snapshot_on_match,
+            copy_on_write=args.state_copy_on_write,
+        )
+        chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else -1
+        self.max_prefill_tokens = DEFAULT_MAX_PREFILL_TOKENS
+        checkpointing = self.cache.caching and self.pools.strategy == "extra_buffer"
+        self.scheduler = Scheduler(
+            self._run_model,
+            self.cache,
+            SchedulerConfig(
+                max_running_requests=plan.max_running_requests,
+                chunked_prefill_size=chunk,
+                context_len=context_len,
+                schedule_policy=args.schedule_policy,
+                checkpoint_interval=args.mamba_track_interval if checkpointing else 0,
+                random_seed=args.random_seed,
+            ),
+            eos_token_ids=tuple(self.model.eos_token_ids),
+            tokenizer=self.tokenizer,
+        )
+        logger.info(
+            f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={chunk}, "
+            f"max_prefill_tokens={self.max_prefill_tokens}, "
+            f"max_running_requests={plan.max_running_requests}, "
+            f"context_len={context_len}, available_cpu_mem={_available_mem_gb():.2f} GB"
+        )
+        logger.info(
+            "Tree cache initialized: source=%s impl=%s hybrid_swa=%s hybrid_ssm=%s hicache_attached=%s "
+            "mamba_radix_cache_strategy=%s mamba_track_interval=%s state_snapshot_on_match=%s "
+            "state_copy_on_write=%s dual_lru_eviction=%s",
+            "runtime",
+            "StateAwareRadixCache" if radix else "ChunkCache",
+            False,
+            True,
+            False,
+            self.pools.strategy if radix else "none",
+            args.mamba_track_interval if checkpointing else 0,
+            args.state_snapshot_on_match,
+            args.state_copy_on_write,
+            args.dual_lru_eviction,
+        )
+
+    @torch.inference_mode()
+    def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model.forward(batch, self.pools.buffers)
+
+    def step(self) -> bool:
+        return self.scheduler.step()
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats()
+        plan = self.pools.plan
+        s.max_total_num_tokens = plan.max_total_num_tokens
+        s.max_mamba_cache_size = plan.max_mamba_cache_size
+        s.max_running_requests = plan.max_running_requests
+        s.context_len = self.context_len
+        s.page_size = self.args.page_size
+        s.chunked_prefill_size = self.scheduler.config.chunked_prefill_size
+        s.max_prefill_tokens = self.max_prefill_tokens
+        s.radix_cache_enabled = not self.args.disable_radix_cache
+        s.mamba_radix_cache_strategy = self.pools.strategy
+        s.mamba_track_interval = self.scheduler.config.checkpoint_interval
+        b = self.pools.buffers
+        s.kv_cache_bytes = sum(t.numel() * t.element_size() for t in (*b.k, *b.v))
+        s.conv_state_bytes = sum(t.numel() * t.element_size() for t in b.conv)
+        s.ssm_state_bytes = sum(t.numel() * t.element_size() for t in b.ssm)
+        s.weight_bytes = self.weight_bytes
+        return s
+
+    def resolved_args(self) -> dict[str, Any]:
+        out = asdict(self.args)
+        plan = self.pools.plan
+        out.update(
+            dtype=str(self.dtype).removeprefix("torch."),
+            mamba_radix_cache_strategy=self.pools.strategy,
+            max_running_requests=plan.max_running_requests,
+            max_mamba_cache_size=plan.max_mamba_cache_size,
+            max_total_tokens=plan.max_total_num_tokens,
+            context_length=self.context_len,
+            chunked_prefill_size=self.scheduler.config.chunked_prefill_size,
+            max_prefill_tokens=self.max_prefill_tokens,
+        )
+        return out
+
+    def log_state_stats(self) -> None:
+        s = self.scheduler.stats()
+        logger.info(
+            "Mamba state stats: slots in-use=%d cached=%d free=%d total=%d, mamba_usage=%.2f, "
+            "cache_hit_rate=%.3f, state_checkpoints=%d, state_evictions=%d, kv_evicted_pages=%d",
+            s.state_slots_in_use,
+            s.state_slots_cached,
+            s.state_slots_free,
+            s.state_slots_total,
+            s.mamba_usage,
+            s.cache_hit_rate,
+            s.state_checkpoints,
+            s.state_evictions,
+            s.kv_evictions,
+        )
+
+
+def _validate(args: EngineArgs) -> None:
+    if args.page_size < 1:
+        raise EngineStartupError(f"page_size must be >= 1, got {args.page_size} (--page-size).")
+    if args.mamba_track_interval < 1 or args.mamba_track_interval % args.page_size:
+        raise EngineStartupError(
+            f"mamba_track_interval ({args.mamba_track_interval}) must be a positive multiple of page_size "
+            f"({args.page_size}); set --mamba-track-interval accordingly."
+        )
+    if args.schedule_policy not in ("fcfs", "lpm"):
+        raise EngineStartupError(
+            f"schedule_policy {args.schedule_policy!r} is not implemented by the bundled runtime; "
+            "use fcfs or lpm."
+        )
+
+
+def _available_mem_gb() -> float:
+    try:
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 30)
+    except (ValueError, OSError, AttributeError):
+        return 0.0

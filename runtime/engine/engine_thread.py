@@ -1,0 +1,130 @@
+"""The engine loop in its own thread, behind the thread-safe `EngineClient` the server uses.
+
+Commands (add, abort, flush, stop) go through a queue and are applied between steps, so the scheduler and
+pools
+are only ever touched by the engine thread. Stats are a snapshot refreshed after every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from runtime.engine.api import EngineArgs, EngineClient, EngineStats, GenerateRequest, RequestOutput
+from runtime.engine.engine_core import EngineCore
+
+logger = logging.getLogger("runtime.engine")
+
+_STATS_LOG_INTERVAL_S = 10.0
+
+
+class ThreadedEngineClient(EngineClient):
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._commands: queue.Queue[tuple[str, Any, Future[Any] | None]] = queue.Queue()
+        self._stats_lock = threading.Lock()
+        self._stats = core.stats()
+        self._resolved = core.resolved_args()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="runtime-engine", daemon=True)
+
+    @classmethod
+    def start(cls, args: EngineArgs) -> ThreadedEngineClient:
+        client = cls(EngineCore(args))
+        client._thread.start()
+        return client
+
+    # -- EngineClient ----------------------------------------------------------------------------------------
+
+    def add_request(self, req: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
+        self._send("add", (req, on_output))
+
+    def abort(self, rid: str) -> None:
+        self._send("abort", rid)
+
+    def flush_cache(self) -> bool:
+        return bool(self._call("flush", None))
+
+    def stats(self) -> EngineStats:
+        with self._stats_lock:
+            return EngineStats(**vars(self._stats))
+
+    def resolved_args(self) -> dict[str, Any]:
+        return dict(self._resolved)
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._send("stop", None)
+        self._thread.join(timeout=30)
+
+    # -- engine thread ---------------------------------------------------------------------------------------
+
+    def _send(self, kind: str, payload: Any) -> None:
+        if self._stopped and kind != "stop":
+            raise RuntimeError("the engine is shut down")
+        self._commands.put((kind, payload, None))
+
+    def _call(self, kind: str, payload: Any) -> Any:
+        fut: Future[Any] = Future()
+        self._commands.put((kind, payload, fut))
+        return fut.result(timeout=60)
+
+    def _apply(self, kind: str, payload: Any, fut: Future[Any] | None) -> bool:
+        sched = self.core.scheduler
+        result: Any = None
+        if kind == "add":
+            req, on_output = payload
+            sched.add_request(req, on_output)
+        elif kind == "abort":
+            sched.abort(payload)
+        elif kind == "flush":
+            result = sched.flush_cache()
+            if result:
+                logger.info("Cache flushed successfully!")
+        elif kind == "stop":
+            for r in [*sched.running, *sched.waiting]:
+                sched.abort(r.rid)
+            return False
+        if fut is not None:
+            fut.set_result(result)
+        return True
+
+    def _loop(self) -> None:
+        last_stats_log = time.monotonic()
+        while True:
+            try:
+                # Block only when idle; while requests run, just drain what has arrived.
+                block = not self.core.scheduler.has_work
+                while True:
+                    kind, payload, fut = self._commands.get(block=block, timeout=None)
+                    if not self._apply(kind, payload, fut):
+                        self._refresh_stats()
+                        return
+                    block = False
+            except queue.Empty:
+                pass
+            try:
+                self.core.step()
+            except Exception:  # noqa: BLE001 - one bad step must not kill the server; its requests fail
+                logger.exception("engine step failed; aborting the requests it was running")
+                for r in list(self.core.scheduler.running):
+                    self.core.scheduler.abort(r.rid)
+            self._refresh_stats()
+            if (
+                self.core.args.log_mamba_state_stats
+                and time.monotonic() - last_stats_log > _STATS_LOG_INTERVAL_S
+            ):
+                last_stats_log = time.monotonic()
+                self.core.log_state_stats()
+
+    def _refresh_stats(self) -> None:
+        stats = self.core.stats()
+        with self._stats_lock:
+            self._stats = stats

@@ -1,0 +1,199 @@
+"""Size the two pools with the planner's `size_pools` (the one source of truth), allocate them, log them.
+
+Bytes per request and per token come from `hybridctl.model.spec.load_model_spec` (shapes) at the dtypes the
+runtime really allocates, and are checked against the allocated tensors. One deviation from SGLang: the conv
+window is kept in the activation dtype, not bfloat16, so a prompt computed in chunks is bit-identical to one
+computed at once (the window is re-read between chunks).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from hybridctl.model.spec import ModelSpec, load_model_spec
+from hybridctl.planner.pool_sizing import PoolInputs, PoolPlan, PoolSizingError, resolve_strategy, size_pools
+from runtime.engine.api import DEFAULT_MEMORY_BUDGET_GIB, EngineArgs
+from runtime.engine.buffers import allocate_pool_buffers, pool_buffer_bytes
+from runtime.engine.forward_batch import ModelLayout, PoolBuffers
+
+logger = logging.getLogger("runtime.engine")
+
+GB = 1 << 30
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class EngineStartupError(RuntimeError):
+    """The engine cannot start with these options; the message names the key to change."""
+
+
+@dataclass
+class Pools:
+    buffers: PoolBuffers
+    plan: PoolPlan
+    spec: ModelSpec
+    strategy: str  # resolved: no_buffer | extra_buffer
+    num_state_slots: int  # usable slots (the pool's padding slot excluded)
+    num_token_slots: int
+    context_len: int
+    pool_budget_bytes: int
+    device_bytes: int
+
+
+def resolve_torch_dtype(name: str | None, device: str) -> torch.dtype:
+    table = {
+        "float32": torch.float32,
+        "float": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "half": torch.float16,
+    }
+    if name in (None, "auto"):
+        # CPU: float32 (exact, and bf16 matmuls are slow there); GPU: bfloat16 as SGLang.
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if name not in table:
+        raise EngineStartupError(f"dtype {name!r} is not supported; use auto, float32, bfloat16 or float16.")
+    return table[name]
+
+
+def device_memory_bytes(args: EngineArgs) -> int:
+    if args.device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(args.device))
+        return int(total)
+    return int((args.memory_budget_gib or DEFAULT_MEMORY_BUDGET_GIB) * GB)
+
+
+def resolve_runtime_strategy(args: EngineArgs) -> str:
+    """The runtime checkpoints states every mamba_track_interval tokens on every architecture, so `auto`
+    means extra_buffer here (SGLang's auto picks no_buffer without overlap and paging); the explicit choices
+    are validated by the planner's rules."""
+    requested = (
+        "extra_buffer" if args.mamba_radix_cache_strategy == "auto" else args.mamba_radix_cache_strategy
+    )
+    if requested == "extra_buffer_lazy":
+        raise EngineStartupError(
+            "mamba_radix_cache_strategy extra_buffer_lazy needs the overlap schedule, which the bundled "
+            'runtime does not have; use --mamba-radix-cache-strategy extra_buffer (or "auto").'
+        )
+    try:
+        return resolve_strategy(
+            requested,
+            page_size=args.page_size,
+            overlap_schedule=False,
+            disable_radix_cache=args.disable_radix_cache,
+            mamba_track_interval=args.mamba_track_interval,
+        ).strategy
+    except PoolSizingError as exc:
+        raise EngineStartupError(str(exc)) from None
+
+
+def size_and_allocate(args: EngineArgs, layout: ModelLayout, weight_bytes: int, dtype: torch.dtype) -> Pools:
+    kv_dtype = conv_dtype = dtype
+    ssm_dtype = resolve_torch_dtype(args.mamba_ssm_dtype or "float32", args.device)
+    spec = load_model_spec(args.model_path, ssm_dtype=args.mamba_ssm_dtype, kv_dtype=_DTYPE_NAMES[kv_dtype])
+    if spec.ssm_dtype != _DTYPE_NAMES[ssm_dtype]:
+        ssm_dtype = resolve_torch_dtype(spec.ssm_dtype, args.device)  # the model config's mamba_ssm_dtype
+    _check_shapes(spec, layout)
+    context_len = args.context_length or spec.context_len
+    n_linear = len(layout.linear_layer_ids)
+    itemsize = torch.empty((), dtype=conv_dtype).element_size()
+    ssm_itemsize = torch.empty((), dtype=ssm_dtype).element_size()
+    per_request = n_linear * (
+        math.prod(spec.conv_state_shape) * itemsize + math.prod(spec.ssm_state_shape) * ssm_itemsize
+    )
+    device_bytes = device_memory_bytes(args)
+    pool_budget = int(device_bytes * args.mem_fraction_static) - weight_bytes
+    if pool_budget <= 0:
+        raise EngineStartupError(
+            f"The weights ({weight_bytes / GB:.2f} GB) do not fit in mem_fraction_static "
+            f"({args.mem_fraction_static}) of the {device_bytes / GB:.2f} GB device memory; raise "
+            f"--memory-budget-gib (memory.memory_budget_gib) or --mem-fraction-static."
+        )
+    strategy = resolve_runtime_strategy(args)
+    try:
+        plan = size_pools(
+            PoolInputs(
+                pool_bytes=pool_budget,
+                mamba_state_bytes_per_request=per_request,
+                kv_bytes_per_token=spec.kv_bytes_per_token,
+                page_size=args.page_size,
+                mamba_full_memory_ratio=args.mamba_full_memory_ratio,
+                max_mamba_cache_size=args.max_mamba_cache_size,
+                max_running_requests=args.max_running_requests,
+                disable_radix_cache=args.disable_radix_cache,
+                strategy=strategy,
+                overlap_schedule=False,
+                context_len=context_len,
+                max_total_tokens=args.max_total_tokens,
+            )
+        )
+    except PoolSizingError as exc:
+        raise EngineStartupError(
+            f"{exc} (bundled runtime: --memory-budget-gib sets the device memory)"
+        ) from None
+    buffers = allocate_pool_buffers(
+        layout,
+        plan.max_total_num_tokens,
+        plan.mamba_pool_slots,
+        kv_dtype=kv_dtype,
+        conv_dtype=conv_dtype,
+        ssm_dtype=ssm_dtype,
+        device=args.device,
+    )
+    allocated = pool_buffer_bytes(
+        layout,
+        plan.max_total_num_tokens,
+        plan.mamba_pool_slots,
+        kv_dtype=kv_dtype,
+        conv_dtype=conv_dtype,
+        ssm_dtype=ssm_dtype,
+    )
+    actual = sum(t.numel() * t.element_size() for t in (*buffers.k, *buffers.v, *buffers.conv, *buffers.ssm))
+    if not (allocated == actual == plan.mamba_pool_bytes + plan.kv_pool_bytes):
+        raise EngineStartupError(
+            f"internal: allocated pool bytes {actual} differ from the plan "
+            f"({plan.mamba_pool_bytes} state + {plan.kv_pool_bytes} KV); the model layout and "
+            f"hybridctl.model.spec disagree about {args.model_path}/config.json."
+        )
+    _log_pools(buffers, plan, kv_dtype)
+    return Pools(
+        buffers=buffers,
+        plan=plan,
+        spec=spec,
+        strategy=strategy,
+        num_state_slots=plan.max_mamba_cache_size,
+        num_token_slots=plan.max_total_num_tokens,
+        context_len=context_len,
+        pool_budget_bytes=pool_budget,
+        device_bytes=device_bytes,
+    )
+
+
+def _check_shapes(spec: ModelSpec, layout: ModelLayout) -> None:
+    ours = (layout.attn_layer_ids, layout.linear_layer_ids, layout.conv_state_shape, layout.ssm_state_shape)
+    theirs = (spec.attn_layer_ids, spec.linear_layer_ids, spec.conv_state_shape, spec.ssm_state_shape)
+    if tuple(map(tuple, ours)) != tuple(map(tuple, theirs)):
+        raise EngineStartupError(
+            f"internal: the model's layout {ours} differs from hybridctl.model.spec's {theirs} for "
+            f"{spec.source}; pool sizes would be wrong."
+        )
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _log_pools(buffers: PoolBuffers, plan: PoolPlan, kv_dtype: torch.dtype) -> None:
+    # SGLang's wording (mem_cache/memory_pool.py), so log-reading tools work on both engines.
+    logger.info(
+        f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, "
+        f"conv_state size: {_bytes(buffers.conv) / GB:.2f}GB, "
+        f"ssm_state size: {_bytes(buffers.ssm) / GB:.2f}GB "
+    )
+    logger.info(
+        f"KV Cache is allocated. dtype: {kv_dtype}, #tokens: {plan.max_total_num_tokens}, "
+        f"K size: {_bytes(buffers.k) / GB:.2f} GB, V size: {_bytes(buffers.v) / GB:.2f} GB"
+    )

@@ -1,0 +1,263 @@
+"""What a request holds in the two pools, and every move between request, prefix cache and free lists.
+
+A request's KV pages cover its tokens [0, kv_len); the first `tree_len` tokens' pages belong to the prefix
+cache
+(locked through `node`), the rest are private. Its state slot is always private. Pages a request may still
+need
+(up to prompt + max_new_tokens) are reserved at admission, so decode never runs out of KV: a request that
+cannot
+get its reservation waits in the queue instead.
+
+Accounting: free + cached + in-use == total, for KV pages and for state slots (`check_invariants`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from runtime.kvcache.page_pool import KVPagePool
+from runtime.kvcache.radix_cache import RadixCache, RadixNode
+from runtime.kvcache.state_pool import StateSlotPool
+
+logger = logging.getLogger("runtime.kvcache")
+
+
+@dataclass
+class ReqMemory:
+    pages: list[int] = field(default_factory=list)
+    tree_len: int = 0  # tokens whose pages belong to the cache (a multiple of page_size)
+    node: RadixNode | None = None  # locked node ending at tree_len (None: nothing locked)
+    slot: int | None = None  # private state slot: the state after kv_len tokens
+    kv_len: int = 0  # tokens whose KV and state are computed
+    reserved_pages: int = 0  # pages still to allocate, at most, over the request's life
+
+
+class Admission:
+    """Why a request was not admitted: `wait` (retry later) or `fail` (it can never fit; message says why)."""
+
+    def __init__(self, ok: bool, message: str = "", cached_tokens: int = 0) -> None:
+        self.ok = ok
+        self.message = message
+        self.cached_tokens = cached_tokens
+
+
+class CacheManager:
+    def __init__(
+        self,
+        kv_pool: KVPagePool,
+        state_pool: StateSlotPool,
+        *,
+        radix_enabled: bool,
+        dual_lru: bool,
+        snapshot_on_match: bool,
+        copy_on_write: bool,
+    ) -> None:
+        self.kv_pool = kv_pool
+        self.state_pool = state_pool
+        self.page_size = kv_pool.page_size
+        self.tree = RadixCache(kv_pool, state_pool, page_size=self.page_size, dual_lru=dual_lru)
+        self.radix_enabled = radix_enabled
+        self.snapshot_on_match = snapshot_on_match
+        self.copy_on_write = copy_on_write
+        # Without snapshots nothing cached could ever be reused: do not spend slots and copies on it.
+        self.caching = radix_enabled and snapshot_on_match
+        self.reserved_pages = 0  # sum over admitted requests
+        self.live: list[ReqMemory] = []
+
+    # -- sizes -----------------------------------------------------------------------------------------------
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    @property
+    def available_pages(self) -> int:
+        """Pages a new request could still be promised: free + evictable − already promised."""
+        return self.kv_pool.num_free + self.tree.evictable_pages - self.reserved_pages
+
+    @property
+    def available_slots(self) -> int:
+        return self.state_pool.num_free + self.tree.cached_states
+
+    # -- allocation with eviction ----------------------------------------------------------------------------
+
+    def _alloc_pages(self, n: int) -> list[int]:
+        if self.kv_pool.num_free < n:
+            self.tree.evict_kv(n - self.kv_pool.num_free)
+        pages = self.kv_pool.alloc(n)
+        if pages is None:  # reservations make this impossible; failing loudly beats corrupting the cache
+            raise RuntimeError(f"KV pool exhausted under reservation: need {n}, {self.kv_pool.num_free} free")
+        return pages
+
+    def _alloc_slot(self, keep: RadixNode | None = None) -> int | None:
+        if self.state_pool.num_free == 0 and self.radix_enabled:
+            self.tree.evict_states(1, keep=keep)
+        return self.state_pool.alloc()
+
+    # -- request life ----------------------------------------------------------------------------------------
+
+    def admit(self, prompt: list[int], total_tokens: int) -> tuple[Admission, ReqMemory | None]:
+        """Match the prompt in the cache and take a state slot and a KV reservation for `total_tokens` tokens.
+
+        Returns (ok, memory) or (wait) or (fail with a message). Nothing is held unless ok.
+        """
+        need_pages = self.pages_for(total_tokens)
+        if need_pages > self.kv_pool.num_pages:
+            return Admission(False, _kv_too_small(total_tokens, self.kv_pool), 0), None
+        if self.state_pool.num_slots < 1:
+            return Admission(False, _state_too_small(self.state_pool), 0), None
+        match = None
+        if self.caching:
+            # At least one prompt token is always computed: its logits give the first output token.
+            match = self.tree.match_prefix(prompt[: len(prompt) - 1])
+            if match.length == 0:
+                match = None
+        if match is not None:
+            self.tree.lock(match.node)
+        new_pages = need_pages - (len(match.pages) if match else 0)
+        if new_pages > self.available_pages or self.available_slots < 1:
+            if match is not None:
+                self.tree.unlock(match.node)
+            return Admission(False), None
+        mem = ReqMemory()
+        if match is not None:
+            mem.pages = list(match.pages)
+            mem.tree_len = mem.kv_len = match.length
+            mem.node = match.node
+            mem.slot = self._take_matched_state(match.node)
+        else:
+            mem.slot = self._alloc_slot()
+            assert mem.slot is not None
+            self.state_pool.zero(mem.slot)
+        mem.reserved_pages = new_pages
+        self.reserved_pages += new_pages
+        self.live.append(mem)
+        return Admission(True, cached_tokens=mem.kv_len), mem
+
+    def _take_matched_state(self, node: RadixNode) -> int:
+        """The request's own copy of the node's state; without copy-on-write, the cached slot itself."""
+        src = node.state_slot
+        assert src is not None
+        if self.copy_on_write:
+            slot = self._alloc_slot(keep=node)
+            if slot is not None:
+                self.state_pool.copy(src, slot)
+                return slot
+        # No copy-on-write, or no other slot to copy into: the request takes the cached state over, and the
+        # cache
+        # forgets it (it will be written in place).
+        self.tree.detach_state(node)
+        return src
+
+    def grow(self, mem: ReqMemory, new_tokens: int) -> list[int]:
+        """KV token slots for the next `new_tokens` tokens (allocating pages from the reservation)."""
+        ps = self.page_size
+        end = mem.kv_len + new_tokens
+        missing = self.pages_for(end) - len(mem.pages)
+        if missing > 0:
+            mem.pages.extend(self._alloc_pages(missing))
+            mem.reserved_pages -= missing
+            self.reserved_pages -= missing
+        return [mem.pages[t // ps] * ps + t % ps for t in range(mem.kv_len, end)]
+
+    def token_slots(self, mem: ReqMemory, upto: int) -> list[int]:
+        ps = self.page_size
+        return [mem.pages[t // ps] * ps + t % ps for t in range(upto)]
+
+    def checkpoint(self, mem: ReqMemory, tokens: list[int]) -> bool:
+        """Cache the KV of tokens[:kv_len] and a copy of the state after them. False when no slot was free."""
+        if not self.caching or mem.kv_len % self.page_size or mem.kv_len <= mem.tree_len:
+            return False
+        slot = self._alloc_slot()
+        if slot is None:
+            return False
+        assert mem.slot is not None
+        self.state_pool.copy(mem.slot, slot)
+        used = self._insert(mem, tokens, slot)
+        if not used:
+            self.state_pool.free(slot)
+        return used
+
+    def _insert(self, mem: ReqMemory, tokens: list[int], slot: int | None) -> bool:
+        n = mem.kv_len
+        res = self.tree.insert(tokens[:n], mem.pages[: n // self.page_size], slot)
+        self.kv_pool.free(res.duplicate_pages)
+        mem.pages[: n // self.page_size] = res.pages
+        self.tree.lock(res.node)
+        if mem.node is not None:
+            self.tree.unlock(mem.node)
+        mem.node, mem.tree_len = res.node, n
+        return res.state_used
+
+    def release(self, mem: ReqMemory, tokens: list[int], cache: bool) -> None:
+        """Give everything back; with `cache`, the sequence (KV and final state) goes into the cache."""
+        if cache and self.caching and mem.kv_len % self.page_size == 0 and mem.kv_len > mem.tree_len:
+            assert mem.slot is not None
+            if self._insert(mem, tokens, mem.slot):
+                mem.slot = None  # the final state now belongs to the cache: the request is done with it
+        self.kv_pool.free(mem.pages[mem.tree_len // self.page_size :])
+        mem.pages = mem.pages[: mem.tree_len // self.page_size]
+        if mem.slot is not None:
+            self.state_pool.free(mem.slot)
+            mem.slot = None
+        if mem.node is not None:
+            self.tree.unlock(mem.node)
+            mem.node = None
+        self.reserved_pages -= mem.reserved_pages
+        mem.reserved_pages = 0
+        self.live.remove(mem)
+
+    def flush(self) -> bool:
+        if self.live:
+            return False
+        return self.tree.flush()
+
+    # -- accounting ------------------------------------------------------------------------------------------
+
+    def page_counts(self) -> tuple[int, int, int, int]:
+        """(total, free, cached, in_use) KV pages."""
+        in_use = sum(len(m.pages) - m.tree_len // self.page_size for m in self.live)
+        return self.kv_pool.num_pages, self.kv_pool.num_free, self.tree.cached_pages, in_use
+
+    def slot_counts(self) -> tuple[int, int, int, int]:
+        """(total, free, cached, in_use) state slots."""
+        in_use = sum(1 for m in self.live if m.slot is not None)
+        return self.state_pool.num_slots, self.state_pool.num_free, self.tree.cached_states, in_use
+
+    def check_invariants(self) -> None:
+        """free + cached + in-use == total (pages and slots), with no page or slot in two places."""
+        self.tree.check_invariants()
+        ps = self.page_size
+        total, free, cached, in_use = self.page_counts()
+        assert free + cached + in_use == total, f"KV pages: {free}+{cached}+{in_use} != {total}"
+        private = [p for m in self.live for p in m.pages[m.tree_len // ps :]]
+        everything = self.kv_pool.free_pages() + self.tree.all_pages() + private
+        assert sorted(everything) == list(range(total)), "a KV page is lost or in two places"
+        total_s, free_s, cached_s, in_use_s = self.slot_counts()
+        assert free_s + cached_s + in_use_s == total_s, f"slots: {free_s}+{cached_s}+{in_use_s} != {total_s}"
+        own = [m.slot for m in self.live if m.slot is not None]
+        slots = self.state_pool.free_slots() + self.tree.all_states() + own
+        assert sorted(slots) == list(range(total_s)), "a state slot is lost or in two places"
+        assert self.reserved_pages == sum(m.reserved_pages for m in self.live)
+        assert self.reserved_pages <= free + self.tree.evictable_pages, "reservations exceed reclaimable"
+        for m in self.live:
+            assert m.tree_len <= m.kv_len and len(m.pages) == self.pages_for(m.kv_len)
+            if m.node is not None:
+                assert m.pages[: m.tree_len // ps] == self.tree.path_pages(m.node), "request/tree differ"
+
+
+def _kv_too_small(total_tokens: int, pool: KVPagePool) -> str:
+    return (
+        f"KV cache pool allocation failed: the request needs {total_tokens} tokens (prompt + "
+        f"max_new_tokens) but the KV pool holds {pool.num_pages * pool.page_size} tokens in total. "
+        f"Shorten the request, lower max_new_tokens, or give the pools more memory (memory_budget_gib, "
+        f"mem_fraction_static, or a lower mamba_full_memory_ratio)."
+    )
+
+
+def _state_too_small(pool: StateSlotPool) -> str:
+    return (
+        f"Mamba state pool allocation failed: a request needs 1 state slot but the pool has {pool.num_slots} "
+        f"(max_mamba_cache_size={pool.num_slots}). Raise max_mamba_cache_size, mamba_full_memory_ratio or "
+        f"memory_budget_gib."
+    )

@@ -1,0 +1,58 @@
+"""A request inside the scheduler: its tokens, sampling state and what it holds in the pools."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runtime.engine.api import RequestOutput, SamplingParams
+from runtime.kvcache.cache_manager import ReqMemory
+
+
+@dataclass
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    on_output: Callable[[RequestOutput], None]
+    return_logprob: bool = False
+    arrival: int = 0  # admission order, for fcfs
+    max_new_tokens: int = 0  # sampling.max_new_tokens clipped to the context length
+    output_ids: list[int] = field(default_factory=list)
+    mem: ReqMemory | None = None  # None while waiting
+    cached_tokens: int = 0
+    generator: torch.Generator | None = None
+    finish_reason: dict[str, Any] | None = None
+    # Outputs produced since the last RequestOutput (sent once per step).
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[float] = field(default_factory=list)
+    prefix_hint: int = 0  # lpm: cached-prefix length seen at the last queue ordering
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.mem is not None and self.mem.kv_len < len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def take_output(self) -> RequestOutput:
+        out = RequestOutput(
+            rid=self.rid,
+            new_token_ids=self.pending_ids,
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            prompt_tokens=len(self.prompt_ids),
+            completion_tokens=len(self.output_ids),
+            cached_tokens=self.cached_tokens,
+            new_token_logprobs=self.pending_logprobs if self.return_logprob else None,
+        )
+        self.pending_ids, self.pending_logprobs = [], []
+        return out

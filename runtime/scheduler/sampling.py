@@ -1,0 +1,40 @@
+"""Next-token sampling for a batch: greedy rows are argmax; the others temperature / top-k / top-p / min-p."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.engine.api import SamplingParams
+
+
+def is_greedy(p: SamplingParams) -> bool:
+    return p.temperature == 0.0 or p.top_k == 1
+
+
+def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from one row of logits ([vocab], float32)."""
+    if is_greedy(p):
+        return int(torch.argmax(logits))
+    scaled = logits / p.temperature
+    if p.top_k > 0 and p.top_k < scaled.numel():
+        kth = torch.topk(scaled, p.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if p.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Keep the smallest set whose mass reaches top_p (the token crossing the line stays in).
+        drop = torch.cumsum(sorted_probs, 0) - sorted_probs >= p.top_p
+        sorted_probs[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if p.min_p > 0.0:
+        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
+    logits = logits.float()
+    if all(is_greedy(p) for p in params):  # the common case: one argmax for the whole batch
+        return [int(t) for t in torch.argmax(logits, dim=-1)]
+    return [sample_row(logits[i], p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))]

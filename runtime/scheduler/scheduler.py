@@ -1,0 +1,309 @@
+"""The scheduler: `step()` = schedule → run → postprocess, nano-vllm style, with continuous batching.
+
+A step is either a prefill step (prompt chunks of several requests in one forward, at most
+`chunked_prefill_size` tokens) or a decode step (one token for every running request in one forward). When
+both
+kinds of work exist they alternate, so a long prompt never stalls the others' decoding.
+
+With the prefix cache on (extra_buffer strategy), a request's prefill chunks end on multiples of
+`mamba_track_interval`, and the state at each such boundary is copied into the cache: a later request sharing
+that prefix resumes from the deepest boundary. Finished requests cache their whole sequence and final state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from runtime.engine.api import EngineStats, GenerateRequest, RequestOutput
+from runtime.engine.forward_batch import ForwardBatch
+from runtime.kvcache.cache_manager import CacheManager
+from runtime.scheduler.policy import order_waiting
+from runtime.scheduler.request import Req
+from runtime.scheduler.sampling import sample
+from runtime.scheduler.stopping import Detokenizer, finish_reason_after
+
+logger = logging.getLogger("runtime.scheduler")
+
+ModelRunner = Callable[[ForwardBatch], torch.Tensor]
+
+
+@dataclass
+class SchedulerConfig:
+    max_running_requests: int
+    chunked_prefill_size: int  # <= 0: a whole prompt per step
+    context_len: int
+    schedule_policy: str = "fcfs"
+    checkpoint_interval: int = 0  # 0: no prefill checkpoints (cache off, or no_buffer strategy)
+    random_seed: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        run_model: ModelRunner,
+        cache: CacheManager,
+        config: SchedulerConfig,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+        tokenizer: Detokenizer | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.run_model = run_model
+        self.cache = cache
+        self.config = config
+        self.eos_token_ids = eos_token_ids
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []  # admitted: in prefill or decoding
+        self._arrivals = itertools.count()
+        self._last_was_prefill = False
+        self._generator = torch.Generator().manual_seed(config.random_seed)
+        self.counters = EngineStats()
+        self._decode_times: list[tuple[float, int]] = []
+
+    # -- requests in and out ---------------------------------------------------------------------------------
+
+    def add_request(self, g: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
+        req = Req(g.rid, list(g.input_ids), g.sampling, on_output, g.return_logprob, next(self._arrivals))
+        self.counters.num_requests_total += 1
+        problem = g.sampling.validate() or self._check_length(req)
+        if problem:
+            self._finish(req, _abort(problem, 400, "BadRequestError"))
+            return
+        req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
+        if g.sampling.seed is not None:
+            req.generator = torch.Generator().manual_seed(g.sampling.seed)
+        if req.max_new_tokens == 0:
+            self._finish(req, {"type": "length", "length": 0})
+            return
+        self.waiting.append(req)
+
+    def _check_length(self, req: Req) -> str | None:
+        if not req.prompt_ids:
+            return "the prompt is empty: send at least one input token"
+        if len(req.prompt_ids) >= self.config.context_len:
+            return (
+                f"The input ({len(req.prompt_ids)} tokens) is longer than the model's context length "
+                f"({self.config.context_len} tokens)."
+            )
+        return None
+
+    def abort(self, rid: str) -> bool:
+        for queue in (self.waiting, self.running):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    self._release(req, cache=False)
+                    self.counters.num_requests_aborted += 1
+                    self._finish(req, _abort("Aborted by the client.", 499, "ClientDisconnect"))
+                    return True
+        return False
+
+    def flush_cache(self) -> bool:
+        if self.waiting or self.running:
+            return False
+        return self.cache.flush()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- the step --------------------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One schedule → run → postprocess round. False when there was nothing to do."""
+        prefill = self._schedule_prefill()
+        decode = [r for r in self.running if not r.in_prefill]
+        if prefill and (not decode or not self._last_was_prefill):
+            self._last_was_prefill = True
+            self._run_extend(prefill)
+            return True
+        if decode:
+            self._last_was_prefill = False
+            self._run_decode(decode)
+            return True
+        return False
+
+    def _schedule_prefill(self) -> list[tuple[Req, int]]:
+        """(request, tokens to compute) for this prefill step: unfinished prefills first, then admissions."""
+        budget = self.config.chunked_prefill_size if self.config.chunked_prefill_size > 0 else 1 << 62
+        batch: list[tuple[Req, int]] = []
+        for req in self.running:
+            if req.in_prefill and budget > 0:
+                n = self._chunk_len(req, budget)
+                batch.append((req, n))
+                budget -= n
+        if budget <= 0 or not self.waiting:
+            return batch
+        self.waiting = order_waiting(self.waiting, self.config.schedule_policy, self._cached_prefix_len)
+        for req in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+                break
+            total = len(req.prompt_ids) + req.max_new_tokens - 1  # the last token's KV is never computed
+            admission, mem = self.cache.admit(req.prompt_ids, total)
+            if not admission.ok:
+                if admission.message:  # can never fit: this request fails alone, the others go on
+                    self.waiting.remove(req)
+                    self.counters.num_allocation_failures += 1
+                    logger.error("request %s: %s", req.rid, admission.message)
+                    self._finish(req, _abort(admission.message, 503, "ServiceUnavailable"))
+                    continue
+                break  # waits for memory; keep arrival order instead of letting later requests jump ahead
+            self.waiting.remove(req)
+            req.mem = mem
+            req.cached_tokens = admission.cached_tokens
+            self.counters.prompt_tokens_total += len(req.prompt_ids)
+            self.counters.cached_tokens_total += req.cached_tokens
+            self.running.append(req)
+            n = self._chunk_len(req, budget)
+            batch.append((req, n))
+            budget -= n
+        return batch
+
+    def _cached_prefix_len(self, req: Req) -> int:
+        if not self.cache.caching:
+            return 0
+        return self.cache.tree.match_prefix(req.prompt_ids[:-1]).length
+
+    def _chunk_len(self, req: Req, budget: int) -> int:
+        assert req.mem is not None
+        start = req.mem.kv_len
+        end = min(len(req.prompt_ids), start + budget)
+        interval = self.config.checkpoint_interval
+        if interval > 0:
+            # Stop at the next checkpoint boundary so the state there exists to be cached.
+            end = min(end, (start // interval + 1) * interval)
+        return end - start
+
+    def _run_extend(self, batch: list[tuple[Req, int]]) -> None:
+        ids: list[int] = []
+        positions: list[int] = []
+        out_locs: list[int] = []
+        kv_locs: list[torch.Tensor] = []
+        for req, n in batch:
+            mem = req.mem
+            assert mem is not None
+            start = mem.kv_len
+            ids.extend(req.prompt_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            new_locs = self.cache.grow(mem, n)
+            out_locs.extend(new_locs)
+            kv_locs.append(torch.tensor(self.cache.token_slots(mem, start) + new_locs, dtype=torch.int64))
+        fb = ForwardBatch(
+            mode="extend",
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            extend_lens=[n for _, n in batch],
+            prefix_lens=[r.mem.kv_len for r, _ in batch if r.mem is not None],
+            kv_locs=kv_locs,
+            out_locs=torch.tensor(out_locs, dtype=torch.int64),
+            state_slots=torch.tensor([r.mem.slot for r, _ in batch if r.mem is not None], dtype=torch.int64),
+        )
+        logits = self.run_model(fb)
+        done: list[int] = []
+        for i, (req, n) in enumerate(batch):
+            assert req.mem is not None
+            req.mem.kv_len += n
+            if req.mem.kv_len == len(req.prompt_ids):
+                done.append(i)
+            elif self.config.checkpoint_interval and req.mem.kv_len % self.config.checkpoint_interval == 0:
+                if self.cache.checkpoint(req.mem, req.prompt_ids):
+                    self.counters.state_checkpoints += 1
+        if done:
+            self._sample_and_emit([batch[i][0] for i in done], logits[done])
+
+    def _run_decode(self, reqs: list[Req]) -> None:
+        kv_locs: list[torch.Tensor] = []
+        out_locs: list[int] = []
+        for req in reqs:
+            assert req.mem is not None
+            new = self.cache.grow(req.mem, 1)
+            out_locs.extend(new)
+            kv_locs.append(
+                torch.tensor(self.cache.token_slots(req.mem, req.mem.kv_len) + new, dtype=torch.int64)
+            )
+        fb = ForwardBatch(
+            mode="decode",
+            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
+            positions=torch.tensor([r.mem.kv_len for r in reqs if r.mem is not None], dtype=torch.int64),
+            extend_lens=[1] * len(reqs),
+            prefix_lens=[r.mem.kv_len for r in reqs if r.mem is not None],
+            kv_locs=kv_locs,
+            out_locs=torch.tensor(out_locs, dtype=torch.int64),
+            state_slots=torch.tensor([r.mem.slot for r in reqs if r.mem is not None], dtype=torch.int64),
+        )
+        t0 = time.perf_counter()
+        logits = self.run_model(fb)
+        for req in reqs:
+            assert req.mem is not None
+            req.mem.kv_len += 1
+        self._sample_and_emit(reqs, logits)
+        self._decode_times.append((time.perf_counter() - t0, len(reqs)))
+        del self._decode_times[:-32]
+
+    # -- postprocess -----------------------------------------------------------------------------------------
+
+    def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        tokens = sample(logits, [r.sampling for r in reqs], [r.generator or self._generator for r in reqs])
+        logprobs = None
+        if any(r.return_logprob for r in reqs):
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+        for i, (req, tok) in enumerate(zip(reqs, tokens, strict=True)):
+            req.output_ids.append(tok)
+            req.pending_ids.append(tok)
+            if logprobs is not None:
+                req.pending_logprobs.append(float(logprobs[i, tok]))
+            self.counters.generation_tokens_total += 1
+            reason = finish_reason_after(req, tok, self.eos_token_ids, self.tokenizer)
+            if reason is not None:
+                self.running.remove(req)
+                self._release(req, cache=True)
+                self.counters.num_requests_finished += 1
+                self._finish(req, reason)
+            else:
+                req.on_output(req.take_output())
+
+    def _release(self, req: Req, cache: bool) -> None:
+        if req.mem is not None:
+            self.cache.release(req.mem, req.all_ids, cache)
+            req.mem = None
+
+    def _finish(self, req: Req, reason: dict) -> None:
+        req.finish_reason = reason
+        req.on_output(req.take_output())
+
+    # -- observability ---------------------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        s = self.counters
+        s.num_running_reqs = len(self.running)
+        s.num_queue_reqs = len(self.waiting)
+        total, free, cached, in_use = self.cache.page_counts()
+        s.kv_pages_total, s.kv_pages_free, s.kv_pages_cached, s.kv_pages_in_use = total, free, cached, in_use
+        s.token_usage = (total - free - self.cache.tree.evictable_pages) / total if total else 0.0
+        st, sf, sc, su = self.cache.slot_counts()
+        s.state_slots_total, s.state_slots_free, s.state_slots_cached, s.state_slots_in_use = st, sf, sc, su
+        s.mamba_usage = su / st if st else 0.0
+        s.cache_hit_rate = s.cached_tokens_total / s.prompt_tokens_total if s.prompt_tokens_total else 0.0
+        s.kv_evictions = self.cache.tree.kv_evicted_pages
+        s.state_evictions = self.cache.tree.states_evicted
+        secs = sum(t for t, _ in self._decode_times)
+        s.gen_throughput = sum(n for _, n in self._decode_times) / secs if secs > 0 else 0.0
+        return EngineStats(**vars(s))
+
+    def check_invariants(self) -> None:
+        self.cache.check_invariants()
+        assert len(self.running) <= self.config.max_running_requests
+        assert all(r.mem is not None for r in self.running) and all(r.mem is None for r in self.waiting)
+        assert len(self.cache.live) == len(self.running)
+
+
+def _abort(message: str, status_code: int, err_type: str) -> dict:
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
