@@ -1,0 +1,82 @@
+"""Device memory -> the budget both pools share, following SGLang 0.5.23's static-memory rules.
+
+- GPU-size tiers for chunked_prefill_size and the decode CUDA-graph batch size:
+  arg_groups/memory_hook.py:89-170 (`_handle_gpu_memory_settings`).
+- The automatic --mem-fraction-static: memory_hook.py:279-325 (reserve activations + graphs, 10 GiB floor on
+  GPUs over 60 GiB) and memory_hook.py:360-399 (`reserve_for_graph_mb`, decode graphs only here).
+- Pool budget: mem_cache/kv_cache_configurator.py:2990-3060 (`_profile_available_bytes`): free memory after
+  the weights minus `pre_model_load_memory * (1 - mem_fraction_static)`. With the whole device free before
+  loading that is `gpu_mem * mem_fraction_static - weights`. The CUDA context and NCCL buffers are not
+  modelled, so real pools come out slightly smaller (see docs/planner.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridctl.planner.pool_sizing import GIB, MIB, PoolSizingError
+
+
+@dataclass(frozen=True)
+class GpuTier:
+    chunked_prefill_size: int
+    decode_graph_max_bs: int
+    label: str
+
+
+def gpu_tier(gpu_mem_bytes: int | None, tp: int) -> GpuTier:
+    """memory_hook.py:89-170: SGLang's defaults by device size (MiB thresholds)."""
+    if gpu_mem_bytes is None:
+        return GpuTier(4096, 160, "unknown GPU")
+    mib = gpu_mem_bytes / MIB
+    if mib < 20 * 1024:
+        return GpuTier(2048, 8, "< 20 GiB (T4, 4080)")
+    if mib < 35 * 1024:
+        return GpuTier(4096, 48 if tp < 4 else 160, "20-35 GiB (A10, 4090, 5090)")
+    if mib < 60 * 1024:
+        return GpuTier(4096, 32 if tp < 4 else 160, "35-60 GiB (A100-40G, L40)")
+    if mib < 90 * 1024:
+        return GpuTier(8192, 256 if tp < 4 else 512, "60-90 GiB (H100, A100-80G)")
+    if mib < 160 * 1024:
+        return GpuTier(8192, 256 if tp < 4 else 512, "90-160 GiB (H20, H200)")
+    return GpuTier(16384, 512, ">= 160 GiB (B200, MI300)")
+
+
+def auto_mem_fraction_static(
+    gpu_mem_bytes: int,
+    *,
+    tp: int,
+    chunked_prefill_size: int | None = None,
+    max_running_requests: int | None = None,
+) -> float:
+    """memory_hook.py:279-325 for a plain (not PD, not multimodal, no DP attention) server."""
+    tier = gpu_tier(gpu_mem_bytes, tp)
+    chunk = (
+        chunked_prefill_size
+        if chunked_prefill_size and chunked_prefill_size > 0
+        else tier.chunked_prefill_size
+    )
+    graph_bs = tier.decode_graph_max_bs
+    if max_running_requests is not None:
+        graph_bs = min(graph_bs, max_running_requests)  # memory_hook.py:172-178
+    gpu_mib = gpu_mem_bytes / MIB
+    reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + graph_bs * 2
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+def pool_bytes_for(gpu_mem_bytes: int, *, mem_fraction_static: float, weights_bytes_per_rank: int) -> int:
+    """Bytes left for both pools on one GPU; PoolSizingError when the weights do not fit."""
+    static = gpu_mem_bytes * mem_fraction_static
+    rest = int(static - weights_bytes_per_rank)
+    if rest <= 0:
+        needed = weights_bytes_per_rank / gpu_mem_bytes
+        raise PoolSizingError(
+            f"The weights ({weights_bytes_per_rank / GIB:.1f} GiB per GPU) do not fit in "
+            f"mem_fraction_static {mem_fraction_static} x {gpu_mem_bytes / GIB:.1f} GiB = "
+            f"{static / GIB:.1f} GiB, "
+            f"so nothing is left for the KV and state pools. Raise memory.mem_fraction_static above "
+            f"{needed:.3f} if the GPU allows, or shard the model over more GPUs (server.tp_size / --tp)."
+        )
+    return rest

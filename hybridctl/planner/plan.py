@@ -1,0 +1,190 @@
+"""`make_plan`: config + model -> how SGLang 0.5.23 will split one GPU's memory, with a verdict in words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hybridctl.config.schema import HybridConfig
+from hybridctl.model.spec import ModelSpec
+from hybridctl.planner.memory import pool_bytes_for
+from hybridctl.planner.pool_sizing import PoolInputs, PoolPlan, resolve_strategy, size_pools
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One GPU's memory as SGLang would lay it out. Byte counts are per GPU (rank)."""
+
+    family: str
+    model_source: str
+    tp: int
+    gpu_mem_bytes: int | None
+    mem_fraction_static: float
+    weights_bytes: int  # per rank
+    weights_source: str
+    pool_bytes: int
+    pool_source: str  # "given" (--pool-bytes) | "derived" (gpu memory x fraction - weights)
+    strategy: str
+    strategy_reason: str
+    overlap_schedule: bool
+    page_size: int
+    disable_radix_cache: bool
+    mamba_full_memory_ratio: float
+    speculative_num_draft_tokens: int
+    ssm_dtype: str
+    kv_dtype: str
+    context_len: int
+    mamba_state_bytes_per_request: int
+    kv_bytes_per_token: int
+    pools: PoolPlan
+
+    @property
+    def tokens_per_request(self) -> float:
+        return self.pools.max_total_num_tokens / max(1, self.pools.max_running_requests)
+
+    @property
+    def verdict(self) -> str:
+        p = self.pools
+        limiter = "the state pool" if p.capped_by_mamba else "the KV pool / scheduler estimate"
+        text = (
+            f"{p.max_running_requests} concurrent requests (limited by {limiter}); "
+            f"{_count(p.max_total_num_tokens)} KV tokens = {_count(self.tokens_per_request)} tokens each"
+        )
+        if self.tokens_per_request < self.context_len:
+            text += f" (below the {_count(self.context_len)}-token context: long requests will queue)"
+        return text + "."
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "family": self.family,
+            "model_source": self.model_source,
+            "tp": self.tp,
+            "gpu_mem_bytes": self.gpu_mem_bytes,
+            "mem_fraction_static": self.mem_fraction_static,
+            "weights_bytes": self.weights_bytes,
+            "weights_source": self.weights_source,
+            "pool_bytes": self.pool_bytes,
+            "pool_source": self.pool_source,
+            "strategy": self.strategy,
+            "strategy_reason": self.strategy_reason,
+            "overlap_schedule": self.overlap_schedule,
+            "page_size": self.page_size,
+            "disable_radix_cache": self.disable_radix_cache,
+            "mamba_full_memory_ratio": self.mamba_full_memory_ratio,
+            "speculative_num_draft_tokens": self.speculative_num_draft_tokens,
+            "ssm_dtype": self.ssm_dtype,
+            "kv_dtype": self.kv_dtype,
+            "context_len": self.context_len,
+            "mamba_state_bytes_per_request": self.mamba_state_bytes_per_request,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "tokens_per_request": round(self.tokens_per_request, 1),
+            "verdict": self.verdict,
+        }
+        d.update(self.pools.to_dict())
+        return d
+
+
+def _count(n: float) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f} k"
+    return f"{n:.0f}"
+
+
+def make_plan(
+    cfg: HybridConfig,
+    spec: ModelSpec,
+    *,
+    gpu_mem_bytes: int | None = None,
+    pool_bytes: int | None = None,
+    mem_fraction_static: float | None = None,
+    mamba_full_memory_ratio: float | None = None,
+    strategy: str | None = None,
+    page_size: int | None = None,
+    disable_radix_cache: bool | None = None,
+    overlap_schedule: bool = True,
+    speculative_num_draft_tokens: int | None = None,
+    max_running_requests: int | None = None,
+    max_mamba_cache_size: int | None = None,
+) -> Plan:
+    """Weights + reserve as SGLang's mem_fraction_static logic does, then `size_pools`.
+
+    Keyword overrides win over `cfg` (they are the CLI flags). `pool_bytes` skips the device arithmetic; else
+    `gpu_mem_bytes` (per GPU) is required. Raises PoolSizingError with the numbers and the key to change.
+    """
+    mem = cfg.config.memory
+    cache = cfg.config.cache
+    fraction = mem.mem_fraction_static if mem_fraction_static is None else mem_fraction_static
+    ratio = mem.mamba_full_memory_ratio if mamba_full_memory_ratio is None else mamba_full_memory_ratio
+    page = cache.radix_cache_page_size if page_size is None else page_size
+    radix_off = (not cfg.prefix_cache_enabled) if disable_radix_cache is None else disable_radix_cache
+    if speculative_num_draft_tokens is None:
+        spec_on = cfg.speculative_enabled
+        draft = cfg.config.speculative.speculative_num_draft_tokens if spec_on else 0
+    else:
+        draft = speculative_num_draft_tokens
+    max_running = (
+        cfg.settings.runtime.max_running_requests if max_running_requests is None else max_running_requests
+    )
+    max_slots = mem.max_mamba_cache_size if max_mamba_cache_size is None else max_mamba_cache_size
+
+    resolved = resolve_strategy(
+        cache.mamba_radix_cache_strategy if strategy is None else strategy,
+        page_size=page,
+        overlap_schedule=overlap_schedule,
+        disable_radix_cache=radix_off,
+        speculative_num_draft_tokens=draft,
+        mamba_track_interval=cache.mamba_track_interval,
+        pd_disaggregation=cfg.config.pd.enable_pd_disaggregation,
+    )
+    if pool_bytes is not None:
+        pool, pool_source = pool_bytes, "given"
+    elif gpu_mem_bytes is not None:
+        pool = pool_bytes_for(
+            gpu_mem_bytes, mem_fraction_static=fraction, weights_bytes_per_rank=spec.weights_bytes_per_rank
+        )
+        pool_source = "derived"
+    else:
+        raise ValueError("make_plan needs gpu_mem_bytes (per GPU) or pool_bytes")
+
+    pools = size_pools(
+        PoolInputs(
+            pool_bytes=pool,
+            mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
+            kv_bytes_per_token=spec.kv_bytes_per_token,
+            page_size=page,
+            mamba_full_memory_ratio=ratio,
+            max_mamba_cache_size=max_slots,
+            max_running_requests=max_running,
+            disable_radix_cache=radix_off,
+            strategy=resolved.strategy,
+            overlap_schedule=resolved.overlap_schedule,
+            speculative_num_draft_tokens=draft,
+            context_len=spec.context_len,
+        )
+    )
+    return Plan(
+        family=spec.family,
+        model_source=spec.source,
+        tp=spec.tp,
+        gpu_mem_bytes=gpu_mem_bytes,
+        mem_fraction_static=fraction,
+        weights_bytes=spec.weights_bytes_per_rank,
+        weights_source=spec.weights_source,
+        pool_bytes=pool,
+        pool_source=pool_source,
+        strategy=resolved.strategy,
+        strategy_reason=resolved.reason,
+        overlap_schedule=resolved.overlap_schedule,
+        page_size=page,
+        disable_radix_cache=radix_off,
+        mamba_full_memory_ratio=ratio,
+        speculative_num_draft_tokens=draft,
+        ssm_dtype=spec.ssm_dtype,
+        kv_dtype=spec.kv_dtype,
+        context_len=spec.context_len,
+        mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        pools=pools,
+    )

@@ -1,0 +1,164 @@
+"""`recommend`: starting values for a hybrid model on one GPU type, each with the reason it was chosen.
+
+`hybridctl init` writes these into config.toml / settings.json. Every value is checked by running the same
+`size_pools` the server uses, so the recommendation is a plan that fits, not a rule of thumb.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hybridctl.model.spec import ModelSpec
+from hybridctl.planner.memory import auto_mem_fraction_static, gpu_tier, pool_bytes_for
+from hybridctl.planner.pool_sizing import (
+    GIB,
+    PoolInputs,
+    PoolPlan,
+    resolve_strategy,
+    size_pools,
+    slots_per_request,
+)
+
+# The most of the pool we hand to recurrent state when the target concurrency does not fit: r = 4 leaves 20%
+# of the pool for KV, below which requests could not hold useful contexts anyway.
+_MAX_RATIO = 4.0
+_MIN_RATIO = 0.05
+
+
+@dataclass(frozen=True)
+class Recommended:
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    mem_fraction_static: Recommended
+    mamba_full_memory_ratio: Recommended
+    max_running_requests: Recommended
+    chunked_prefill_size: Recommended
+    mamba_radix_cache_strategy: Recommended
+    page_size: Recommended
+    pool_bytes: int  # per GPU, with the recommended mem_fraction_static
+    pools: PoolPlan  # what the recommended values give
+
+    def _items(self) -> dict[str, Recommended]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, Recommended)}
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Field -> value; the field names are the config.toml / settings.json key names."""
+        return {k: v.value for k, v in self._items().items()}
+
+    @property
+    def reasons(self) -> dict[str, str]:
+        """Field -> why that value."""
+        return {k: v.reason for k, v in self._items().items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fits(spec: ModelSpec, pool: int, ratio: float, strategy: str, context_len: int) -> PoolPlan:
+    return size_pools(
+        PoolInputs(
+            pool_bytes=pool,
+            mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
+            kv_bytes_per_token=spec.kv_bytes_per_token,
+            mamba_full_memory_ratio=ratio,
+            strategy=strategy,
+            overlap_schedule=True,
+            context_len=context_len,
+        )
+    )
+
+
+def recommend(
+    spec: ModelSpec, *, gpu_mem_bytes: int, tp: int, context_len: int, concurrency: int
+) -> Recommendation:
+    """Values for a server that should hold `concurrency` requests of up to `context_len` tokens.
+
+    Raises PoolSizingError (from pool_sizing) when the weights alone do not fit; the message suggests --tp.
+    """
+    if tp != spec.tp:
+        raise ValueError(
+            f"recommend: tp={tp} but the ModelSpec was loaded for tp={spec.tp}; load it with tp={tp}"
+        )
+    if concurrency < 1 or context_len < 1:
+        raise ValueError("recommend: concurrency and context_len must be >= 1")
+    tier = gpu_tier(gpu_mem_bytes, tp)
+    chunk = Recommended(
+        tier.chunked_prefill_size, f"SGLang's default for a {tier.label} GPU (memory_hook.py tiers)."
+    )
+    resolved = resolve_strategy("auto", page_size=1, overlap_schedule=True)
+    slots = slots_per_request(disable_radix_cache=False, strategy=resolved.strategy, overlap_schedule=True)
+    strategy = Recommended(
+        resolved.strategy,
+        f"What SGLang's auto picks with the overlap schedule on; it checkpoints state during decode so "
+        f"shared prefixes hit, at {slots} state slots per running request.",
+    )
+    page = Recommended(1, "Token-granular prefix matches; SGLang's default (pages > 1 need extra_buffer).")
+    fraction = auto_mem_fraction_static(
+        gpu_mem_bytes, tp=tp, chunked_prefill_size=tier.chunked_prefill_size, max_running_requests=concurrency
+    )
+    mfs = Recommended(
+        fraction,
+        f"SGLang's automatic value for {gpu_mem_bytes / GIB:.0f} GiB: the rest is reserved for activations "
+        f"of a {tier.chunked_prefill_size}-token prefill chunk and CUDA graphs.",
+    )
+    pool = pool_bytes_for(
+        gpu_mem_bytes, mem_fraction_static=fraction, weights_bytes_per_rank=spec.weights_bytes_per_rank
+    )
+
+    per_req = spec.mamba_state_bytes_per_request
+    state_needed = (concurrency * slots + 2) * per_req  # K slots + padding slot + one for float rounding
+    if state_needed < pool:
+        ratio = max(_MIN_RATIO, math.ceil(state_needed / (pool - state_needed) * 100) / 100)
+    else:
+        ratio = math.inf
+    if ratio > _MAX_RATIO:
+        ratio = _MAX_RATIO
+    plan = _fits(spec, pool, ratio, resolved.strategy, context_len)
+    while plan.max_running_requests < concurrency and ratio < _MAX_RATIO:
+        # Float rounding in SGLang's GB arithmetic can leave K one slot short; nudge the ratio up.
+        ratio = min(_MAX_RATIO, round(ratio + 0.01, 2))
+        plan = _fits(spec, pool, ratio, resolved.strategy, context_len)
+
+    state_gib = plan.mamba_pool_bytes / GIB
+    kv_each = plan.max_total_num_tokens / max(1, plan.max_running_requests)
+    if plan.max_running_requests >= concurrency:
+        ratio_reason = (
+            f"{plan.max_mamba_cache_size} state slots ({state_gib:.1f} GiB) = {concurrency} requests x "
+            f"{slots} slots; the rest of the {pool / GIB:.1f} GiB pool goes to "
+            f"{plan.max_total_num_tokens} KV tokens."
+        )
+        running = Recommended(
+            concurrency, f"Your target; the state pool holds exactly that many ({slots} slots each)."
+        )
+    else:
+        share = _MAX_RATIO / (1 + _MAX_RATIO)
+        ratio_reason = (
+            f"{concurrency} concurrent requests do not fit: even giving state {share:.0%} of the pool "
+            f"holds only {plan.max_running_requests}. Use mamba.state_dtype = 'bfloat16' (halves the "
+            f"state) or more GPUs (--tp)."
+        )
+        running = Recommended(
+            plan.max_running_requests, f"The most the state pool can hold; {concurrency} was asked for."
+        )
+    if kv_each < context_len:
+        ratio_reason += (
+            f" Each request gets about {kv_each:.0f} KV tokens on average, under the {context_len}-token "
+            f"context: full-length requests will queue."
+        )
+    return Recommendation(
+        mem_fraction_static=mfs,
+        mamba_full_memory_ratio=Recommended(ratio, ratio_reason),
+        max_running_requests=running,
+        chunked_prefill_size=chunk,
+        mamba_radix_cache_strategy=strategy,
+        page_size=page,
+        pool_bytes=pool,
+        pools=plan,
+    )
