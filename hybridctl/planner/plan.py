@@ -188,3 +188,9 @@ def make_plan(
         kv_bytes_per_token=spec.kv_bytes_per_token,
         pools=pools,
     )
+
+
+# `hybridctl init` imports recommend from here, beside make_plan.
+from hybridctl.planner.recommend import Recommendation, recommend  # noqa: E402
+
+__all__ = ["Plan", "Recommendation", "make_plan", "recommend"]

@@ -25,6 +25,7 @@ from hybridctl.planner.pool_sizing import (
 # of the pool for KV, below which requests could not hold useful contexts anyway.
 _MAX_RATIO = 4.0
 _MIN_RATIO = 0.05
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # SGLang treats an unset --mamba-full-memory-ratio as 0.9
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,17 @@ def _fits(spec: ModelSpec, pool: int, ratio: float, strategy: str, context_len: 
 
 
 def recommend(
-    spec: ModelSpec, *, gpu_mem_bytes: int, tp: int, context_len: int, concurrency: int
+    spec: ModelSpec,
+    *,
+    gpu_mem_bytes: int,
+    tp: int,
+    context_len: int | None = None,
+    concurrency: int | None = None,
 ) -> Recommendation:
     """Values for a server that should hold `concurrency` requests of up to `context_len` tokens.
+
+    context_len None: the model's. concurrency None: keep SGLang's default ratio (0.9) and report the request
+    cap it gives.
 
     Raises PoolSizingError (from pool_sizing) when the weights alone do not fit; the message suggests --tp.
     """
@@ -86,7 +95,8 @@ def recommend(
         raise ValueError(
             f"recommend: tp={tp} but the ModelSpec was loaded for tp={spec.tp}; load it with tp={tp}"
         )
-    if concurrency < 1 or context_len < 1:
+    context_len = spec.context_len if context_len is None else context_len
+    if (concurrency is not None and concurrency < 1) or context_len < 1:
         raise ValueError("recommend: concurrency and context_len must be >= 1")
     tier = gpu_tier(gpu_mem_bytes, tp)
     chunk = Recommended(
@@ -112,6 +122,8 @@ def recommend(
         gpu_mem_bytes, mem_fraction_static=fraction, weights_bytes_per_rank=spec.weights_bytes_per_rank
     )
 
+    if concurrency is None:
+        return _keep_default_ratio(spec, pool, mfs, chunk, strategy, page, context_len)
     per_req = spec.mamba_state_bytes_per_request
     state_needed = (concurrency * slots + 2) * per_req  # K slots + padding slot + one for float rounding
     if state_needed < pool:
@@ -156,6 +168,38 @@ def recommend(
         mem_fraction_static=mfs,
         mamba_full_memory_ratio=Recommended(ratio, ratio_reason),
         max_running_requests=running,
+        chunked_prefill_size=chunk,
+        mamba_radix_cache_strategy=strategy,
+        page_size=page,
+        pool_bytes=pool,
+        pools=plan,
+    )
+
+
+def _keep_default_ratio(
+    spec: ModelSpec,
+    pool: int,
+    mfs: Recommended,
+    chunk: Recommended,
+    strategy: Recommended,
+    page: Recommended,
+    context_len: int,
+) -> Recommendation:
+    """No concurrency target: SGLang's default split, and the request cap it yields."""
+    plan = _fits(spec, pool, DEFAULT_MAMBA_FULL_MEMORY_RATIO, strategy.value, context_len)
+    kv_each = plan.max_total_num_tokens / max(1, plan.max_running_requests)
+    return Recommendation(
+        mem_fraction_static=mfs,
+        mamba_full_memory_ratio=Recommended(
+            DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+            f"SGLang's default (no --concurrency given): {plan.max_mamba_cache_size} state slots, "
+            f"{plan.max_total_num_tokens} KV tokens.",
+        ),
+        max_running_requests=Recommended(
+            plan.max_running_requests,
+            f"What the default split holds ({plan.slots_per_request} state slots per request); "
+            f"about {kv_each:.0f} KV tokens each.",
+        ),
         chunked_prefill_size=chunk,
         mamba_radix_cache_strategy=strategy,
         page_size=page,
