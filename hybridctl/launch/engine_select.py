@@ -1,0 +1,38 @@
+"""Which engine serves: SGLang on a host with an NVIDIA GPU and sglang installed, else the bundled runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hybridctl.launch.translate import Engine, LaunchError
+
+Requested = Literal["auto", "sglang", "builtin"]
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    engine: Engine
+    reason: str
+    sglang_version: str | None  # installed sglang, None when absent
+
+
+def choose_engine(requested: Requested) -> EngineChoice:
+    """Resolve `auto` from the host (NVML GPUs, sglang package metadata — sglang is never imported)."""
+    from hybridctl.host.probe import probe_host
+
+    facts = probe_host()
+    sglang_version = facts.sglang.version if facts.sglang else None
+    if requested == "builtin":
+        return EngineChoice("builtin", "asked for with --engine builtin", sglang_version)
+    if requested == "sglang":
+        return EngineChoice("sglang", "asked for with --engine sglang", sglang_version)
+    if requested != "auto":
+        raise LaunchError(f"unknown engine {requested!r}; use auto, sglang or builtin")
+    if facts.gpus and sglang_version:
+        return EngineChoice(
+            "sglang", f"{len(facts.gpus)} GPU(s) and sglang {sglang_version} found", sglang_version
+        )
+    checks = (("no NVIDIA GPU", bool(facts.gpus)), ("sglang not installed", bool(sglang_version)))
+    missing = [what for what, ok in checks if not ok]
+    return EngineChoice("builtin", f"{' and '.join(missing)}: using the bundled runtime", sglang_version)

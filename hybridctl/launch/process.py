@@ -1,0 +1,320 @@
+"""Start, watch and stop served engines: `start_server`, `server_status`, `stop_server`.
+
+launch, status, stop and demo call these. Each server runs in its own session (process group) so that stopping
+it also stops the workers SGLang forks; its output goes to a log file next to the config, which the readiness
+wait reads for the start-up pool lines.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.command import EngineCommand
+from hybridctl.launch.engine_select import Requested
+from hybridctl.launch.plan import LaunchPlan, make_launch_plan
+from hybridctl.launch.state import (
+    ProcessEntry,
+    ServerState,
+    log_path_for,
+    process_alive,
+    process_start_ticks,
+    read_state,
+    remove_state,
+    state_path_for,
+    write_state,
+)
+from hybridctl.launch.translate import LaunchError
+from hybridctl.logs.startup import StartupInfo, parse_startup_text
+
+# (role, seconds waited, last log line) — the CLI draws a progress display from these.
+ProgressFn = Callable[[str, float, str], None]
+
+
+class StartupFailed(LaunchError):
+    """A server exited or never became healthy; carries its log path and last lines."""
+
+    def __init__(self, role: str, reason: str, log_path: Path, tail: list[str]) -> None:
+        self.role, self.reason, self.log_path, self.tail = role, reason, log_path, tail
+        super().__init__(
+            f"the {role} server {reason}. Last log lines ({log_path}):\n"
+            + "\n".join(f"  {line}" for line in tail)
+            + f"\nFix: read the log, or run `hybridctl doctor --log {log_path}` for a diagnosis."
+        )
+
+
+@dataclass
+class ServerHandle:
+    """A started server (or PD trio): where it answers, its pids and logs, and what its start-up log said."""
+
+    state: ServerState
+    state_path: Path
+    startup: dict[str, StartupInfo] = field(default_factory=dict)  # role -> parsed start-up lines
+    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+
+    @property
+    def url(self) -> str:
+        return self.state.url
+
+    @property
+    def pid(self) -> int:
+        return self.state.processes[-1].pid
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.state.log_path)
+
+    def alive(self) -> bool:
+        self._reap()
+        return self.state.any_alive()
+
+    def stop(self, timeout_s: float = 20.0) -> StopResult:
+        result = stop_processes(self.state.processes, timeout_s, self._procs)
+        remove_state(self.state_path)
+        return result
+
+    def _reap(self) -> None:
+        for proc in self._procs:
+            proc.poll()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class StopResult:
+    stopped: list[int]  # pids that exited after SIGTERM
+    killed: list[int]  # pids that needed SIGKILL
+    already_gone: list[int]
+
+
+def _rotate(log_path: Path) -> None:
+    if log_path.exists():
+        os.replace(log_path, log_path.with_name(log_path.name + ".1"))
+
+
+def _tail(path: Path, lines: int = 25) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ["<no log written>"]
+
+
+def _healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def spawn(
+    command: EngineCommand, log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `command` in its own session, output to `log_path` (the previous log kept as .1)."""
+    _rotate(log_path)
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env,
+            start_new_session=True, cwd=os.getcwd(),
+        )  # fmt: skip
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes],
+    command: EngineCommand,
+    log_path: Path,
+    timeout_s: float,
+    on_progress: ProgressFn | None = None,
+) -> StartupInfo:
+    """Block until `command` answers /health with 200; StartupFailed if it exits or the time runs out."""
+    started = time.monotonic()
+    while True:
+        waited = time.monotonic() - started
+        if proc.poll() is not None:
+            raise StartupFailed(command.role, f"exited with code {proc.returncode} during start-up", log_path,
+                                _tail(log_path))  # fmt: skip
+        if _healthy(command.url):
+            return parse_startup_text(log_path.read_text(errors="replace"))
+        if waited > timeout_s:
+            reason = f"was not healthy at {command.url} after {timeout_s:.0f}s"
+            raise StartupFailed(command.role, reason, log_path, _tail(log_path))
+        if on_progress is not None:
+            tail = _tail(log_path, 1)
+            on_progress(command.role, waited, tail[-1] if tail else "")
+        time.sleep(0.5)
+
+
+def _refuse_if_running(state_path: Path) -> None:
+    state = read_state(state_path)
+    if state is not None and state.any_alive():
+        pids = ", ".join(str(p.pid) for p in state.processes if p.alive())
+        raise LaunchError(
+            f"a server from this config already runs at {state.url} (pid {pids}; state {state_path}). "
+            "Fix: `hybridctl stop` first, or use another config directory."
+        )
+
+
+def start_server(
+    config_path: str | os.PathLike[str],
+    settings_path: str | os.PathLike[str] | None = None,
+    *,
+    engine: Requested | None = None,
+    cfg: HybridConfig | None = None,
+    plan: LaunchPlan | None = None,
+    allow_ignored: bool = False,
+    sglang_version: str | None = None,
+    startup_timeout_s: float = 900.0,
+    on_progress: ProgressFn | None = None,
+    env: dict[str, str] | None = None,
+    python: str | None = None,
+) -> ServerHandle:
+    """Start the server(s) for a config, wait until healthy, record them in the state file, return a handle.
+
+    The servers keep running after this process exits (detached) until `stop_server` or `handle.stop()`;
+    use the handle as a context manager to stop them when the block ends. On a start-up failure everything
+    started is stopped and StartupFailed names the log.
+    """
+    config_path = Path(config_path)
+    settings_path = Path(settings_path) if settings_path else config_path.with_name("settings.json")
+    if plan is None:
+        if cfg is None:
+            from hybridctl.config.loader import load_hybrid_config
+
+            cfg = load_hybrid_config(config_path, settings_path)
+        plan = make_launch_plan(cfg, engine, sglang_version=sglang_version, allow_ignored=allow_ignored,
+                                python=python)  # fmt: skip
+    state_path = state_path_for(config_path)
+    _refuse_if_running(state_path)
+    state = ServerState(
+        engine=plan.engine, url=plan.url, config_path=str(config_path.resolve()),
+        settings_path=str(settings_path.resolve()), started_at=time.time(), version=plan.version,
+    )  # fmt: skip
+    handle = ServerHandle(state=state, state_path=state_path)
+    try:
+        for command in plan.commands:
+            role = command.role
+            log_path = log_path_for(config_path, role)
+            proc = spawn(command, log_path, env)
+            handle._procs.append(proc)
+            state.processes.append(ProcessEntry(role, proc.pid, process_start_ticks(proc.pid), command.url,
+                                                str(log_path), command.argv))  # fmt: skip
+            write_state(
+                state_path, state
+            )  # recorded at once, so `hybridctl stop` works during a long start-up
+            handle.startup[role] = wait_ready(proc, command, log_path, startup_timeout_s, on_progress)
+    except BaseException:
+        handle.stop()
+        raise
+    return handle
+
+
+def stop_processes(
+    entries: list[ProcessEntry], timeout_s: float = 20.0, procs: list[subprocess.Popen[bytes]] | None = None
+) -> StopResult:
+    """SIGTERM each process group (newest first: the router before its workers), SIGKILL what is left after
+    `timeout_s`."""
+    result = StopResult([], [], [])
+    by_pid = {p.pid: p for p in procs or []}
+
+    def alive(entry: ProcessEntry) -> bool:
+        if entry.pid in by_pid:
+            by_pid[entry.pid].poll()
+        return entry.alive()
+
+    targets = []
+    for entry in reversed(entries):
+        if not alive(entry):
+            result.already_gone.append(entry.pid)
+            continue
+        _signal_group(entry.pid, signal.SIGTERM)
+        targets.append(entry)
+    deadline = time.monotonic() + timeout_s
+    while targets and time.monotonic() < deadline:
+        for entry in [t for t in targets if not alive(t)]:
+            targets.remove(entry)
+            result.stopped.append(entry.pid)
+        time.sleep(0.1)
+    for entry in targets:
+        _signal_group(entry.pid, signal.SIGKILL)
+        result.killed.append(entry.pid)
+    for proc in procs or []:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    return result
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    # The server leads its own session (start_new_session), so its group id is its pid: the group holds
+    # exactly the processes it started.
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        os.kill(pid, sig)
+
+
+@dataclass
+class ServerStatus:
+    state_path: str
+    running: bool
+    state: ServerState | None
+    alive: dict[int, bool]  # pid -> alive
+    healthy: bool | None  # /health of the public url; None when nothing runs
+
+    def to_dict(self) -> dict[str, object]:
+        from dataclasses import asdict
+
+        return {
+            "state_path": self.state_path,
+            "running": self.running,
+            "healthy": self.healthy,
+            "url": self.state.url if self.state else None,
+            "engine": self.state.engine if self.state else None,
+            "processes": [
+                {**asdict(p), "alive": self.alive.get(p.pid, False)}
+                for p in (self.state.processes if self.state else [])
+            ],
+        }
+
+
+def server_status(config_path: str | os.PathLike[str]) -> ServerStatus:
+    state_path = state_path_for(config_path)
+    state = read_state(state_path)
+    if state is None:
+        return ServerStatus(str(state_path), False, None, {}, None)
+    alive = {p.pid: p.alive() for p in state.processes}
+    running = any(alive.values())
+    return ServerStatus(str(state_path), running, state, alive, _healthy(state.url) if running else None)
+
+
+def stop_server(config_path: str | os.PathLike[str], timeout_s: float = 20.0) -> StopResult | None:
+    """Stop what the state file next to `config_path` records and remove the file.
+
+    Returns None when there is no state file (nothing to stop).
+    """
+    state_path = state_path_for(config_path)
+    state = read_state(state_path)
+    if state is None:
+        return None
+    result = stop_processes(state.processes, timeout_s)
+    remove_state(state_path)
+    return result
+
+
+def process_is_alive(pid: int) -> bool:
+    return process_alive(pid, None)

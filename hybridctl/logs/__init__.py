@@ -1,0 +1,1 @@
+"""Reading server logs: start-up pool lines (startup.py) and failure signatures."""
