@@ -1,3 +1,156 @@
-"""`hybridctl plan` (placeholder until its issue lands)."""
+"""`hybridctl plan [CONFIG] [SETTINGS]`: how SGLang 0.5.23 will split a GPU between KV and recurrent state."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from hybridctl.cli.app import app
+
+if TYPE_CHECKING:
+    from hybridctl.model.spec import ModelSpec
+    from hybridctl.planner.plan import Plan
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+def render_plan(spec: ModelSpec, plan: Plan) -> None:
+    """A table of the inputs and the resulting pools, then the verdict in words."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    p = plan.pools
+    table = Table(title=f"{spec.family} ({escape(spec.source)}), TP {spec.tp}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    gpu = _gib(plan.gpu_mem_bytes) if plan.gpu_mem_bytes else "not used (--pool-bytes given)"
+    rows = [
+        (
+            "layers",
+            f"{spec.num_layers}: {spec.num_attn_layers} full attention, {spec.num_linear_layers} "
+            f"{spec.linear_kind}",
+        ),
+        ("GPU memory", gpu),
+        ("mem_fraction_static", f"{plan.mem_fraction_static}"),
+        ("weights per GPU", f"{_gib(plan.weights_bytes)} ({plan.weights_source})"),
+        ("pool budget", f"{_gib(plan.pool_bytes)} ({plan.pool_source})"),
+        (
+            "state per request",
+            f"{_mib(plan.mamba_state_bytes_per_request)} (SSM {plan.ssm_dtype}, conv "
+            f"{spec.conv_dtype}; conv {spec.conv_state_shape}, ssm {spec.ssm_state_shape})",
+        ),
+        (
+            "KV per token",
+            f"{plan.kv_bytes_per_token} B ({plan.kv_dtype}, {spec.num_kv_heads_per_rank} KV heads per GPU)",
+        ),
+        ("radix strategy", escape(plan.strategy_reason)),
+        ("overlap schedule", "on" if plan.overlap_schedule else "off"),
+        ("slots per request", f"{p.slots_per_request}"),
+        ("mamba_full_memory_ratio", f"{plan.mamba_full_memory_ratio}"),
+        ("state slots (K)", f"{p.max_mamba_cache_size} (+1 padding; from {p.k_source})"),
+        ("state pool", _gib(p.mamba_pool_bytes)),
+        (
+            "spec scratch",
+            f"{_gib(p.spec_intermediate_bytes)} ({plan.speculative_num_draft_tokens} draft tokens)",
+        ),
+        ("KV tokens", f"{p.max_total_num_tokens} (page {plan.page_size})"),
+        ("KV pool", _gib(p.kv_pool_bytes)),
+        ("max running requests", f"{p.max_running_requests}"),
+    ]
+    for what, value in rows:
+        table.add_row(what, value)
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(table)
+    console.print(f"[bold green]verdict:[/] {escape(plan.verdict)}")
+
+
+@app.command("plan")
+def plan(
+    config: Path | None = typer.Argument(
+        None, help="config.toml (optional; default ./config.toml if present)."
+    ),
+    settings: Path | None = typer.Argument(None, help="settings.json (optional; default beside CONFIG)."),
+    model: str | None = typer.Option(None, "--model", help="Model directory or its config.json."),
+    tp: int | None = typer.Option(None, "--tp", min=1, max=64, help="Tensor-parallel degree."),
+    gpu_mem_gib: float | None = typer.Option(
+        None, "--gpu-mem-gib", min=0.001, help="Memory of one GPU in GiB (default: detected with NVML)."
+    ),
+    mem_fraction_static: float | None = typer.Option(
+        None, "--mem-fraction-static", min=0.0, max=1.0, help="Fraction of GPU memory for weights + pools."
+    ),
+    mamba_full_memory_ratio: float | None = typer.Option(
+        None, "--mamba-full-memory-ratio", min=0.0, help="State-pool bytes per KV-pool byte (SGLang: 0.9)."
+    ),
+    mamba_ssm_dtype: str | None = typer.Option(
+        None, "--mamba-ssm-dtype", help="SSM state dtype: float32, bfloat16 or float16."
+    ),
+    mamba_radix_cache_strategy: str | None = typer.Option(
+        None, "--mamba-radix-cache-strategy", help="auto, no_buffer, extra_buffer or extra_buffer_lazy."
+    ),
+    page_size: int | None = typer.Option(None, "--page-size", min=1, help="Tokens per KV page."),
+    disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache", help="Prefix cache off."),
+    disable_overlap_schedule: bool = typer.Option(
+        False, "--disable-overlap-schedule", help="Turn off SGLang's overlap scheduler."
+    ),
+    speculative_num_draft_tokens: int | None = typer.Option(
+        None, "--speculative-num-draft-tokens", min=0, help="Draft tokens per verify (0: no speculation)."
+    ),
+    max_running_requests: int | None = typer.Option(
+        None, "--max-running-requests", min=1, help="Cap on concurrently running requests."
+    ),
+    pool_bytes: int | None = typer.Option(
+        None, "--pool-bytes", min=1, help="Bytes both pools share (skips the GPU/weights arithmetic)."
+    ),
+    pool_gib: float | None = typer.Option(None, "--pool-gib", min=0.0, help="Same as --pool-bytes, in GiB."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan and the model spec as JSON."),
+) -> None:
+    """Size the KV pool and the recurrent-state pool exactly as SGLang 0.5.23 will.
+
+    Exit codes: 0 planned, 1 the pools do not fit (the message says what to change), 2 bad input.
+    """
+    import json
+
+    from hybridctl.config.findings import ConfigError
+    from hybridctl.model.errors import ModelSpecError
+    from hybridctl.planner.plan_request import PlanRequest, PlanRequestError, run_plan
+    from hybridctl.planner.pool_sizing import PoolSizingError
+
+    req = PlanRequest(
+        config_path=config,
+        settings_path=settings,
+        model=model,
+        tp=tp,
+        gpu_mem_gib=gpu_mem_gib,
+        pool_bytes=pool_bytes,
+        pool_gib=pool_gib,
+        mem_fraction_static=mem_fraction_static,
+        mamba_full_memory_ratio=mamba_full_memory_ratio,
+        mamba_ssm_dtype=mamba_ssm_dtype,
+        mamba_radix_cache_strategy=mamba_radix_cache_strategy,
+        page_size=page_size,
+        disable_radix_cache=disable_radix_cache,
+        disable_overlap_schedule=disable_overlap_schedule,
+        speculative_num_draft_tokens=speculative_num_draft_tokens,
+        max_running_requests=max_running_requests,
+    )
+    try:
+        spec, result = run_plan(req)
+    except PoolSizingError as exc:
+        typer.echo(f"does not fit: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except (PlanRequestError, ModelSpecError, ConfigError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps({**result.to_dict(), "model": spec.to_dict()}, indent=2))
+        return
+    render_plan(spec, result)

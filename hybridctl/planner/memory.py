@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hybridctl.planner.pool_sizing import GIB, MIB, PoolSizingError
@@ -72,11 +73,16 @@ def pool_bytes_for(gpu_mem_bytes: int, *, mem_fraction_static: float, weights_by
     rest = int(static - weights_bytes_per_rank)
     if rest <= 0:
         needed = weights_bytes_per_rank / gpu_mem_bytes
-        raise PoolSizingError(
-            f"The weights ({weights_bytes_per_rank / GIB:.1f} GiB per GPU) do not fit in "
-            f"mem_fraction_static {mem_fraction_static} x {gpu_mem_bytes / GIB:.1f} GiB = "
-            f"{static / GIB:.1f} GiB, "
-            f"so nothing is left for the KV and state pools. Raise memory.mem_fraction_static above "
-            f"{needed:.3f} if the GPU allows, or shard the model over more GPUs (server.tp_size / --tp)."
+        head = (
+            f"The weights ({weights_bytes_per_rank / GIB:.1f} GiB per GPU) do not fit in mem_fraction_static "
+            f"{mem_fraction_static} x {gpu_mem_bytes / GIB:.1f} GiB = {static / GIB:.1f} GiB, so nothing is "
+            f"left for the KV and state pools."
         )
+        if needed < 0.95:
+            fix = f" Raise memory.mem_fraction_static above {needed:.3f}, or shard over more GPUs (--tp)."
+        else:
+            # Weights need the whole device or more: only more GPUs help. Keep ~40% for pools and activations.
+            factor = math.ceil(weights_bytes_per_rank / (gpu_mem_bytes * 0.6))
+            fix = f" Shard the model over about {factor}x more GPUs (server.tp_size / --tp)."
+        raise PoolSizingError(head + fix)
     return rest
