@@ -57,22 +57,23 @@ def _key_path(model: type[BaseModel], loc: Sequence[int | str]) -> tuple[str, ..
 
 
 def _did_you_mean(
-    model: type[BaseModel], path: tuple[str, ...], fmt: FileFormat, other: dict[str, str]
+    model: type[BaseModel], path: tuple[str, ...], fmt: FileFormat, other: dict[str, str], place: str
 ) -> str:
     """Suggest a sibling with a similar name, or the section/file where a key of that exact name lives."""
     name = path[-1]
     parent = model_at(model, path[:-1])
     siblings = list(parent.model_fields) if parent is not None else []
-    close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
-    if close:
-        return f"rename `{name}` to `{close[0]}`"
     elsewhere = all_key_names(model).get(name)
     if elsewhere:
         section = ".".join(elsewhere[0][:-1])
-        return f"move `{name}` to " + (f"[{section}]" if fmt == "toml" else f'the "{section}" object')
+        target = f"[{section}]" if fmt == "toml" else f'the "{section}" object'
+        return f"move `{name}` from {place} to {target}."
     if name in other:
-        return f"remove `{name}` here; it belongs in {other[name]}"
-    return f"remove `{name}`"
+        return f"remove `{name}` from {place}; it belongs in {other[name]}."
+    close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
+    if close:
+        return f"rename `{name}` to `{close[0]}` in {place}."
+    return f"remove `{name}` from {place}."
 
 
 def validation_findings(
@@ -95,7 +96,7 @@ def validation_findings(
         kind = error["type"]
         name = path[-1] if path else ""
         if kind == "extra_forbidden":
-            hint = _did_you_mean(model, path, fmt, other_file_keys or {})
+            fix = _did_you_mean(model, path, fmt, other_file_keys or {}, place)
             parent = model_at(model, path[:-1])
             known = ", ".join(parent.model_fields) if parent is not None else ""
             findings[path] = Finding(
@@ -106,7 +107,7 @@ def validation_findings(
                 column,
                 dotted,
                 f"unknown key `{name}` in {place}" + (f" (known keys: {known})." if known else "."),
-                f"{hint} in {place}.",
+                fix,
             )
             continue
         doc = field_doc(model, path)

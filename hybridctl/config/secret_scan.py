@@ -22,8 +22,20 @@ _KEY_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("a Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}")),
     ("a private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
 ]
-# Key names that hold a credential; `*_env` keys hold the NAME of a variable, which is the safe form.
-_SECRET_NAME_RE = re.compile(r"(api[_\-]?key|token|secret|passw(or)?d|credential|auth)", re.IGNORECASE)
+# Words of key names that hold a credential (whole words: "tokenizer_path" and "max_tokens" are not);
+# `*_env` keys hold the NAME of a variable, which is the safe form.
+_SECRET_WORDS = {
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "credential",
+    "credentials",
+    "apikey",
+    "auth",
+    "bearer",
+}
+_KEY_QUALIFIERS = {"api", "access", "secret", "private", "auth"}
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9+/=_\-.]{32,}$")
 
 
@@ -50,6 +62,14 @@ def _looks_like_random_token(value: str) -> bool:
     return shannon_entropy(value) > 4.2
 
 
+def _is_credential_key(key: str) -> bool:
+    words = [w for w in re.split(r"[_\-.\s]+", key.lower()) if w]
+    if not words or words[-1] == "env":
+        return False
+    qualified_key = any(w == "key" and i > 0 and words[i - 1] in _KEY_QUALIFIERS for i, w in enumerate(words))
+    return qualified_key or bool(_SECRET_WORDS.intersection(words))
+
+
 def classify_secret(key: str, value: str) -> str | None:
     """What kind of secret `value` (stored under `key`) looks like, or None."""
     for kind, pattern in _KEY_PATTERNS:
@@ -62,8 +82,7 @@ def classify_secret(key: str, value: str) -> str | None:
                 return "credentials in a URL (user:password@host)"
         except ValueError:
             pass
-    lowered = key.lower().replace("-", "_")
-    if _SECRET_NAME_RE.search(lowered) and not lowered.endswith("_env") and value.strip():
+    if _is_credential_key(key) and value.strip():
         return f"a literal value under a credential key ({key})"
     if _looks_like_random_token(value):
         return "a long random-looking token"
