@@ -16,6 +16,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%Y-%m-%d %H:%M:%S",
         stream=sys.stdout,
     )
+    # The warm-up request goes through httpx; its per-request INFO line would claim traffic nobody sent.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     from runtime.server.launch import StartupError, serve, start_context
 
     try:

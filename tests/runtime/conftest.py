@@ -133,9 +133,11 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def runtime_server(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One runtime server with default flags (plus metrics), shared by the tests of a session."""
+    """One runtime server with default flags plus metrics and a 1 GiB memory budget, shared by a session."""
     log_dir = tmp_path_factory.mktemp("runtime-server-logs")
-    with start_runtime_server(demo_model_dir, "--enable-metrics", log_dir=log_dir) as server:
+    # 1 GiB instead of the 4 GiB default: several test servers may share a small CI machine.
+    flags = ("--enable-metrics", "--memory-budget-gib", "1")
+    with start_runtime_server(demo_model_dir, *flags, log_dir=log_dir) as server:
         yield server
 
 
