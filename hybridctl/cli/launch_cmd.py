@@ -1,3 +1,320 @@
-"""`hybridctl launch` (placeholder until its issue lands)."""
+"""`hybridctl launch`, `status`, `stop`: serve a config with SGLang or the bundled runtime.
+
+Exit codes: launch 0 served (or dry run), 1 the server failed to start, 2 the config cannot be launched as
+asked; status 0 running and healthy, 1 running but /health fails, 3 not running; stop 0 (stopped, or nothing
+to stop).
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from hybridctl.cli.app import app
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from hybridctl.config.schema import HybridConfig
+    from hybridctl.launch.plan import LaunchPlan
+    from hybridctl.launch.process import ServerHandle
+    from hybridctl.logs.startup import StartupInfo
+
+
+def _settings_for(config: Path, settings: Path | None) -> Path:
+    return settings if settings is not None else config.with_name("settings.json")
+
+
+def _fail(console: Console, message: str, code: int = 2) -> typer.Exit:
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}")
+    return typer.Exit(code)
+
+
+def _print_plan(console: Console, plan: LaunchPlan) -> None:
+    from rich.markup import escape
+
+    version = f" {plan.version}" if plan.version else ""
+    console.print(f"engine: [bold]{plan.engine}{version}[/] ({escape(plan.engine_reason)})")
+    for item in plan.ignored:
+        console.print(f"[yellow]ignored (--allow-ignored):[/] {escape(item.describe())}")
+
+
+def _print_startup(console: Console, role: str, info: StartupInfo) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"{role}: start-up", show_header=True, title_justify="left")
+    table.add_column("pool / limit")
+    table.add_column("value", justify="right")
+    if info.mamba:
+        m = info.mamba
+        table.add_row("state slots (max_mamba_cache_size)", str(m.max_mamba_cache_size))
+        table.add_row("state pool (conv + ssm)", f"{m.conv_state_gb + m.ssm_state_gb:.2f} GB")
+    for kv in info.kv:
+        label = f"{kv.label} " if kv.label else ""
+        table.add_row(f"{label}KV pool tokens", f"{kv.tokens} ({kv.size_gb:.2f} GB, {kv.dtype})")
+    for name in ("max_total_num_tokens", "max_running_requests", "chunked_prefill_size", "context_len"):
+        value = getattr(info, name)
+        if value is not None:
+            table.add_row(name, str(value))
+    if info.tree_cache_impl:
+        table.add_row("tree cache", f"{info.tree_cache_impl} (hybrid_ssm={info.hybrid_ssm})")
+    if table.row_count:
+        console.print(table)
+    else:
+        console.print(f"{escape(role)}: no start-up pool lines in the log")
+
+
+def _follow(console: Console, handle: ServerHandle) -> None:
+    """Print the log as it grows until the server exits or Ctrl-C; then stop it."""
+    import time
+
+    path = handle.log_path
+    offset = path.stat().st_size if path.exists() else 0
+    console.print("[dim]following the log; Ctrl-C stops the server[/]")
+    try:
+        while handle.alive():
+            with open(path, "rb") as log:
+                log.seek(offset)
+                chunk = log.read()
+            if chunk:
+                offset += len(chunk)
+                typer.echo(chunk.decode(errors="replace"), nl=False)
+            time.sleep(0.5)
+        console.print("[yellow]the server exited[/]")
+    except KeyboardInterrupt:
+        console.print("stopping ...")
+    finally:
+        handle.stop()
+
+
+@app.command("launch")
+def launch(
+    config: Path = typer.Argument(Path("config.toml"), help="config.toml to serve."),
+    settings: Path | None = typer.Argument(None, help="settings.json (default: next to config.toml)."),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="auto | sglang | builtin (default: [server] engine; auto = sglang on a GPU host).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the command(s); the last line is the command."
+    ),
+    write_yaml: Path | None = typer.Option(
+        None, "--write-yaml", help="Write the equivalent SGLang --config YAML to this file."
+    ),
+    k8s: Path | None = typer.Option(
+        None, "--k8s", help="Write Kubernetes manifests for the same deployment."
+    ),
+    k8s_image: str | None = typer.Option(None, "--k8s-image", help="Container image for --k8s."),
+    force: bool = typer.Option(False, "--force", help="Overwrite files written by --write-yaml / --k8s."),
+    detach: bool = typer.Option(False, "--detach", help="Leave the server running in the background."),
+    allow_ignored: bool = typer.Option(
+        False, "--allow-ignored", help="Launch although the engine would ignore some settings."
+    ),
+    sglang_version: str | None = typer.Option(
+        None, "--sglang-version", help="Write SGLang flags for this version (default: the installed one)."
+    ),
+    timeout: float = typer.Option(
+        900.0, "--timeout", help="Seconds to wait for the server to become healthy."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan / result as JSON."),
+) -> None:
+    """Serve CONFIG with SGLang or the bundled runtime; wait until ready and show the pools it allocated."""
+    import json
+
+    from rich.console import Console
+
+    from hybridctl.cli.validate_cmd import render_report
+    from hybridctl.config.loader import check_files
+    from hybridctl.launch.plan import make_launch_plan
+    from hybridctl.launch.translate import LaunchError
+
+    console = Console(highlight=False, soft_wrap=True)
+    settings = _settings_for(config, settings)
+    if engine not in (None, "auto", "sglang", "builtin"):
+        raise _fail(console, f"--engine {engine}: use auto, sglang or builtin")
+    report = check_files(config, settings, engine_version=sglang_version)
+    if report.errors or report.config is None:
+        render_report(report)
+        raise typer.Exit(2)
+    cfg = report.config
+    try:
+        plan = make_launch_plan(
+            cfg,
+            engine,
+            sglang_version=sglang_version,
+            allow_ignored=allow_ignored,  # type: ignore[arg-type]
+        )
+        written = _write_files(cfg, plan, write_yaml, k8s, k8s_image, force, allow_ignored)
+    except (LaunchError, FileExistsError) as exc:
+        raise _fail(console, str(exc)) from None
+    for path in written:
+        console.print(f"wrote {path}")
+    if dry_run:
+        if as_json:
+            typer.echo(json.dumps(plan.to_dict(), indent=2))
+            return
+        _print_plan(console, plan)
+        for command in plan.commands[:-1]:
+            console.print(f"# {command.role} server ({command.url}):")
+            typer.echo(command.shell())
+        if len(plan.commands) > 1:
+            console.print(f"# {plan.commands[-1].role} ({plan.commands[-1].url}):")
+        typer.echo(plan.commands[-1].shell())  # last line: the command itself, shell-quoted
+        return
+    _serve(console, config, settings, plan, detach, timeout, as_json)
+
+
+def _write_files(
+    cfg: HybridConfig,
+    plan: LaunchPlan,
+    write_yaml: Path | None,
+    k8s: Path | None,
+    k8s_image: str | None,
+    force: bool,
+    allow_ignored: bool,
+) -> list[Path]:
+    from hybridctl.config.atomic_write import write_files
+
+    files: dict[Path, str] = {}
+    if write_yaml is not None:
+        from hybridctl.launch.sglang_command import sglang_translation, to_config_yaml
+        from hybridctl.launch.version import target_version
+
+        version = plan.version or target_version()
+        text, leftover = to_config_yaml(sglang_translation(cfg, version, allow_ignored).flags, version)
+        if leftover:
+            text += "# pass on the command line too (not allowed in the file): " + " ".join(leftover) + "\n"
+        files[write_yaml] = text
+    if k8s is not None:
+        from hybridctl.launch.k8s import k8s_manifests
+        from hybridctl.launch.version import target_version
+
+        files[k8s] = k8s_manifests(cfg, plan.version or target_version(), image=k8s_image,
+                                   allow_ignored=allow_ignored)  # fmt: skip
+    return write_files(files, force=force) if files else []
+
+
+def _serve(
+    console: Console,
+    config: Path,
+    settings: Path,
+    plan: LaunchPlan,
+    detach: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    import json
+
+    from rich.markup import escape
+
+    from hybridctl.launch.process import StartupFailed, start_server
+
+    _print_plan(console, plan)
+    with console.status("starting ...") as status:
+
+        def progress(role: str, waited: float, line: str) -> None:
+            status.update(f"[bold]{role}[/] starting, {waited:.0f}s: [dim]{escape(line[-120:])}[/]")
+
+        try:
+            handle = start_server(
+                config, settings, plan=plan, startup_timeout_s=timeout, on_progress=progress
+            )
+        except StartupFailed as exc:
+            raise _fail(console, str(exc), 1) from None
+    if as_json:
+        typer.echo(json.dumps({
+            "url": handle.url, "pid": handle.pid, "log": str(handle.log_path),
+            "state": str(handle.state_path),
+            "startup": {role: info.to_dict() for role, info in handle.startup.items()},
+        }, indent=2))  # fmt: skip
+    else:
+        for role, info in handle.startup.items():
+            _print_startup(console, role, info)
+        console.print(
+            f"[green]ready[/] at {handle.url} (pid {handle.pid}); log {escape(str(handle.log_path))}"
+        )
+    if detach:
+        if not as_json:
+            console.print(
+                f"detached; state in {escape(str(handle.state_path))}; stop with `hybridctl stop {config}`"
+            )
+        return
+    _follow(console, handle)
+
+
+@app.command("status")
+def status(
+    config: Path = typer.Argument(Path("config.toml"), help="config.toml whose server to check."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Is the server launched from CONFIG alive and healthy? Exit 0 healthy, 1 unhealthy, 3 not running."""
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    from hybridctl.launch.process import server_status
+
+    console = Console(highlight=False, soft_wrap=True)
+    try:
+        st = server_status(config)
+    except ValueError as exc:
+        raise _fail(console, str(exc)) from None
+    code = 3 if not st.running else (0 if st.healthy else 1)
+    if as_json:
+        typer.echo(json.dumps(st.to_dict(), indent=2))
+        raise typer.Exit(code)
+    if st.state is None:
+        console.print(f"not running (no state file {escape(st.state_path)})")
+    else:
+        health = "healthy" if st.healthy else ("UNHEALTHY" if st.running else "-")
+        console.print(
+            f"{'running' if st.running else 'not running'}: {st.state.url} ({st.state.engine}), {health}"
+        )
+        for p in st.state.processes:
+            alive = "alive" if st.alive.get(p.pid) else "dead"
+            console.print(f"  {p.role}: pid {p.pid} {alive}, {p.url}, log {escape(p.log_path)}")
+        if not st.running:
+            console.print(f"stale state file {escape(st.state_path)}; `hybridctl stop {config}` removes it")
+    raise typer.Exit(code)
+
+
+@app.command("stop")
+def stop(
+    config: Path = typer.Argument(Path("config.toml"), help="config.toml whose server to stop."),
+    timeout: float = typer.Option(20.0, "--timeout", help="Seconds between SIGTERM and SIGKILL."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Stop the server launched from CONFIG: SIGTERM, then SIGKILL after --timeout; removes the state file."""
+    import json
+    from dataclasses import asdict
+
+    from rich.console import Console
+
+    from hybridctl.launch.process import stop_server
+
+    console = Console(highlight=False, soft_wrap=True)
+    try:
+        result = stop_server(config, timeout_s=timeout)
+    except ValueError as exc:
+        raise _fail(console, str(exc)) from None
+    if as_json:
+        typer.echo(
+            json.dumps(asdict(result) if result else {"stopped": [], "killed": [], "already_gone": []})
+        )
+        return
+    if result is None:
+        console.print("nothing to stop (no server recorded for this config)")
+        return
+    for pid in result.stopped:
+        console.print(f"stopped pid {pid}")
+    for pid in result.killed:
+        console.print(f"[yellow]killed pid {pid}[/] (did not exit within {timeout:.0f}s of SIGTERM)")
+    for pid in result.already_gone:
+        console.print(f"pid {pid} had already exited")

@@ -50,6 +50,14 @@ def pd_plan(
             f"config.toml: PD needs four different ports, got {listed}. Fix: make them distinct."
         )
     base = sglang_translation(cfg, version, allow_ignored)
+    for placed in ("--disaggregation-mode", "--disaggregation-bootstrap-port", "--port"):
+        if placed in base.flags and base.sources.get(placed, "").startswith(
+            "config.toml [extra_engine_args]"
+        ):
+            raise LaunchError(
+                f"config.toml [extra_engine_args] sets {placed}, which PD sets per server. Fix: remove it; "
+                "the ports are [pd] prefill_port, decode_port and bootstrap_port."
+            )
     prefill_flags = _role_flags(base.flags, {
         "--port": str(pd.prefill_port),
         "--disaggregation-mode": "prefill",
