@@ -112,26 +112,17 @@ def _model_path_for(model: str) -> tuple[Path, str | None]:
 
 
 def _detect_gpu_mem_bytes() -> int | None:
-    try:
-        from hybridctl.host import nvml  # the planner's tiny NVML reader; absent or failing -> not detected
-    except ImportError:
-        return None
-    for name in ("gpu_memory_bytes", "detect_gpu_memory_bytes", "total_gpu_memory_bytes"):
-        fn = getattr(nvml, name, None)
-        if callable(fn):
-            try:
-                value = fn()
-            except Exception:  # noqa: BLE001  (NVML raises assorted errors on hosts without a driver)
-                return None
-            return int(value) if value else None
-    return None
+    from hybridctl.host.nvml import gpu_memory_bytes  # None without a GPU, a driver or NVML
+
+    return gpu_memory_bytes()
 
 
 def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path) -> None:
     """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
     try:
         from hybridctl.model.spec import load_model_spec
-        from hybridctl.planner.plan import make_plan, recommend
+        from hybridctl.planner.plan import make_plan
+        from hybridctl.planner.recommend import recommend
     except ImportError as exc:
         result.plan_skipped = f"the planner is not available in this install ({exc})"
         return
