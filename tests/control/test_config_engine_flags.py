@@ -50,6 +50,7 @@ def test_versions() -> None:
 
 
 def test_parse_boolean_optional_row() -> None:
-    text = "options\tdest\ttype\tdefault\tchoices\taction\n--x --no-x\tx\tNone\tNone\t\tBooleanOptionalAction\n"
+    header = "options\tdest\ttype\tdefault\tchoices\taction\n"
+    text = header + "--x --no-x\tx\tNone\tNone\t\tBooleanOptionalAction\n"
     [info] = parse_flag_table(text).values()
     assert info.aliases == ("--no-x",) and info.type is None and not info.takes_value

@@ -1,4 +1,4 @@
-"""Property: whatever is done to valid files, loading yields a HybridConfig, or ConfigError/Findings: no traceback."""
+"""Property: whatever is done to valid files, loading gives a HybridConfig or ConfigError/Findings, no traceback."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ scalars = st.one_of(
     st.booleans(),
 )
 values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=6,
 )
 out_of_range = st.sampled_from([0, -1, -(2**40), 2**40, 65536, 1.5, 1e308, -0.0])
@@ -53,7 +54,7 @@ def paths_of(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[s
 
 @st.composite
 def mutated(draw: st.DrawFn, data: dict[str, Any]) -> dict[str, Any]:
-    """Apply 1-4 random mutations: delete a key, set a wrong-typed or out-of-range value, add an unknown key."""
+    """1-4 random mutations: delete a key, set a wrong-typed or out-of-range value, add an unknown key."""
     data = json.loads(json.dumps(data, allow_nan=True))
     for _ in range(draw(st.integers(1, 4))):
         paths = paths_of(data)
