@@ -1,4 +1,4 @@
-"""Property: whatever is done to valid files, loading gives a HybridConfig or ConfigError/Findings, no traceback."""
+"""Property: any damage to valid files gives a HybridConfig or ConfigError/Findings, never a traceback."""
 
 from __future__ import annotations
 
