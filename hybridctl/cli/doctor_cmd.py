@@ -1,3 +1,165 @@
-"""`hybridctl doctor` (placeholder until its issue lands)."""
+"""`hybridctl doctor`: host checks, failure predictions from the config, log diagnosis, --fix.
+
+Exit codes: 0 clean, 1 warnings, 2 errors (also for unusable arguments: a missing log or config file).
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from hybridctl.cli.app import app
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from hybridctl.doctor.fix import FileEdit
+    from hybridctl.doctor.report import DoctorReport
+
+_MARK = {
+    "ok": "[green]\\[✓][/]",
+    "warning": "[yellow]\\[!][/]",
+    "error": "[red]\\[✗][/]",
+    "skipped": "[dim]\\[-][/]",
+}
+_SEVERITY = {"error": "[red]✗ error[/]", "warning": "[yellow]! warning[/]", "info": "[cyan]• info[/]"}
+
+
+def render(report: DoctorReport, console: Console, verbose: bool) -> None:
+    from rich.markup import escape
+
+    console.print(
+        "Doctor summary" + ("" if verbose else " (to see all details, run hybridctl doctor -v)") + ":"
+    )
+    for c in report.checks:
+        console.print(f"{_MARK[c.status]} [bold]{escape(c.name)}[/]  {escape(c.summary)}")
+        if verbose:
+            for d in c.details:
+                console.print(f"    • {escape(d)}")
+    findings = report.sorted_findings()
+    if findings:
+        console.print()
+    for f in findings:
+        where = f" ({f.source}{f' line {f.line}' if f.line else ''})"
+        console.print(f"{_SEVERITY[f.severity]} [bold]{f.code}[/]{escape(where)}")
+        if f.evidence:
+            console.print(f"    evidence: {escape(f.evidence)}")
+        console.print(f"    cause: {escape(f.cause)}")
+        console.print(f"    [green]fix:[/] {escape(f.fix)}")
+    console.print()
+    style = "red" if report.errors else "yellow" if report.warnings else "green"
+    console.print(f"[{style}]{escape(report.summary())}[/]")
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _apply_fixes(
+    report: DoctorReport, config: Path, settings: Path, yes: bool, console: Console
+) -> list[FileEdit]:
+    import sys
+
+    from rich.markup import escape
+
+    from hybridctl.doctor.fix import FixError, collect_changes, plan_edits, write_edits
+
+    changes = collect_changes(report.sorted_findings())
+    try:
+        edits = plan_edits(changes, config, settings)
+    except FixError as exc:
+        raise _fail(str(exc)) from None
+    if not edits:
+        console.print("--fix: nothing to change in the config files.")
+        return []
+    for edit in edits:
+        console.print(escape(edit.diff()), end="")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise _fail(
+                "--fix needs a confirmation and stdin is not a terminal; pass --yes to write the changes."
+            )
+        if not typer.confirm("Write these changes?", default=False):
+            console.print("Nothing written.")
+            return []
+    write_edits(edits)
+    console.print(f"Wrote {', '.join(str(e.path) for e in edits)}. Run hybridctl doctor again to re-check.")
+    return edits
+
+
+@app.command("doctor")
+def doctor(
+    config: Path = typer.Option(Path("config.toml"), "--config", "-c", help="config.toml to predict from."),
+    settings: Path | None = typer.Option(
+        None, "--settings", "-s", help="settings.json (default: the one beside config.toml)."
+    ),
+    log: str | None = typer.Option(None, "--log", "-l", help="Server log to diagnose; - reads stdin."),
+    peer: Path | None = typer.Option(
+        None, "--peer", help="The other PD server's config.toml: compare recurrent-state shapes and dtypes."
+    ),
+    gpu_mem_gib: float | None = typer.Option(
+        None, "--gpu-mem-gib", min=0.1, help="GPU memory to plan for (default: the first GPU's)."
+    ),
+    fix: bool = typer.Option(
+        False, "--fix", help="Write the suggested changes into config.toml / settings.json."
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="With --fix: do not ask for confirmation."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every check's details."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check the host, predict hybrid-serving failures from the config, diagnose a server log.
+
+    Exit codes: 0 clean, 1 warnings, 2 errors.
+    """
+    import json
+    import sys
+    from contextlib import ExitStack
+
+    from rich.console import Console
+
+    from hybridctl.doctor.run import DoctorOptions, run_doctor
+
+    config_given = config != Path("config.toml") or settings is not None or fix
+    settings_path = settings if settings is not None else config.parent / "settings.json"
+    if fix and not config.exists():
+        raise _fail(f"--fix edits {config}, which does not exist; pass --config PATH.")
+    if peer is not None and not peer.exists():
+        raise _fail(f"--peer {peer}: no such file; pass the other server's config.toml.")
+    console = Console(highlight=False, soft_wrap=True, stderr=as_json)
+    with ExitStack() as stack:
+        lines = None
+        if log == "-":
+            lines = sys.stdin
+        elif log is not None:
+            try:
+                lines = stack.enter_context(open(log, encoding="utf-8", errors="replace"))
+            except OSError as exc:
+                raise _fail(f"--log {log}: cannot read it ({exc.strerror}).") from None
+        options = DoctorOptions(
+            config_path=config,
+            settings_path=settings_path,
+            config_given=config_given,
+            log_lines=lines,
+            log_name="stdin" if log == "-" else str(log),
+            peer_config=peer,
+            gpu_mem_bytes=int(gpu_mem_gib * (1 << 30)) if gpu_mem_gib else None,
+        )
+        report = run_doctor(options)
+    edits = []
+    if as_json:
+        if fix and not yes:
+            raise _fail("--fix with --json cannot ask for confirmation; add --yes.")
+        if fix:
+            edits = _apply_fixes(report, config, settings_path, yes, console)
+        out = report.to_dict()
+        if fix:
+            out["fixed"] = [{"path": str(e.path), "diff": e.diff()} for e in edits]
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        render(report, console, verbose)
+        if fix:
+            _apply_fixes(report, config, settings_path, yes, console)
+    raise typer.Exit(report.exit_code())

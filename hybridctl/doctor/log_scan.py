@@ -56,6 +56,7 @@ class LogScan:
     startup: StartupInfo = field(default_factory=StartupInfo)
     mamba_pool_line: int | None = None  # where the state pool's size was logged
     server_args: dict[str, str] = field(default_factory=dict)
+    server_args_line: int | None = None
     prefill_batches: int = 0  # prefill log lines that carried new tokens
     cached_tokens: int = 0  # sum of #cached-token over them
     first_prefill_line: int | None = None
@@ -94,6 +95,7 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
         _read_prefill(message, number, scan)
         if "server_args" in message or "ServerArgs(" in message:
             scan.server_args.update({k: v.strip("'\"") for k, v in _ARG.findall(message)})
+            scan.server_args_line = scan.server_args_line or number
     scan.matches = sorted(seen.values(), key=lambda m: m.line)
     scan.startup = parse_startup(messages)
     return scan

@@ -1,0 +1,149 @@
+"""`run_doctor`: probe (or take) the host, load the config, predict, read the log; one DoctorReport.
+
+The CLI only parses arguments, calls this and renders; tests call it with synthetic HostFacts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hybridctl.config.schema import HybridConfig
+from hybridctl.doctor.findings import Check, DoctorFinding
+from hybridctl.doctor.judge import judge_host, resolve_engine
+from hybridctl.doctor.planning import PlanContext, load_plan_context
+from hybridctl.doctor.report import DoctorReport, failure_mode_checks
+from hybridctl.host.facts import HostFacts
+
+
+@dataclass
+class DoctorOptions:
+    config_path: Path = Path("config.toml")
+    settings_path: Path = Path("settings.json")
+    config_given: bool = False  # named on the command line: a missing file is an error, not a skip
+    log_lines: Iterable[str] | None = None
+    log_name: str = "log"
+    peer_config: Path | None = None
+    gpu_mem_bytes: int | None = None  # overrides the probed GPU's memory for planning
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig | None, Check]:
+    from hybridctl.config.loader import ConfigError, load_hybrid_config
+
+    try:
+        cfg = load_hybrid_config(config, settings)
+    except ConfigError as exc:
+        n = len(exc.findings)
+        details = tuple(str(f) for f in exc.findings)
+        return None, Check(
+            what, "error", f"{config}: {n} error{'s' if n != 1 else ''}; run hybridctl validate", details
+        )
+    return cfg, Check(what, "ok", f"{config} + {settings}")
+
+
+def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorReport:
+    if host is None:
+        from hybridctl.host.probe import probe_host
+
+        host = probe_host()
+    report = DoctorReport()
+    cfg: HybridConfig | None = None
+    if opts.config_given or opts.config_path.exists():
+        cfg, check = _load_config(opts.config_path, opts.settings_path, "Config")
+        report.checks.append(check)
+    else:
+        report.checks.append(
+            Check(
+                "Config", "skipped", f"skipped: no {opts.config_path} here; pass --config to predict from one"
+            )
+        )
+    host_checks, host_findings = judge_host(host, cfg)
+    report.checks[0:0] = host_checks
+    report.findings += host_findings
+    ctx: PlanContext | None = None
+    if cfg is not None:
+        ctx = _predict(cfg, host, opts, report)
+    if opts.log_lines is not None:
+        _read_log(opts, cfg, ctx, report)
+    inputs = (("the config", cfg is not None), ("the log", opts.log_lines is not None), ("the host", True))
+    sources = " and ".join(name for name, used in inputs if used)
+    report.checks += failure_mode_checks(report.findings, sources)
+    return report
+
+
+def _predict(
+    cfg: HybridConfig, host: HostFacts, opts: DoctorOptions, report: DoctorReport
+) -> PlanContext | None:
+    from hybridctl.doctor.predict import (
+        predict_pd_peer,
+        predict_prefix_engine,
+        predict_spec_engine,
+        predict_state_pool,
+        rule_findings,
+    )
+
+    engine = resolve_engine(host, cfg)
+    version = host.sglang.version if engine == "sglang" and host.sglang else None
+    report.findings += rule_findings(cfg, version)
+    gpu = opts.gpu_mem_bytes or (host.gpus[0].total_bytes if host.gpus else None)
+    ctx, why = load_plan_context(cfg, engine, gpu)
+    if ctx is None:
+        report.checks.append(Check("Model", "skipped", f"skipped: {why}"))
+    else:
+        s = ctx.spec
+        report.checks.append(Check(
+            "Model", "ok",
+            f"{s.family} ({s.architecture}), TP {s.tp}: {s.mamba_state_bytes_per_request / (1 << 20):.2f} "
+            f"MiB of state per request, {s.kv_bytes_per_token} B of KV per token",
+            (f"{s.num_attn_layers} full-attention + {s.num_linear_layers} {s.linear_kind} layers",
+             f"SSM state {s.ssm_dtype} {s.ssm_state_shape}, conv {s.conv_state_shape}"),
+        ))  # fmt: skip
+        prediction = predict_state_pool(cfg, ctx)
+        report.findings += prediction.findings
+        if prediction.plan is not None:
+            p = prediction.plan.pools
+            memory = _gib(ctx.gpu_mem_bytes) if engine == "sglang" else "the bundled runtime's budget"
+            report.checks.append(Check(
+                "Pools", "ok",
+                f"{engine}: {p.max_mamba_cache_size} state slots ({p.slots_per_request} per request), "
+                f"{p.max_total_num_tokens} KV tokens, {p.max_running_requests} requests at once",
+                (f"planned for {memory}, strategy {prediction.plan.strategy}", prediction.plan.verdict),
+            ))  # fmt: skip
+        else:
+            report.checks.append(Check("Pools", "error", f"{engine}: {prediction.plan_error}"))
+    report.findings += predict_prefix_engine(cfg, host.sglang, engine)
+    report.findings += predict_spec_engine(cfg, engine)
+    if opts.peer_config is not None:
+        peer, check = _load_config(opts.peer_config, opts.peer_config.parent / "settings.json", "PD peer")
+        report.checks.append(check)
+        if peer is not None:
+            report.findings += predict_pd_peer(cfg, peer, str(opts.peer_config))
+    return ctx
+
+
+def _read_log(
+    opts: DoctorOptions, cfg: HybridConfig | None, ctx: PlanContext | None, report: DoctorReport
+) -> None:
+    from hybridctl.doctor.log_findings import log_findings
+    from hybridctl.doctor.log_scan import scan_log, startup_summary
+    from hybridctl.doctor.remedies import RemedyInput
+
+    assert opts.log_lines is not None
+    scan = scan_log(opts.log_lines)
+    found: list[DoctorFinding] = log_findings(scan, RemedyInput(cfg, ctx))
+    report.findings += found
+    report.startup = startup_summary(scan.startup)
+    st = report.startup
+    numbers = ", ".join(f"{k} {v}" for k, v in st.items() if v is not None) or "no start-up pool lines"
+    worst = "error" if any(f.severity == "error" for f in found) else (
+        "warning" if any(f.severity == "warning" for f in found) else "ok"
+    )  # fmt: skip
+    details = tuple(dict.fromkeys(scan.startup.pool_lines))  # every rank logs the same pools
+    n = len(found)
+    summary = f"{opts.log_name}: {scan.lines} lines, {n} finding{'s' if n != 1 else ''}; {numbers}"
+    report.checks.append(Check("Log", worst, summary, details))
