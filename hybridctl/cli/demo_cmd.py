@@ -1,3 +1,52 @@
-"""`hybridctl demo` (placeholder until its issue lands)."""
+"""`hybridctl demo`: build a tiny model, serve it with the bundled runtime, verify, bench, report, stop.
+
+Exit codes: 0 every step passed, 1 a check or request failed, 2 the demo could not run (files exist without
+--force, the runtime extra is missing, the server did not start).
+"""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from hybridctl.cli.app import app
+
+
+@app.command("demo")
+def demo(
+    out: Path = typer.Option(
+        Path("hybridctl-demo"), "--dir", "--out", help="Directory for the demo's files."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Overwrite the files of an earlier demo in that directory."
+    ),
+    port: int | None = typer.Option(None, "--port", help="Server port (default: 30000 if free, else any)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """The first command to run: init --demo, launch, verify all, a short bench, report.json, stop."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from hybridctl.demo.flow import DemoError, DemoOptions, run_demo
+    from hybridctl.demo.render import render_demo
+
+    err = Console(stderr=True)
+    opts = DemoOptions(out_dir=out, force=force, port=port)
+    try:
+        with err.status("demo …") as status:
+            report = run_demo(opts, progress=lambda msg: status.update(escape(msg)))
+    except DemoError as exc:
+        partial = getattr(exc, "report", None)
+        if partial is not None and not as_json:
+            render_demo(partial, Console())
+        if as_json and partial is not None:
+            typer.echo(json.dumps({**partial.to_dict(), "error": str(exc)}, indent=2))
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_demo(report, Console())
+    raise typer.Exit(0 if report.passed else 1)
