@@ -1,0 +1,143 @@
+"""`hybridctl init`: commented, valid files that load back; no overwrite without --force; --demo, --model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import tomlkit
+from typer.testing import CliRunner
+
+from hybridctl.cli import app
+from hybridctl.config.field_docs import iter_field_docs
+from hybridctl.config.loader import check_files, load_hybrid_config
+from hybridctl.config.schema import ConfigToml, HybridConfig
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+WRITTEN = ["config.toml", "settings.json", "config.schema.json", "settings.schema.json"]
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_init_round_trip(tmp_path: Path) -> None:
+    result = run("init", "--out", str(tmp_path), "--engine", "builtin", "--tp", "2")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(WRITTEN)  # no temp files left behind
+    report = check_files(tmp_path / "config.toml", tmp_path / "settings.json")
+    assert report.findings == []
+    cfg = load_hybrid_config(tmp_path / "config.toml", tmp_path / "settings.json")
+    expected = HybridConfig()
+    expected.config.server.engine = "builtin"
+    expected.config.server.tp_size = 2
+    assert cfg == expected
+
+
+def test_every_toml_key_has_a_comment(tmp_path: Path) -> None:
+    assert run("init", "--out", str(tmp_path)).exit_code == 0
+    lines = (tmp_path / "config.toml").read_text().splitlines()
+    assert lines[0] == "#:schema ./config.schema.json"
+    key_re = re.compile(r"^(#\s*)?([a-z_]+) = ")
+    seen = set()
+    section = ""
+    for i, line in enumerate(lines):
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        match = key_re.match(line)
+        if match and section != "extra_engine_args":
+            seen.add(f"{section}.{match.group(2)}")
+            assert lines[i - 1].startswith("# "), f"no comment above {line!r}"
+    leaves = {
+        d.dotted for d in iter_field_docs(ConfigToml) if not d.is_section and d.dotted != "extra_engine_args"
+    }
+    assert leaves <= seen, leaves - seen
+    doc = tomlkit.parse((tmp_path / "config.toml").read_text())
+    assert "extra_engine_args" in doc
+
+
+def test_settings_json_names_its_schema(tmp_path: Path) -> None:
+    assert run("init", "--out", str(tmp_path)).exit_code == 0
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings["$schema"] == "./settings.schema.json"
+    schema = json.loads((tmp_path / "settings.schema.json").read_text())
+    assert schema["properties"]["runtime"]["description"]
+    assert json.loads((tmp_path / "config.schema.json").read_text())["title"] == "hybridctl config.toml"
+
+
+def test_no_overwrite_without_force(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text("# mine\n")
+    result = run("init", "--out", str(tmp_path))
+    assert result.exit_code == 2
+    assert "config.toml" in result.output and "--force" in result.output
+    assert (tmp_path / "config.toml").read_text() == "# mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]  # nothing else written either
+    forced = run("init", "--out", str(tmp_path), "--force")
+    assert forced.exit_code == 0, forced.output
+    assert (tmp_path / "config.toml").read_text().startswith("#:schema")
+
+
+def test_json_output(tmp_path: Path) -> None:
+    result = run("init", "--out", str(tmp_path), "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert sorted(Path(f).name for f in data["files"]) == sorted(WRITTEN)
+    assert data["plan"] is None and "--model" in data["plan_skipped"]
+    assert data["config"]["server"]["port"] == 30000
+
+
+def test_model_sizes_pools_with_the_planner(tmp_path: Path) -> None:
+    model_dir = tmp_path / "qwen3-next"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((REPO / "templates/models/qwen3-next-80b-a3b.json").read_text())
+    out = tmp_path / "out"
+    result = run(
+        "init",
+        "--out",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--gpu-mem-gib",
+        "80",
+        "--tp",
+        "4",
+        "--concurrency",
+        "32",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    cfg = load_hybrid_config(out / "config.toml", out / "settings.json")
+    assert cfg.config.server.model_path == str(model_dir.resolve())
+    assert data["plan"]["max_running_requests"] == cfg.settings.runtime.max_running_requests == 32
+    assert data["plan"]["max_total_num_tokens"] > 0
+    # the planner's reason is written above the key it chose
+    text = (out / "config.toml").read_text()
+    assert "# init chose this value:" in text
+    assert check_files(out / "config.toml", out / "settings.json").errors == []
+
+
+def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    result = run("init", "--out", str(tmp_path), "--model", str(tmp_path / "nope"))
+    assert result.exit_code == 2
+    assert "no such file or directory" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="--demo needs torch")
+def test_demo_builds_model_and_points_config_at_it(tmp_path: Path) -> None:
+    result = run("init", "--out", str(tmp_path), "--demo", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    cfg = load_hybrid_config(tmp_path / "config.toml", tmp_path / "settings.json")
+    assert cfg.config.server.engine == "builtin"
+    assert Path(cfg.config.server.model_path) == tmp_path.resolve() / "demo-model"
+    assert (Path(cfg.config.server.model_path) / "config.json").is_file()
+    assert data["demo_model"] == cfg.config.server.model_path
+    assert check_files(tmp_path / "config.toml", tmp_path / "settings.json").errors == []
