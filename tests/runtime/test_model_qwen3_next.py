@@ -1,0 +1,193 @@
+"""Our Qwen3-Next vs transformers 5's reference, and vs itself under chunking, packing and batching."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.models import load_model
+from runtime.models.base import HybridModel
+from runtime.models.simple_runner import SimpleRunner
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 160
+
+
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    """HF init leaves norms at identity and dt_bias at ones; randomize everything so every weight matters."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "norm" in name or "dt_bias" in name:
+                p.add_(0.2 * noise)
+            else:
+                p.mul_(1.0 + 0.5 * noise.abs())
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    cfg = transformers.Qwen3NextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_key_head_dim=16,
+        linear_value_head_dim=24,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_experts=6,
+        num_experts_per_tok=2,
+        mlp_only_layers=[2],
+        max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    hf = transformers.Qwen3NextForCausalLM(cfg).eval()
+    _perturb(hf, 1)
+    path = tmp_path_factory.mktemp("qwen3-next-tiny")
+    hf.save_pretrained(path)
+    return path, hf
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint: tuple[Path, torch.nn.Module]) -> HybridModel:
+    return load_model(checkpoint[0])
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_layout_matches_config(model: HybridModel) -> None:
+    layout = model.layout()
+    assert layout.attn_layer_ids == (3,)
+    assert layout.linear_layer_ids == (0, 1, 2)
+    assert layout.conv_state_shape == (2 * 2 * 16 + 4 * 24, 3)
+    assert layout.ssm_state_shape == (4, 16, 24)
+    assert (layout.num_kv_heads, layout.head_dim, layout.vocab_size) == (2, 32, VOCAB)
+
+
+def test_prefill_logits_match_transformers(
+    checkpoint: tuple[Path, torch.nn.Module], model: HybridModel
+) -> None:
+    # 150 tokens: more than two delta-rule chunks of 64, with a ragged last chunk.
+    prompt = _prompt(150, 0)
+    with torch.no_grad():
+        ref = checkpoint[1](torch.tensor([prompt])).logits[0]
+    runner = SimpleRunner(model)
+    runner.add(0)
+    ours = runner.extend({0: prompt}, all_logits=True)
+    assert ours.shape == (150, VOCAB) and ours.dtype == torch.float32
+    assert (ours - ref).abs().max().item() <= 1e-4
+    # Default: only the last token's logits.
+    runner.add(1)
+    last = runner.extend({1: prompt})
+    assert last.shape == (1, VOCAB)
+    assert torch.allclose(last[0], ours[-1], atol=1e-5)
+
+
+def test_greedy_decode_matches_transformers_generate(
+    checkpoint: tuple[Path, torch.nn.Module], model: HybridModel
+) -> None:
+    prompt = _prompt(40, 1)
+    with torch.no_grad():
+        ref = checkpoint[1].generate(
+            torch.tensor([prompt]), max_new_tokens=64, do_sample=False, min_new_tokens=64
+        )
+    expected = ref[0, len(prompt) :].tolist()
+    assert SimpleRunner(model).generate_greedy(0, prompt, 64) == expected
+
+
+def test_chunked_prefill_equals_one_prefill(model: HybridModel) -> None:
+    prompt = _prompt(170, 2)
+    whole = SimpleRunner(model)
+    whole.add(0)
+    ref = whole.extend({0: prompt}, all_logits=True)
+    chunked = SimpleRunner(model)
+    chunked.add(0)
+    parts = [
+        chunked.extend({0: prompt[a:b]}, all_logits=True)
+        for a, b in ((0, 37), (37, 101), (101, 102), (102, 170))
+    ]
+    assert (torch.cat(parts) - ref).abs().max().item() <= 1e-4
+    assert SimpleRunner(model).generate_greedy(0, prompt, 24, chunk=50) == SimpleRunner(
+        model
+    ).generate_greedy(0, prompt, 24)
+
+
+@settings(max_examples=8, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=89), min_size=1, max_size=4, unique=True))
+def test_any_chunking_gives_the_same_last_logits(model: HybridModel, cuts: list[int]) -> None:
+    prompt = _prompt(90, 3)
+    whole = SimpleRunner(model)
+    whole.add(0)
+    ref = whole.extend({0: prompt})
+    runner = SimpleRunner(model)
+    runner.add(0)
+    bounds = [0, *sorted(cuts), 90]
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        out = runner.extend({0: prompt[a:b]})
+    assert (out - ref).abs().max().item() <= 1e-4
+
+
+def test_packed_extend_equals_each_alone(model: HybridModel) -> None:
+    # Sequences 0 and 2 continue a cached 20-token prefix; 1 is fresh. All three go in one packed call.
+    prefix = {0: _prompt(20, 4), 2: _prompt(20, 5)}
+    chunks = {0: _prompt(50, 6), 1: _prompt(5, 7), 2: _prompt(109, 8)}
+    alone = []
+    for sid, chunk in chunks.items():
+        r = SimpleRunner(model)
+        r.add(sid)
+        if sid in prefix:
+            r.extend({sid: prefix[sid]})
+        alone.append(r.extend({sid: chunk}, all_logits=True))
+    packed = SimpleRunner(model)
+    for sid in chunks:
+        packed.add(sid)
+        if sid in prefix:
+            packed.extend({sid: prefix[sid]})
+    out = packed.extend(chunks, all_logits=True)
+    ref = torch.cat(alone)
+    assert out.shape == ref.shape == (164, VOCAB)
+    assert (out - ref).abs().max().item() <= 1e-4
+    # Without all_logits: one row per sequence, its last token.
+    last = SimpleRunner(model)
+    for sid in chunks:
+        last.add(sid)
+    rows = last.extend(chunks)
+    assert rows.shape == (3, VOCAB)
+    assert (rows[1] - alone[1][-1]).abs().max().item() <= 1e-4
+
+
+def test_batched_decode_equals_each_alone(model: HybridModel) -> None:
+    prompts = {0: _prompt(9, 7), 1: _prompt(66, 8), 2: _prompt(30, 9)}
+    expected = {sid: SimpleRunner(model).generate_greedy(sid, p, 20) for sid, p in prompts.items()}
+    runner = SimpleRunner(model)
+    tokens: dict[int, list[int]] = {}
+    for sid, p in prompts.items():
+        runner.add(sid)
+        tokens[sid] = [int(runner.extend({sid: p})[-1].argmax())]
+    for _ in range(19):
+        logits = runner.extend({sid: [t[-1]] for sid, t in tokens.items()})
+        assert logits.shape == (3, VOCAB)
+        for row, sid in enumerate(tokens):
+            tokens[sid].append(int(logits[row].argmax()))
+    assert tokens == expected
+
+
+def test_low_precision_pools_stay_close(model: HybridModel) -> None:
+    prompt = _prompt(60, 10)
+    ref = SimpleRunner(model).generate_greedy(0, prompt, 8)
+    runner = SimpleRunner(model, kv_dtype=torch.bfloat16, conv_dtype=torch.bfloat16)
+    got = runner.generate_greedy(0, prompt, 8)
+    assert got[:2] == ref[:2]
