@@ -107,6 +107,9 @@ def doctor(
         False, "--fix", help="Write the suggested changes into config.toml / settings.json."
     ),
     yes: bool = typer.Option(False, "--yes", "-y", help="With --fix: do not ask for confirmation."),
+    probe: bool = typer.Option(
+        True, "--host/--no-host", help="Probe this machine (driver, GPUs, torch, sglang); --no-host skips it."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every check's details."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
@@ -120,7 +123,7 @@ def doctor(
 
     from rich.console import Console
 
-    from hybridctl.doctor.run import DoctorOptions, run_doctor
+    from hybridctl.doctor.run import DoctorOptions, run_doctor, unprobed_host
 
     config_given = config != Path("config.toml") or settings is not None or fix
     settings_path = settings if settings is not None else config.parent / "settings.json"
@@ -147,7 +150,7 @@ def doctor(
             peer_config=peer,
             gpu_mem_bytes=int(gpu_mem_gib * (1 << 30)) if gpu_mem_gib else None,
         )
-        report = run_doctor(options)
+        report = run_doctor(options, None if probe else unprobed_host())
     edits = []
     if as_json:
         if fix and not yes:

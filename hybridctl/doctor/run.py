@@ -46,6 +46,11 @@ def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig 
     return cfg, Check(what, "ok", f"{config} + {settings}")
 
 
+def unprobed_host() -> HostFacts:
+    """Host facts for --no-host: every probe reported as skipped (diagnosing a log copied from elsewhere)."""
+    return HostFacts(skipped={step: "not probed (--no-host)" for step in ("nvml", "torch", "sglang")})
+
+
 def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorReport:
     if host is None:
         from hybridctl.host.probe import probe_host
