@@ -16,7 +16,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def render_report(report: ValidationReport) -> None:
-    """One line per finding (file:line:col, severity, code, key, message), its fix below, then a verdict."""
+    """One line per finding (file:line:col, severity, code, key, message, fix), then a verdict."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -24,9 +24,8 @@ def render_report(report: ValidationReport) -> None:
     for f in report.sorted_findings():
         key = f" [bold]{escape(f.key)}[/bold]" if f.key else ""
         severity = f"[{_STYLE[f.severity]}]{f.severity}[/]"
-        console.print(f"{escape(f.location())}: {severity} {f.code}{key}: {escape(f.message)}")
-        if f.fix:
-            console.print(f"    [green]fix:[/] {escape(f.fix)}")
+        fix = f" [green]fix:[/] {escape(f.fix)}" if f.fix else ""
+        console.print(f"{escape(f.location())}: {severity} {f.code}{key}: {escape(f.message)}{fix}")
     errors, warnings = len(report.errors), len(report.warnings)
     files = escape(f"{report.config_path} + {report.settings_path}")
     if errors:

@@ -8,13 +8,11 @@ from hybridctl.config.engine_flags import (
     DEFAULT_SGLANG_VERSION,
     FlagInfo,
     available_versions,
-    find_flag,
     nearest_version,
     sglang_flags,
 )
-from hybridctl.config.field_docs import all_key_names
 from hybridctl.config.findings import Finding
-from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
+from hybridctl.config.schema import HybridConfig
 
 CONFIG = "config.toml"
 # Flags renamed between versions: old name -> (new name, the config key that sets it).
@@ -45,49 +43,85 @@ def _value_problem(info: FlagInfo, value: object) -> str | None:
     return None
 
 
-def _schema_homes() -> dict[str, str]:
-    """ServerArgs dest -> the config key with the same name, which is where it should be set."""
+def _config_homes(engine: str, version: str) -> dict[str, str]:
+    """Engine flag -> the config key that sets it, from launch's mapping table (the one source)."""
+    from hybridctl.launch.mapping import ROWS
+
     homes = {}
-    for model, file in ((ConfigToml, "config.toml"), (SettingsJson, "settings.json")):
-        for name, paths in all_key_names(model).items():
-            section = ".".join(paths[0][:-1])
-            homes[name] = (
-                f"{name} in [{section}] of {file}" if file == CONFIG else f'"{name}" in "{section}" of {file}'
+    for row in ROWS:
+        target = row.builtin if engine == "builtin" else row.sglang_target(version)
+        if target.status == "flag" and target.flag:
+            section, name = row.key.rsplit(".", 1)
+            homes[target.flag] = (
+                f"{name} in [{section}] of {row.file}"
+                if row.file == CONFIG
+                else f'"{name}" in the "{section}" object of {row.file}'
             )
     return homes
 
 
+def _builtin_flags() -> dict[str, FlagInfo]:
+    """The bundled runtime's flags as launch knows them (a launch test checks them vs runtime/args.py)."""
+    from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
+
+    return {
+        name: FlagInfo(
+            name=name,
+            dest=name.lstrip("-").replace("-", "_"),
+            type=None,
+            default=None,
+            choices=tuple(spec.choices),
+            action="StoreAction" if spec.takes_value else "StoreTrueAction",
+        )
+        for name, spec in RUNTIME_FLAGS.items()
+    }
+
+
+def _lookup(flags: dict[str, FlagInfo], key: str) -> FlagInfo | None:
+    bare = key.strip().lstrip("-")
+    for candidate in (f"--{bare}", f"--{bare.replace('_', '-')}"):
+        if candidate in flags:
+            return flags[candidate]
+        for info in flags.values():
+            if candidate in info.aliases:
+                return info
+    return None
+
+
 def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
     args = cfg.config.extra_engine_args
-    if not args or cfg.config.server.engine == "builtin":
-        # The bundled runtime refuses unknown flags itself at launch (runtime/args.py); its table is not ours.
+    if not args:
         return []
     out: list[Finding] = []
+    engine = cfg.config.server.engine
     version = engine_version or DEFAULT_SGLANG_VERSION
-    if version not in available_versions():
-        table_version = nearest_version(version)
-        out.append(
-            Finding(
-                "warning",
-                "ENGINE_VERSION_UNKNOWN",
-                CONFIG,
-                None,
-                None,
-                "extra_engine_args",
-                f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against "
-                f"{table_version}.",
-                f"pass --engine-version {table_version}, or regenerate the table with "
-                "scripts/regen_sglang_flags.py.",
+    if engine == "builtin":
+        flags, label = _builtin_flags(), "the bundled runtime (python -m runtime)"
+    else:
+        if version not in available_versions():
+            table_version = nearest_version(version)
+            out.append(
+                Finding(
+                    "warning",
+                    "ENGINE_VERSION_UNKNOWN",
+                    CONFIG,
+                    None,
+                    None,
+                    "extra_engine_args",
+                    f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against "
+                    f"{table_version}.",
+                    f"pass --engine-version {table_version}, or regenerate the table with "
+                    "scripts/regen_sglang_flags.py.",
+                )
             )
-        )
-        version = table_version
-    flags = sglang_flags(version)
+            version = table_version
+        flags, label = sglang_flags(version), f"SGLang {version}'s launch_server"
     names = [n.lstrip("-") for n in flags]
-    homes = _schema_homes()
+    homes = _config_homes(engine, version)
     for key, value in args.items():
         dotted = f"extra_engine_args.{key}"
         flag = "--" + key.lstrip("-")
-        if flag in RENAMED_FLAGS:
+        if flag in RENAMED_FLAGS and engine != "builtin":
             new, home = RENAMED_FLAGS[flag]
             section, name = home.split(".")
             out.append(
@@ -103,7 +137,7 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
                 )
             )
             continue
-        info = find_flag(key, version)
+        info = _lookup(flags, key)
         if info is None:
             close = difflib.get_close_matches(key.lstrip("-").replace("_", "-"), names, n=1, cutoff=0.7)
             hint = f"rename `{key}` to `{close[0]}`" if close else f"remove `{key}`"
@@ -115,8 +149,7 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
                     None,
                     None,
                     dotted,
-                    f"`{key}` is not a flag of SGLang {version}'s launch_server; the server would exit at "
-                    "start-up.",
+                    f"`{key}` is not a flag of {label}; the server would refuse to start.",
                     f"{hint} in [extra_engine_args] of {CONFIG}.",
                 )
             )
@@ -135,7 +168,7 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
                     f"correct `{key}` in [extra_engine_args] of {CONFIG}.",
                 )
             )
-        if info.dest in homes:
+        if info.name in homes:
             out.append(
                 Finding(
                     "warning",
@@ -144,9 +177,8 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
                     None,
                     None,
                     dotted,
-                    f"{info.name} is set from a config key; passing it here too makes two sources for one "
-                    "value.",
-                    f"remove `{key}` from [extra_engine_args] and set {homes[info.dest]}.",
+                    f"{info.name} is set from a config key; passing it here too gives one value two sources.",
+                    f"remove `{key}` from [extra_engine_args] and set {homes[info.name]}.",
                 )
             )
     return out

@@ -258,11 +258,19 @@ def test_unknown_engine_version_falls_back_with_warning(tmp_path: Path) -> None:
     assert check_files(cpath, spath, engine_version="0.5.23").findings == []
 
 
-def test_builtin_engine_skips_sglang_flag_table(tmp_path: Path) -> None:
-    cpath, spath = write(
-        tmp_path, '[server]\nengine = "builtin"\n[extra_engine_args]\nnum-threads = 2\n', "{}"
-    )
-    assert not [f for f in check_files(cpath, spath).findings if "ENGINE_FLAG" in f.code]
+def test_builtin_engine_checks_the_runtime_flags(tmp_path: Path) -> None:
+    """--num-threads is the runtime's own flag (not SGLang's); --mamba-backend is SGLang's only."""
+    config = '[server]\nengine = "builtin"\n[extra_engine_args]\nnum-threads = 2\nmamba-backend = "triton"\n'
+    cpath, spath = write(tmp_path, config, "{}")
+    found = [(f.code, f.key) for f in check_files(cpath, spath).findings if "ENGINE_FLAG" in f.code]
+    assert found == [("UNKNOWN_ENGINE_FLAG", "extra_engine_args.mamba-backend")]
+
+
+def test_shadowing_uses_the_launch_mapping(tmp_path: Path) -> None:
+    """--page-size is set by [cache] radix_cache_page_size: the names differ, the mapping table knows."""
+    cpath, spath = write(tmp_path, "[extra_engine_args]\npage-size = 16\n", "{}")
+    [hit] = [f for f in check_files(cpath, spath).findings if f.code == "ENGINE_FLAG_SHADOWS_KEY"]
+    assert "radix_cache_page_size in [cache]" in hit.fix
 
 
 def test_strict_exit_code_on_warnings(tmp_path: Path) -> None:
