@@ -151,9 +151,9 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             assert max_running is not None
             capped = min(max(1, max_running), k // ratio)
             intermediate = per_req * (capped + 1) * draft
-    elif inp.disable_radix_cache and inp.max_running_requests is not None:
-        # kv_cache_configurator.py:3325-3344
-        k, k_source = max(1, inp.max_running_requests), "max_running_requests"
+    elif inp.disable_radix_cache and max_running is not None:
+        # kv_cache_configurator.py:3325-3344 (max_running includes speculative decoding's default of 48)
+        k, k_source = max(1, max_running), "max_running_requests"
         if spec:
             intermediate = per_req * (k + 1) * draft
     else:
