@@ -117,3 +117,13 @@ def test_directory_without_config_is_one_line_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "config.json not found" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_pool_too_small_is_one_line_exit_2(demo_model_dir: Path) -> None:
+    proc = run_runtime("--model-path", str(demo_model_dir), "--max-mamba-cache-size", "1", "--port", "1")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m runtime: error: "), proc.stderr
+    assert "max_mamba_cache_size" in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "fired up" not in proc.stdout
