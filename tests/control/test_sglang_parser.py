@@ -1,0 +1,323 @@
+"""The real parser decides: every SGLang command hybridctl emits is parsed by sglang 0.5.23's own
+`prepare_server_args` and must land on the ServerArgs fields the config means.
+
+sglang lives in its own venv, never in the test interpreter (its triton breaks transformers' CPU path there).
+`.ci/run` creates the venv; the tests marked `sglang` skip where it is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.mapping import ROWS
+from hybridctl.launch.pd import pd_plan
+from hybridctl.launch.sglang_command import sglang_command, sglang_translation, to_config_yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SGLANG_VERSION = "0.5.23"
+
+# Runs inside the venv: parse each argv with prepare_server_args; return every ServerArgs field, or the error.
+_PROBE = r"""
+import contextlib, io, json, sys
+from sglang.srt.server_args import prepare_server_args, record_fields
+
+out = []
+for argv in json.load(sys.stdin):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = prepare_server_args(argv)
+    except SystemExit as exc:
+        out.append({"error": f"argparse exit {exc.code}: {err.getvalue().strip()[-400:]}"})
+        continue
+    except Exception as exc:
+        out.append({"error": f"{type(exc).__name__}: {exc}"})
+        continue
+    out.append({"fields": {f.name: getattr(args, f.name) for f in record_fields(type(args))}})
+print(json.dumps(out, default=repr))
+"""
+
+
+def sglang_python() -> Path:
+    venv = Path(os.environ.get("HYBRIDCTL_SGLANG_VENV", REPO_ROOT / ".venv-sglang"))
+    python = venv / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no sglang venv at {venv} (.ci/run creates it; or set HYBRIDCTL_SGLANG_VENV)")
+    from hybridctl.launch.version import installed_sglang_version
+
+    version = installed_sglang_version(str(python))
+    if version != SGLANG_VERSION:
+        pytest.skip(f"{venv} has sglang {version}, not {SGLANG_VERSION}")
+    return python
+
+
+def parse_with_sglang(python: Path, argvs: list[list[str]]) -> list[dict[str, object]]:
+    """One subprocess for all argvs (importing sglang takes seconds)."""
+    proc = subprocess.run(
+        [str(python), "-c", _PROBE], input=json.dumps(argvs), capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# The matrix: each case is a config and the ServerArgs fields it must land on (written from the config's
+# meaning, not from hybridctl's mapping, so a wrong flag name or value fails here).
+
+
+def _cfg(config: dict[str, object] | None = None, settings: dict[str, object] | None = None) -> HybridConfig:
+    data = {"config": {"server": {"model_path": "/models/qwen3-next"}}, "settings": settings or {}}
+    for section, values in (config or {}).items():
+        data["config"].setdefault(section, {}).update(values)  # type: ignore[union-attr,attr-defined]
+    return HybridConfig.model_validate(data)
+
+
+CASES: list[tuple[str, HybridConfig, dict[str, object]]] = [
+    (
+        "defaults",
+        _cfg(),
+        {
+            "model_path": "/models/qwen3-next",
+            "host": "127.0.0.1",
+            "port": 30000,
+            "tp_size": 1,
+            "mem_fraction_static": 0.85,
+            "mamba_full_memory_ratio": 0.9,
+            "page_size": 1,
+            "mamba_radix_cache_strategy": "auto",
+            "mamba_track_interval": 256,
+            "chunked_prefill_size": 8192,
+            "schedule_policy": "fcfs",
+            "mamba_ssm_dtype": "float32",
+            "log_level": "info",
+            "disable_radix_cache": False,
+            "disable_overlap_schedule": False,
+            "enable_unified_memory": False,
+            "speculative_algorithm": None,
+            "trust_remote_code": False,
+            "log_requests": False,
+        },
+    ),
+    (
+        "server",
+        _cfg(
+            {
+                "server": {
+                    "host": "0.0.0.0",
+                    "port": 31000,
+                    "tokenizer_path": "/tok",
+                    "trust_remote_code": True,
+                    "tp_size": 4,
+                }
+            }
+        ),
+        {"host": "0.0.0.0", "port": 31000, "tokenizer_path": "/tok", "trust_remote_code": True, "tp_size": 4},
+    ),
+    (
+        "scale-out",
+        _cfg(
+            {
+                "server": {
+                    "tp_size": 8,
+                    "dp_size": 2,
+                    "ep_size": 8,
+                    "nnodes": 2,
+                    "node_rank": 1,
+                    "dist_init_addr": "10.0.0.1:5000",
+                }
+            }
+        ),
+        {
+            "tp_size": 8,
+            "dp_size": 2,
+            "ep_size": 8,
+            "nnodes": 2,
+            "node_rank": 1,
+            "dist_init_addr": "10.0.0.1:5000",
+        },
+    ),
+    (
+        "memory",
+        _cfg(
+            {
+                "memory": {
+                    "mem_fraction_static": 0.7,
+                    "mamba_full_memory_ratio": 2.5,
+                    "max_mamba_cache_size": 64,
+                    "enable_elastic_memory_pool": True,
+                }
+            }
+        ),
+        {
+            "mem_fraction_static": 0.7,
+            "mamba_full_memory_ratio": 2.5,
+            "max_mamba_cache_size": 64,
+            "enable_unified_memory": True,
+        },
+    ),
+    ("prefix-off", _cfg({"cache": {"enable_prefix_caching": False}}), {"disable_radix_cache": True}),
+    (
+        "extra-buffer",
+        _cfg(
+            {
+                "cache": {
+                    "radix_cache_page_size": 64,
+                    "mamba_radix_cache_strategy": "extra_buffer",
+                    "mamba_track_interval": 128,
+                }
+            }
+        ),
+        {
+            "page_size": 64,
+            "mamba_radix_cache_strategy": "extra_buffer",
+            "mamba_track_interval": 128,
+            "disable_overlap_schedule": False,
+        },
+    ),
+    (
+        "no-buffer",
+        _cfg({"cache": {"mamba_radix_cache_strategy": "no_buffer"}}),
+        {"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True},
+    ),
+    (
+        "speculative",
+        _cfg(
+            {
+                "speculative": {
+                    "speculative_algorithm": "EAGLE3",
+                    "speculative_num_steps": 4,
+                    "speculative_num_draft_tokens": 8,
+                    "speculative_topk": 4,
+                    "speculative_draft_model_path": "/models/eagle3",
+                }
+            }
+        ),
+        {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_num_steps": 4,
+            "speculative_num_draft_tokens": 8,
+            "speculative_eagle_topk": 4,
+            "speculative_draft_model_path": "/models/eagle3",
+        },
+    ),
+    (
+        "settings",
+        _cfg(
+            settings={
+                "runtime": {
+                    "chunked_prefill_size": -1,
+                    "max_running_requests": 48,
+                    "schedule_policy": "lpm",
+                    "disable_radix_cache": True,
+                },
+                "mamba": {"state_dtype": "bfloat16"},
+                "logging": {"level": "debug", "log_requests": True},
+            }
+        ),
+        {
+            "chunked_prefill_size": -1,
+            "max_running_requests": 48,
+            "schedule_policy": "lpm",
+            "disable_radix_cache": True,
+            "mamba_ssm_dtype": "bfloat16",
+            "log_level": "debug",
+            "log_requests": True,
+        },
+    ),
+    (
+        "extra-args",
+        _cfg(
+            {
+                "extra_engine_args": {
+                    "enable-metrics": True,
+                    "kv_cache_dtype": "fp8_e4m3",
+                    "--context-length": 32768,
+                    "mamba-backend": "flashinfer",
+                }
+            }
+        ),
+        {
+            "enable_metrics": True,
+            "kv_cache_dtype": "fp8_e4m3",
+            "context_length": 32768,
+            "mamba_backend": "flashinfer",
+        },
+    ),
+]
+
+
+def test_matrix_covers_every_flag_the_mapping_can_emit() -> None:
+    emitted = {flag for _, cfg, _ in CASES for flag in sglang_translation(cfg, SGLANG_VERSION).flags}
+    mapped = {
+        t.flag for row in ROWS for t in row.sglang
+        if t.status == "flag" and t.flag and t.applies_to(SGLANG_VERSION)
+        and not row.key.startswith("pd.")
+    }  # fmt: skip
+    assert mapped <= emitted, f"no matrix case emits {sorted(mapped - emitted)}"
+
+
+@pytest.mark.sglang
+def test_every_command_parses_with_sglang_and_lands_on_the_right_fields() -> None:
+    python = sglang_python()
+    argvs = [sglang_command(cfg, SGLANG_VERSION).argv[3:] for _, cfg, _ in CASES]
+    results = parse_with_sglang(python, argvs)
+    for (name, _, expected), result in zip(CASES, results, strict=True):
+        assert "error" not in result, f"{name}: {result.get('error')}"
+        fields = result["fields"]
+        assert isinstance(fields, dict)
+        for field, value in expected.items():
+            assert fields[field] == value, f"{name}: {field} = {fields[field]!r}, expected {value!r}"
+
+
+@pytest.mark.sglang
+def test_config_yaml_parses_to_the_same_server_args_as_the_command_line(tmp_path: Path) -> None:
+    python = sglang_python()
+    argvs: list[list[str]] = []
+    for name, cfg, _ in CASES:
+        flags = sglang_translation(cfg, SGLANG_VERSION).flags
+        text, leftover = to_config_yaml(flags, SGLANG_VERSION)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        argvs += [sglang_command(cfg, SGLANG_VERSION).argv[3:], ["--config", str(path), *leftover]]
+    results = parse_with_sglang(python, argvs)
+    for i, (name, _, _) in enumerate(CASES):
+        direct, via_yaml = results[2 * i], results[2 * i + 1]
+        assert "error" not in via_yaml, f"{name}: {via_yaml.get('error')}"
+        assert via_yaml["fields"] == direct["fields"], name
+
+
+@pytest.mark.sglang
+def test_pd_worker_commands_parse_with_their_roles() -> None:
+    python = sglang_python()
+    cfg = _cfg({"server": {"tp_size": 2}, "pd": {"enable_pd_disaggregation": True, "prefill_port": 31100,
+                                               "decode_port": 31200, "bootstrap_port": 9100}})  # fmt: skip
+    plan = pd_plan(cfg, SGLANG_VERSION)
+    prefill, decode = parse_with_sglang(python, [plan.prefill.argv[3:], plan.decode.argv[3:]])
+    assert prefill["fields"]["disaggregation_mode"] == "prefill"  # type: ignore[index]
+    assert prefill["fields"]["port"] == 31100  # type: ignore[index]
+    assert prefill["fields"]["disaggregation_bootstrap_port"] == 9100  # type: ignore[index]
+    assert decode["fields"]["disaggregation_mode"] == "decode"  # type: ignore[index]
+    assert decode["fields"]["port"] == 31200  # type: ignore[index]
+    assert decode["fields"]["base_gpu_id"] == 2  # type: ignore[index]
+    assert plan.router.argv[3:8] == [
+        "--pd-disaggregation",
+        "--prefill",
+        "http://127.0.0.1:31100",
+        "9100",
+        "--decode",
+    ]
+
+
+@pytest.mark.sglang
+def test_the_old_strategy_flag_is_rejected_by_0_5_23_which_is_why_it_is_version_gated() -> None:
+    python = sglang_python()
+    old = sglang_command(_cfg({"cache": {"mamba_radix_cache_strategy": "no_buffer"}}), "0.5.13").argv[3:]
+    assert "--mamba-scheduler-strategy" in old
+    (result,) = parse_with_sglang(python, [old])
+    assert "error" in result and "mamba-scheduler-strategy" in str(result["error"])
