@@ -16,7 +16,7 @@ def init(
         None, "--model", help="Model directory or its config.json (sizes pools)."
     ),
     gpu_mem_gib: float | None = typer.Option(
-        None, "--gpu-mem-gib", help="GPU memory per device in GiB (default: detected with NVML)."
+        None, "--gpu-mem-gib", min=0.001, help="GPU memory per device in GiB (default: detected with NVML)."
     ),
     tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor-parallel degree."),
     context_len: int | None = typer.Option(None, "--context-len", min=1, help="Longest request, in tokens."),
@@ -56,12 +56,7 @@ def init(
         typer.echo(f"error: {exc} Nothing was written.", err=True)
         raise typer.Exit(2) from None
     except InitError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    except Exception as exc:  # noqa: BLE001  (model/planner errors carry a clear message; never a traceback)
-        if type(exc).__name__ not in {"ModelSpecError", "PoolSizingError", "PlanError"}:
-            raise
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {exc} Nothing was written.", err=True)
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))

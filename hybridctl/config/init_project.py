@@ -119,30 +119,33 @@ def _detect_gpu_mem_bytes() -> int | None:
 
 def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path) -> None:
     """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
-    try:
-        from hybridctl.model.spec import load_model_spec
-        from hybridctl.planner.plan import make_plan
-        from hybridctl.planner.recommend import recommend
-    except ImportError as exc:
-        result.plan_skipped = f"the planner is not available in this install ({exc})"
-        return
-    spec = load_model_spec(model_dir, tp=opts.tp)
+    from hybridctl.config.recommendation import apply_recommendation
+    from hybridctl.model.spec import load_model_spec
+    from hybridctl.planner.plan import make_plan
+    from hybridctl.planner.recommend import recommend
+
     if opts.gpu_mem_gib is not None:
-        gpu_mem = int(opts.gpu_mem_gib * GIB)
+        gpu_mem: int | None = int(opts.gpu_mem_gib * GIB)
     elif cfg.config.server.engine == "builtin":
         gpu_mem = int((cfg.config.memory.memory_budget_gib or 4.0) * GIB)
     else:
         gpu_mem = _detect_gpu_mem_bytes()
-    if gpu_mem is None:
-        result.plan_skipped = "no GPU detected and no --gpu-mem-gib given: values are schema defaults"
-        return
-    rec = recommend(
-        spec, gpu_mem_bytes=gpu_mem, tp=opts.tp, context_len=opts.context_len, concurrency=opts.concurrency
-    )
-    from hybridctl.config.recommendation import apply_recommendation
-
-    result.notes.update(apply_recommendation(cfg, rec))
-    result.plan = make_plan(cfg, spec, gpu_mem_bytes=gpu_mem).to_dict()
+    try:
+        spec = load_model_spec(model_dir, tp=opts.tp)
+        if gpu_mem is None:
+            result.plan_skipped = "no GPU detected and no --gpu-mem-gib given: values are schema defaults"
+            return
+        rec = recommend(
+            spec,
+            gpu_mem_bytes=gpu_mem,
+            tp=opts.tp,
+            context_len=opts.context_len,
+            concurrency=opts.concurrency,
+        )
+        result.notes.update(apply_recommendation(cfg, rec))
+        result.plan = make_plan(cfg, spec, gpu_mem_bytes=gpu_mem).to_dict()
+    except ValueError as exc:  # ModelSpecError, PoolSizingError: their messages name the file/key and the fix
+        raise InitError(str(exc)) from None
 
 
 def _check_round_trip(cfg: HybridConfig, config_data: object, settings_data: object) -> None:

@@ -141,3 +141,11 @@ def test_demo_builds_model_and_points_config_at_it(tmp_path: Path) -> None:
     assert (Path(cfg.config.server.model_path) / "config.json").is_file()
     assert data["demo_model"] == cfg.config.server.model_path
     assert check_files(tmp_path / "config.toml", tmp_path / "settings.json").errors == []
+
+
+def test_model_that_does_not_fit_writes_nothing(tmp_path: Path) -> None:
+    model = str(REPO / "templates/models/qwen3-next-80b-a3b.json")
+    result = run("init", "--out", str(tmp_path / "out"), "--model", model, "--gpu-mem-gib", "8")
+    assert result.exit_code == 2
+    assert "--tp" in result.output and "Nothing was written" in result.output
+    assert not (tmp_path / "out").exists()
