@@ -42,6 +42,24 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
+# Top-level /generate fields the runtime cannot honour: accepted only at these values, refused otherwise.
+_UNSUPPORTED_TOP_LEVEL: dict[str, tuple[Any, ...]] = {
+    "logprob_start_len": (None, -1),
+    "top_logprobs_num": (None, 0),
+    "token_ids_logprob": (None,),
+    "return_hidden_states": (None, False),
+    "image_data": (None,),
+    "video_data": (None,),
+    "audio_data": (None,),
+    "lora_path": (None,),
+    "session_params": (None,),
+    "custom_logit_processor": (None,),
+    "bootstrap_host": (None,),
+    "bootstrap_room": (None,),
+    "return_prompt_token_ids": (None, False),
+}
+
+
 class ContractError(ValueError):
     """The body breaks SGLang's JSON contract (SGLang answers `{"error": "<text>"}` with 400)."""
 
@@ -216,6 +234,10 @@ def parse_generate_body(
     if not isinstance(body, dict):
         raise ContractError(f"invalid type: {_unexpected(body)}, expected struct GenerateRequest")
     stream = _boolean("stream", body.get("stream")) or False
+    for key, allowed in _UNSUPPORTED_TOP_LEVEL.items():
+        if body.get(key) not in allowed:
+            raise RequestValueError(f"{key}={body[key]!r} is not implemented by the bundled runtime")
+    return_logprob = _boolean("return_logprob", body.get("return_logprob")) or False
     prompts, single = _prompts(body, encode)
     raw_params = body.get("sampling_params")
     if isinstance(raw_params, list):
@@ -244,7 +266,9 @@ def parse_generate_body(
         raise RequestValueError(f"Duplicate request ID detected: {rids}")
     out: list[PreparedRequest] = []
     for i, (ids, ps, r) in enumerate(zip(prompts, params, rids, strict=True)):
-        out.append(prepare_request(i, ids, ps, r, stream, vocab_size, context_len))
+        prepared = prepare_request(i, ids, ps, r, stream, vocab_size, context_len)
+        prepared.request.return_logprob = return_logprob
+        out.append(prepared)
     return out, single, stream
 
 

@@ -24,6 +24,7 @@ class RequestState:
     completion_tokens: int = 0
     cached_tokens: int = 0
     spec_verify_ct: int = 0
+    output_logprobs: list[float] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # arrival time of each output chunk with tokens
     _detok: IncrementalDetokenizer | None = None
 
@@ -46,6 +47,8 @@ class RequestState:
                 self.first_token_time = now
             self.token_times.append(now)
             self.output_ids.extend(out.new_token_ids)
+            if out.new_token_logprobs is not None:
+                self.output_logprobs.extend(out.new_token_logprobs)
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens
@@ -92,6 +95,10 @@ class RequestState:
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
         }
+        if self.prepared.request.return_logprob:
+            # SGLang's [logprob, token_id, text] triples; text would need return_text_in_logprobs.
+            pairs = zip(self.output_logprobs, self.output_ids, strict=False)
+            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in pairs]
         if self.spec_verify_ct > 0:
             meta["spec_verify_ct"] = self.spec_verify_ct
             meta["spec_accept_length"] = self.completion_tokens / self.spec_verify_ct

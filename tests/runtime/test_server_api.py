@@ -201,3 +201,14 @@ def test_metrics_have_sglang_names(client: httpx.Client) -> None:
         if line.startswith("sglang:e2e_request_latency_seconds_count")
     ]
     assert sum(counts) >= 1
+
+
+def test_return_logprob_gives_greedy_token_logprobs(client: httpx.Client) -> None:
+    body = {"text": "The sea", "sampling_params": GREEDY, "return_logprob": True}
+    meta = client.post("/generate", json=body).json()["meta_info"]
+    triples = meta["output_token_logprobs"]
+    assert len(triples) == GREEDY["max_new_tokens"]
+    assert all(lp <= 0.0 and text is None for lp, _, text in triples)
+    unsupported = client.post("/generate", json={**body, "top_logprobs_num": 3})
+    assert unsupported.status_code == 400
+    assert "top_logprobs_num" in unsupported.json()["error"]["message"]
