@@ -6,6 +6,7 @@ import json
 
 from pydantic import BaseModel
 
+from hybridctl.config.codes import FINDING_CODES
 from hybridctl.config.field_docs import iter_field_docs
 from hybridctl.config.schema import ConfigToml, SettingsJson
 
@@ -74,6 +75,16 @@ def render_configuration_md() -> str:
         *_table(SettingsJson, toml=False),
         "",
         "Optional keys may be `null` or left out.",
+        "",
+        "## Finding codes",
+        "",
+        "`hybridctl validate --json` reports each problem with one of these stable codes, its file, line,",
+        "column, dotted key, a message and the exact fix. Exit codes: 0 valid, 1 warnings with `--strict`,",
+        "2 errors.",
+        "",
+        "| Code | Meaning |",
+        "|---|---|",
+        *(f"| `{code}` | {_cell(meaning)} |" for code, meaning in FINDING_CODES.items()),
         "",
     ]
     return "\n".join(parts)

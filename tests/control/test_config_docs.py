@@ -41,3 +41,18 @@ def test_json_schemas_describe_every_key() -> None:
                 assert section["additionalProperties"] is False
                 assert all(p.get("description") for p in section["properties"].values())
     assert "$schema" in json_schema("settings")["properties"]
+
+
+def test_every_emitted_code_is_documented() -> None:
+    """Codes in Finding(...) calls of hybridctl/config and FINDING_CODES are the same set."""
+    import re
+
+    from hybridctl.config.codes import FINDING_CODES
+
+    sources = {p: p.read_text() for p in (REPO / "hybridctl" / "config").glob("*.py") if p.name != "codes.py"}
+    emitted = set()
+    for text in sources.values():
+        emitted |= set(re.findall(r'"(?:error|warning|info)",\s*"([A-Z][A-Z_]+)"', text))
+    assert emitted <= FINDING_CODES.keys(), emitted - FINDING_CODES.keys()
+    for code in FINDING_CODES:
+        assert any(f'"{code}"' in text for text in sources.values()), f"{code} is never emitted"
