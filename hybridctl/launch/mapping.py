@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.launch.version import in_range
+from hybridctl.launch.version import in_range, version_key
 
 Status = Literal["flag", "built-in", "not-supported", "client-side"]
 # How a value becomes argv: "value" = --flag VALUE (skipped when None), "true" = --flag when truthy,
@@ -61,7 +61,7 @@ class MappingRow:
         for target in self.sglang:
             if target.applies_to(version):
                 return target
-        first = min((t.since for t in self.sglang if t.since), default=None)
+        first = min((t.since for t in self.sglang if t.since), key=version_key, default=None)
         return Target(
             "not-supported",
             accepts=_is_default(self),
