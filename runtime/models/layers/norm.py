@@ -8,7 +8,7 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """Plain RMSNorm: `weight * x / rms(x)`, computed in fp32 then cast back (Llama / Nemotron-H style)."""
+    """Plain RMSNorm: `weight * x / rms(x)`, weight applied in fp32 before the downcast (Nemotron-H)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -19,7 +19,7 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return (self.weight.float() * h).to(dtype)
 
 
 class ZeroCenteredRMSNorm(nn.Module):

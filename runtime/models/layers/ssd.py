@@ -1,0 +1,91 @@
+"""Mamba2's selective state space scan (SSD): chunked form for prefill, one recurrent step for decode.
+
+Per head, with state h [head_dim, state_size]: h = exp(dt A) h + dt x Bᵀ; y = h C + D x. The chunked form
+follows transformers' `mamba2_chunk_scan`: inside a chunk the scan is a masked matmul, across chunks
+a recurrence over chunk-end states, so a long prompt costs a few batched einsums, not one step per token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _segment_sum(x: torch.Tensor) -> torch.Tensor:
+    """[..., T] → [..., T, T] with out[..., i, j] = sum(x[..., j+1 : i+1]) for j <= i, else -inf."""
+    size = x.size(-1)
+    x = x[..., None].expand(*x.size(), size)
+    strict_lower = torch.tril(torch.ones(size, size, device=x.device, dtype=torch.bool), diagonal=-1)
+    x = x.masked_fill(~strict_lower, 0)
+    out = torch.cumsum(x, dim=-2)
+    lower = torch.tril(torch.ones(size, size, device=x.device, dtype=torch.bool), diagonal=0)
+    return out.masked_fill(~lower, -torch.inf)
+
+
+def chunk_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    initial_state: torch.Tensor,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [B, L, H, P]; dt: [B, L, H] (already softplus'd and clamped; 0 on padded steps); a: [H] (negative);
+    b, c: [B, L, G, N]; d: [H]; initial_state: [B, H, P, N] fp32.
+    Returns (y [B, L, H, P] fp32, final state [B, H, P, N] fp32)."""
+    batch, length, heads, _ = x.shape
+    groups = b.shape[2]
+    x = x.float()
+    dt = dt.float()
+    b = b.float().repeat_interleave(heads // groups, dim=2)
+    c = c.float().repeat_interleave(heads // groups, dim=2)
+    pad = (chunk_size - length % chunk_size) % chunk_size
+    d_residual = d.float()[:, None] * x
+    x = x * dt[..., None]
+    a_dt = a.float() * dt  # [B, L, H]
+
+    def chunks(t: torch.Tensor) -> torch.Tensor:
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
+        return t.reshape(batch, -1, chunk_size, *t.shape[2:])
+
+    x, a_dt, b, c = chunks(x), chunks(a_dt), chunks(b), chunks(c)
+    a_dt = a_dt.permute(0, 3, 1, 2)  # [B, H, C, l]
+    a_cum = torch.cumsum(a_dt, dim=-1)
+    # Within each chunk: attention-like masked products.
+    decay = torch.exp(_segment_sum(a_dt))  # [B, H, C, l, s]
+    scores = torch.einsum("bclhn,bcshn->bclsh", c, b)
+    y_diag = torch.einsum("bclsh,bcshp->bclhp", scores * decay.permute(0, 2, 3, 4, 1), x)
+    # State contributed by each chunk, then the recurrence across chunk boundaries.
+    decay_states = torch.exp(a_cum[:, :, :, -1:] - a_cum)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", b, decay_states, x)
+    states = torch.cat([initial_state.float()[:, None], states], dim=1)
+    decay_chunk = torch.exp(_segment_sum(F.pad(a_cum[:, :, :, -1], (1, 0)))).transpose(1, 3)
+    new_states = torch.einsum("bzch,bzhpn->bchpn", decay_chunk, states)
+    states, final_state = new_states[:, :-1], new_states[:, -1]
+    y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", c, states, torch.exp(a_cum))
+    y = (y_diag + y_off).reshape(batch, -1, heads, x.shape[-1])[:, :length]
+    return y + d_residual, final_state
+
+
+def recurrent_step(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence. x: [B, H, P]; dt: [B, H]; b, c: [B, G, N]; state: [B, H, P, N] fp32.
+    Returns (y [B, H, P] fp32, new state)."""
+    heads = x.shape[1]
+    groups = b.shape[1]
+    dt = dt.float()
+    b = b.float().repeat_interleave(heads // groups, dim=1)  # [B, H, N]
+    c = c.float().repeat_interleave(heads // groups, dim=1)
+    decay = torch.exp(dt * a.float())[..., None, None]
+    state = state * decay + (dt[..., None] * x.float())[..., None] * b[:, :, None, :]
+    y = (state @ c[..., None]).squeeze(-1) + d.float()[:, None] * x.float()
+    return y, state
