@@ -20,15 +20,15 @@ def json_schema(which: SchemaFile) -> dict[str, Any]:
         schema = ConfigToml.model_json_schema()
         schema["title"] = "hybridctl config.toml"
         schema["description"] = (
-            "What to serve and how the engine lays out memory for a hybrid model. "
-            "Reference: docs/configuration.md; check with `hybridctl validate`."
+            "What to serve and how the engine lays out memory for a hybrid model. Reference: "
+            "docs/configuration.md; check with `hybridctl validate`."
         )
     elif which == "settings":
         schema = SettingsJson.model_json_schema()
         schema["title"] = "hybridctl settings.json"
         schema["description"] = (
-            "Scheduling, recurrent-state handling, logging and the optional upstream gateway. "
-            "Reference: docs/configuration.md; check with `hybridctl validate`."
+            "Scheduling, recurrent-state handling, logging and the optional upstream gateway. Reference: "
+            "docs/configuration.md; check with `hybridctl validate`."
         )
         # settings.json names its schema for editors; the loader drops the key before validating.
         schema["properties"] = {

@@ -64,8 +64,8 @@ def _read_text(path: Path, fmt: FileFormat, missing_ok: bool) -> tuple[str | Non
                     None,
                     "",
                     f"{path} does not exist.",
-                    f"run `hybridctl init --out {path.parent}` to write a commented one, or pass the path "
-                    "of yours.",
+                    f"run `hybridctl init --out {path.parent}` to write a commented one, or pass the path of "
+                    "yours.",
                 )
             )
         return None, parsed
@@ -172,8 +172,7 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
                 "",
                 f"JSON syntax error: {exc.msg}.",
                 f"correct the JSON at line {exc.lineno}, column {exc.colno} of {path} (keys in double "
-                "quotes, no "
-                "trailing commas, no comments).",
+                "quotes, no trailing commas, no comments).",
             )
         )
         return parsed
@@ -281,11 +280,10 @@ def _secret_findings(parsed: ParsedFile) -> list[Finding]:
                 column,
                 dotted,
                 f"`{dotted}` holds {hit.kind} ({hit.length} characters, not shown); files get copied, "
-                "committed "
-                "and printed, so secrets do not belong in them.",
-                f"remove the value from {parsed.path}, export it in an environment variable and name that "
-                "variable "
-                'in [api] api_key_env (e.g. "api_key_env": "OPENAI_API_KEY") — then rotate the exposed key.',
+                "committed and printed, so secrets do not belong in them.",
+                f"remove the value from {parsed.path}, export it in an environment variable, name that "
+                'variable in "api_key_env" of the "api" object of settings.json (e.g. "OPENAI_API_KEY"), '
+                "and rotate the exposed key.",
             )
         )
     return findings

@@ -55,8 +55,7 @@ def rule_prefix_cache(cfg: HybridConfig, engine_version: str | None = None) -> l
                 SETTINGS,
                 "runtime.disable_radix_cache",
                 "prefix caching is on in [cache] of config.toml but settings.json disables the radix cache, "
-                "which "
-                "wins: every request recomputes its whole prompt and its recurrent state.",
+                "which wins: every request recomputes its whole prompt and its recurrent state.",
                 json_set("runtime.disable_radix_cache", "false")
                 + " (or, to turn caching off on purpose, "
                 + f"{toml_set('cache.enable_prefix_caching', 'false')})",
@@ -75,8 +74,8 @@ def rule_prefix_cache(cfg: HybridConfig, engine_version: str | None = None) -> l
                 '"no_buffer": no_buffer keeps a recurrent state only at a sequence end, which is not '
                 "pageable; "
                 'SGLang 0.5.23 refuses it ("no_buffer only supports page_size=1").',
-                f"{toml_set('cache.mamba_radix_cache_strategy', chr(34) + 'extra_buffer' + chr(34))}, "
-                f"or {toml_set('cache.radix_cache_page_size', '1')}",
+                f"{toml_set('cache.mamba_radix_cache_strategy', chr(34) + 'extra_buffer' + chr(34))}, or "
+                f"{toml_set('cache.radix_cache_page_size', '1')}",
             )
         )
     elif cache.radix_cache_page_size > 1 and cache.mamba_radix_cache_strategy == "auto":
@@ -87,10 +86,8 @@ def rule_prefix_cache(cfg: HybridConfig, engine_version: str | None = None) -> l
                 CONFIG,
                 "cache.mamba_radix_cache_strategy",
                 f'radix_cache_page_size = {cache.radix_cache_page_size} with strategy "auto": SGLang 0.5.23 '
-                "picks "
-                "extra_buffer only when the architecture and linear-attention backend (triton) support it, "
-                "else "
-                "no_buffer, which refuses page sizes above 1.",
+                "picks extra_buffer only when the architecture and linear-attention backend (triton) "
+                "support it, else no_buffer, which refuses page sizes above 1.",
                 toml_set("cache.mamba_radix_cache_strategy", '"extra_buffer"')
                 + " to make the choice explicit",
             )
@@ -103,9 +100,8 @@ def rule_prefix_cache(cfg: HybridConfig, engine_version: str | None = None) -> l
                 SETTINGS,
                 "mamba.state_snapshot_on_match",
                 "state_snapshot_on_match is off: a prefix hit cannot hand the cached recurrent state to the "
-                "request, "
-                "so hybrid models recompute the prefix (only attention KV would be reusable, which is not "
-                "enough).",
+                "request, so hybrid models recompute the prefix (only attention KV would be reusable, which "
+                "is not enough).",
                 json_set("mamba.state_snapshot_on_match", "true"),
             )
         )
@@ -148,8 +144,8 @@ def rule_speculative(cfg: HybridConfig, engine_version: str | None = None) -> li
                 CONFIG,
                 "speculative.enable_mamba_state_sandbox",
                 f"speculative decoding ({spec.speculative_algorithm}) is on but the state sandbox is off: "
-                "drafts "
-                "would write the request's recurrent state in place, and a rejected draft cannot be undone.",
+                "drafts would write the request's recurrent state in place, and a rejected draft cannot be "
+                "undone.",
                 toml_set("speculative.enable_mamba_state_sandbox", "true"),
             )
         )
@@ -164,8 +160,7 @@ def rule_speculative(cfg: HybridConfig, engine_version: str | None = None) -> li
                     CONFIG,
                     "cache.mamba_track_interval",
                     f"mamba_track_interval = {interval} is smaller than speculative_num_draft_tokens = "
-                    f"{draft}: one "
-                    "verify round can cross two checkpoints"
+                    f"{draft}: one verify round can cross two checkpoints"
                     + (
                         ""
                         if explicit
@@ -184,10 +179,8 @@ def rule_speculative(cfg: HybridConfig, engine_version: str | None = None) -> li
                 CONFIG,
                 "speculative.speculative_num_draft_tokens",
                 f"with speculative_topk = 1 the draft is a chain of speculative_num_steps + 1 = {steps + 1} "
-                "tokens, "
-                f"but speculative_num_draft_tokens = {draft}; SGLang silently adjusts it to {steps + 1}, so "
-                "the "
-                "configured value (and pool sizing planned from it) is not what runs.",
+                f"tokens, but speculative_num_draft_tokens = {draft}; SGLang silently adjusts it to "
+                f"{steps + 1}, so the configured value (and pool sizing planned from it) is not what runs.",
                 toml_set("speculative.speculative_num_draft_tokens", str(steps + 1)),
             )
         )
@@ -219,10 +212,8 @@ def rule_pd(cfg: HybridConfig, engine_version: str | None = None) -> list[Findin
                 CONFIG,
                 "pd.mamba_state_transfer_mode",
                 f'mamba_state_transfer_mode = "{pd.mamba_state_transfer_mode}": the decode server may start '
-                "from a "
-                "recurrent state that lags the transferred KV (state is per-request, not per-token, and "
-                "cannot be "
-                "merged layer by layer).",
+                "from a recurrent state that lags the transferred KV (state is per-request, not per-token, "
+                "and cannot be merged layer by layer).",
                 toml_set("pd.mamba_state_transfer_mode", '"atomic"'),
             )
         )
@@ -234,8 +225,7 @@ def rule_pd(cfg: HybridConfig, engine_version: str | None = None) -> list[Findin
                 CONFIG,
                 "cache.mamba_radix_cache_strategy",
                 "extra_buffer_lazy is not supported under PD disaggregation (SGLang 0.5.23: the decode pool "
-                "is not "
-                "wired for lazy slots).",
+                "is not wired for lazy slots).",
                 toml_set("cache.mamba_radix_cache_strategy", '"extra_buffer"'),
             )
         )
@@ -254,8 +244,8 @@ def rule_pd(cfg: HybridConfig, engine_version: str | None = None) -> list[Findin
                     "PORT_CONFLICT",
                     CONFIG,
                     key,
-                    f"{key} = {port} is also {seen[port]}; under PD each server and the bootstrap need "
-                    "their own port.",
+                    f"{key} = {port} is also {seen[port]}; under PD each server and the bootstrap need their "
+                    "own port.",
                     toml_set(key, str(max(ports.values()) + 1)),
                 )
             )
@@ -276,8 +266,7 @@ def rule_elastic(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                 CONFIG,
                 "speculative.speculative_algorithm",
                 "the elastic memory pool supports speculative decoding only with "
-                f"{', '.join(ELASTIC_SPEC_ALGORITHMS)}"
-                f" (SGLang 0.5.23), not {spec.speculative_algorithm}.",
+                f"{', '.join(ELASTIC_SPEC_ALGORITHMS)} (SGLang 0.5.23), not {spec.speculative_algorithm}.",
                 f"{toml_set('speculative.speculative_algorithm', chr(34) + 'EAGLE' + chr(34))}, or "
                 f"{toml_set('memory.enable_elastic_memory_pool', 'false')}",
             )
@@ -290,10 +279,8 @@ def rule_elastic(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                 CONFIG,
                 "speculative.speculative_topk",
                 "the elastic memory pool supports only a linear draft chain (topk 1), not speculative_topk "
-                "= "
-                f"{spec.speculative_topk}: tree verify moves accepted tokens one at a time, which "
-                "page-granular "
-                "elastic moves cannot express.",
+                f"= {spec.speculative_topk}: tree verify moves accepted tokens one at a time, which "
+                "page-granular elastic moves cannot express.",
                 toml_set("speculative.speculative_topk", "1"),
             )
         )
@@ -306,8 +293,7 @@ def rule_elastic(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                 CONFIG,
                 "memory.enable_elastic_memory_pool",
                 "the elastic memory pool with PD disaggregation does not support speculative decoding over "
-                "the "
-                "Mooncake transfer backend (SGLang 0.5.23).",
+                "the Mooncake transfer backend (SGLang 0.5.23).",
                 f"{toml_set('memory.enable_elastic_memory_pool', 'false')}, or turn speculative decoding off",
             )
         )

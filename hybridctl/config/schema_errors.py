@@ -136,8 +136,7 @@ def validation_findings(
             if kind == "string_pattern_mismatch" and name.endswith("_env"):
                 fix = (
                     f'set `{name}` to the NAME of an environment variable (e.g. "OPENAI_API_KEY") '
-                    f"in {place}, "
-                    "and export the key in that variable."
+                    f"in {place}, and export the key in that variable."
                 )
         findings[path] = Finding("error", code, file_name, line, column, dotted, message, fix)
     return list(findings.values())
