@@ -1,4 +1,4 @@
-"""Predictions from bad configs, one or more per failure code; every machine fix is re-checked by the planner."""
+"""Predictions from bad configs, one or more per failure code; every machine fix is re-checked."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def test_draft_tree_cannot_be_rolled_back() -> None:
     )
 
 
-# --- ELASTIC_TIMEOUT (config + host, end to end through run_doctor) -------------------------------------------
+# --- ELASTIC_TIMEOUT (config + host, end to end through run_doctor) ------------------------------
 
 
 def write_config(directory: Path, toml: str, settings: dict | None = None) -> Path:
@@ -210,7 +210,8 @@ def write_config(directory: Path, toml: str, settings: dict | None = None) -> Pa
 
 
 def test_elastic_pool_on_an_old_driver(tmp_path: Path) -> None:
-    toml = f'[server]\nmodel_path = "{QWEN3_NEXT}"\nengine = "sglang"\ntp_size = 4\n[memory]\nenable_elastic_memory_pool = true\n'
+    toml = f'[server]\nmodel_path = "{QWEN3_NEXT}"\nengine = "sglang"\ntp_size = 4\n'
+    toml += "[memory]\nenable_elastic_memory_pool = true\n"
     path = write_config(tmp_path, toml)
     report = run_doctor(DoctorOptions(path, tmp_path / "settings.json", True), h100_host(driver="525.147.05"))
     elastic = [f for f in report.findings if f.code == "ELASTIC_TIMEOUT"]
@@ -246,7 +247,8 @@ def test_peer_with_another_state_dtype_or_tp() -> None:
 
 
 def test_peer_given_on_the_command_line(tmp_path: Path) -> None:
-    base = f'[server]\nmodel_path = "{QWEN3_NEXT}"\nengine = "sglang"\ntp_size = 4\n[pd]\nenable_pd_disaggregation = true\n'
+    base = f'[server]\nmodel_path = "{QWEN3_NEXT}"\nengine = "sglang"\ntp_size = 4\n'
+    base += "[pd]\nenable_pd_disaggregation = true\n"
     mine = write_config(tmp_path / "prefill", base)
     peer = write_config(tmp_path / "decode", base, {"mamba": {"state_dtype": "float16"}})
     opts = DoctorOptions(mine, mine.parent / "settings.json", True, peer_config=peer)
