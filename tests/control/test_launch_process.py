@@ -1,0 +1,110 @@
+"""start_server / server_status / stop_server with real processes.
+
+The engine here is a small HTTP process that writes SGLang-format start-up lines and answers /health: the
+process control (sessions, state file, readiness, SIGTERM then SIGKILL) is what is under test, not an engine.
+The real bundled runtime goes through the same path in tests/runtime/test_launch_live.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridctl.launch import LaunchError, StartupFailed, server_status, start_server, stop_server
+from hybridctl.launch.command import EngineCommand
+from hybridctl.launch.plan import LaunchPlan
+from hybridctl.launch.state import process_alive, read_state, state_path_for
+
+ENGINE = r"""
+import signal, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+port, mode = int(sys.argv[1]), sys.argv[2]
+if mode == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("loading weights", flush=True)
+if mode == "crash":
+    print("RuntimeError: Not enough memory for the state pool", flush=True)
+    sys.exit(3)
+print("Mamba Cache is allocated. max_mamba_cache_size: 5, conv_state size: 0.01GB, ssm_state size: 0.02GB ",
+      flush=True)
+print("KV Cache is allocated. dtype: torch.float32, #tokens: 100, KV size: 0.01 GB", flush=True)
+
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+server = HTTPServer(("127.0.0.1", port), Health)
+print("The server is fired up and ready to roll!", flush=True)
+server.serve_forever()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _plan(tmp_path: Path, mode: str) -> LaunchPlan:
+    script = tmp_path / "engine.py"
+    script.write_text(ENGINE)
+    port = _free_port()
+    argv = [sys.executable, str(script), str(port), mode]
+    command = EngineCommand(engine="builtin", role="server", argv=argv, host="127.0.0.1", port=port)
+    return LaunchPlan("builtin", "test", [command])
+
+
+def test_start_status_stop(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    handle = start_server(config, plan=_plan(tmp_path, "serve"), startup_timeout_s=60)
+    try:
+        info = handle.startup["server"]
+        assert info.mamba is not None and info.mamba.max_mamba_cache_size == 5
+        assert info.kv[0].tokens == 100 and info.ready
+        assert handle.log_path == tmp_path / "hybridctl-server.log"
+        state = read_state(state_path_for(config))
+        assert state is not None and state.processes[0].pid == handle.pid and state.url == handle.url
+        status = server_status(config)
+        assert status.running and status.healthy and status.alive == {handle.pid: True}
+        with pytest.raises(LaunchError, match="already runs"):
+            start_server(config, plan=_plan(tmp_path, "serve"))
+    finally:
+        result = stop_server(config, timeout_s=10)
+    assert result is not None and result.stopped == [handle.pid] and result.killed == []
+    handle.alive()  # reap
+    assert not process_alive(handle.pid, None)
+    assert not state_path_for(config).exists()
+    assert not server_status(config).running
+    assert stop_server(config) is None
+
+
+def test_stop_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    handle = start_server(config, plan=_plan(tmp_path, "ignore-term"), startup_timeout_s=60)
+    result = handle.stop(timeout_s=1.0)
+    assert result.killed == [handle.pid] and result.stopped == []
+    assert not handle.alive()
+    assert not state_path_for(config).exists()
+
+
+def test_start_up_failure_shows_the_log_and_the_doctor_hint(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    (tmp_path / "hybridctl-server.log").write_text("previous run\n")
+    with pytest.raises(StartupFailed) as err:
+        start_server(config, plan=_plan(tmp_path, "crash"), startup_timeout_s=60)
+    message = str(err.value)
+    assert "exited with code 3" in message
+    assert "Not enough memory for the state pool" in message
+    assert f"hybridctl doctor --log {tmp_path / 'hybridctl-server.log'}" in message
+    assert not state_path_for(config).exists()
+    assert (tmp_path / "hybridctl-server.log.1").read_text() == "previous run\n"
