@@ -41,7 +41,9 @@ def validate(
     config: Path = typer.Argument(Path("config.toml"), help="config.toml to check."),
     settings: Path = typer.Argument(Path("settings.json"), help="settings.json to check (optional file)."),
     engine_version: str | None = typer.Option(
-        None, "--engine-version", help="SGLang version whose flags and rules apply (default 0.5.23)."
+        None,
+        "--engine-version",
+        help="SGLang version to check against (default: the installed one, else 0.5.23).",
     ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there are warnings."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -53,8 +55,10 @@ def validate(
     import json
 
     from hybridctl.config.loader import check_files
+    from hybridctl.launch.version import installed_sglang_version
 
-    report = check_files(config, settings, engine_version=engine_version)
+    # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules).
+    report = check_files(config, settings, engine_version=engine_version or installed_sglang_version())
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
