@@ -1,0 +1,87 @@
+"""`hybridctl bench` against the real bundled runtime: 8 concurrent streams held, and the client's TTFT and
+throughput agree with the server's own /metrics over the same run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.runtime.conftest import RunningServer, free_port
+
+
+def hybridctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hybridctl", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def bench_json(url: str, *args: str) -> dict[str, Any]:
+    proc = hybridctl("bench", "--url", url, "--json", *args)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_shared_prefix_bench_holds_8_streams_and_agrees_with_server_metrics(
+    runtime_server: RunningServer,
+) -> None:
+    result = bench_json(
+        runtime_server.url, "--num-groups", "2", "--prompts-per-group", "8", "--system-prompt-len", "256",
+        "--question-len", "32", "--output-len", "16", "--max-concurrency", "8",
+    )  # fmt: skip
+    assert result["completed"] == 16 and result["failed"] == 0
+    assert result["concurrency"]["client_max_in_flight"] == 8
+    assert result["concurrency"]["server_max_running"] >= 8  # the server really ran 8 at once
+    lat = result["latency_ms"]
+    assert lat["ttft"]["count"] == 16 and lat["e2e"]["count"] == 16
+    assert lat["itl"]["count"] == 16 * 15  # ignore_eos: exactly 16 tokens each, 15 gaps
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        s = lat[name]
+        assert 0 < s["min"] <= s["median"] <= s["p90"] <= s["p99"] <= s["max"]
+    assert lat["ttft"]["median"] < lat["e2e"]["median"]
+    assert result["throughput"]["output_tok_per_s"] > 0
+    # 2 groups x 8 prompts sharing a 256-token system prompt: later prompts of a group reuse it.
+    assert result["cache"]["hit_rate"] > 0.2
+    server = result["server"]
+    assert server["ttft_observations"] == 16 and server["output_tokens"] == 16 * 16
+    assert server["ttft_relative_diff"] <= 0.10, server
+    assert server["throughput_relative_diff"] <= 0.10, server
+    assert abs(server["cache_hit_rate"] - result["cache"]["hit_rate"]) < 0.02
+
+
+def test_random_dataset_with_request_rate_and_table(runtime_server: RunningServer) -> None:
+    result = bench_json(
+        runtime_server.url, "--dataset", "random", "--num-prompts", "6", "--input-len", "64",
+        "--range-ratio", "0.5", "--output-len", "4", "--request-rate", "20", "--no-flush",
+    )  # fmt: skip
+    assert result["completed"] == 6 and result["config"]["request_rate"] == 20.0
+    assert result["accept_length"] is None  # no speculative decoding on the runtime yet
+    proc = hybridctl("bench", "--url", runtime_server.url, "--dataset", "random", "--num-prompts", "2",
+                     "--input-len", "16", "--output-len", "2")  # fmt: skip
+    assert proc.returncode == 0 and "TTFT" in proc.stdout and "throughput" in proc.stdout
+
+
+def test_plot_without_matplotlib_and_bad_options_are_clear(
+    runtime_server: RunningServer, tmp_path: Path
+) -> None:
+    png = tmp_path / "lat.png"
+    args = (
+        "bench", "--url", runtime_server.url, "--dataset", "random", "--num-prompts", "2",
+        "--input-len", "16", "--output-len", "3", "--plot", str(png),
+    )  # fmt: skip
+    proc = hybridctl(*args)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert proc.returncode == 2 and "needs matplotlib" in proc.stderr and not png.exists()
+    else:
+        assert proc.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG"
+    proc = hybridctl("bench", "--url", runtime_server.url, "--dataset", "sharegpt")
+    assert proc.returncode == 2 and "--dataset 'sharegpt' is not known" in proc.stderr
+    proc = hybridctl("bench", "--url", f"http://127.0.0.1:{free_port()}")
+    assert (
+        proc.returncode == 2 and "cannot reach the server" in proc.stderr and "Traceback" not in proc.stderr
+    )
