@@ -124,7 +124,8 @@ class IncrementalDetokenizer:
 
     Byte-level BPE splits multi-byte characters across tokens; decoding such a prefix yields U+FFFD. Streaming
     that and later replacing it would break SGLang's "each chunk extends the previous text" contract, so the
-    tail is held back until the character is complete (or the request ends).
+    tail is held back until the character is complete (or the request ends). Like SGLang's detokenizer it
+    decodes only a window after the last complete point, so a long stream costs O(n), not O(n^2).
     """
 
     def __init__(self, tokenizer: ServerTokenizer, skip_special_tokens: bool = True) -> None:
@@ -132,14 +133,16 @@ class IncrementalDetokenizer:
         self._skip = skip_special_tokens
         self.ids: list[int] = []
         self.text = ""
+        self._surr = 0  # start of the decode window: tokens before it are in `text`
+        self._read = 0  # end of what `text` covers
 
     def extend(self, new_ids: list[int], final: bool = False) -> str:
         self.ids.extend(new_ids)
-        decoded = self._tokenizer.decode(self.ids, self._skip)
-        if not final:
-            while decoded.endswith("\ufffd"):
-                decoded = decoded[:-1]
-        # Never shrink what was already sent (a held-back char can only add to the text).
-        if decoded.startswith(self.text) or final:
-            self.text = decoded
+        decode = self._tokenizer.decode
+        prefix = decode(self.ids[self._surr : self._read], self._skip)
+        window = decode(self.ids[self._surr :], self._skip)
+        new_text = window[len(prefix) :]
+        if new_text and (final or not new_text.endswith("\ufffd")):
+            self.text += new_text
+            self._surr, self._read = self._read, len(self.ids)
         return self.text
