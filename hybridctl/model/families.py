@@ -9,11 +9,10 @@ transformers 5 spellings
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from hybridctl.model.errors import ModelSpecError
+from hybridctl.model.geometry import ConfigReader, Geometry, common_attention, layer_ids, layer_kind
 from hybridctl.model.state_shapes import StateShape, kda_state_shape, mamba2_state_shape
 
 SUPPORTED_FAMILIES: tuple[str, ...] = (
@@ -59,70 +58,6 @@ _DEFAULT_ARCH: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Geometry:
-    """What a family reader extracts; `state_shape(tp)` gives the per-rank recurrent state."""
-
-    family: str
-    model_type: str
-    architecture: str
-    text: dict[str, Any] = field(repr=False)  # the language-model part of config.json
-    layer_kinds: tuple[str, ...]
-    attn_layer_ids: tuple[int, ...]
-    linear_layer_ids: tuple[int, ...]
-    linear_kind: str  # gated_deltanet | kda | mamba2
-    attention_kind: str  # mha | mla
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    kv_lora_rank: int | None
-    qk_rope_head_dim: int | None
-    hidden_size: int
-    vocab_size: int
-    context_len: int
-    # SGLang reads `mamba_ssm_dtype` from the config only for some families (mamba2_state_dtype(self) vs
-    # mamba2_state_dtype(None)); None means the config does not influence the SSM dtype.
-    config_ssm_dtype: str | None
-    state_shape: Callable[[int], StateShape] = field(repr=False, compare=False)
-
-
-class _Reader:
-    """Key access that turns a missing or mistyped key into a ModelSpecError naming file and key."""
-
-    def __init__(self, cfg: dict[str, Any], source: str, family: str, prefix: str = "") -> None:
-        self.cfg = cfg
-        self.source = source
-        self.family = family
-        self.prefix = prefix
-
-    def has(self, key: str) -> bool:
-        return self.cfg.get(key) is not None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self.cfg.get(key)
-        return default if value is None else value
-
-    def int(self, key: str, default: int | None = None) -> int:
-        value = self.cfg.get(key)
-        if value is None:
-            value = default
-        if value is None:
-            raise ModelSpecError(
-                f"{self.source}: key '{self.prefix}{key}' is missing; a {self.family} config "
-                f"needs it to size the caches. Add it from the model's published config.json."
-            )
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ModelSpecError(
-                f"{self.source}: key '{self.prefix}{key}' must be a non-negative integer, got {value!r}. "
-                f"Fix the value in config.json."
-            )
-        return value
-
-    def fail(self, key: str, problem: str) -> ModelSpecError:
-        return ModelSpecError(f"{self.source}: key '{self.prefix}{key}' {problem}")
-
-
 def detect_family(cfg: dict[str, Any], source: str) -> tuple[str, str, str]:
     """(family, model_type, architecture) or a ModelSpecError naming the file and the model_type."""
     model_type = str(cfg.get("model_type") or "")
@@ -158,34 +93,9 @@ def read_geometry(cfg: dict[str, Any], source: str) -> Geometry:
     return geom
 
 
-def _common_attention(r: _Reader) -> dict[str, Any]:
-    heads = r.int("num_attention_heads")
-    hidden = r.int("hidden_size")
-    if heads == 0:
-        raise r.fail("num_attention_heads", "must be positive.")
-    # model_config.py:1341-1354: head_dim falls back to hidden_size // heads, v_head_dim to head_dim.
-    head_dim = r.int("head_dim", hidden // heads)
-    kv_heads = r.int("num_key_value_heads", heads)
-    return {
-        "num_attention_heads": heads,
-        "num_kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "v_head_dim": r.int("v_head_dim", head_dim) or head_dim,
-        "kv_lora_rank": None,
-        "qk_rope_head_dim": None,
-        "hidden_size": hidden,
-        "vocab_size": r.int("vocab_size"),
-        "context_len": r.int("max_position_embeddings", 4096),
-    }
-
-
-def _ids(kinds: list[str], *wanted: str) -> tuple[int, ...]:
-    return tuple(i for i, k in enumerate(kinds) if k in wanted)
-
-
 def _read_gdn(cfg: dict[str, Any], source: str, family: str, model_type: str, arch: str) -> Geometry:
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    r = _Reader(text, source, family, "text_config." if text is not cfg else "")
+    r = ConfigReader(text, source, family, "text_config." if text is not cfg else "")
     n = r.int("num_hidden_layers")
     # qwen3_next.py:260-269: SGLang derives the layout from full_attention_interval (layer_types is ignored).
     if r.has("full_attention_interval"):
@@ -194,7 +104,7 @@ def _read_gdn(cfg: dict[str, Any], source: str, family: str, model_type: str, ar
             raise r.fail("full_attention_interval", "must be positive (4 on published checkpoints).")
         kinds = ["attention" if (i + 1) % interval == 0 else "linear" for i in range(n)]
     elif r.has("layer_types"):
-        kinds = [_kind(t, r, "layer_types") for t in r.get("layer_types")]
+        kinds = [layer_kind(t, r, "layer_types") for t in r.get("layer_types")]
     else:
         kinds = ["attention" if (i + 1) % 4 == 0 else "linear" for i in range(n)]
     if len(kinds) != n:
@@ -223,44 +133,31 @@ def _read_gdn(cfg: dict[str, Any], source: str, family: str, model_type: str, ar
         architecture=arch,
         text=text,
         layer_kinds=tuple(kinds),
-        attn_layer_ids=_ids(kinds, "attention"),
-        linear_layer_ids=_ids(kinds, "linear"),
+        attn_layer_ids=layer_ids(kinds, "attention"),
+        linear_layer_ids=layer_ids(kinds, "linear"),
         linear_kind="gated_deltanet",
         attention_kind="mha",
         config_ssm_dtype=r.get("mamba_ssm_dtype"),
         state_shape=shape,
-        **_common_attention(r),
+        **common_attention(r),
     )
 
 
-def _kind(raw: Any, r: _Reader, key: str) -> str:
-    names = {
-        "full_attention": "attention",
-        "attention": "attention",
-        "linear_attention": "linear",
-        "mamba": "mamba",
-        "mlp": "mlp",
-        "moe": "moe",
-    }
-    if raw not in names:
-        raise r.fail(key, f"contains {raw!r}; expected one of {', '.join(sorted(names))}.")
-    return names[raw]
-
-
 def _read_kimi(cfg: dict[str, Any], source: str, family: str, model_type: str, arch: str) -> Geometry:
-    r = _Reader(cfg, source, family)
+    r = ConfigReader(cfg, source, family)
     n = r.int("num_hidden_layers")
     lac = cfg.get("linear_attn_config")
     if isinstance(lac, dict):
         # kimi_linear.py:137-160: kda_layers are 1-indexed; every other layer is full (MLA) attention.
         kda = {int(x) - 1 for x in (lac.get("kda_layers") or [])}
         kinds = ["linear" if i in kda else "attention" for i in range(n)]
-        la = _Reader(lac, source, family, "linear_attn_config.")
+        la = ConfigReader(lac, source, family, "linear_attn_config.")
         num_heads, head_dim = la.int("num_heads"), la.int("head_dim")
         kernel = la.int("short_conv_kernel_size", 4)
     elif r.has("layer_types"):
         kinds = [
-            "linear" if _kind(t, r, "layer_types") == "linear" else "attention" for t in r.get("layer_types")
+            "linear" if layer_kind(t, r, "layer_types") == "linear" else "attention"
+            for t in r.get("layer_types")
         ]
         num_heads, head_dim = r.int("linear_num_heads"), r.int("linear_head_dim")
         kernel = r.int("linear_conv_kernel_dim", 4)
@@ -268,7 +165,7 @@ def _read_kimi(cfg: dict[str, Any], source: str, family: str, model_type: str, a
         raise r.fail("linear_attn_config", "is missing; Kimi-Linear configs list their KDA layers there.")
     if len(kinds) != n:
         raise r.fail("layer_types", f"has {len(kinds)} entries but num_hidden_layers is {n}.")
-    common = _common_attention(r)
+    common = common_attention(r)
     # model_config.py:1463-1475: Kimi-Linear's full attention is MLA; the KV cell is the compressed latent.
     common.update(
         kv_lora_rank=r.int("kv_lora_rank"),
@@ -287,8 +184,8 @@ def _read_kimi(cfg: dict[str, Any], source: str, family: str, model_type: str, a
         architecture=arch,
         text=cfg,
         layer_kinds=tuple(kinds),
-        attn_layer_ids=_ids(kinds, "attention"),
-        linear_layer_ids=_ids(kinds, "linear"),
+        attn_layer_ids=layer_ids(kinds, "attention"),
+        linear_layer_ids=layer_ids(kinds, "linear"),
         linear_kind="kda",
         attention_kind="mla",
         config_ssm_dtype=None,  # kimi_linear.py:182 builds KimiLinearCacheParams without the config dtype
@@ -301,11 +198,11 @@ _NEMOTRON_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 def _read_nemotron_h(cfg: dict[str, Any], source: str, family: str, model_type: str, arch: str) -> Geometry:
-    r = _Reader(cfg, source, family)
+    r = ConfigReader(cfg, source, family)
     if r.has("layers_block_type"):
         kinds = []
         for t in r.get("layers_block_type"):
-            k = _kind(t, r, "layers_block_type")
+            k = layer_kind(t, r, "layers_block_type")
             kinds.append("mamba" if k == "linear" else k)
     elif r.has("hybrid_override_pattern"):
         pattern = str(r.get("hybrid_override_pattern"))
@@ -340,18 +237,18 @@ def _read_nemotron_h(cfg: dict[str, Any], source: str, family: str, model_type: 
         architecture=arch,
         text=cfg,
         layer_kinds=tuple(kinds),
-        attn_layer_ids=_ids(kinds, "attention"),
-        linear_layer_ids=_ids(kinds, "mamba"),
+        attn_layer_ids=layer_ids(kinds, "attention"),
+        linear_layer_ids=layer_ids(kinds, "mamba"),
         linear_kind="mamba2",
         attention_kind="mha",
         config_ssm_dtype=r.get("mamba_ssm_dtype"),
         state_shape=shape,
-        **_common_attention(r),
+        **common_attention(r),
     )
 
 
 def _read_falcon_h1(cfg: dict[str, Any], source: str, family: str, model_type: str, arch: str) -> Geometry:
-    r = _Reader(cfg, source, family)
+    r = ConfigReader(cfg, source, family)
     n = r.int("num_hidden_layers")
     hidden = r.int("hidden_size")
     # falcon_h1.py:211-225: mamba_d_ssm overrides expand * hidden; "auto" head dim divides it by the heads.
@@ -390,18 +287,18 @@ def _read_falcon_h1(cfg: dict[str, Any], source: str, family: str, model_type: s
         attention_kind="mha",
         config_ssm_dtype=r.get("mamba_ssm_dtype"),
         state_shape=shape,
-        **_common_attention(r),
+        **common_attention(r),
     )
 
 
 def _read_granite(cfg: dict[str, Any], source: str, family: str, model_type: str, arch: str) -> Geometry:
-    r = _Reader(cfg, source, family)
+    r = ConfigReader(cfg, source, family)
     n = r.int("num_hidden_layers")
     if not r.has("layer_types"):
         raise r.fail("layer_types", "is missing; Granite-4.0-H configs list 'mamba' / 'attention' per layer.")
     kinds = []
     for t in r.get("layer_types"):
-        k = _kind(t, r, "layer_types")
+        k = layer_kind(t, r, "layer_types")
         kinds.append("mamba" if k == "linear" else k)
     if len(kinds) != n:
         raise r.fail("layer_types", f"has {len(kinds)} entries but num_hidden_layers is {n}.")
@@ -432,11 +329,11 @@ def _read_granite(cfg: dict[str, Any], source: str, family: str, model_type: str
         architecture=arch,
         text=cfg,
         layer_kinds=tuple(kinds),
-        attn_layer_ids=_ids(kinds, "attention"),
-        linear_layer_ids=_ids(kinds, "mamba"),
+        attn_layer_ids=layer_ids(kinds, "attention"),
+        linear_layer_ids=layer_ids(kinds, "mamba"),
         linear_kind="mamba2",
         attention_kind="mha",
         config_ssm_dtype=None,  # granitemoehybrid.py:310 builds Mamba2CacheParams without the config dtype
         state_shape=shape,
-        **_common_attention(r),
+        **common_attention(r),
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from hybridctl.model.dtypes import dtype_bytes
 from hybridctl.model.errors import ModelSpecError
-from hybridctl.model.families import Geometry
+from hybridctl.model.geometry import Geometry
 
 # A header larger than this is not a real safetensors header (real ones are a few MB at most).
 _MAX_HEADER_BYTES = 256 * 1024 * 1024
