@@ -71,6 +71,8 @@ def init(
         console.print(f"demo model: {escape(result.demo_model)}")
     for key, why in result.notes.items():
         console.print(f"  {escape(key)}: {escape(why)}")
+    for finding in result.findings:
+        console.print(f"[yellow]{finding.severity}[/] {escape(str(finding))}")
     if result.plan:
         plan = result.plan
         console.print(

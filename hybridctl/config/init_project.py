@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridctl.config.atomic_write import write_files
+from hybridctl.config.findings import Finding
 from hybridctl.config.json_schema import SCHEMA_FILE_NAMES, json_schema
 from hybridctl.config.schema import HybridConfig
 
@@ -46,6 +47,7 @@ class InitResult:
     plan: dict[str, Any] | None = None
     plan_skipped: str | None = None  # why there is no plan
     demo_model: str | None = None
+    findings: list[Finding] = field(default_factory=list)  # rule warnings about the chosen values
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +59,7 @@ class InitResult:
             "plan": self.plan,
             "plan_skipped": self.plan_skipped,
             "demo_model": self.demo_model,
+            "findings": [f.to_dict() for f in self.findings],
         }
 
 
@@ -170,6 +173,7 @@ def init_project(opts: InitOptions) -> InitResult:
     from hybridctl.config.atomic_write import WouldOverwriteError
     from hybridctl.config.loader import parse_config_text, parse_settings_text
     from hybridctl.config.render import render_config_toml, render_settings_json
+    from hybridctl.config.rules import check_rules
 
     out_dir = opts.out_dir
     targets = target_files(out_dir)
@@ -197,6 +201,12 @@ def init_project(opts: InitOptions) -> InitResult:
     else:
         result.plan_skipped = "no --model given: values are schema defaults"
 
+    # Refuse a combination the engine would refuse (e.g. --engine builtin --tp 2) before writing anything.
+    findings = check_rules(cfg)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise InitError("these choices do not work together:\n" + "\n".join(f"  {f}" for f in errors))
+    result.findings = findings
     config_text = render_config_toml(cfg.config, notes=result.notes)
     settings_text = render_settings_json(cfg.settings)
     _check_round_trip(cfg, parse_config_text(config_text).data, parse_settings_text(settings_text).data)

@@ -11,33 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hybridctl.config.findings import Finding, Severity
+from hybridctl.config.builtin_rules import rule_builtin
+from hybridctl.config.findings import Finding
+from hybridctl.config.rule_findings import CONFIG, SETTINGS, json_set, toml_set
+from hybridctl.config.rule_findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
 
-CONFIG = "config.toml"
-SETTINGS = "settings.json"
-
 EXTRA_BUFFER_STRATEGIES = ("extra_buffer", "extra_buffer_lazy")
-BUILTIN_SCHEDULE_POLICIES = ("fcfs", "lpm")
 # --enable-unified-memory accepts these (NEXTN is SGLang's alias of EAGLE), and only a chain: topk 1.
 ELASTIC_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 Rule = Callable[[HybridConfig, "str | None"], list[Finding]]
-
-
-def _f(severity: Severity, code: str, file: str, key: str, message: str, fix: str) -> Finding:
-    return Finding(severity, code, file, None, None, key, message, fix)
-
-
-def toml_set(key: str, value: str) -> str:
-    """`set key = value in [section] of config.toml` for a dotted key."""
-    section, name = key.rsplit(".", 1)
-    return f"set {name} = {value} in [{section}] of {CONFIG}"
-
-
-def json_set(key: str, value: str) -> str:
-    section, name = key.rsplit(".", 1)
-    return f'set "{name}": {value} in the "{section}" object of {SETTINGS}'
 
 
 def _prefix_on(cfg: HybridConfig) -> bool:
@@ -297,50 +281,6 @@ def rule_elastic(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                 f"{toml_set('memory.enable_elastic_memory_pool', 'false')}, or turn speculative decoding off",
             )
         )
-    return out
-
-
-def rule_builtin(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
-    """BUILTIN_UNSUPPORTED: what the bundled runtime does not implement."""
-    if cfg.config.server.engine != "builtin":
-        return []
-    out = []
-    policy = cfg.settings.runtime.schedule_policy
-    if policy not in BUILTIN_SCHEDULE_POLICIES:
-        out.append(
-            _f(
-                "error",
-                "BUILTIN_UNSUPPORTED",
-                SETTINGS,
-                "runtime.schedule_policy",
-                f'schedule_policy "{policy}" is not implemented by the bundled runtime (engine = "builtin"), '
-                f"which schedules {' or '.join(BUILTIN_SCHEDULE_POLICIES)}.",
-                json_set("runtime.schedule_policy", '"lpm"')
-                + ' (or set engine = "sglang" in [server] of config.toml)',
-            )
-        )
-    unimplemented = [
-        ("speculative.speculative_algorithm", cfg.speculative_enabled, "speculative decoding"),
-        ("pd.enable_pd_disaggregation", cfg.config.pd.enable_pd_disaggregation, "PD disaggregation"),
-        (
-            "memory.enable_elastic_memory_pool",
-            cfg.config.memory.enable_elastic_memory_pool,
-            "the elastic pool",
-        ),
-    ]
-    for key, on, what in unimplemented:
-        if on:
-            off = '"none"' if key.startswith("speculative") else "false"
-            out.append(
-                _f(
-                    "warning",
-                    "BUILTIN_UNSUPPORTED",
-                    CONFIG,
-                    key,
-                    f'{what} is not implemented by the bundled runtime (engine = "builtin"): not run.',
-                    f'{toml_set(key, off)}, or set engine = "sglang" in [server] of {CONFIG}',
-                )
-            )
     return out
 
 

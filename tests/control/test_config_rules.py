@@ -154,6 +154,22 @@ CASES = [
         "warning",
     ),
     (
+        "builtin-tp",
+        '[server]\nengine = "builtin"\ntp_size = 2\n',
+        "{}",
+        "BUILTIN_UNSUPPORTED",
+        "server.tp_size",
+        "error",
+    ),
+    (
+        "builtin-lazy",
+        '[server]\nengine = "builtin"\n[cache]\nmamba_radix_cache_strategy = "extra_buffer_lazy"\n',
+        "{}",
+        "BUILTIN_UNSUPPORTED",
+        "cache.mamba_radix_cache_strategy",
+        "error",
+    ),
+    (
         "unknown-flag",
         '[extra_engine_args]\nmamba-backnd = "triton"\n',
         "{}",

@@ -26,14 +26,14 @@ def run(*args: str):
 
 
 def test_init_round_trip(tmp_path: Path) -> None:
-    result = run("init", "--out", str(tmp_path), "--engine", "builtin", "--tp", "2")
+    result = run("init", "--out", str(tmp_path), "--engine", "sglang", "--tp", "2")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(WRITTEN)  # no temp files left behind
     report = check_files(tmp_path / "config.toml", tmp_path / "settings.json")
     assert report.findings == []
     cfg = load_hybrid_config(tmp_path / "config.toml", tmp_path / "settings.json")
     expected = HybridConfig()
-    expected.config.server.engine = "builtin"
+    expected.config.server.engine = "sglang"
     expected.config.server.tp_size = 2
     assert cfg == expected
 
@@ -149,3 +149,10 @@ def test_model_that_does_not_fit_writes_nothing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "--tp" in result.output and "Nothing was written" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_choices_the_engine_refuses_write_nothing(tmp_path: Path) -> None:
+    result = run("init", "--out", str(tmp_path), "--engine", "builtin", "--tp", "2")
+    assert result.exit_code == 2
+    assert "BUILTIN_UNSUPPORTED" in result.output and "tp_size" in result.output
+    assert list(tmp_path.iterdir()) == []

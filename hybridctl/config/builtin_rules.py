@@ -1,0 +1,81 @@
+"""BUILTIN_UNSUPPORTED: what the bundled runtime (engine = "builtin") refuses or does not implement."""
+
+from __future__ import annotations
+
+from hybridctl.config.findings import Finding
+from hybridctl.config.rule_findings import CONFIG, SETTINGS, json_set, toml_set
+from hybridctl.config.rule_findings import rule_finding as _f
+from hybridctl.config.schema import HybridConfig
+
+BUILTIN_SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+
+def rule_builtin(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
+    """BUILTIN_UNSUPPORTED: what the bundled runtime does not implement."""
+    if cfg.config.server.engine != "builtin":
+        return []
+    out = []
+    policy = cfg.settings.runtime.schedule_policy
+    if policy not in BUILTIN_SCHEDULE_POLICIES:
+        out.append(
+            _f(
+                "error",
+                "BUILTIN_UNSUPPORTED",
+                SETTINGS,
+                "runtime.schedule_policy",
+                f'schedule_policy "{policy}" is not implemented by the bundled runtime (engine = "builtin"), '
+                f"which schedules {' or '.join(BUILTIN_SCHEDULE_POLICIES)}.",
+                json_set("runtime.schedule_policy", '"lpm"')
+                + ' (or set engine = "sglang" in [server] of config.toml)',
+            )
+        )
+    # runtime/args.py and runtime/engine/pool_setup.py refuse these at start-up.
+    refused = [
+        (
+            "server.tp_size",
+            cfg.config.server.tp_size != 1,
+            "1",
+            "it runs on one device, so tp_size must be 1",
+        ),
+        (
+            "cache.mamba_radix_cache_strategy",
+            cfg.config.cache.mamba_radix_cache_strategy == "extra_buffer_lazy",
+            '"extra_buffer"',
+            "extra_buffer_lazy needs the overlap schedule, which it does not have",
+        ),
+    ]
+    for key, bad, good, why in refused:
+        if bad:
+            out.append(
+                _f(
+                    "error",
+                    "BUILTIN_UNSUPPORTED",
+                    CONFIG,
+                    key,
+                    f'the bundled runtime (engine = "builtin") would refuse to start: {why}.',
+                    f'{toml_set(key, good)}, or set engine = "sglang" in [server] of {CONFIG}',
+                )
+            )
+    unimplemented = [
+        ("speculative.speculative_algorithm", cfg.speculative_enabled, "speculative decoding"),
+        ("pd.enable_pd_disaggregation", cfg.config.pd.enable_pd_disaggregation, "PD disaggregation"),
+        (
+            "memory.enable_elastic_memory_pool",
+            cfg.config.memory.enable_elastic_memory_pool,
+            "the elastic pool",
+        ),
+    ]
+    for key, on, what in unimplemented:
+        if on:
+            off = '"none"' if key.startswith("speculative") else "false"
+            out.append(
+                _f(
+                    "warning",
+                    "BUILTIN_UNSUPPORTED",
+                    CONFIG,
+                    key,
+                    f'{what} is not implemented by the bundled runtime (engine = "builtin"): not run.',
+                    f'{toml_set(key, off)}, or set engine = "sglang" in [server] of {CONFIG}',
+                )
+            )
+    return out
