@@ -26,7 +26,17 @@ import pytest
 
 from hybridctl.model import ModelSpecError, load_model_spec
 
-SRT = Path(os.environ.get("HYBRIDCTL_SGLANG_SRT", "/work/sgl/sglang/srt"))
+
+def _sglang_srt() -> Path:
+    """SGLang 0.5.23's `srt` source: $HYBRIDCTL_SGLANG_SRT, else CI's venv (.ci/run), else /work/sgl."""
+    if "HYBRIDCTL_SGLANG_SRT" in os.environ:
+        return Path(os.environ["HYBRIDCTL_SGLANG_SRT"])
+    venv = Path(os.environ.get("HYBRIDCTL_SGLANG_VENV", Path(__file__).resolve().parents[2] / ".venv-sglang"))
+    found = sorted(venv.glob("lib/python3*/site-packages/sglang/srt"))
+    return found[0] if found else Path("/work/sgl/sglang/srt")
+
+
+SRT = _sglang_srt()
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "models"
 
 pytestmark = pytest.mark.skipif(

@@ -27,7 +27,17 @@ from hypothesis import strategies as st
 from hybridctl.model import load_model_spec
 from hybridctl.planner.pool_sizing import GIB, PoolInputs, PoolSizingError, size_pools
 
-SRT = Path(os.environ.get("HYBRIDCTL_SGLANG_SRT", "/work/sgl/sglang/srt"))
+
+def _sglang_srt() -> Path:
+    """SGLang 0.5.23's `srt` source: $HYBRIDCTL_SGLANG_SRT, else CI's venv (.ci/run), else /work/sgl."""
+    if "HYBRIDCTL_SGLANG_SRT" in os.environ:
+        return Path(os.environ["HYBRIDCTL_SGLANG_SRT"])
+    venv = Path(os.environ.get("HYBRIDCTL_SGLANG_VENV", Path(__file__).resolve().parents[2] / ".venv-sglang"))
+    found = sorted(venv.glob("lib/python3*/site-packages/sglang/srt"))
+    return found[0] if found else Path("/work/sgl/sglang/srt")
+
+
+SRT = _sglang_srt()
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "models"
 KVC = SRT / "mem_cache" / "kv_cache_configurator.py"
 POOLS = SRT / "model_executor" / "pool_configurator.py"
