@@ -239,3 +239,90 @@ def test_qwen3_next_done_when_numbers(mamba_utils: dict[str, Any]) -> None:
         ours = load_model_spec(path, tp=tp, ssm_dtype="float32").mamba_state_bytes_per_request
         assert ours == sglang
         assert round(ours / 2**20, 1) == mib
+
+
+class _NoImports(ast.NodeTransformer):
+    """Drops imports inside lifted functions; the names they bind are supplied by the test's namespace."""
+
+    def visit_Import(self, node: ast.Import) -> ast.Pass:  # noqa: N802  (ast visitor naming)
+        return ast.copy_location(ast.Pass(), node)
+
+    visit_ImportFrom = visit_Import  # noqa: N815
+
+
+def _methods(path: Path, class_name: str, names: set[str]) -> list[ast.stmt]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    return [_NoImports().visit(n) for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
+
+
+@pytest.fixture(scope="module")
+def cell_size() -> Any:
+    """SGLang's `DefaultPoolConfigurator._compute_cell_size` with `ModelConfig.get_num_kv_heads` behind it."""
+    ns = _module("_sglang_ref_cell_size")
+    pools = SRT / "model_executor" / "pool_configurator.py"
+    model_config = SRT / "configs" / "model_config.py"
+    kvc_file = SRT / "mem_cache" / "kv_cache_configurator.py"
+    _exec(_methods(pools, "DefaultPoolConfigurator", {"_compute_cell_size"}), pools, ns)
+    _exec(
+        _methods(model_config, "ModelConfig", {"get_num_kv_heads", "get_total_num_kv_heads"}),
+        model_config,
+        ns,
+    )
+    _exec(
+        [_NoImports().visit(n) for n in _module_body(kvc_file, keep={"calculate_mla_kv_cache_dim"})],
+        kvc_file,
+        ns,
+    )
+    return ns
+
+
+def _sglang_cell(ns: dict[str, Any], cfg: dict[str, Any], family: str, tp: int, num_layers: int) -> int:
+    text = dict(cfg.get("text_config", cfg))
+    parallel = types.SimpleNamespace(attn_tp_size=tp, attn_dcp_size=1)
+    mla = family == "kimi_linear"
+    mc = types.SimpleNamespace(
+        hf_config=types.SimpleNamespace(model_type=cfg.get("model_type")),
+        hf_text_config=types.SimpleNamespace(**text),
+        is_draft_model=False,
+        attention_arch=None,
+        kv_lora_rank=text.get("kv_lora_rank"),
+        qk_rope_head_dim=text.get("qk_rope_head_dim"),
+        # model_config.py:1341-1354: head_dim falls back to hidden // heads, v_head_dim to head_dim.
+        head_dim=text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"],
+    )
+    mc.v_head_dim = text.get("v_head_dim") or mc.head_dim
+    mc.get_total_num_kv_heads = lambda: ns["get_total_num_kv_heads"](mc)
+    mc.get_num_kv_heads = lambda t, d=1: ns["get_num_kv_heads"](mc, t, d)
+    torch = types.SimpleNamespace(_utils=types.SimpleNamespace(_element_size=lambda dt: dt.itemsize))
+    ns.update(
+        torch=torch,
+        get_parallel=lambda: parallel,
+        envs=types.SimpleNamespace(SGLANG_NPU_ENABLE_SPARSE_KV_OFFLOAD=_Env(False)),
+        get_glm_dsa_layer_split_effective_num_layers=lambda _kvc, n: n,
+        is_deepseek_dsa=lambda _cfg: False,
+        is_minimax_sparse=lambda _cfg: False,
+        is_float4_e2m1fn_x2=lambda _dt: False,
+        get_disagg=lambda: types.SimpleNamespace(disaggregation_mode="null"),
+        get_exec=lambda: types.SimpleNamespace(kernel=types.SimpleNamespace()),
+        _is_hip=False,
+    )
+    kvc = types.SimpleNamespace(
+        model_config=mc,
+        kv_cache_dtype=_TORCH.bfloat16,
+        kv_cache_dtype_str="auto",
+        server_args=types.SimpleNamespace(enable_hisparse=False),
+        use_mla_backend=mla,
+    )
+    configurator = types.SimpleNamespace(_compute_qsa_cell_size=lambda **_kw: 0, kv_cache_dtype_str="auto")
+    return ns["_compute_cell_size"](configurator, kvc, num_layers)
+
+
+@pytest.mark.parametrize(
+    ("name", "tp"), [(n, tp) for n in sorted(p.name for p in TEMPLATES.glob("*.json")) for tp in (1, 2, 4, 8)]
+)
+def test_kv_bytes_per_token_match_sglang(cell_size: dict[str, Any], name: str, tp: int) -> None:
+    path = TEMPLATES / name
+    ours = load_model_spec(path, tp=tp, kv_dtype="bfloat16")
+    theirs = _sglang_cell(cell_size, json.loads(path.read_text()), ours.family, tp, ours.num_attn_layers)
+    assert ours.kv_bytes_per_token == theirs
