@@ -137,6 +137,8 @@ def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoR
     config_path = out_dir / "config.toml"
 
     def init() -> str:
+        if opts.force:
+            _remove_old_demo_model(out_dir)
         result = init_project(InitOptions(out_dir=out_dir, demo=True, engine="builtin", force=opts.force))
         port = opts.port or (30000 if _port_free(30000) else _free_port())
         _tune_config(config_path, port)
@@ -202,6 +204,18 @@ def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoR
         if report.steps and report.steps[0].name == "init" and report.steps[0].status == "ok":
             _write_report(report, out_dir)
     return report
+
+
+def _remove_old_demo_model(out_dir: Path) -> None:
+    """--force replaces an earlier demo's model too (init's builder refuses a non-empty directory)."""
+    import shutil
+
+    from hybridctl.config.init_project import DEMO_MODEL_DIR
+
+    old = out_dir / DEMO_MODEL_DIR
+    # Only a directory that looks like a built demo model; anything else is left for the builder to refuse.
+    if (old / "config.json").is_file() and (old / "model.safetensors").is_file():
+        shutil.rmtree(old)
 
 
 def _with_report(exc: DemoError, report: DemoReport) -> DemoError:
