@@ -69,8 +69,8 @@ def _print_startup(console: Console, role: str, info: StartupInfo) -> None:
         console.print(f"{escape(role)}: no start-up pool lines in the log")
 
 
-def _follow(console: Console, handle: ServerHandle) -> None:
-    """Print the log as it grows until the server exits or Ctrl-C; then stop it."""
+def _follow(console: Console, handle: ServerHandle) -> bool:
+    """Print the log as it grows until the server exits (returns False) or Ctrl-C (True); then stop it."""
     import time
 
     path = handle.log_path
@@ -85,9 +85,11 @@ def _follow(console: Console, handle: ServerHandle) -> None:
                 offset += len(chunk)
                 typer.echo(chunk.decode(errors="replace"), nl=False)
             time.sleep(0.5)
-        console.print("[yellow]the server exited[/]")
+        console.print(f"[red]the server exited on its own[/]; see {handle.log_path}")
+        return False
     except KeyboardInterrupt:
         console.print("stopping ...")
+        return True
     finally:
         handle.stop()
 
@@ -245,7 +247,8 @@ def _serve(
                 f"detached; state in {escape(str(handle.state_path))}; stop with `hybridctl stop {config}`"
             )
         return
-    _follow(console, handle)
+    if not _follow(console, handle):
+        raise typer.Exit(1)
 
 
 @app.command("status")

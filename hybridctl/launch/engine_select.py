@@ -17,16 +17,16 @@ class EngineChoice:
     sglang_version: str | None  # installed sglang, None when absent
 
 
-def choose_engine(requested: Requested) -> EngineChoice:
+def choose_engine(requested: Requested, source: str = "--engine") -> EngineChoice:
     """Resolve `auto` from the host (NVML GPUs, sglang package metadata — sglang is never imported)."""
     from hybridctl.host.probe import probe_host
 
     facts = probe_host()
     sglang_version = facts.sglang.version if facts.sglang else None
     if requested == "builtin":
-        return EngineChoice("builtin", "asked for with --engine builtin", sglang_version)
+        return EngineChoice("builtin", f"{source} builtin", sglang_version)
     if requested == "sglang":
-        return EngineChoice("sglang", "asked for with --engine sglang", sglang_version)
+        return EngineChoice("sglang", f"{source} sglang", sglang_version)
     if requested != "auto":
         raise LaunchError(f"unknown engine {requested!r}; use auto, sglang or builtin")
     if facts.gpus and sglang_version:

@@ -50,7 +50,10 @@ def make_launch_plan(
     Raises LaunchError for keys the engine would ignore (unless `allow_ignored`) and for bad
     extra_engine_args.
     """
-    choice = choose_engine(engine or cfg.config.server.engine)
+    if engine:
+        choice = choose_engine(engine, "--engine")
+    else:
+        choice = choose_engine(cfg.config.server.engine, "config.toml [server] engine =")
     if choice.engine == "builtin":
         command = builtin_command(cfg, python=python, allow_ignored=allow_ignored)
         return LaunchPlan("builtin", choice.reason, [command], None, command.ignored)
