@@ -71,7 +71,7 @@ def target_files(out_dir: Path) -> list[Path]:
     ]
 
 
-def build_demo_model(out_dir: Path) -> Path:
+def build_demo_model(out_dir: Path, *, force: bool = False) -> Path:
     """Run `python -m runtime.demo_model --out DIR` in a subprocess: the control plane never imports torch."""
     runtime_spec = importlib.util.find_spec("runtime")
     has_module = runtime_spec is not None and any(
@@ -85,7 +85,7 @@ def build_demo_model(out_dir: Path) -> Path:
         )
     target = out_dir / DEMO_MODEL_DIR
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.demo_model", "--out", str(target)],
+        [sys.executable, "-m", "runtime.demo_model", "--out", str(target), *(["--force"] if force else [])],
         capture_output=True,
         text=True,
         check=False,
@@ -188,7 +188,7 @@ def init_project(opts: InitOptions) -> InitResult:
     result = InitResult(out_dir=str(out_dir), files=[], config=cfg)
     model = opts.model
     if opts.demo:
-        result.demo_model = str(build_demo_model(out_dir).resolve())
+        result.demo_model = str(build_demo_model(out_dir, force=opts.force).resolve())
         model = result.demo_model
         cfg.config.server.engine = "builtin"
         result.notes["server.engine"] = "--demo serves the demo model with the bundled runtime"

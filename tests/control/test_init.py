@@ -141,6 +141,8 @@ def test_demo_builds_model_and_points_config_at_it(tmp_path: Path) -> None:
     assert (Path(cfg.config.server.model_path) / "config.json").is_file()
     assert data["demo_model"] == cfg.config.server.model_path
     assert check_files(tmp_path / "config.toml", tmp_path / "settings.json").errors == []
+    again = run("init", "--out", str(tmp_path), "--demo", "--force")
+    assert again.exit_code == 0, again.output  # --force also replaces the demo model
 
 
 def test_model_that_does_not_fit_writes_nothing(tmp_path: Path) -> None:
