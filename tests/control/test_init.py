@@ -158,3 +158,22 @@ def test_choices_the_engine_refuses_write_nothing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "BUILTIN_UNSUPPORTED" in result.output and "tp_size" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_templates_dir_holds_the_base_templates() -> None:
+    from hybridctl.paths import templates_dir
+
+    base = templates_dir()
+    assert (base / "config.toml").read_text().startswith("#:schema ./config.schema.json")
+    assert json.loads((base / "settings.json").read_text()) == {"$schema": "./settings.schema.json"}
+
+
+def test_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
+    from hybridctl.config.atomic_write import write_files
+
+    (tmp_path / "config.toml").mkdir()
+    (tmp_path / "config.toml" / "keep").write_text("x")
+    with pytest.raises(OSError):
+        write_files({tmp_path / "config.toml": "new"}, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+    assert (tmp_path / "config.toml" / "keep").read_text() == "x"
