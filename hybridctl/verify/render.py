@@ -19,23 +19,25 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def _prefix_table(m: dict[str, Any]) -> Table:
     table = Table(title="prefix-cache: TTFT (ms)", title_justify="left")
-    for col in ("case", "median", "p90", "warm/cold", "95% CI", "per-trial spread", "cached tokens (judged)"):
+    for col in ("case", "median", "p90", "warm/cold", "95% CI", "trial spread", "cached tokens"):
         table.add_column(col, justify="right" if col != "case" else "left")
     cold = m["cold_ttft_ms"]
+    cached = m["cold_cached_tokens"]
     table.add_row(
-        "cold", _fmt(cold["median"]), _fmt(cold["p90"]), "1.00", "", "", str(m["cold_cached_tokens"])
+        "cold", _fmt(cold["median"]), _fmt(cold["p90"]), "1.00", "", "", f"{min(cached)}-{max(cached)}"
     )
-    for case in ("realistic", "identical"):
+    for case, label in (("realistic", "same doc, new question"), ("identical", "identical prompt")):
         c = m[case]
         r, spread = c["ratio"], c["per_trial_ratio"]
+        judged = [row[-1] for row in c["cached_tokens"]]
         table.add_row(
-            c["description"],
+            label,
             _fmt(c["warm_ttft_ms"]["median"]),
             _fmt(c["warm_ttft_ms"]["p90"]),
             f"{r['ratio']:.2f}",
             f"{r['ci_low']:.2f}-{r['ci_high']:.2f}",
             f"{spread['min']:.2f}-{spread['max']:.2f}",
-            f"{[row[-1] for row in c['cached_tokens']]} of {m['document_tokens']}",
+            f"{min(judged)}-{max(judged)} of {m['document_tokens']} ({c['judged_hits']}/{c['judged']} hit)",
         )
     return table
 
