@@ -61,6 +61,13 @@ class AsyncEngine:
         if rid in self._active:
             self.client.abort(rid)
 
+    def abort_all(self) -> int:
+        """Abort every unfinished request (server shutdown); returns how many there were."""
+        rids = list(self._active)
+        for rid in rids:
+            self.client.abort(rid)
+        return len(rids)
+
 
 class RequestGroup:
     """The engine requests behind one HTTP exchange (a prompt or a batch), read as one stream."""

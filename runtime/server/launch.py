@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,7 @@ def serve(ctx: ServerContext) -> int:
         while not server.started:
             await asyncio.sleep(0.05)
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        host = f"[{host}]" if ":" in host else host
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         payload = {"text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
         try:
@@ -156,7 +158,21 @@ def serve(ctx: ServerContext) -> int:
         timeout_keep_alive=5,
         timeout_graceful_shutdown=5,
     )
-    server = uvicorn.Server(config)
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            # Open streams would run until uvicorn's graceful-shutdown timeout cancels them mid-write: abort
+            # them first so each ends with its final chunk and [DONE], and the connections close cleanly.
+            aborted = ctx.engine.abort_all()
+            if aborted:
+                logger.info("Shutting down: aborted %d unfinished request(s)", aborted)
+            await super().shutdown(sockets)
+
+    server = _Server(config)
+    # uvicorn re-raises the SIGINT/SIGTERM it handled once its graceful shutdown is done; with the default
+    # handlers that would kill the process before the engine thread is stopped, so they become no-ops here.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run()
     finally:

@@ -85,8 +85,11 @@ def start_runtime_server(
         yield server
     finally:
         _stop(proc)
-    # Checked after the block so a test failure inside it is not masked by this one.
-    assert proc.returncode is not None, "runtime server did not exit"
+    # Checked after the block so a test failure inside it is not masked by this one. SIGTERM is a graceful
+    # shutdown (open requests aborted, engine stopped): anything but exit code 0 is a bug.
+    assert proc.returncode == 0, (
+        f"runtime server exited with {proc.returncode} after SIGTERM; log {log_path}:\n{_log_tail(log_path)}"
+    )
 
 
 def _wait_healthy(server: RunningServer, timeout_s: float) -> None:
