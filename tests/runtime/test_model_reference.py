@@ -53,6 +53,7 @@ def _qwen3_next() -> torch.nn.Module:
         num_experts_per_tok=2,
         mlp_only_layers=[2],
         max_position_embeddings=4096,
+        eos_token_id=None,
     )
     return transformers.Qwen3NextForCausalLM(cfg)
 
@@ -85,6 +86,8 @@ def _nemotron_h() -> torch.nn.Module:
         n_group=2,
         topk_group=1,
         max_position_embeddings=4096,
+        eos_token_id=None,
+        bos_token_id=None,
     )
     return transformers.NemotronHForCausalLM(cfg)
 
@@ -171,9 +174,9 @@ def test_greedy_decode_matches_transformers_generate(
 ) -> None:
     prompt = _prompt(40, 1)
     with torch.no_grad():
-        ref = checkpoint[2].generate(
-            torch.tensor([prompt]), max_new_tokens=64, do_sample=False, min_new_tokens=64
-        )
+        # The test configs have no EOS token, so generation runs the full 64 steps unconstrained.
+        ref = checkpoint[2].generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)
+    assert ref.shape[1] == len(prompt) + 64
     expected = ref[0, len(prompt) :].tolist()
     assert SimpleRunner(model).generate_greedy(0, prompt, 64) == expected
 
