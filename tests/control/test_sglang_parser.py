@@ -321,3 +321,25 @@ def test_the_old_strategy_flag_is_rejected_by_0_5_23_which_is_why_it_is_version_
     assert "--mamba-scheduler-strategy" in old
     (result,) = parse_with_sglang(python, [old])
     assert "error" in result and "mamba-scheduler-strategy" in str(result["error"])
+
+
+@pytest.mark.sglang
+def test_regen_script_reproduces_the_shipped_flag_table() -> None:
+    from hybridctl.config.engine_flags import parse_flag_table, sglang_flags
+
+    python = sglang_python()
+    proc = subprocess.run(
+        [str(python), str(REPO_ROOT / "scripts" / "regen_sglang_flags.py"), "--stdout"],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    regenerated = parse_flag_table(proc.stdout)
+    shipped = sglang_flags(SGLANG_VERSION)
+    assert set(regenerated) == set(shipped)
+    for name in shipped:
+        # Choices compare as sets: dynamic ones (sampling backends from plugins) come in registration order.
+        a, b = regenerated[name], shipped[name]
+        assert (a.dest, a.type, a.default, a.action, a.aliases, sorted(a.choices)) == (
+            b.dest, b.type, b.default, b.action, b.aliases, sorted(b.choices)
+        ), name  # fmt: skip
