@@ -22,6 +22,12 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.2f} MiB"
 
 
+def _kv_layout(spec: ModelSpec) -> str:
+    if spec.attention_kind == "mla":
+        return f"MLA latent {spec.kv_lora_rank} + rope {spec.qk_rope_head_dim}, on every GPU"
+    return f"{spec.num_kv_heads_per_rank} of {spec.num_kv_heads} KV heads per GPU"
+
+
 def render_plan(spec: ModelSpec, plan: Plan) -> None:
     """A table of the inputs and the resulting pools, then the verdict in words."""
     from rich.console import Console
@@ -50,7 +56,7 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
         ),
         (
             "KV per token",
-            f"{plan.kv_bytes_per_token} B ({plan.kv_dtype}, {spec.num_kv_heads_per_rank} KV heads per GPU)",
+            f"{plan.kv_bytes_per_token} B ({plan.kv_dtype}, {_kv_layout(spec)})",
         ),
         ("radix strategy", escape(plan.strategy_reason)),
         ("overlap schedule", "on" if plan.overlap_schedule else "off"),

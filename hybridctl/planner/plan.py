@@ -45,7 +45,7 @@ class Plan:
     @property
     def verdict(self) -> str:
         p = self.pools
-        limiter = "the state pool" if p.capped_by_mamba else "the KV pool / scheduler estimate"
+        limiter = _LIMITERS.get(p.limited_by, p.limited_by)
         text = (
             f"{p.max_running_requests} concurrent requests (limited by {limiter}); "
             f"{_count(p.max_total_num_tokens)} KV tokens = {_count(self.tokens_per_request)} tokens each"
@@ -82,6 +82,14 @@ class Plan:
         }
         d.update(self.pools.to_dict())
         return d
+
+
+_LIMITERS = {
+    "state_pool": "the state pool",
+    "requested": "max_running_requests (as set, or SGLang's 48 under speculative decoding)",
+    "kv_tokens": "the KV pool",
+    "estimate": "SGLang's KV-tokens-per-context estimate",
+}
 
 
 def _count(n: float) -> str:

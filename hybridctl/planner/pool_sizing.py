@@ -62,6 +62,9 @@ class PoolPlan:
     # Added fields
     k_source: str  # how K was chosen: max_mamba_cache_size | max_running_requests | ratio | ratio_spec
     capped_by_mamba: bool  # the request cap came from the state pool, not the KV pool
+    # What set max_running_requests: state_pool | requested (flag, or 48 under speculative decoding) |
+    # kv_tokens (KV tokens // 2) | estimate (SGLang's KV tokens / context_len * 512, clamped to 2048..4096)
+    limited_by: str
     kv_budget_bytes: int  # what was left for KV after the state pool and spec scratch
 
     def to_dict(self) -> dict[str, Any]:
@@ -207,7 +210,7 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             f"memory.mem_fraction_static or lower memory.mamba_full_memory_ratio."
         )
 
-    max_reqs, capped_by_mamba = _max_running_requests(tokens, k, ratio, inp)
+    max_reqs, limited_by = _max_running_requests(tokens, k, ratio, inp)
     return PoolPlan(
         max_mamba_cache_size=k,
         mamba_pool_slots=k + 1,
@@ -218,12 +221,13 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
         max_total_num_tokens=tokens,
         kv_pool_bytes=tokens * inp.kv_bytes_per_token,
         k_source=k_source,
-        capped_by_mamba=capped_by_mamba,
+        capped_by_mamba=limited_by == "state_pool",
+        limited_by=limited_by,
         kv_budget_bytes=kv_budget,
     )
 
 
-def _max_running_requests(tokens: int, k: int, ratio: int, inp: PoolInputs) -> tuple[int, bool]:
+def _max_running_requests(tokens: int, k: int, ratio: int, inp: PoolInputs) -> tuple[int, str]:
     """kv_cache_configurator.py:3119-3172 (`resolve_max_num_reqs`, one data-parallel worker)."""
     if inp.context_len is not None:
         estimated = max(min(int(tokens / inp.context_len * 512), 4096), 2048)
@@ -232,20 +236,18 @@ def _max_running_requests(tokens: int, k: int, ratio: int, inp: PoolInputs) -> t
     requested = inp.max_running_requests
     if requested is None and inp.speculative_num_draft_tokens > 0:
         requested = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
-    if requested is not None:
-        reqs = min(max(1, requested), tokens // 2)
-    else:
-        reqs = min(estimated, tokens // 2)
+    wanted, source = (max(1, requested), "requested") if requested is not None else (estimated, "estimate")
+    reqs, limited_by = (wanted, source) if wanted <= tokens // 2 else (tokens // 2, "kv_tokens")
     mamba_cap = k // ratio
-    capped = mamba_cap < reqs
-    reqs = min(reqs, mamba_cap)
+    if mamba_cap < reqs:
+        reqs, limited_by = mamba_cap, "state_pool"
     if reqs <= 0:
         raise PoolSizingError(
             f"The hybrid state cache is too small to serve any request: {k} slots at {ratio} slots per "
             f"request. Raise memory.mamba_full_memory_ratio or memory.max_mamba_cache_size, use "
             f'mamba.state_dtype = "bfloat16", or raise memory.mem_fraction_static.'
         )
-    return reqs, capped
+    return reqs, limited_by
 
 
 @dataclass(frozen=True)

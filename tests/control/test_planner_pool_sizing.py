@@ -184,3 +184,20 @@ def test_strategy_validations(kwargs: dict, message: str) -> None:
     requested = kwargs.pop("requested")
     with pytest.raises(PoolSizingError, match=message):
         resolve_strategy(requested, **kwargs)
+
+
+def test_limited_by_names_the_binding_bound() -> None:
+    base = dict(pool_bytes=40 * GIB, mamba_state_bytes_per_request=1 * MIB, kv_bytes_per_token=20_000)
+    # Plenty of state: SGLang's estimate (KV tokens / context * 512, at least 2048) binds.
+    assert size_pools(PoolInputs(**base, context_len=1_000_000)).limited_by == "estimate"
+    assert size_pools(PoolInputs(**base, max_running_requests=100)).limited_by == "requested"
+    assert size_pools(PoolInputs(**base, speculative_num_draft_tokens=4)).max_running_requests == 48
+    state_bound = size_pools(PoolInputs(**{**base, "mamba_state_bytes_per_request": 200 * MIB}))
+    assert (state_bound.limited_by, state_bound.capped_by_mamba) == ("state_pool", True)
+    few_tokens = PoolInputs(
+        **base, max_running_requests=4000, max_mamba_cache_size=12_000, max_total_tokens=1000
+    )
+    assert (size_pools(few_tokens).limited_by, size_pools(few_tokens).max_running_requests) == (
+        "kv_tokens",
+        500,
+    )
