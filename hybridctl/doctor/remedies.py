@@ -95,7 +95,12 @@ def grow_state_pool(inp: RemedyInput) -> Remedy:
                 "slots hold), or add GPUs."
             )
             return text, (Change("settings.json", "runtime.max_running_requests", fits),)
-    return "No config value makes the state pool hold one request on this memory. " + generic, ()
+    try:
+        ctx.plan(cfg)
+        why = ""
+    except PoolSizingError as exc:
+        why = f" The planner says: {exc}"
+    return f"No single config value makes the pools fit on this memory.{why}", ()
 
 
 def _plan_or_none(ctx: PlanContext, cfg: HybridConfig) -> Any:

@@ -76,7 +76,8 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
     if opts.log_lines is not None:
         _read_log(opts, cfg, ctx, report)
     inputs = (("the config", cfg is not None), ("the log", opts.log_lines is not None), ("the host", True))
-    sources = " and ".join(name for name, used in inputs if used)
+    used = [name for name, on in inputs if on]
+    sources = ", ".join(used[:-1]) + " and " + used[-1] if len(used) > 1 else used[0]
     report.checks += failure_mode_checks(report.findings, sources)
     return report
 

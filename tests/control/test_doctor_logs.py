@@ -146,3 +146,8 @@ def test_decoration_does_not_change_the_diagnosis(
     findings = log_findings(scan_log(decorated), RemedyInput(None))
     assert [f.code for f in findings] == ["MAMBA_POOL_ALLOC"]
     assert findings[0].line == len(noise) + 25
+
+
+def test_every_pattern_is_documented() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "failure-modes.md").read_text(encoding="utf-8")
+    assert [p.id for p in PATTERNS if f"`{p.id}`" not in doc] == []
