@@ -16,6 +16,7 @@ from hybridctl.planner.pool_sizing import (
     GIB,
     PoolInputs,
     PoolPlan,
+    StrategyResolution,
     resolve_strategy,
     size_pools,
     slots_per_request,
@@ -26,6 +27,9 @@ from hybridctl.planner.pool_sizing import (
 _MAX_RATIO = 4.0
 _MIN_RATIO = 0.05
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # SGLang treats an unset --mamba-full-memory-ratio as 0.9
+BUILTIN_MEM_FRACTION_STATIC = (
+    0.85  # the schema's default: what the bundled runtime uses unless told otherwise
+)
 
 
 @dataclass(frozen=True)
@@ -62,15 +66,17 @@ class Recommendation:
         return asdict(self)
 
 
-def _fits(spec: ModelSpec, pool: int, ratio: float, strategy: str, context_len: int) -> PoolPlan:
+def _fits(
+    spec: ModelSpec, pool: int, ratio: float, strategy: StrategyResolution, context_len: int
+) -> PoolPlan:
     return size_pools(
         PoolInputs(
             pool_bytes=pool,
             mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
             kv_bytes_per_token=spec.kv_bytes_per_token,
             mamba_full_memory_ratio=ratio,
-            strategy=strategy,
-            overlap_schedule=True,
+            strategy=strategy.strategy,
+            overlap_schedule=strategy.overlap_schedule,
             context_len=context_len,
         )
     )
@@ -83,11 +89,13 @@ def recommend(
     tp: int,
     context_len: int | None = None,
     concurrency: int | None = None,
+    engine: str = "sglang",
 ) -> Recommendation:
     """Values for a server that should hold `concurrency` requests of up to `context_len` tokens.
 
     context_len None: the model's. concurrency None: keep SGLang's default ratio (0.9) and report the request
-    cap it gives.
+    cap it gives. engine "builtin": the bundled CPU runtime (no overlap schedule, no CUDA graphs or kernel
+    workspace to reserve for, so `gpu_mem_bytes` is its memory budget and mem_fraction_static stays 0.85).
 
     Raises PoolSizingError (from pool_sizing) when the weights alone do not fit; the message suggests --tp.
     """
@@ -102,28 +110,44 @@ def recommend(
     chunk = Recommended(
         tier.chunked_prefill_size, f"SGLang's default for a {tier.label} GPU (memory_hook.py tiers)."
     )
-    resolved = resolve_strategy("auto", page_size=1, overlap_schedule=True)
-    slots = slots_per_request(disable_radix_cache=False, strategy=resolved.strategy, overlap_schedule=True)
+    builtin = engine == "builtin"
+    resolved = resolve_strategy("auto", page_size=1, overlap_schedule=not builtin)
+    slots = slots_per_request(
+        disable_radix_cache=False, strategy=resolved.strategy, overlap_schedule=resolved.overlap_schedule
+    )
+    why = (
+        "the bundled runtime has no overlap schedule, so auto resolves to no_buffer"
+        if builtin
+        else "what SGLang's auto picks with the overlap schedule on; it checkpoints state during decode so "
+        "shared prefixes hit"
+    )
     strategy = Recommended(
-        resolved.strategy,
-        f"What SGLang's auto picks with the overlap schedule on; it checkpoints state during decode so "
-        f"shared prefixes hit, at {slots} state slots per running request.",
+        resolved.strategy, f"{why[0].upper()}{why[1:]}, at {slots} state slots per request."
     )
     page = Recommended(1, "Token-granular prefix matches; SGLang's default (pages > 1 need extra_buffer).")
-    fraction = auto_mem_fraction_static(
-        gpu_mem_bytes, tp=tp, chunked_prefill_size=tier.chunked_prefill_size, max_running_requests=concurrency
-    )
-    mfs = Recommended(
-        fraction,
-        f"SGLang's automatic value for {gpu_mem_bytes / GIB:.0f} GiB: the rest is reserved for activations "
-        f"of a {tier.chunked_prefill_size}-token prefill chunk and CUDA graphs.",
-    )
+    if builtin:
+        fraction = BUILTIN_MEM_FRACTION_STATIC
+        mfs = Recommended(
+            fraction, "Bundled runtime: no CUDA graphs or kernel workspace to reserve memory for."
+        )
+    else:
+        fraction = auto_mem_fraction_static(
+            gpu_mem_bytes,
+            tp=tp,
+            chunked_prefill_size=tier.chunked_prefill_size,
+            max_running_requests=concurrency,
+        )
+        mfs = Recommended(
+            fraction,
+            f"SGLang's automatic value for {gpu_mem_bytes / GIB:.0f} GiB: the rest is reserved for "
+            f"activations of a {tier.chunked_prefill_size}-token prefill chunk and CUDA graphs.",
+        )
     pool = pool_bytes_for(
         gpu_mem_bytes, mem_fraction_static=fraction, weights_bytes_per_rank=spec.weights_bytes_per_rank
     )
 
     if concurrency is None:
-        return _keep_default_ratio(spec, pool, mfs, chunk, strategy, page, context_len)
+        return _keep_default_ratio(spec, pool, mfs, chunk, strategy, resolved, page, context_len)
     per_req = spec.mamba_state_bytes_per_request
     state_needed = (concurrency * slots + 2) * per_req  # K slots + padding slot + one for float rounding
     if state_needed < pool:
@@ -132,11 +156,11 @@ def recommend(
         ratio = math.inf
     if ratio > _MAX_RATIO:
         ratio = _MAX_RATIO
-    plan = _fits(spec, pool, ratio, resolved.strategy, context_len)
+    plan = _fits(spec, pool, ratio, resolved, context_len)
     while plan.max_running_requests < concurrency and ratio < _MAX_RATIO:
         # Float rounding in SGLang's GB arithmetic can leave K one slot short; nudge the ratio up.
         ratio = min(_MAX_RATIO, round(ratio + 0.01, 2))
-        plan = _fits(spec, pool, ratio, resolved.strategy, context_len)
+        plan = _fits(spec, pool, ratio, resolved, context_len)
 
     state_gib = plan.mamba_pool_bytes / GIB
     kv_each = plan.max_total_num_tokens / max(1, plan.max_running_requests)
@@ -182,11 +206,12 @@ def _keep_default_ratio(
     mfs: Recommended,
     chunk: Recommended,
     strategy: Recommended,
+    resolved: StrategyResolution,
     page: Recommended,
     context_len: int,
 ) -> Recommendation:
     """No concurrency target: SGLang's default split, and the request cap it yields."""
-    plan = _fits(spec, pool, DEFAULT_MAMBA_FULL_MEMORY_RATIO, strategy.value, context_len)
+    plan = _fits(spec, pool, DEFAULT_MAMBA_FULL_MEMORY_RATIO, resolved, context_len)
     kv_each = plan.max_total_num_tokens / max(1, plan.max_running_requests)
     return Recommendation(
         mem_fraction_static=mfs,

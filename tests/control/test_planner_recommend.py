@@ -140,3 +140,12 @@ def test_recommend_errors() -> None:
         recommend(spec, gpu_mem_bytes=80 * GIB, tp=1, context_len=8192, concurrency=16)
     with pytest.raises(ValueError, match="loaded for tp=1"):
         recommend(spec, gpu_mem_bytes=80 * GIB, tp=4, context_len=8192, concurrency=16)
+
+
+def test_recommend_for_the_bundled_runtime() -> None:
+    """No overlap schedule in the runtime: auto is no_buffer (3 slots per request); no GPU reserve."""
+    spec = load_model_spec(NEMOTRON)
+    rec = recommend(spec, gpu_mem_bytes=64 * GIB, tp=1, context_len=4096, concurrency=4, engine="builtin")
+    assert rec.values["mamba_radix_cache_strategy"] == "no_buffer"
+    assert rec.values["mem_fraction_static"] == 0.85
+    assert rec.pools.slots_per_request == 3 and rec.values["max_running_requests"] == 4
