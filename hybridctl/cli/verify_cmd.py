@@ -80,6 +80,7 @@ def _execute(
 
 def _options(
     doc_tokens: int = 2048,
+    question_tokens: int = 24,
     trials: int = 5,
     warmup: int = 2,
     questions: int = 2,
@@ -98,6 +99,7 @@ def _options(
     return VerifyOptions(
         prefix_cache=PrefixCacheOptions(
             doc_tokens=doc_tokens,
+            question_tokens=question_tokens,
             trials=trials,
             warmup=warmup,
             questions=questions,
@@ -112,6 +114,7 @@ def _options(
 
 
 _DOC = typer.Option(2048, "--doc-tokens", help="Length of the shared document in tokens.")
+_QTOKENS = typer.Option(24, "--question-tokens", help="Length of each question in tokens.")
 _TRIALS = typer.Option(5, "--trials", help="Measured trials (each: flush, cold, warm requests).")
 _WARMUP = typer.Option(2, "--warmup", help="Unmeasured warm-up requests before the trials.")
 _QUESTIONS = typer.Option(2, "--questions", help="Different questions per document (the last one is judged).")
@@ -174,6 +177,7 @@ def verify_prefix_cache(
     api_key_env: str | None = _KEY_ENV,
     as_json: bool = _JSON,
     doc_tokens: int = _DOC,
+    question_tokens: int = _QTOKENS,
     trials: int = _TRIALS,
     warmup: int = _WARMUP,
     questions: int = _QUESTIONS,
@@ -186,6 +190,7 @@ def verify_prefix_cache(
     """Cold vs warm TTFT on a shared document; cached_tokens per request; /metrics hit rate."""
     opts = _options(
         doc_tokens=doc_tokens,
+        question_tokens=question_tokens,
         trials=trials,
         warmup=warmup,
         questions=questions,

@@ -167,6 +167,14 @@ def judge_prefix_cache(
         )
         if server_args.get("disable_radix_cache") is True:
             why += "; the server reports disable_radix_cache=true"
+        elif server_args.get("mamba_radix_cache_strategy") == "no_buffer":
+            why += (
+                "; the server runs mamba_radix_cache_strategy=no_buffer, which snapshots a recurrent "
+                "state only at "
+                "the end of each cached sequence, so a prompt that stops inside one finds no state to "
+                "resume from "
+                "— use extra_buffer (SGLang's auto picks it with page_size > 1 or the overlap schedule)"
+            )
         reasons.append(why)
     elif cold_hits:
         refused = f" (/flush_cache refused: {flush_refusals[0]})" if flush_refusals else ""

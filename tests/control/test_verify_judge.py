@@ -64,6 +64,13 @@ def test_cache_off_fails_and_names_the_switches() -> None:
     assert "the server reports disable_radix_cache=true" in result.reasons[0]
 
 
+def test_cache_on_but_no_buffer_never_hitting_names_the_strategy() -> None:
+    args = {"disable_radix_cache": False, "mamba_radix_cache_strategy": "no_buffer"}
+    result = _judge(_trials([100, 101], [99, 100], 0), args)
+    assert result.status == "failed"
+    assert "mamba_radix_cache_strategy=no_buffer" in result.reasons[0] and "extra_buffer" in result.reasons[0]
+
+
 def test_hits_without_speedup_fail_with_the_ratio() -> None:
     result = _judge(_trials([10, 11, 10], [9.5, 10, 9.8], DOC))
     assert result.status == "failed"
