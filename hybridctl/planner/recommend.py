@@ -94,8 +94,8 @@ def recommend(
     """Values for a server that should hold `concurrency` requests of up to `context_len` tokens.
 
     context_len None: the model's. concurrency None: keep SGLang's default ratio (0.9) and report the request
-    cap it gives. engine "builtin": the bundled CPU runtime (no overlap schedule, no CUDA graphs or kernel
-    workspace to reserve for, so `gpu_mem_bytes` is its memory budget and mem_fraction_static stays 0.85).
+    cap it gives. engine "builtin": the bundled CPU runtime (extra_buffer without an overlap schedule, no CUDA
+    graphs or kernel workspace to reserve for: `gpu_mem_bytes` is its memory budget; fraction 0.85).
 
     Raises PoolSizingError (from pool_sizing) when the weights alone do not fit; the message suggests --tp.
     """
@@ -111,12 +111,15 @@ def recommend(
         tier.chunked_prefill_size, f"SGLang's default for a {tier.label} GPU (memory_hook.py tiers)."
     )
     builtin = engine == "builtin"
-    resolved = resolve_strategy("auto", page_size=1, overlap_schedule=not builtin)
+    # The bundled runtime treats auto as extra_buffer without overlap (runtime/engine/pool_setup.py).
+    resolved = resolve_strategy(
+        "extra_buffer" if builtin else "auto", page_size=1, overlap_schedule=not builtin
+    )
     slots = slots_per_request(
         disable_radix_cache=False, strategy=resolved.strategy, overlap_schedule=resolved.overlap_schedule
     )
     why = (
-        "the bundled runtime has no overlap schedule, so auto resolves to no_buffer"
+        "the bundled runtime checkpoints state every mamba_track_interval tokens and has no overlap schedule"
         if builtin
         else "what SGLang's auto picks with the overlap schedule on; it checkpoints state during decode so "
         "shared prefixes hit"

@@ -143,9 +143,9 @@ def test_recommend_errors() -> None:
 
 
 def test_recommend_for_the_bundled_runtime() -> None:
-    """No overlap schedule in the runtime: auto is no_buffer (3 slots per request); no GPU reserve."""
+    """The runtime checkpoints with extra_buffer and has no overlap schedule: 4 slots per request."""
     spec = load_model_spec(NEMOTRON)
     rec = recommend(spec, gpu_mem_bytes=64 * GIB, tp=1, context_len=4096, concurrency=4, engine="builtin")
-    assert rec.values["mamba_radix_cache_strategy"] == "no_buffer"
+    assert rec.values["mamba_radix_cache_strategy"] == "extra_buffer"
     assert rec.values["mem_fraction_static"] == 0.85
-    assert rec.pools.slots_per_request == 3 and rec.values["max_running_requests"] == 4
+    assert rec.pools.slots_per_request == 4 and rec.values["max_running_requests"] == 4
