@@ -20,6 +20,8 @@ _PREFIX = re.compile(
     r"^\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z]{1,4}\d+)*)\]\s?"
 )
 _MAX_EVIDENCE = 400
+# Substrings of the lines hybridctl/logs/startup.py parses.
+_STARTUP_KEYS = ("Cache is allocated", "max_total_num_tokens=", "Tree cache initialized", "fired up and")
 
 _PREFILL = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (\d+)")
 # server_args is logged as a dict repr ('key': value) in 0.5.2x and as ServerArgs(key=value) before.
@@ -89,7 +91,8 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
             codes_here.add(pattern.code)
             _record(seen, pattern, number, line, rank, weak=in_source)
         in_source = line.startswith('  File "')
-        messages.append(message)
+        if any(key in message for key in _STARTUP_KEYS):
+            messages.append(message)  # only start-up lines are kept: logs of long runs are large
         if scan.mamba_pool_line is None and "Mamba Cache is allocated" in message:
             scan.mamba_pool_line = number
         _read_prefill(message, number, scan)
