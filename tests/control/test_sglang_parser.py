@@ -343,3 +343,36 @@ def test_regen_script_reproduces_the_shipped_flag_table() -> None:
         assert (a.dest, a.type, a.default, a.action, a.aliases, sorted(a.choices)) == (
             b.dest, b.type, b.default, b.action, b.aliases, sorted(b.choices)
         ), name  # fmt: skip
+
+
+_ROUTER_PROBE = r"""
+import json, sys
+from sglang_router.launch_router import parse_router_args
+
+args = parse_router_args(json.load(sys.stdin))
+print(json.dumps({"pd": args.pd_disaggregation, "prefill": args.prefill_urls, "decode": args.decode_urls,
+                  "host": args.host, "port": args.port}))
+"""
+
+
+@pytest.mark.sglang
+def test_pd_router_command_parses_with_sglang_router() -> None:
+    python = sglang_python()
+    probe = subprocess.run([str(python), "-c", "import sglang_router"], capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip("sglang-router is not installed in the sglang venv (.ci/run installs it)")
+    cfg = _cfg({"server": {"host": "0.0.0.0", "port": 8000},
+                "pd": {"enable_pd_disaggregation": True, "bootstrap_port": 9100}})  # fmt: skip
+    router = pd_plan(cfg, SGLANG_VERSION).router.argv
+    assert router[1:3] == ["-m", "sglang_router.launch_router"]
+    proc = subprocess.run(
+        [str(python), "-c", _ROUTER_PROBE],
+        input=json.dumps(router[3:]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed == {"pd": True, "prefill": [["http://127.0.0.1:30100", 9100]],
+                      "decode": ["http://127.0.0.1:30200"], "host": "0.0.0.0", "port": 8000}  # fmt: skip
