@@ -60,7 +60,7 @@ def bench(
     from hybridctl.bench.loadgen import LoadShape
     from hybridctl.bench.runner import BenchOptions, BenchOptionsError
     from hybridctl.config.findings import ConfigError
-    from hybridctl.verify.client import ServerUnreachable
+    from hybridctl.verify.client import ServerError, ServerUnreachable
     from hybridctl.verify.runner import TargetError, load_config, resolve_target
 
     err = Console(stderr=True)
@@ -92,7 +92,7 @@ def bench(
         raise fail(str(exc)) from None
     try:
         result = _run_with_progress(target, options, cfg, err, show=not as_json)
-    except ServerUnreachable as exc:
+    except (ServerUnreachable, ServerError) as exc:
         raise fail(str(exc)) from None
     except DatasetError as exc:
         raise fail(str(exc)) from None

@@ -40,7 +40,7 @@ def _execute(
     from rich.markup import escape
 
     from hybridctl.config.findings import ConfigError
-    from hybridctl.verify.client import ServerUnreachable
+    from hybridctl.verify.client import ServerError, ServerUnreachable
     from hybridctl.verify.prefix_judge import OptionsError
     from hybridctl.verify.render import render_report
     from hybridctl.verify.report import unreachable_report
@@ -67,6 +67,11 @@ def _execute(
                     on_check=lambda n: status.update(f"verify {n} against {target.url} …"),
                 )
     except ServerUnreachable as exc:
+        if as_json:
+            typer.echo(json.dumps(unreachable_report(target.url, str(exc)), indent=2))
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    except ServerError as exc:  # the server answered, but not usably, before any check could run
         if as_json:
             typer.echo(json.dumps(unreachable_report(target.url, str(exc)), indent=2))
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)

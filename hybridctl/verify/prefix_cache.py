@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.verify.client import SGLangClient, StreamResult
+from hybridctl.verify.client import ServerError, SGLangClient, StreamResult
 from hybridctl.verify.document import load_prompt_builder
 from hybridctl.verify.prefix_judge import PrefixCacheOptions, Request, Trial, judge_prefix_cache
 from hybridctl.verify.prometheus import MetricsSnapshot, counter_delta
@@ -38,7 +38,7 @@ class _Flushes:
 
 def _request(result: StreamResult) -> Request:
     if result.ttft_s is None:
-        raise ValueError("stream ended without a first token")
+        raise ServerError("a streamed /generate ended without reporting a first token (completion_tokens 0)")
     return Request(
         ttft_s=result.ttft_s, cached_tokens=result.cached_tokens, prompt_tokens=result.prompt_tokens
     )
