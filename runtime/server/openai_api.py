@@ -68,9 +68,8 @@ def _ctx(request: Request) -> ServerContext:
     return request.app.state.ctx  # type: ignore[no-any-return]
 
 
-async def list_models(request: Request) -> Response:
-    ctx = _ctx(request)
-    card = {
+def _model_card(ctx: ServerContext) -> dict[str, Any]:
+    return {
         "id": ctx.model_name,
         "object": "model",
         "created": int(ctx.startup_time),
@@ -78,7 +77,20 @@ async def list_models(request: Request) -> Response:
         "root": ctx.model_name,
         "max_model_len": ctx.context_len,
     }
-    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(_ctx(request))]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    ctx = _ctx(request)
+    model = request.path_params["model"]
+    if model != ctx.model_name:
+        error = {"message": f"The model '{model}' does not exist", "type": "invalid_request_error",
+                 "param": "model", "code": "model_not_found"}  # fmt: skip
+        return JSONResponse({"error": error}, status_code=404)
+    return JSONResponse(_model_card(ctx))
 
 
 def _sampling_from_openai(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
@@ -275,6 +287,7 @@ async def _stream(
 def routes() -> list[Route]:
     return [
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]

@@ -33,6 +33,10 @@ def test_models(client: httpx.Client) -> None:
     card = body["data"][0]
     assert card["object"] == "model"
     assert card["id"] == client.get("/model_info").json()["served_model_name"]
+    one = client.get("/v1/models/" + card["id"])
+    assert one.status_code == 200 and one.json()["id"] == card["id"]
+    missing = client.get("/v1/models/no-such-model")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
 def test_completions_match_generate(client: httpx.Client) -> None:
