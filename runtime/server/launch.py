@@ -56,9 +56,11 @@ def _engine_args(args: RuntimeArgs, device: str) -> Any:
         "log_mamba_state_stats": args.log_mamba_state_stats,
         "context_length": args.context_length,
     }
-    known = {f.name for f in fields(EngineArgs)}
+    missing = set(wanted) - {f.name for f in fields(EngineArgs)}
+    if missing:  # a flag the engine stopped taking must fail loudly, never be dropped silently
+        raise StartupError(f"the engine does not take these options: {', '.join(sorted(missing))}")
     # None means "derive it": leave those to the engine's defaults, as SGLang leaves them to its resolution.
-    return EngineArgs(**{k: v for k, v in wanted.items() if k in known and v is not None})
+    return EngineArgs(**{k: v for k, v in wanted.items() if v is not None})
 
 
 def _check_model_dir(args: RuntimeArgs) -> None:

@@ -127,3 +127,31 @@ def test_pool_too_small_is_one_line_exit_2(demo_model_dir: Path) -> None:
     assert "max_mamba_cache_size" in lines[0]
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "fired up" not in proc.stdout
+
+
+def test_every_engine_flag_reaches_engine_args() -> None:
+    from runtime.server.launch import _engine_args
+
+    argv = ["--model-path", "/m", "--tokenizer-path", "/t", "--dtype", "half", "--page-size", "4",
+            "--disable-radix-cache", "--mem-fraction-static", "0.5", "--memory-budget-gib", "2",
+            "--mamba-full-memory-ratio", "1.5", "--max-mamba-cache-size", "9",
+            "--mamba-ssm-dtype", "bfloat16",
+            "--mamba-radix-cache-strategy", "no_buffer", "--mamba-track-interval", "32",
+            "--max-running-requests", "7", "--max-total-tokens", "4k", "--chunked-prefill-size", "-1",
+            "--schedule-policy", "lpm", "--disable-state-snapshot-on-match", "--disable-state-copy-on-write",
+            "--disable-dual-lru-eviction", "--random-seed", "3", "--log-mamba-state-stats",
+            "--context-length", "2048"]  # fmt: skip
+    ea = _engine_args(parse_args(argv), "cpu")
+    assert (ea.model_path, ea.tokenizer_path, ea.dtype, ea.device) == ("/m", "/t", "float16", "cpu")
+    assert (ea.page_size, ea.disable_radix_cache, ea.mem_fraction_static, ea.memory_budget_gib) == (
+        4,
+        True,
+        0.5,
+        2,
+    )
+    assert (ea.mamba_full_memory_ratio, ea.max_mamba_cache_size, ea.mamba_ssm_dtype) == (1.5, 9, "bfloat16")
+    assert (ea.mamba_radix_cache_strategy, ea.mamba_track_interval) == ("no_buffer", 32)
+    assert (ea.max_running_requests, ea.max_total_tokens, ea.chunked_prefill_size) == (7, 4000, -1)
+    assert (ea.schedule_policy, ea.random_seed, ea.context_length) == ("lpm", 3, 2048)
+    assert not (ea.state_snapshot_on_match or ea.state_copy_on_write or ea.dual_lru_eviction)
+    assert ea.log_mamba_state_stats
