@@ -32,10 +32,10 @@ def judge_host(facts: HostFacts, cfg: HybridConfig | None = None) -> tuple[list[
     checks += [_gpu_check(g) for g in facts.gpus]
     checks += [_torch_check(facts), _sglang_check(facts)]
     findings: list[DoctorFinding] = []
-    if cfg is not None:
-        findings += sglang_flag_findings(facts, cfg)
-        if cfg.config.memory.enable_elastic_memory_pool and resolve_engine(facts, cfg) == "sglang":
-            findings += elastic_host_findings(facts)
+    # Flags in extra_engine_args (renamed ones included) are the config rules' job (engine_flag_rules.py).
+    elastic = cfg is not None and cfg.config.memory.enable_elastic_memory_pool
+    if elastic and resolve_engine(facts, cfg) == "sglang":
+        findings += elastic_host_findings(facts)
     return checks, findings
 
 
@@ -135,27 +135,6 @@ def _sglang_check(facts: HostFacts) -> Check:
     if not s.has_hybrid_prefix_cache:
         return Check("sglang", "warning", f"{s.version}: no prefix cache for hybrid models", details)
     return Check("sglang", "ok", s.version, details)
-
-
-def sglang_flag_findings(facts: HostFacts, cfg: HybridConfig) -> list[DoctorFinding]:
-    """Flags in extra_engine_args that this sglang build spells differently."""
-    s = facts.sglang
-    if s is None:
-        return []
-    out = []
-    for name in cfg.config.extra_engine_args:
-        if name.lstrip("-").replace("_", "-") != "mamba-scheduler-strategy" or s.has_scheduler_strategy_flag:
-            continue
-        cause = (
-            f"sglang {s.version} renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy and "
-            "refuses the old name at start-up."
-        )
-        fix = f"Remove extra_engine_args.{name} and set cache.mamba_radix_cache_strategy instead."
-        change = Change("config.toml", f"extra_engine_args.{name}", None)
-        evidence = f"config.toml: extra_engine_args.{name}"
-        code = "SGLANG_FLAG_RENAMED"
-        out.append(DoctorFinding(code, "error", cause, fix, (change,), "host", evidence=evidence))
-    return out
 
 
 _ELASTIC_OFF = (Change("config.toml", "memory.enable_elastic_memory_pool", False),)

@@ -257,3 +257,10 @@ def test_peer_given_on_the_command_line(tmp_path: Path) -> None:
     out = report.to_dict()
     assert set(out) >= {"checks", "findings", "startup"}
     assert set(out["findings"][0]) >= {"code", "severity", "line", "evidence", "cause", "fix"}
+
+
+def test_renamed_engine_flag_in_extra_args_gets_a_removal() -> None:
+    cfg = cfg_for()
+    cfg.config.extra_engine_args["mamba-scheduler-strategy"] = "extra_buffer"
+    (f,) = [f for f in rule_findings(cfg, "0.5.23") if f.code == "UNKNOWN_ENGINE_FLAG"]
+    assert [(c.key, c.value) for c in f.changes] == [("extra_engine_args.mamba-scheduler-strategy", None)]
