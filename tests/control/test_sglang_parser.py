@@ -262,64 +262,71 @@ def test_matrix_covers_every_flag_the_mapping_can_emit() -> None:
     assert mapped <= emitted, f"no matrix case emits {sorted(mapped - emitted)}"
 
 
-@pytest.mark.sglang
-def test_every_command_parses_with_sglang_and_lands_on_the_right_fields() -> None:
+PD_CFG = _cfg({"server": {"tp_size": 2}, "pd": {"enable_pd_disaggregation": True, "prefill_port": 31100,
+                                               "decode_port": 31200, "bootstrap_port": 9100}})  # fmt: skip
+OLD_NAME_ARGV = sglang_command(_cfg({"cache": {"mamba_radix_cache_strategy": "no_buffer"}}), "0.5.13").argv[
+    3:
+]
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+    """Every argv of this module through sglang's parser in one subprocess (importing sglang is slow)."""
     python = sglang_python()
-    argvs = [sglang_command(cfg, SGLANG_VERSION).argv[3:] for _, cfg, _ in CASES]
-    results = parse_with_sglang(python, argvs)
-    for (name, _, expected), result in zip(CASES, results, strict=True):
-        assert "error" not in result, f"{name}: {result.get('error')}"
-        fields = result["fields"]
-        assert isinstance(fields, dict)
+    yaml_dir = tmp_path_factory.mktemp("sglang-yaml")
+    argvs: dict[str, list[str]] = {}
+    for name, cfg, _ in CASES:
+        argvs[f"cli:{name}"] = sglang_command(cfg, SGLANG_VERSION).argv[3:]
+        text, leftover = to_config_yaml(sglang_translation(cfg, SGLANG_VERSION).flags, SGLANG_VERSION)
+        path = yaml_dir / f"{name}.yaml"
+        path.write_text(text)
+        argvs[f"yaml:{name}"] = ["--config", str(path), *leftover]
+    plan = pd_plan(PD_CFG, SGLANG_VERSION)
+    argvs["pd:prefill"], argvs["pd:decode"] = plan.prefill.argv[3:], plan.decode.argv[3:]
+    argvs["old-name"] = OLD_NAME_ARGV
+    results = parse_with_sglang(python, list(argvs.values()))
+    return dict(zip(argvs, results, strict=True))
+
+
+def _fields(result: dict[str, object]) -> dict[str, object]:
+    assert "error" not in result, result.get("error")
+    fields = result["fields"]
+    assert isinstance(fields, dict)
+    return fields
+
+
+@pytest.mark.sglang
+def test_every_command_parses_with_sglang_and_lands_on_the_right_fields(
+    parsed: dict[str, dict[str, object]],
+) -> None:
+    for name, _, expected in CASES:
+        fields = _fields(parsed[f"cli:{name}"])
         for field, value in expected.items():
             assert fields[field] == value, f"{name}: {field} = {fields[field]!r}, expected {value!r}"
 
 
 @pytest.mark.sglang
-def test_config_yaml_parses_to_the_same_server_args_as_the_command_line(tmp_path: Path) -> None:
-    python = sglang_python()
-    argvs: list[list[str]] = []
-    for name, cfg, _ in CASES:
-        flags = sglang_translation(cfg, SGLANG_VERSION).flags
-        text, leftover = to_config_yaml(flags, SGLANG_VERSION)
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(text)
-        argvs += [sglang_command(cfg, SGLANG_VERSION).argv[3:], ["--config", str(path), *leftover]]
-    results = parse_with_sglang(python, argvs)
-    for i, (name, _, _) in enumerate(CASES):
-        direct, via_yaml = results[2 * i], results[2 * i + 1]
-        assert "error" not in via_yaml, f"{name}: {via_yaml.get('error')}"
-        assert via_yaml["fields"] == direct["fields"], name
+def test_config_yaml_parses_to_the_same_server_args_as_the_command_line(
+    parsed: dict[str, dict[str, object]],
+) -> None:
+    for name, _, _ in CASES:
+        assert _fields(parsed[f"yaml:{name}"]) == _fields(parsed[f"cli:{name}"]), name
 
 
 @pytest.mark.sglang
-def test_pd_worker_commands_parse_with_their_roles() -> None:
-    python = sglang_python()
-    cfg = _cfg({"server": {"tp_size": 2}, "pd": {"enable_pd_disaggregation": True, "prefill_port": 31100,
-                                               "decode_port": 31200, "bootstrap_port": 9100}})  # fmt: skip
-    plan = pd_plan(cfg, SGLANG_VERSION)
-    prefill, decode = parse_with_sglang(python, [plan.prefill.argv[3:], plan.decode.argv[3:]])
-    assert prefill["fields"]["disaggregation_mode"] == "prefill"  # type: ignore[index]
-    assert prefill["fields"]["port"] == 31100  # type: ignore[index]
-    assert prefill["fields"]["disaggregation_bootstrap_port"] == 9100  # type: ignore[index]
-    assert decode["fields"]["disaggregation_mode"] == "decode"  # type: ignore[index]
-    assert decode["fields"]["port"] == 31200  # type: ignore[index]
-    assert decode["fields"]["base_gpu_id"] == 2  # type: ignore[index]
-    assert plan.router.argv[3:8] == [
-        "--pd-disaggregation",
-        "--prefill",
-        "http://127.0.0.1:31100",
-        "9100",
-        "--decode",
-    ]
+def test_pd_worker_commands_parse_with_their_roles(parsed: dict[str, dict[str, object]]) -> None:
+    prefill, decode = _fields(parsed["pd:prefill"]), _fields(parsed["pd:decode"])
+    assert (prefill["disaggregation_mode"], prefill["port"]) == ("prefill", 31100)
+    assert prefill["disaggregation_bootstrap_port"] == 9100
+    assert (decode["disaggregation_mode"], decode["port"], decode["base_gpu_id"]) == ("decode", 31200, 2)
 
 
 @pytest.mark.sglang
-def test_the_old_strategy_flag_is_rejected_by_0_5_23_which_is_why_it_is_version_gated() -> None:
-    python = sglang_python()
-    old = sglang_command(_cfg({"cache": {"mamba_radix_cache_strategy": "no_buffer"}}), "0.5.13").argv[3:]
-    assert "--mamba-scheduler-strategy" in old
-    (result,) = parse_with_sglang(python, [old])
+def test_the_old_strategy_flag_is_rejected_by_0_5_23_which_is_why_it_is_version_gated(
+    parsed: dict[str, dict[str, object]],
+) -> None:
+    assert "--mamba-scheduler-strategy" in OLD_NAME_ARGV
+    result = parsed["old-name"]
     assert "error" in result and "mamba-scheduler-strategy" in str(result["error"])
 
 
