@@ -171,6 +171,7 @@ def start_server(
     settings_path: str | os.PathLike[str] | None = None,
     *,
     engine: Requested | None = None,
+    detach: bool = True,
     cfg: HybridConfig | None = None,
     plan: LaunchPlan | None = None,
     allow_ignored: bool = False,
@@ -182,8 +183,9 @@ def start_server(
 ) -> ServerHandle:
     """Start the server(s) for a config, wait until healthy, record them in the state file, return a handle.
 
-    The servers keep running after this process exits (detached) until `stop_server` or `handle.stop()`;
-    use the handle as a context manager to stop them when the block ends. On a start-up failure everything
+    With `detach` the servers keep running after this process exits, until `stop_server` or `handle.stop()`;
+    without it they are stopped when this process exits. Either way the handle works as a context manager
+    that stops them when the block ends. On a start-up failure everything
     started is stopped and StartupFailed names the log.
     """
     config_path = Path(config_path)
@@ -217,6 +219,10 @@ def start_server(
     except BaseException:
         handle.stop()
         raise
+    if not detach:
+        import atexit
+
+        atexit.register(lambda: handle.alive() and handle.stop())
     return handle
 
 

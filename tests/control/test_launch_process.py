@@ -108,3 +108,25 @@ def test_start_up_failure_shows_the_log_and_the_doctor_hint(tmp_path: Path) -> N
     assert f"hybridctl doctor --log {tmp_path / 'hybridctl-server.log'}" in message
     assert not state_path_for(config).exists()
     assert (tmp_path / "hybridctl-server.log.1").read_text() == "previous run\n"
+
+
+def test_without_detach_the_server_stops_when_the_caller_exits(tmp_path: Path) -> None:
+    import subprocess
+
+    plan = _plan(tmp_path, "serve")
+    code = (
+        "import sys\n"
+        "from hybridctl.launch import start_server\n"
+        "from hybridctl.launch.command import EngineCommand\n"
+        "from hybridctl.launch.plan import LaunchPlan\n"
+        f"command = EngineCommand('builtin', 'server', {plan.commands[0].argv!r}, '127.0.0.1', "
+        f"{plan.commands[0].port})\n"
+        "plan = LaunchPlan('builtin', 'test', [command])\n"
+        f"handle = start_server({str(tmp_path / 'config.toml')!r}, plan=plan, detach=False)\n"
+        "print(handle.pid)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    assert not process_alive(pid, None)
+    assert not state_path_for(tmp_path / "config.toml").exists()
