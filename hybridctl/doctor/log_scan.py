@@ -20,6 +20,8 @@ _PREFIX = re.compile(
     r"^\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z]{1,4}\d+)*)\]\s?"
 )
 _MAX_EVIDENCE = 400
+# One pass over a healthy line instead of one per pattern: most lines of a long log match nothing.
+_ANY_PATTERN = re.compile("|".join(f"(?:{p.regex.pattern})" for p in PATTERNS))
 # Substrings of the lines hybridctl/logs/startup.py parses.
 _STARTUP_KEYS = ("Cache is allocated", "max_total_num_tokens=", "Tree cache initialized", "fired up and")
 
@@ -85,7 +87,7 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
         if line is not message:
             rank = ranks
         codes_here: set[str] = set()
-        for pattern in PATTERNS:
+        for pattern in PATTERNS if _ANY_PATTERN.search(message) else ():
             if pattern.code in codes_here or not pattern.regex.search(message):
                 continue
             codes_here.add(pattern.code)
