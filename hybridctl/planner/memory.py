@@ -3,7 +3,7 @@
 - GPU-size tiers for chunked_prefill_size and the decode CUDA-graph batch size:
   arg_groups/memory_hook.py:89-170 (`_handle_gpu_memory_settings`).
 - The automatic --mem-fraction-static: memory_hook.py:279-325 (reserve activations + graphs, 10 GiB floor on
-  GPUs over 60 GiB) and memory_hook.py:360-399 (`reserve_for_graph_mb`, decode graphs only here).
+  GPUs over 60 GiB) and memory_hook.py:360-399 (`reserve_for_graph_mb`: decode and prefill graphs).
 - Pool budget: mem_cache/kv_cache_configurator.py:2990-3060 (`_profile_available_bytes`): free memory after
   the weights minus `pre_model_load_memory * (1 - mem_fraction_static)`. With the whole device free before
   loading that is `gpu_mem * mem_fraction_static - weights`. The CUDA context and NCCL buffers are not
@@ -43,14 +43,33 @@ def gpu_tier(gpu_mem_bytes: int | None, tp: int) -> GpuTier:
     return GpuTier(16384, 512, ">= 160 GiB (B200, MI300)")
 
 
+def prefill_graph_sizes(max_bs: int) -> list[int]:
+    """cuda_graph_hook.py:480-497 (`generate_prefill_cuda_graph_batch_sizes`): the captured token counts."""
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1025, 64),
+        *range(1280, 4097, 256),
+        *range(4608, max_bs + 1, 512),
+    ]
+    return [s for s in sizes if s <= max_bs]
+
+
 def auto_mem_fraction_static(
     gpu_mem_bytes: int,
     *,
     tp: int,
     chunked_prefill_size: int | None = None,
     max_running_requests: int | None = None,
+    prefill_graph: bool = True,
+    mla: bool = False,
 ) -> float:
-    """memory_hook.py:279-325 for a plain (not PD, not multimodal, no DP attention) server."""
+    """memory_hook.py:279-325 for a plain (not PD, no DP attention) CUDA server.
+
+    `prefill_graph`: the breakable prefill CUDA graph, on by default on CUDA (cuda_graph_config.py:119-123)
+    and turned off for KDA models such as Kimi-Linear (cuda_graph_hook.py:170-192).
+    """
     tier = gpu_tier(gpu_mem_bytes, tp)
     chunk = (
         chunked_prefill_size
@@ -62,6 +81,9 @@ def auto_mem_fraction_static(
         graph_bs = min(graph_bs, max_running_requests)  # memory_hook.py:172-178
     gpu_mib = gpu_mem_bytes / MIB
     reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + graph_bs * 2
+    if prefill_graph:
+        # memory_hook.py:383-397: 8 MiB per captured prefill size (max = the chunk), a flat 1.5 GiB for MLA.
+        reserved += 1.5 * 1024 if mla else len(prefill_graph_sizes(chunk)) * 8
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((gpu_mib - reserved) / gpu_mib, 3)

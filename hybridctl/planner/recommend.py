@@ -139,6 +139,8 @@ def recommend(
             tp=tp,
             chunked_prefill_size=tier.chunked_prefill_size,
             max_running_requests=concurrency,
+            prefill_graph=spec.linear_kind != "kda",  # KDA turns the breakable prefill graph off
+            mla=spec.attention_kind == "mla",
         )
         mfs = Recommended(
             fraction,

@@ -21,16 +21,29 @@ NEMOTRON = TEMPLATES / "nemotron-h-8b.json"
     ("gib", "tp", "expected"),
     [
         # arg_groups/memory_hook.py:279-325: reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024
-        # + decode graph bs * 2 (MiB), >= 10 GiB above 60 GiB; fraction = round((gpu - reserved) / gpu, 3).
-        (80, 1, round((81920 - (512 + 8192 * 1.5 + 128 + 256 * 2)) / 81920, 3)),  # 0.836
-        (80, 8, round((81920 - (512 + 8192 * 1.5 + 1024 + 512 * 2)) / 81920, 3)),
-        (24, 1, round((24576 - (512 + 4096 * 1.5 + 128 + 48 * 2)) / 24576, 3)),  # no 10 GiB floor
-        (141, 1, round((144384 - (512 + 8192 * 1.5 + 128 + 256 * 2)) / 144384, 3)),
-        (16, 1, round((16384 - (512 + 2048 * 1.5 + 128 + 8 * 2)) / 16384, 3)),
+        # + decode graph bs * 2 + 8 per captured prefill size (MiB), >= 10 GiB above 60 GiB;
+        # fraction = round((gpu - reserved) / gpu, 3). Captured prefill sizes: 58 up to 8192, 50 up to 4096,
+        # 42 up to 2048 (cuda_graph_hook.py:480-497, checked against SGLang in test_planner_sglang.py).
+        (80, 1, round((81920 - (512 + 8192 * 1.5 + 128 + 256 * 2 + 58 * 8)) / 81920, 3)),  # 0.830
+        (80, 8, round((81920 - (512 + 8192 * 1.5 + 1024 + 512 * 2 + 58 * 8)) / 81920, 3)),
+        (24, 1, round((24576 - (512 + 4096 * 1.5 + 128 + 48 * 2 + 50 * 8)) / 24576, 3)),  # no 10 GiB floor
+        (141, 1, round((144384 - (512 + 8192 * 1.5 + 128 + 256 * 2 + 58 * 8)) / 144384, 3)),
+        (16, 1, round((16384 - (512 + 2048 * 1.5 + 128 + 8 * 2 + 42 * 8)) / 16384, 3)),
     ],
 )
 def test_auto_mem_fraction_static(gib: int, tp: int, expected: float) -> None:
     assert auto_mem_fraction_static(gib * GIB, tp=tp) == expected
+
+
+def test_prefill_graph_is_off_for_kda_and_flat_for_mla() -> None:
+    without = round((81920 - (512 + 8192 * 1.5 + 128 + 256 * 2)) / 81920, 3)
+    assert auto_mem_fraction_static(80 * GIB, tp=1, prefill_graph=False) == without
+    mla = round((81920 - (512 + 8192 * 1.5 + 128 + 256 * 2 + 1536)) / 81920, 3)
+    assert auto_mem_fraction_static(80 * GIB, tp=1, mla=True) == mla
+    kimi = recommend(
+        load_model_spec(TEMPLATES / "kimi-linear-48b-a3b.json", tp=2), gpu_mem_bytes=80 * GIB, tp=2
+    )
+    assert kimi.values["mem_fraction_static"] == auto_mem_fraction_static(80 * GIB, tp=2, prefill_graph=False)
 
 
 def test_gpu_tiers() -> None:

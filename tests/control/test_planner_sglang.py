@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridctl.model import load_model_spec
+from hybridctl.planner.memory import prefill_graph_sizes
 from hybridctl.planner.pool_sizing import GIB, PoolInputs, PoolSizingError, size_pools
 
 
@@ -239,3 +240,11 @@ def test_qwen3_next_pool_numbers(
     assert reference.size(inp) == (k, tokens, cap)  # SGLang's code says so ...
     plan = size_pools(inp)  # ... and so do we
     assert (plan.max_mamba_cache_size, plan.max_running_requests, plan.max_total_num_tokens) == expected
+
+
+def test_prefill_graph_sizes_match_sglang() -> None:
+    hook = SRT / "arg_groups" / "cuda_graph_hook.py"
+    ns: dict[str, Any] = {}
+    _exec(_lift(hook, {"generate_prefill_cuda_graph_batch_sizes"}), hook, ns)
+    for max_bs in (1, 4, 100, 2048, 4096, 8192, 16384, 20000):
+        assert prefill_graph_sizes(max_bs) == ns["generate_prefill_cuda_graph_batch_sizes"](max_bs)
