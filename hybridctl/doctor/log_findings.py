@@ -14,6 +14,8 @@ def log_findings(scan: LogScan, inp: RemedyInput) -> list[DoctorFinding]:
     out = []
     for m in scan.matches:
         fix, changes = REMEDIES[m.pattern.remedy](inp)
+        if m.pattern.remedy == "grow_state_pool" and not changes:
+            fix += _slots_from_log(scan)
         seen = f" Seen {m.count} times" if m.count > 1 else ""
         if m.ranks:
             seen += (" on " if seen else " Seen on ") + ", ".join(sorted(m.ranks))
@@ -25,11 +27,34 @@ def log_findings(scan: LogScan, inp: RemedyInput) -> list[DoctorFinding]:
     return out
 
 
+def _slots_from_log(scan: LogScan) -> str:
+    """Without a config, the slot count the logged server needed, from its own start-up lines and args."""
+    from hybridctl.planner.pool_sizing import PoolSizingError, slots_per_request
+
+    running = max(scan.startup.max_running_requests or 0, 2)  # at least two requests' worth
+    strategy = scan.server_args.get("mamba_radix_cache_strategy")
+    if strategy not in ("no_buffer", "extra_buffer", "extra_buffer_lazy"):
+        return ""
+    try:
+        per_request = slots_per_request(
+            disable_radix_cache=scan.server_args.get("disable_radix_cache") == "True",
+            strategy=strategy,
+            overlap_schedule=scan.server_args.get("disable_overlap_schedule") != "True",
+        )
+    except PoolSizingError:
+        return ""
+    return (
+        f" From this log: max_running_requests={running} at {per_request} slots per request ({strategy}) "
+        f"needs --max-mamba-cache-size {running * per_request} (memory.max_mamba_cache_size)."
+    )
+
+
 def _startup_findings(scan: LogScan, inp: RemedyInput) -> list[DoctorFinding]:
     out = []
     info = scan.startup
     if info.mamba is not None and info.mamba.max_mamba_cache_size == 0:
         fix, changes = REMEDIES["grow_state_pool"](inp)
+        fix += "" if changes else _slots_from_log(scan)
         out.append(DoctorFinding(
             "MAMBA_POOL_ALLOC", "error",
             "The recurrent-state pool was allocated with 0 slots: no request can hold a state, so every "

@@ -28,7 +28,7 @@ _STARTUP_KEYS = ("Cache is allocated", "max_total_num_tokens=", "Tree cache init
 _PREFILL = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (\d+)")
 # server_args is logged as a dict repr ('key': value) in 0.5.2x and as ServerArgs(key=value) before.
 _ARG = re.compile(r"['\"]?\b(disable_radix_cache|page_size|mamba_radix_cache_strategy|speculative_algorithm|"
-                  r"disaggregation_mode|enable_unified_memory)['\"]?\s*[:=]\s*('[^']*'|\"[^\"]*\"|[\w.]+)")
+                  r"disaggregation_mode|enable_unified_memory|disable_overlap_schedule)['\"]?\s*[:=]\s*('[^']*'|\"[^\"]*\"|[\w.]+)")
 
 
 def startup_summary(info: StartupInfo) -> dict[str, int | None]:
