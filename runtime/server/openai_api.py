@@ -6,6 +6,7 @@ answers carry SGLang's extras (`matched_stop`, `usage.prompt_tokens_details.cach
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -109,20 +110,24 @@ def _sampling_from_openai(body: dict[str, Any], max_tokens_keys: tuple[str, ...]
 
 
 def _prepare(
-    ctx: ServerContext, body: dict[str, Any], ids: list[int], max_keys: tuple[str, ...]
+    ctx: ServerContext, body: dict[str, Any], ids: list[int], max_keys: tuple[str, ...], index: int = 0
 ) -> PreparedRequest:
     parsed = parse_sampling_params(_sampling_from_openai(body, max_keys))
     rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+    if index:  # the prompts of one batch need distinct engine request ids
+        rid = f"{rid}-{index}"
     stream = bool(body.get("stream"))
-    return prepare_request(0, ids, parsed, rid, stream, ctx.vocab_size, ctx.context_len)
+    return prepare_request(index, ids, parsed, rid, stream, ctx.vocab_size, ctx.context_len)
 
 
-def _usage(state: RequestState) -> dict[str, Any]:
+def _usage(states: list[RequestState]) -> dict[str, Any]:
+    prompt = sum(s.prompt_tokens for s in states)
+    completion = sum(s.completion_tokens for s in states)
     return {
-        "prompt_tokens": state.prompt_tokens,
-        "completion_tokens": state.completion_tokens,
-        "total_tokens": state.prompt_tokens + state.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": state.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in states)},
     }
 
 
@@ -141,28 +146,33 @@ async def _parse(request: Request) -> dict[str, Any] | Response:
     return body
 
 
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _completion_prompts(ctx: ServerContext, prompt: Any) -> list[list[int]]:
+    """OpenAI's prompt forms: a string, token ids, or a batch (list) of either."""
+    if isinstance(prompt, str):
+        return [ctx.tokenizer.encode(prompt)]
+    if _is_ids(prompt) and prompt:
+        return [list(prompt)]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or (_is_ids(p) and p) for p in prompt):
+        return [ctx.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+    if prompt is None:
+        raise RequestValueError("prompt is required")
+    raise RequestValueError("prompt must be a string, a list of token ids, or a non-empty list of either")
+
+
 async def completions(request: Request) -> Response:
     ctx = _ctx(request)
     body = await _parse(request)
     if isinstance(body, Response):
         return body
-    prompt = body.get("prompt")
     try:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            ids = ctx.tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-        elif prompt is None:
-            raise RequestValueError("prompt is required")
-        else:
-            raise RequestValueError(
-                "prompt must be a string or a list of token ids (batches: send one per request)"
-            )
+        prompts = _completion_prompts(ctx, body.get("prompt"))
         if body.get("max_tokens") is None:
             body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions
-        prepared = _prepare(ctx, body, ids, ("max_tokens",))
+        prepared = [_prepare(ctx, body, ids, ("max_tokens",), index=i) for i, ids in enumerate(prompts)]
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
     return await _serve(ctx, request, body, prepared, chat=False)
@@ -190,48 +200,50 @@ async def chat_completions(request: Request) -> Response:
         prepared = _prepare(ctx, body, ctx.tokenizer.encode(text), ("max_completion_tokens", "max_tokens"))
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
-    return await _serve(ctx, request, body, prepared, chat=True)
+    return await _serve(ctx, request, body, [prepared], chat=True)
 
 
 async def _serve(
-    ctx: ServerContext, request: Request, body: dict[str, Any], prepared: PreparedRequest, chat: bool
+    ctx: ServerContext, request: Request, body: dict[str, Any], prepared: list[PreparedRequest], chat: bool
 ) -> Response:
     try:
-        group, states = start_group(ctx, [prepared])
+        group, states = start_group(ctx, prepared)
     except DuplicateRequestId as e:
         return error_response(str(e))
     model = body.get("model") if isinstance(body.get("model"), str) else ctx.model_name
-    response_id = ("chatcmpl-" if chat else "cmpl-") + prepared.request.rid
-    if prepared.request.stream:
+    response_id = ("chatcmpl-" if chat else "cmpl-") + prepared[0].request.rid
+    if prepared[0].request.stream:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        chunks = _stream(ctx, group, states[0], response_id, model, chat, include_usage)
+        chunks = _stream(ctx, group, states, response_id, model, chat, include_usage)
         return AbortingStreamingResponse(chunks, on_close=group.close)
     await run_to_end(ctx, request, group, states)
     failure = abort_error(states)
     if failure is not None:
-        return error_response(str((states[0].finish_reason or {}).get("message")), failure.status_code)
-    state = states[0]
-    finish_reason, matched = _finish(state)
-    choice: dict[str, Any] = {
-        "index": 0,
-        "logprobs": None,
-        "finish_reason": finish_reason,
-        "matched_stop": matched,
-    }
-    if chat:
-        choice["message"] = {"role": "assistant", "content": state.text(), "reasoning_content": None,
-                             "tool_calls": None}  # fmt: skip
-    else:
-        choice["text"] = state.text()
+        return error_response(json.loads(failure.body)["error"]["message"], failure.status_code)
+    choices: list[dict[str, Any]] = []
+    for state in states:
+        finish_reason, matched = _finish(state)
+        choice: dict[str, Any] = {
+            "index": state.prepared.index,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "matched_stop": matched,
+        }
+        if chat:
+            choice["message"] = {"role": "assistant", "content": state.text(), "reasoning_content": None,
+                                 "tool_calls": None}  # fmt: skip
+        else:
+            choice["text"] = state.text()
+        choices.append(choice)
     return JSONResponse(
         {
             "id": response_id,
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [choice],
-            "usage": _usage(state),
+            "choices": choices,
+            "usage": _usage(states),
         }
     )
 
@@ -239,7 +251,7 @@ async def _serve(
 async def _stream(
     ctx: ServerContext,
     group: RequestGroup,
-    state: RequestState,
+    states: list[RequestState],
     response_id: str,
     model: str,
     chat: bool,
@@ -248,8 +260,8 @@ async def _stream(
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(delta: str | None, finish_reason: str | None = None, matched: Any = None) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def chunk(index: int, delta: str | None, finish_reason: str | None = None, matched: Any = None) -> bytes:
+        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["matched_stop"] = matched
         if chat:
@@ -264,23 +276,25 @@ async def _stream(
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model,
                          "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}]})  # fmt: skip
-    sent = ""
-    async for _, out in group.updates():
+    sent = [""] * len(states)
+    async for i, out in group.updates():
+        state = states[i]
         state.update(out)
         text = state.text()
-        delta = text[len(sent) :] if text.startswith(sent) else ""
-        sent = text if text.startswith(sent) else sent
+        # A stop string trimmed at the end can shorten the text: nothing more is sent then.
+        delta = text[len(sent[i]) :] if text.startswith(sent[i]) else ""
+        sent[i] += delta
         if out.finished:
             ctx.finish(state, streaming=True)
             if delta:
-                yield chunk(delta)
+                yield chunk(i, delta)
             finish_reason, matched = _finish(state)
-            yield chunk(None if chat else "", finish_reason, matched)
+            yield chunk(i, None if chat else "", finish_reason, matched)
         elif delta:
-            yield chunk(delta)
+            yield chunk(i, delta)
     if include_usage:
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model, "choices": [],
-                         "usage": _usage(state)})  # fmt: skip
+                         "usage": _usage(states)})  # fmt: skip
     yield DONE
 
 

@@ -120,3 +120,20 @@ def test_openai_errors_are_400(client: httpx.Client) -> None:
     logprobs = client.post("/v1/completions", json={"prompt": "x", "logprobs": 5})
     assert logprobs.status_code == 400 and "logprobs" in logprobs.json()["message"]
     assert client.get("/v1/models").status_code == 200
+
+
+def test_completions_batch_of_prompts(client: httpx.Client) -> None:
+    prompts = ["Once upon a time", "The river runs"]
+    req = {"prompt": prompts, "max_tokens": 4, "temperature": 0}
+    body = client.post("/v1/completions", json=req).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    for choice, prompt in zip(body["choices"], prompts, strict=True):
+        alone = client.post("/v1/completions", json={**req, "prompt": prompt}).json()
+        assert choice["text"] == alone["choices"][0]["text"]
+    assert body["usage"]["completion_tokens"] == 8
+    with client.stream("POST", "/v1/completions", json={**req, "stream": True}) as r:
+        events = sse_payloads(r)
+    assert events[-1] == "[DONE]"
+    for i, choice in enumerate(body["choices"]):
+        parts = [e["choices"][0]["text"] for e in events[:-1] if e["choices"][0]["index"] == i]
+        assert "".join(parts) == choice["text"]
