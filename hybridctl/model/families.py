@@ -139,6 +139,7 @@ def _read_gdn(cfg: dict[str, Any], source: str, family: str, model_type: str, ar
         attention_kind="mha",
         config_ssm_dtype=r.get("mamba_ssm_dtype"),
         state_shape=shape,
+        vision_config=cfg["vision_config"] if isinstance(cfg.get("vision_config"), dict) else None,
         **common_attention(r),
     )
 

@@ -36,6 +36,7 @@ class Geometry:
     # mamba2_state_dtype(None)); None means the config does not influence the SSM dtype.
     config_ssm_dtype: str | None
     state_shape: Callable[[int], StateShape] = field(repr=False, compare=False)
+    vision_config: dict[str, Any] | None = field(default=None, repr=False)  # multimodal checkpoints only
 
 
 class ConfigReader:

@@ -62,6 +62,10 @@ class ModelSpec:
     weights_bytes: int  # whole model
     weights_bytes_per_rank: int
     weights_source: str  # safetensors | safetensors-index | estimate
+    # The vision tower as SGLang's memory heuristic reads it (memory_hook.py:432-442: num_hidden_layers,
+    # else 24; hidden_size, else 1024); None for text-only checkpoints.
+    vit_num_layers: int | None = None
+    vit_hidden_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -192,4 +196,13 @@ def load_model_spec(
         weights_bytes=weights.total,
         weights_bytes_per_rank=-(-weights.total // tp),
         weights_source=weights.source,
+        vit_num_layers=_vit_value(geom.vision_config, "num_hidden_layers", 24),
+        vit_hidden_size=_vit_value(geom.vision_config, "hidden_size", 1024),
     )
+
+
+def _vit_value(vision: dict[str, Any] | None, key: str, default: int) -> int | None:
+    if vision is None:
+        return None
+    value = vision.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default

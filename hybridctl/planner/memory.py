@@ -89,6 +89,16 @@ def auto_mem_fraction_static(
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
+def vlm_mem_fraction_factor(vit_num_layers: int, vit_hidden_size: int) -> float:
+    """memory_hook.py:432-462 (`adjust_mem_fraction_for_vlm`): scale the fraction down for the vision encoder.
+
+    0.95 for a ViT-L/14-sized tower, 10% less per doubling of layers x hidden^2, clamped to 0.8..1.05.
+    """
+    complexity = (vit_num_layers * vit_hidden_size**2) / (24 * 1024**2)
+    dynamic = max(0.8, min(1.05, 1.0 - 0.1 * (complexity - 1.0)))
+    return 0.95 * dynamic
+
+
 def pool_bytes_for(gpu_mem_bytes: int, *, mem_fraction_static: float, weights_bytes_per_rank: int) -> int:
     """Bytes left for both pools on one GPU; PoolSizingError when the weights do not fit."""
     static = gpu_mem_bytes * mem_fraction_static

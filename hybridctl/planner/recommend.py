@@ -11,7 +11,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hybridctl.model.spec import ModelSpec
-from hybridctl.planner.memory import auto_mem_fraction_static, gpu_tier, pool_bytes_for
+from hybridctl.planner.memory import (
+    auto_mem_fraction_static,
+    gpu_tier,
+    pool_bytes_for,
+    vlm_mem_fraction_factor,
+)
 from hybridctl.planner.pool_sizing import (
     GIB,
     PoolInputs,
@@ -142,11 +147,16 @@ def recommend(
             prefill_graph=spec.linear_kind != "kda",  # KDA turns the breakable prefill graph off
             mla=spec.attention_kind == "mla",
         )
-        mfs = Recommended(
-            fraction,
+        why = (
             f"SGLang's automatic value for {gpu_mem_bytes / GIB:.0f} GiB: the rest is reserved for "
-            f"activations of a {tier.chunked_prefill_size}-token prefill chunk and CUDA graphs.",
+            f"activations of a {tier.chunked_prefill_size}-token prefill chunk and CUDA graphs"
         )
+        if spec.vit_num_layers is not None and spec.vit_hidden_size is not None:
+            # SGLang keeps the unrounded product; three decimals, rounded down, never reserve less than it.
+            fraction *= vlm_mem_fraction_factor(spec.vit_num_layers, spec.vit_hidden_size)
+            fraction = math.floor(fraction * 1000) / 1000
+            why += ", scaled down for the vision encoder"
+        mfs = Recommended(fraction, why + ".")
     pool = pool_bytes_for(
         gpu_mem_bytes, mem_fraction_static=fraction, weights_bytes_per_rank=spec.weights_bytes_per_rank
     )

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model import load_model_spec
-from hybridctl.planner.memory import auto_mem_fraction_static, gpu_tier, pool_bytes_for
+from hybridctl.planner.memory import (
+    auto_mem_fraction_static,
+    gpu_tier,
+    pool_bytes_for,
+    vlm_mem_fraction_factor,
+)
 from hybridctl.planner.plan import make_plan, recommend
 from hybridctl.planner.pool_sizing import GIB, PoolInputs, PoolSizingError, size_pools
 
@@ -162,3 +168,16 @@ def test_recommend_for_the_bundled_runtime() -> None:
     assert rec.values["mamba_radix_cache_strategy"] == "extra_buffer"
     assert rec.values["mem_fraction_static"] == 0.85
     assert rec.pools.slots_per_request == 4 and rec.values["max_running_requests"] == 4
+
+
+def test_vision_encoder_lowers_the_fraction() -> None:
+    """memory_hook.py:432-462: Qwen3.5's ViT (num_hidden_layers unset -> 24, hidden 1152): x 0.9248."""
+    spec = load_model_spec(TEMPLATES / "qwen3.5-35b-a3b.json")
+    assert (spec.vit_num_layers, spec.vit_hidden_size) == (24, 1152)
+    factor = 0.95 * (1 - 0.1 * (24 * 1152**2 / (24 * 1024**2) - 1))
+    assert vlm_mem_fraction_factor(24, 1152) == pytest.approx(factor)
+    rec = recommend(spec, gpu_mem_bytes=141 * GIB, tp=1)
+    text_only = auto_mem_fraction_static(141 * GIB, tp=1)
+    assert rec.values["mem_fraction_static"] == math.floor(text_only * factor * 1000) / 1000
+    assert "vision encoder" in rec.reasons["mem_fraction_static"]
+    assert load_model_spec(NEMOTRON).vit_num_layers is None
