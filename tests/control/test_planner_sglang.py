@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridctl.model import load_model_spec
-from hybridctl.planner.memory import prefill_graph_sizes
+from hybridctl.planner.memory import prefill_graph_sizes, vlm_mem_fraction_factor
 from hybridctl.planner.pool_sizing import GIB, PoolInputs, PoolSizingError, size_pools
 
 
@@ -248,3 +248,14 @@ def test_prefill_graph_sizes_match_sglang() -> None:
     _exec(_lift(hook, {"generate_prefill_cuda_graph_batch_sizes"}), hook, ns)
     for max_bs in (1, 4, 100, 2048, 4096, 8192, 16384, 20000):
         assert prefill_graph_sizes(max_bs) == ns["generate_prefill_cuda_graph_batch_sizes"](max_bs)
+
+
+@pytest.mark.parametrize(("layers", "hidden"), [(24, 1152), (27, 1152), (32, 1280), (12, 768), (48, 4096)])
+def test_vlm_fraction_factor_matches_sglang(layers: int, hidden: int) -> None:
+    hook = SRT / "arg_groups" / "memory_hook.py"
+    ns: dict[str, Any] = {}
+    _exec(_lift(hook, {"adjust_mem_fraction_for_vlm"}), hook, ns)
+    vision = types.SimpleNamespace(num_hidden_layers=layers, hidden_size=hidden)
+    model_config = types.SimpleNamespace(hf_config=types.SimpleNamespace(vision_config=vision))
+    theirs = ns["adjust_mem_fraction_for_vlm"](0.9, model_config, False, 80 * 1024)
+    assert 0.9 * vlm_mem_fraction_factor(layers, hidden) == pytest.approx(theirs, rel=1e-12)
