@@ -6,7 +6,11 @@ there and land on the fields the config asked for.
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.builtin_flags import RUNTIME_FLAGS, builtin_command
@@ -218,3 +222,49 @@ def test_bad_extra_engine_args_are_refused(extra: dict[str, object], message: st
 def test_empty_model_path_is_refused() -> None:
     with pytest.raises(LaunchError, match="model_path is empty"):
         builtin_command(HybridConfig())
+
+
+_paths = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=20).map(
+    lambda s: "/m/" + s
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    model_path=_paths,
+    page_size=st.integers(1, 256),
+    strategy=st.sampled_from(["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"]),
+    chunk=st.one_of(st.just(-1), st.integers(1, 1 << 16)),
+    dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
+    policy=st.sampled_from(["fcfs", "lpm"]),
+    prefix=st.booleans(),
+    snapshot=st.booleans(),
+    ratio=st.floats(0.01, 10.0, allow_nan=False),
+)
+def test_any_config_gives_a_command_the_runtime_parses_back(
+    model_path: str, page_size: int, strategy: str, chunk: int, dtype: str, policy: str, prefix: bool,
+    snapshot: bool, ratio: float,
+) -> None:  # fmt: skip
+    cfg = _cfg(
+        config__server={"model_path": model_path},
+        config__cache={"radix_cache_page_size": page_size, "mamba_radix_cache_strategy": strategy,
+                       "enable_prefix_caching": prefix},
+        config__memory={"mamba_full_memory_ratio": ratio},
+        settings__runtime={"chunked_prefill_size": chunk, "schedule_policy": policy},
+        settings__mamba={"state_dtype": dtype, "state_snapshot_on_match": snapshot},
+    )  # fmt: skip
+    command = builtin_command(cfg, python="python")
+    assert shlex.split(command.shell()) == command.argv
+    parsed = parse_args(command.argv[3:])
+    assert (parsed.model_path, parsed.page_size, parsed.mamba_radix_cache_strategy) == (
+        model_path,
+        page_size,
+        strategy,
+    )
+    assert (parsed.chunked_prefill_size, parsed.mamba_ssm_dtype, parsed.schedule_policy) == (
+        chunk,
+        dtype,
+        policy,
+    )
+    assert parsed.disable_radix_cache is not prefix and parsed.disable_state_snapshot_on_match is not snapshot
+    assert parsed.mamba_full_memory_ratio == ratio
