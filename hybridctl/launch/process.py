@@ -166,6 +166,21 @@ def _refuse_if_running(state_path: Path) -> None:
         )
 
 
+def _refuse_if_port_busy(command: EngineCommand) -> None:
+    # Something already answering there would pass the readiness check for a server that is still loading.
+    import socket
+
+    host = command.url.split("//", 1)[1].rsplit(":", 1)[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        busy = sock.connect_ex((host, command.port)) == 0
+    if busy:
+        raise LaunchError(
+            f"port {command.port} on {host} is already in use, so the {command.role} server cannot listen "
+            "there. Fix: stop what uses it, or choose another port in config.toml ([server] port or [pd] *_port)."
+        )
+
+
 def start_server(
     config_path: str | os.PathLike[str],
     settings_path: str | os.PathLike[str] | None = None,
@@ -199,6 +214,8 @@ def start_server(
                                 python=python)  # fmt: skip
     state_path = state_path_for(config_path)
     _refuse_if_running(state_path)
+    for command in plan.commands:
+        _refuse_if_port_busy(command)
     state = ServerState(
         engine=plan.engine, url=plan.url, config_path=str(config_path.resolve()),
         settings_path=str(settings_path.resolve()), started_at=time.time(), version=plan.version,
