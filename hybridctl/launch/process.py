@@ -177,7 +177,7 @@ def _refuse_if_port_busy(command: EngineCommand) -> None:
     if busy:
         raise LaunchError(
             f"port {command.port} on {host} is already in use, so the {command.role} server cannot listen "
-            "there. Fix: stop what uses it, or choose another port in config.toml ([server] port or [pd] *_port)."
+            "there. Fix: stop what uses it, or set another port in config.toml ([server] port, [pd] ports)."
         )
 
 

@@ -130,3 +130,14 @@ def test_without_detach_the_server_stops_when_the_caller_exits(tmp_path: Path) -
     pid = int(out.stdout.split()[-1])
     assert not process_alive(pid, None)
     assert not state_path_for(tmp_path / "config.toml").exists()
+
+
+def test_a_busy_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "serve")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", plan.commands[0].port))
+        taken.listen()
+        with pytest.raises(LaunchError, match=f"port {plan.commands[0].port} .* already in use"):
+            start_server(tmp_path / "config.toml", plan=plan)
+    assert not (tmp_path / "hybridctl-server.log").exists()
+    assert not state_path_for(tmp_path / "config.toml").exists()
