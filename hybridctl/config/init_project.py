@@ -144,6 +144,7 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
             tp=opts.tp,
             context_len=opts.context_len,
             concurrency=opts.concurrency,
+            engine=cfg.config.server.engine,  # builtin: no GPU reserve or overlap schedule (planner)
         )
         result.notes.update(apply_recommendation(cfg, rec))
         result.plan = make_plan(cfg, spec, gpu_mem_bytes=gpu_mem).to_dict()
