@@ -42,7 +42,8 @@ def render(report: DoctorReport, console: Console, verbose: bool) -> None:
     if findings:
         console.print()
     for f in findings:
-        where = f" ({f.source}{f' line {f.line}' if f.line else ''})"
+        origin = f.changes[0].file if f.source == "config" and f.changes else f.source
+        where = f" ({origin}{f' line {f.line}' if f.line else ''})"
         console.print(f"{_SEVERITY[f.severity]} [bold]{f.code}[/]{escape(where)}")
         if f.evidence:
             console.print(f"    evidence: {escape(f.evidence)}")

@@ -5,8 +5,8 @@ The CLI only parses arguments, calls this and renders; tests call it with synthe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hybridctl.config.schema import HybridConfig
@@ -46,6 +46,32 @@ def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig 
     return cfg, Check(what, "ok", f"{config} + {settings}")
 
 
+def key_lines(config: Path, settings: Path) -> Callable[[str, str], int | None]:
+    """(logical file, dotted key) -> the key's line in the real file (or its nearest table), or None."""
+    from hybridctl.config.locate import KeyLocator
+
+    locators = {}
+    files = (("config.toml", config, KeyLocator.for_toml), ("settings.json", settings, KeyLocator.for_json))
+    for name, path, build in files:
+        try:
+            locators[name] = build(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue
+
+    def line(file: str, key: str) -> int | None:
+        pos = locators[file].find(key.split(".")) if file in locators and key else None
+        return pos[0] if pos else None
+
+    return line
+
+
+def _place_config_findings(findings: list[DoctorFinding], line: Callable[[str, str], int | None]) -> None:
+    """Config findings point at the line of the key they change (what an editor jumps to)."""
+    for i, f in enumerate(findings):
+        if f.source == "config" and f.line is None and f.changes:
+            findings[i] = replace(f, line=line(f.changes[0].file, f.changes[0].key))
+
+
 def unprobed_host() -> HostFacts:
     """Host facts for --no-host: every probe reported as skipped (diagnosing a log copied from elsewhere)."""
     return HostFacts(skipped={step: "not probed (--no-host)" for step in ("nvml", "torch", "sglang")})
@@ -73,6 +99,7 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
     ctx: PlanContext | None = None
     if cfg is not None:
         ctx = _predict(cfg, host, opts, report)
+        _place_config_findings(report.findings, key_lines(opts.config_path, opts.settings_path))
     if opts.log_lines is not None:
         _read_log(opts, cfg, ctx, report)
     inputs = (("the config", cfg is not None), ("the log", opts.log_lines is not None), ("the host", True))

@@ -125,3 +125,11 @@ def test_json_fix_requires_yes(tmp_path: Path) -> None:
 def test_fix_without_a_config_file(tmp_path: Path) -> None:
     res = doctor("--fix", "--yes", cwd=tmp_path)
     assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_config_findings_point_at_the_key_line(tmp_path: Path) -> None:
+    project(tmp_path)
+    out = json.loads(doctor("--gpu-mem-gib", "80", "--json", cwd=tmp_path).stdout)
+    lines = {(f["code"], f["changes"][0]["key"]): f["line"] for f in out["findings"]}
+    assert lines[("MAMBA_POOL_ALLOC", "memory.max_mamba_cache_size")] == 8  # config.toml line 8
+    assert lines[("PREFIX_CACHE_MISS", "mamba.state_snapshot_on_match")] == 6  # settings.json, indent 4
