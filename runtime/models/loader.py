@@ -86,7 +86,8 @@ def load_model(
     # Built on the meta device: no random init, no memory until the checkpoint fills each parameter.
     with torch.device("meta"):
         model = entry.build(cfg)
-    model = model.to_empty(device=device).to(dtype)
+    # Cast while still on meta so real memory is allocated once, at the target dtype.
+    model = model.to(dtype).to_empty(device=device)
     files = _tensor_files(model_path)
     _fill_parameters(model, files, dtype, torch.device(device))
     model.eos_token_ids = _eos_ids(model_path, cfg)
