@@ -35,7 +35,16 @@ class PlanContext:
             gpu = int((cfg.config.memory.memory_budget_gib or BUILTIN_DEFAULT_BUDGET_GIB) * GIB)
         else:
             gpu = self.gpu_mem_bytes
-        return make_plan(cfg, self.spec, gpu_mem_bytes=gpu, **overrides)
+        return make_plan(cfg, self.spec_for(cfg), gpu_mem_bytes=gpu, **overrides)
+
+    def spec_for(self, cfg: HybridConfig) -> ModelSpec:
+        """The model at `cfg`'s state dtype and TP size (a remedy may change either)."""
+        dtype, tp = cfg.settings.mamba.state_dtype, cfg.config.server.tp_size
+        if (dtype, tp) == (self.spec.ssm_dtype, self.spec.tp):
+            return self.spec
+        from hybridctl.model.spec import load_model_spec
+
+        return load_model_spec(self.spec.source, tp=tp, ssm_dtype=dtype, kv_dtype=self.spec.kv_dtype)
 
 
 def load_plan_context(

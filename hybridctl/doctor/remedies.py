@@ -72,15 +72,18 @@ def grow_state_pool(inp: RemedyInput) -> Remedy:
     candidates.append(
         ("config.toml", "memory.mem_fraction_static", [f for f in _FRACTION_STEPS if f > fraction])
     )
+    if cfg.settings.mamba.state_dtype == "float32":
+        # SGLang's own advice when the state pool caps requests; it halves the state at some precision.
+        candidates.append(("settings.json", "mamba.state_dtype", ["bfloat16"]))
     for file, key, values in candidates:
         for value in values:
             trial = _with(cfg, file, key, value)
             if (plan := _plan_or_none(ctx, trial)) and plan.pools.max_running_requests >= target:
                 p = plan.pools
                 text = (
-                    f"Set {key} = {value} in {file}: the planner then gives {p.max_mamba_cache_size} state "
-                    f"slots, "
-                    f"{p.max_running_requests} concurrent requests at {p.slots_per_request} slots each."
+                    f"Set {key} = {json.dumps(value)} in {file}: the planner then gives "
+                    f"{p.max_mamba_cache_size} state slots, {p.max_running_requests} concurrent requests at "
+                    f"{p.slots_per_request} slots each."
                 )
                 return text, (Change(file, key, value),)  # type: ignore[arg-type]
     if wanted and (

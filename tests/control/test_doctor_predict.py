@@ -264,3 +264,15 @@ def test_renamed_engine_flag_in_extra_args_gets_a_removal() -> None:
     cfg.config.extra_engine_args["mamba-scheduler-strategy"] = "extra_buffer"
     (f,) = [f for f in rule_findings(cfg, "0.5.23") if f.code == "UNKNOWN_ENGINE_FLAG"]
     assert [(c.key, c.value) for c in f.changes] == [("extra_engine_args.mamba-scheduler-strategy", None)]
+
+
+def test_bfloat16_state_is_proposed_when_only_halving_the_state_fits(tiny_model: Path) -> None:
+    # A fixed ratio budget that holds 2 requests' slots only at half the state size.
+    cfg = cfg_for(tiny_model, engine="builtin", tp=1, memory_budget_gib=0.25, mamba_full_memory_ratio=10.0,
+                  mem_fraction_static=0.95)  # fmt: skip
+    ctx = ctx_for(cfg, gpu=0)
+    cfg.settings.runtime.max_running_requests = ctx.plan(cfg).pools.max_running_requests + 1
+    (f,) = predict_state_pool(cfg, ctx).findings
+    assert [(c.key, c.value) for c in f.changes] == [("mamba.state_dtype", "bfloat16")]
+    fixed = apply(cfg, f.changes)
+    assert ctx.plan(fixed).pools.max_running_requests >= cfg.settings.runtime.max_running_requests
