@@ -133,3 +133,18 @@ def test_config_findings_point_at_the_key_line(tmp_path: Path) -> None:
     lines = {(f["code"], f["changes"][0]["key"]): f["line"] for f in out["findings"]}
     assert lines[("MAMBA_POOL_ALLOC", "memory.max_mamba_cache_size")] == 8  # config.toml line 8
     assert lines[("PREFIX_CACHE_MISS", "mamba.state_snapshot_on_match")] == 6  # settings.json, indent 4
+
+
+def test_the_whole_doctor_never_imports_torch(tmp_path: Path) -> None:
+    config = project(tmp_path)
+    log = LOGS / "sglang_mamba_alloc_tp2.log"
+    code = (
+        "import sys\n"
+        "from hybridctl.cli import app\n"
+        f"args = ['doctor', '-c', {str(config)!r}, '--log', {str(log)!r}, '--gpu-mem-gib', '80', '-v']\n"
+        "try:\n    app(args, standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+        "print('TORCH' if any(m == 'torch' or m.startswith('torch.') for m in sys.modules) else 'CLEAN')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=99)
+    assert "MAMBA_POOL_ALLOC" in res.stdout, res.stderr[-2000:]  # the doctor really ran: config, log, host
+    assert res.stdout.strip().endswith("CLEAN"), res.stdout[-500:]
