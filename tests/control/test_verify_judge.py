@@ -147,3 +147,21 @@ def test_report_json_shape_and_skipped_semantics() -> None:
     assert report.to_dict()["passed"] is False
     assert VerifyReport(url="u", checks=[CheckResult("spec", "skipped", "s")]).passed is False
     assert unreachable_report("u", "down") == {"passed": False, "url": "u", "error": "down", "checks": []}
+
+
+def test_server_args_comparison_notes_caps_and_flags_real_mismatches() -> None:
+    from hybridctl.config.schema import HybridConfig
+    from hybridctl.verify.basic import compare_server_args, expected_server_args
+
+    cfg = HybridConfig()
+    cfg.settings.runtime.max_running_requests = 64
+    expected = expected_server_args(cfg)
+    server = {"disable_radix_cache": False, "chunked_prefill_size": 8192, "max_running_requests": 48,
+              "schedule_policy": "fcfs"}  # fmt: skip
+    mismatches, notes = compare_server_args(server, expected)
+    assert mismatches == []  # spec off and not reported by the server: consistent
+    assert any("capped max_running_requests to 48" in n for n in notes)
+    mismatches, _ = compare_server_args(
+        {**server, "max_running_requests": 128, "disable_radix_cache": True}, expected
+    )
+    assert len(mismatches) == 2 and any("disable_radix_cache: server has True" in m for m in mismatches)
