@@ -1,0 +1,108 @@
+"""Greedy outputs are token-identical with the prefix cache on and off, chunked prefill on and off, batched
+and alone: a hypothesis property over random prompts that share prefixes, engine-level and in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.engine.api import GenerateRequest
+from runtime.engine.engine_core import EngineCore
+from tests.runtime.test_engine_support import (
+    VOCAB,
+    build_tiny_nemotron_h,
+    build_tiny_qwen3_next,
+    greedy,
+    make_core,
+    nemotron_available,
+    one_torch_thread,
+    run_to_completion,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+FAMILIES = [
+    pytest.param("qwen3_next", id="qwen3_next"),
+    pytest.param(
+        "nemotron_h",
+        id="nemotron_h",
+        marks=pytest.mark.skipif(not nemotron_available(), reason="runtime.models.nemotron_h not landed yet"),
+    ),
+]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def cores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, EngineCore]:
+    build = build_tiny_qwen3_next if request.param == "qwen3_next" else build_tiny_nemotron_h
+    model_dir = build(Path(tmp_path_factory.mktemp(request.param)) / "model")
+    return {
+        # The reference: no cache, each prompt in one forward, one request at a time.
+        "reference": make_core(model_dir, disable_radix_cache=True, chunked_prefill_size=-1),
+        # Cache on, checkpoints every 8 tokens, prefill chunks of 7 (so chunk and checkpoint boundaries mix).
+        "cache_chunked": make_core(model_dir, chunked_prefill_size=7, mamba_track_interval=8),
+        "cache_whole": make_core(model_dir, chunked_prefill_size=-1, mamba_track_interval=4),
+        "nocache_chunked": make_core(model_dir, disable_radix_cache=True, chunked_prefill_size=5),
+        # Pages of 4 tokens, single LRU, states handed over instead of copied.
+        "paged_single_lru": make_core(
+            model_dir,
+            page_size=4,
+            mamba_track_interval=8,
+            chunked_prefill_size=12,
+            dual_lru_eviction=False,
+            state_copy_on_write=False,
+        ),  # fmt: skip
+    }
+
+
+token = st.integers(0, VOCAB - 2)  # VOCAB-1 is EOS; ignore_eos is set anyway
+prompts_with_shared_prefixes = st.lists(
+    st.lists(token, min_size=1, max_size=30), min_size=1, max_size=3
+).flatmap(
+    lambda prefixes: st.lists(
+        st.tuples(st.sampled_from(prefixes), st.lists(token, min_size=1, max_size=12)).map(
+            lambda t: t[0] + t[1]
+        ),
+        min_size=2,
+        max_size=5,
+    )
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompts=prompts_with_shared_prefixes, max_new=st.integers(1, 6))
+def test_greedy_tokens_identical_across_cache_chunking_and_batching(
+    cores: dict[str, EngineCore], prompts: list[list[int]], max_new: int
+) -> None:
+    def reqs() -> list[GenerateRequest]:
+        return [GenerateRequest(f"r{i}", p, greedy(max_new)) for i, p in enumerate(prompts)]
+
+    ref = run_to_completion(cores["reference"], reqs(), together=False)
+    expected = {f"r{i}": ref.tokens(f"r{i}") for i in range(len(prompts))}
+    assert all(len(v) == max_new for v in expected.values())
+    for name, core in cores.items():
+        if name == "reference":
+            continue
+        for together in (False, True):
+            got = run_to_completion(core, reqs(), together=together)
+            actual = {rid: got.tokens(rid) for rid in expected}
+            assert actual == expected, f"{name} (batched={together}) diverged from the reference"
+
+
+def test_second_request_hits_the_shared_document(cores: dict[str, EngineCore]) -> None:
+    """Two prompts = one document + different questions: the second resumes from the deepest checkpoint."""
+    core = cores["cache_chunked"]
+    assert core.scheduler.flush_cache()
+    doc = [(7 * i) % (VOCAB - 1) for i in range(45)]
+    first = run_to_completion(core, [GenerateRequest("a", doc + [1, 2, 3], greedy(2))], together=False)
+    second = run_to_completion(core, [GenerateRequest("b", doc + [9, 9], greedy(2))], together=False)
+    assert first.final("a").cached_tokens == 0
+    assert second.final("b").cached_tokens == 40  # the checkpoint at 40 (interval 8) is the deepest <= 45
