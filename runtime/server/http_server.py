@@ -153,14 +153,17 @@ async def get_server_info(request: Request) -> Response:
 
 
 async def flush_cache(request: Request) -> Response:
-    ok = await asyncio.to_thread(_ctx(request).client.flush_cache)
+    ctx = _ctx(request)
+    ok = await asyncio.to_thread(ctx.client.flush_cache)
     if ok:
         return PlainTextResponse(
             "Cache flushed.\nPlease check backend logs for more details. "
             "(When there are running or waiting requests, the operation will not be performed.)\n"
         )
+    stats = await ctx.stats()
     return PlainTextResponse(
-        "Cache not flushed: requests are running or waiting; retry when the server is idle.\n",
+        "Cache not flushed because there are pending requests. "
+        f"#queue-req: {stats.num_queue_reqs}, #running-req: {stats.num_running_reqs}\n",
         status_code=400,
     )
 

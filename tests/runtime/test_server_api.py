@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -212,3 +213,27 @@ def test_return_logprob_gives_greedy_token_logprobs(client: httpx.Client) -> Non
     unsupported = client.post("/generate", json={**body, "top_logprobs_num": 3})
     assert unsupported.status_code == 400
     assert "top_logprobs_num" in unsupported.json()["error"]["message"]
+
+
+def test_flush_cache_refused_while_a_request_runs(client: httpx.Client) -> None:
+    body = {
+        "input_ids": [7, 8, 9],
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+        "stream": True,
+    }
+    busy: httpx.Response | None = None
+    with client.stream("POST", "/generate", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                # Still reading the stream (leaving the loop would close the connection and abort it).
+                busy = client.post("/flush_cache")
+                break
+    assert busy is not None and busy.status_code == 400
+    assert busy.text.startswith("Cache not flushed because there are pending requests.")
+    assert "#running-req: 1" in busy.text
+    # Leaving the stream aborted the request; once the engine has let it go, flushing works.
+    for _ in range(100):
+        if client.get("/server_info").json()["internal_states"][0]["num_running_reqs"] == 0:
+            break
+        time.sleep(0.1)
+    assert client.post("/flush_cache").status_code == 200
