@@ -39,15 +39,20 @@ def load_tokenizer(path: str) -> Any | None:
 
 class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
+        from runtime.models.errors import ModelLoadError
         from runtime.models.loader import load_model
 
         _validate(args)
+        spec_config = _spec_config(args)
         if args.device == "auto":
             args.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.args = args
         self.dtype = resolve_torch_dtype(args.dtype, args.device)
         t0 = time.perf_counter()
-        self.model = load_model(args.model_path, dtype=self.dtype, device=args.device)
+        try:
+            self.model = load_model(args.model_path, dtype=self.dtype, device=args.device)
+        except ModelLoadError as exc:  # already one clear paragraph naming the file and the fix
+            raise EngineStartupError(str(exc)) from None
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info(
             "Load weight end. type=%s, dtype=%s, mem usage=%.2f GB, elapsed=%.2f s",
@@ -58,7 +63,8 @@ class EngineCore:
         )
         self.tokenizer = load_tokenizer(args.tokenizer_path or args.model_path)
         layout = self.model.layout()
-        self.pools: Pools = size_and_allocate(args, layout, weight_bytes, self.dtype)
+        draft_tokens = spec_config.num_draft_tokens if spec_config else 0
+        self.pools: Pools = size_and_allocate(args, layout, weight_bytes, self.dtype, draft_tokens)
         self.context_len = context_len = self.pools.context_len
         self.weight_bytes = weight_bytes
         plan = self.pools.plan
@@ -88,6 +94,24 @@ class EngineCore:
             eos_token_ids=tuple(self.model.eos_token_ids),
             tokenizer=self.tokenizer,
         )
+        self.spec = None
+        if spec_config is not None:
+            from runtime.spec.config import SpecConfigError
+            from runtime.spec.setup import build_spec_decoder
+
+            try:
+                self.spec = build_spec_decoder(
+                    spec_config,
+                    args,
+                    self.model,
+                    self.pools,
+                    max_running_requests=plan.max_running_requests,
+                    token_capacity=plan.max_total_num_tokens,
+                    dtype=self.dtype,
+                )
+            except SpecConfigError as exc:
+                raise EngineStartupError(str(exc)) from None
+            self.scheduler.spec = self.spec
         logger.info(
             f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={chunk}, "
             f"max_prefill_tokens={self.max_prefill_tokens}, "
@@ -135,6 +159,12 @@ class EngineCore:
         s.conv_state_bytes = sum(t.numel() * t.element_size() for t in b.conv)
         s.ssm_state_bytes = sum(t.numel() * t.element_size() for t in b.ssm)
         s.weight_bytes = self.weight_bytes
+        if self.spec is not None:
+            c = self.spec.counters
+            s.avg_spec_accept_length = c.avg_accept_length
+            s.spec_accept_length = c.recent_accept_length
+            s.spec_accept_rate = c.accept_rate
+            s.spec_verify_calls_total = c.verify_calls
         return s
 
     def resolved_args(self) -> dict[str, Any]:
@@ -182,6 +212,19 @@ def _validate(args: EngineArgs) -> None:
             f"schedule_policy {args.schedule_policy!r} is not implemented by the bundled runtime; "
             "use fcfs or lpm."
         )
+
+
+def _spec_config(args: EngineArgs) -> Any:
+    """The resolved speculative options (None: off); bad ones refuse to start, naming the key to change."""
+    if args.speculative_algorithm in (None, "", "none", "NONE"):
+        return None
+    from runtime.spec.config import SpecConfigError
+    from runtime.spec.setup import spec_config_from_args
+
+    try:
+        return spec_config_from_args(args)
+    except SpecConfigError as exc:
+        raise EngineStartupError(str(exc)) from None
 
 
 def _available_mem_gb() -> float:

@@ -1,0 +1,142 @@
+"""Sampling, stopping and queue policy, on a real tiny model in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.engine.api import GenerateRequest, SamplingParams
+from runtime.engine.engine_core import EngineCore
+from runtime.scheduler.sampling import sample_row
+from tests.runtime.test_engine_support import (
+    VOCAB,
+    Collected,
+    build_tiny_qwen3_next,
+    greedy,
+    make_core,
+    one_torch_thread,
+    run_to_completion,
+)
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineCore]:
+    with one_torch_thread():
+        yield make_core(build_tiny_qwen3_next(Path(tmp_path_factory.mktemp("sampling")) / "model"))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def _run(core: EngineCore, prompt: list[int], params: SamplingParams, rid: str = "x") -> Collected:
+    return run_to_completion(core, [GenerateRequest(rid, prompt, params)], together=True)
+
+
+def test_seeded_sampling_repeats_and_differs_by_seed(core: EngineCore) -> None:
+    p = dict(temperature=1.5, max_new_tokens=12, ignore_eos=True)
+    a = _run(core, [1, 2, 3], SamplingParams(seed=7, **p)).tokens("x")
+    b = _run(core, [1, 2, 3], SamplingParams(seed=7, **p)).tokens("x")
+    c = _run(core, [1, 2, 3], SamplingParams(seed=8, **p)).tokens("x")
+    assert a == b and a != c
+
+
+def test_top_k_1_is_greedy(core: EngineCore) -> None:
+    g = _run(core, [4, 5, 6], greedy(8)).tokens("x")
+    k1 = _run(core, [4, 5, 6], SamplingParams(temperature=1.0, top_k=1, max_new_tokens=8, ignore_eos=True))
+    assert k1.tokens("x") == g
+
+
+def test_top_k_top_p_min_p_restrict_the_support() -> None:
+    logits = torch.tensor([5.0, 4.0, 1.0, 0.0, -1.0])
+    gen = torch.Generator().manual_seed(0)
+    seen_k = {sample_row(logits, SamplingParams(top_k=2), gen) for _ in range(200)}
+    assert seen_k == {0, 1}
+    # softmax ≈ [.72, .26, .013, ...]: top_p 0.9 keeps the first two (the one crossing 0.9 stays in)
+    seen_p = {sample_row(logits, SamplingParams(top_p=0.9), gen) for _ in range(200)}
+    assert seen_p == {0, 1}
+    seen_min = {sample_row(logits, SamplingParams(min_p=0.5), gen) for _ in range(200)}
+    assert seen_min == {0}
+
+
+def test_stop_token_ids_and_eos(core: EngineCore) -> None:
+    free = _run(core, [8, 9], greedy(10)).tokens("x")
+    stop_at = free[3]
+    got = _run(core, [8, 9], SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_at]))
+    first = free.index(stop_at)
+    assert got.tokens("x") == free[: first + 1]
+    assert got.final("x").finish_reason == {"type": "stop", "matched": stop_at}
+
+
+def test_stop_strings_use_the_tokenizer(core: EngineCore) -> None:
+    free = _run(core, [10, 11], greedy(10)).tokens("x")
+    assert core.tokenizer is not None
+    text = core.tokenizer.decode(free[:5])
+    stop = text[-1] if text else None
+    if not stop:
+        pytest.skip("the tiny model's 5th token decodes to nothing printable")
+    got = _run(core, [10, 11], SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True, stop=[stop]))
+    reason = got.final("x").finish_reason
+    assert reason == {"type": "stop", "matched": stop}
+    assert stop in core.tokenizer.decode(got.tokens("x")) and len(got.tokens("x")) <= 5
+
+
+def test_length_and_logprobs(core: EngineCore) -> None:
+    got = run_to_completion(
+        core, [GenerateRequest("x", [1, 2], greedy(4), return_logprob=True)], together=True
+    )
+    final = got.final("x")
+    assert final.finish_reason == {"type": "length", "length": 4}
+    assert final.completion_tokens == 4 and final.prompt_tokens == 2
+    logprobs = [lp for o in got.outputs["x"] for lp in (o.new_token_logprobs or [])]
+    assert len(logprobs) == 4 and all(lp <= 0.0 for lp in logprobs)
+
+
+def test_bad_requests_fail_alone_with_a_reason(core: EngineCore) -> None:
+    got = Collected()
+    core.scheduler.add_request(GenerateRequest("empty", [], greedy(2)), got.callback())
+    core.scheduler.add_request(GenerateRequest("long", [1] * 5000, greedy(2)), got.callback())
+    core.scheduler.add_request(GenerateRequest("neg", [1], SamplingParams(temperature=-1)), got.callback())
+    for rid, words in (("empty", "empty"), ("long", "context length"), ("neg", "temperature")):
+        reason = got.final(rid).finish_reason
+        assert reason is not None and reason["type"] == "abort" and words in reason["message"]
+    assert not core.scheduler.has_work
+
+
+def test_streaming_outputs_are_incremental(core: EngineCore) -> None:
+    got = _run(core, [3, 3, 3], greedy(5))
+    outs = got.outputs["x"]
+    assert len(outs) == 5 and [len(o.new_token_ids) for o in outs] == [1] * 5
+    assert [o.finished for o in outs] == [False] * 4 + [True]
+    assert [o.completion_tokens for o in outs] == [1, 2, 3, 4, 5]
+
+
+def test_lpm_admits_the_longest_cached_prefix_first(tmp_path: Path) -> None:
+    core = make_core(
+        build_tiny_qwen3_next(tmp_path / "m"),
+        schedule_policy="lpm",
+        mamba_track_interval=4,
+        max_running_requests=1,
+    )
+    doc = [(5 * i) % (VOCAB - 1) for i in range(32)]
+    run_to_completion(core, [GenerateRequest("warm", doc + [1], greedy(1))], together=True)
+    order: list[str] = []
+    got = Collected()
+    for rid, prompt in (("cold", [99] * 33), ("hit", doc + [2])):
+        cb = got.callback()
+
+        def record(o, cb=cb, rid=rid):  # type: ignore[no-untyped-def]
+            if o.finished:
+                order.append(rid)
+            cb(o)
+
+        core.scheduler.add_request(GenerateRequest(rid, prompt, greedy(1)), record)
+    while core.scheduler.has_work:
+        core.step()
+    assert order == ["hit", "cold"]
+    assert got.final("hit").cached_tokens == 32
