@@ -75,6 +75,14 @@ class HybridModel(nn.Module):
     def extra_weight_prefixes(self) -> tuple[str, ...]:
         return ()
 
+    def checkpoint_prefix_renames(self) -> dict[str, str]:
+        """Checkpoint name prefixes to rewrite before matching (e.g. a multimodal wrapper's nesting)."""
+        return {}
+
+    def ignored_weight_prefixes(self) -> tuple[str, ...]:
+        """Checkpoint tensors this model deliberately does not load (e.g. a vision tower)."""
+        return ()
+
     def forward(
         self, batch: ForwardBatch, buffers: PoolBuffers
     ) -> torch.Tensor:  # pragma: no cover - abstract

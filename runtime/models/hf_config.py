@@ -11,29 +11,46 @@ _MISSING = object()
 
 
 class HFConfig:
-    def __init__(self, data: dict[str, Any], path: Path) -> None:
+    def __init__(self, data: dict[str, Any], path: Path, prefix: str = "") -> None:
         self.data = data
         self.path = path
+        self.prefix = prefix  # e.g. "text_config." for a multimodal checkpoint's language model
+
+    def text_config(self) -> HFConfig:
+        """The language model's config: `text_config` of a multimodal checkpoint, else this config itself."""
+        sub = self.data.get("text_config")
+        if not isinstance(sub, dict):
+            return self
+        merged = dict(sub)
+        # Some exporters keep these only at the top level.
+        for key in ("tie_word_embeddings", "eos_token_id"):
+            if key not in merged and key in self.data:
+                merged[key] = self.data[key]
+        return HFConfig(merged, self.path, prefix="text_config.")
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
         value = self.data.get(key, default)
         if value is _MISSING or (value is None and default is _MISSING):
             raise ModelLoadError(
-                f"{self.path}: key '{key}' is missing; this model type needs it. Re-export the checkpoint "
-                f"with its original config.json, or add '{key}' to the file."
+                f"{self.path}: key '{self.prefix}{key}' is missing; this model type needs it. Re-export the "
+                f"checkpoint with its original config.json, or add '{key}' to the file."
             )
         return value
 
     def int(self, key: str, default: Any = _MISSING) -> int:
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ModelLoadError(f"{self.path}: key '{key}' must be an integer, got {value!r}; fix the file.")
+            raise ModelLoadError(
+                f"{self.path}: key '{self.prefix}{key}' must be an integer, got {value!r}; fix the file."
+            )
         return value
 
     def float(self, key: str, default: Any = _MISSING) -> float:
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ModelLoadError(f"{self.path}: key '{key}' must be a number, got {value!r}; fix the file.")
+            raise ModelLoadError(
+                f"{self.path}: key '{self.prefix}{key}' must be a number, got {value!r}; fix the file."
+            )
         return float(value)
 
     def rope(self, default_theta: float = 10000.0, default_partial: float = 1.0) -> tuple[float, float]:

@@ -94,48 +94,65 @@ def load_model(
     return model.eval()
 
 
+def _checkpoint_names(model: HybridModel, files: dict[str, Path]) -> dict[str, tuple[str, Path]]:
+    """Model-side name → (name stored in the checkpoint, file), after dropping ignored tensors and applying
+    the model's prefix renames."""
+    ignored = model.ignored_weight_prefixes()
+    renames = model.checkpoint_prefix_renames()
+    names: dict[str, tuple[str, Path]] = {}
+    for stored, path in files.items():
+        if ignored and stored.startswith(ignored):
+            continue
+        name = stored
+        for old, new in renames.items():
+            if stored.startswith(old):
+                name = new + stored[len(old) :]
+                break
+        names[name] = (stored, path)
+    return names
+
+
 def _fill_parameters(
     model: HybridModel, files: dict[str, Path], dtype: torch.dtype, device: torch.device
 ) -> None:
+    names = _checkpoint_names(model, files)
     sources = model.checkpoint_sources()
     aliases = model.checkpoint_aliases()
     extra_prefixes = model.extra_weight_prefixes()
     plan: dict[str, list[str]] = {}
     for name, _ in model.named_parameters():
-        if name in files:
+        if name in names:
             plan[name] = [name]
-        elif name in sources and all(s in files for s in sources[name]):
+        elif name in sources and all(s in names for s in sources[name]):
             plan[name] = sources[name]
-        elif name in aliases and aliases[name] in files:
+        elif name in aliases and aliases[name] in names:
             plan[name] = [aliases[name]]
         else:
             wanted = sources.get(name, [name])
-            missing = next(s for s in wanted if s not in files)
+            missing = next(s for s in wanted if s not in names)
             where = sorted({p.name for p in files.values()})
             raise ModelLoadError(
                 f"{next(iter(files.values())).parent}: tensor '{missing}' (parameter '{name}') is missing "
                 f"from {', '.join(where)}. The checkpoint does not match its config.json; re-export or "
                 "re-download the model."
             )
-    used = {s for names in plan.values() for s in names}
-    for tensor, path in files.items():
-        if tensor in used or tensor.endswith(_IGNORED_SUFFIXES):
-            continue
-        if tensor.startswith(extra_prefixes):
+    used = {s for wanted in plan.values() for s in wanted}
+    for name, (stored, path) in names.items():
+        if name in used or name.endswith(_IGNORED_SUFFIXES) or name.startswith(extra_prefixes):
             continue
         raise ModelLoadError(
-            f"{path}: unexpected tensor '{tensor}', which no layer of this {type(model).__name__} uses. The "
+            f"{path}: unexpected tensor '{stored}', which no layer of this {type(model).__name__} uses. The "
             "checkpoint does not match its config.json (wrong layer count or layer types?); fix "
             "config.json or re-export the model."
         )
     handles: dict[Path, object] = {}
     try:
 
-        def read(tensor: str) -> torch.Tensor:
-            path = files[tensor]
+        def read(name: str) -> torch.Tensor:
+            stored, path = names[name]
             if path not in handles:
                 handles[path] = safe_open(str(path), framework="pt", device="cpu")
-            return handles[path].get_tensor(tensor)  # type: ignore[attr-defined]
+            return handles[path].get_tensor(stored)  # type: ignore[attr-defined]
 
         params = dict(model.named_parameters())
         with torch.no_grad():
@@ -144,14 +161,15 @@ def _fill_parameters(
                 parts = [read(t) for t in tensors]
                 value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
                 if value.numel() != param.numel() or (len(parts) == 1 and value.shape != param.shape):
+                    stored, path = names[tensors[0]]
                     raise ModelLoadError(
-                        f"{files[tensors[0]]}: tensor '{tensors[0]}' has shape {tuple(parts[0].shape)}, but "
+                        f"{path}: tensor '{stored}' has shape {tuple(parts[0].shape)}, but "
                         f"parameter '{name}' needs {tuple(param.shape)}. The checkpoint does not match its "
                         "config.json; fix config.json or re-export the model."
                     )
                 param.copy_(value.view(param.shape).to(dtype))
-            for tensor in files:
-                if tensor.startswith(extra_prefixes):
-                    model.extra_weights[tensor] = read(tensor).to(dtype=dtype, device=device)
+            for name in names:
+                if name.startswith(extra_prefixes):
+                    model.extra_weights[name] = read(name).to(dtype=dtype, device=device)
     finally:
         handles.clear()

@@ -1,4 +1,5 @@
-"""Qwen3-Next: 3 gated-DeltaNet layers per gated full-attention layer, sparse MoE with a shared expert."""
+"""Qwen3-Next (and Qwen3.5, the same network with unfused DeltaNet projections): 3 gated-DeltaNet layers per
+gated full-attention layer; sparse MoE with a shared expert, or a dense SwiGLU MLP."""
 
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ class Qwen3NextConfig:
     mlp_only_layers: tuple[int, ...]
     tie_word_embeddings: bool
     max_position_embeddings: int
+    split_projections: bool = False  # Qwen3.5
 
     @classmethod
-    def from_hf(cls, cfg: HFConfig) -> Qwen3NextConfig:
+    def from_hf(cls, cfg: HFConfig, *, split_projections: bool = False) -> Qwen3NextConfig:
         layers = cfg.int("num_hidden_layers")
         layer_types = cfg.get("layer_types", None)
         if layer_types is None:
@@ -93,6 +95,7 @@ class Qwen3NextConfig:
             mlp_only_layers=tuple(cfg.get("mlp_only_layers", None) or ()),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=cfg.int("max_position_embeddings", 32768),
+            split_projections=split_projections,
         )
 
     def is_moe_layer(self, layer: int) -> bool:
@@ -158,6 +161,7 @@ class Qwen3NextDecoderLayer(nn.Module):
                 c.linear_value_head_dim,
                 c.linear_conv_kernel_dim,
                 c.rms_norm_eps,
+                split_projections=c.split_projections,
             )
         else:
             self.self_attn = Qwen3NextAttention(c)
@@ -242,6 +246,14 @@ class Qwen3NextForCausalLM(HybridModel):
 
     def extra_weight_prefixes(self) -> tuple[str, ...]:
         return ("mtp.",)
+
+    def checkpoint_prefix_renames(self) -> dict[str, str]:
+        # Qwen3.5's multimodal checkpoints nest the language model one level down.
+        return {"model.language_model.": "model."} if self.config.split_projections else {}
+
+    def ignored_weight_prefixes(self) -> tuple[str, ...]:
+        # The vision tower of a multimodal checkpoint: the runtime serves text only.
+        return ("model.visual.", "visual.") if self.config.split_projections else ()
 
     def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
         device = self.lm_head.weight.device

@@ -23,6 +23,12 @@ def _qwen3_next(cfg: HFConfig) -> HybridModel:
     return Qwen3NextForCausalLM(Qwen3NextConfig.from_hf(cfg))
 
 
+def _qwen3_5(cfg: HFConfig) -> HybridModel:
+    from runtime.models.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    return Qwen3NextForCausalLM(Qwen3NextConfig.from_hf(cfg.text_config(), split_projections=True))
+
+
 def _nemotron_h(cfg: HFConfig) -> HybridModel:
     from runtime.models.nemotron_h import NemotronHConfig, NemotronHForCausalLM
 
@@ -31,6 +37,16 @@ def _nemotron_h(cfg: HFConfig) -> HybridModel:
 
 REGISTRY: tuple[ModelEntry, ...] = (
     ModelEntry(("qwen3_next",), ("Qwen3NextForCausalLM",), _qwen3_next),
+    ModelEntry(
+        ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+        (
+            "Qwen3_5ForCausalLM",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5MoeForConditionalGeneration",
+        ),
+        _qwen3_5,
+    ),
     ModelEntry(("nemotron_h",), ("NemotronHForCausalLM",), _nemotron_h),
 )
 

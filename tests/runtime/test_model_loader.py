@@ -189,3 +189,53 @@ def test_forward_batch_is_not_mutated(demo_dir: Path) -> None:
     assert sorted(torch.nonzero(written).flatten().tolist()) == [2, 4, 9]
     # State went to slot 1 only.
     assert runner.buffers.ssm[0][1].abs().sum() > 0 and runner.buffers.ssm[0][0].abs().sum() == 0
+
+
+def test_qwen3_5_multimodal_checkpoint_loads_its_language_model(tmp_path: Path) -> None:
+    """A Qwen3.5 image-text checkpoint nests the language model under `model.language_model.` beside a vision
+    tower. The runtime loads the language model, skips the tower, and matches transformers."""
+    transformers = pytest.importorskip("transformers")
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0],
+    }
+    text = {
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "rope_parameters": rope,
+    }
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
+    cfg = transformers.Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=120,
+        video_token_id=121,
+        vision_start_token_id=122,
+        vision_end_token_id=123,
+    )
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert not any("visual" in name for name, _ in model.named_parameters())
+    prompt = torch.randint(0, 120, (50,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([prompt])).logits[0]
+    runner = SimpleRunner(model, num_token_slots=64, num_state_slots=2)
+    runner.add(0)
+    assert (runner.extend({0: prompt}, all_logits=True) - ref).abs().max().item() <= 1e-4

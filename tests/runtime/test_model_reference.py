@@ -1,5 +1,5 @@
-"""Our model code vs transformers 5's reference implementations (Qwen3-Next, Nemotron-H), and vs itself under
-chunked prefill, packed extend and batched decode."""
+"""Our model code vs transformers 5's reference implementations (Qwen3-Next, Qwen3.5-MoE, Nemotron-H), and vs
+itself under chunked prefill, packed extend and batched decode."""
 
 from __future__ import annotations
 
@@ -58,6 +58,28 @@ def _qwen3_next() -> torch.nn.Module:
     return transformers.Qwen3NextForCausalLM(cfg)
 
 
+def _qwen3_5_moe() -> torch.nn.Module:
+    cfg = transformers.Qwen3_5MoeTextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=6,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=4096,
+        eos_token_id=None,
+    )
+    return transformers.Qwen3_5MoeForCausalLM(cfg)
+
+
 def _nemotron_h() -> torch.nn.Module:
     cfg = transformers.NemotronHConfig(
         vocab_size=VOCAB,
@@ -104,6 +126,20 @@ ARCHS: dict[str, tuple[Callable[[], torch.nn.Module], ModelLayout]] = {
             v_head_dim=32,
             conv_state_shape=(2 * 2 * 16 + 4 * 24, 3),
             ssm_state_shape=(4, 16, 24),
+            vocab_size=VOCAB,
+        ),
+    ),
+    "qwen3_5_moe": (
+        _qwen3_5_moe,
+        ModelLayout(
+            num_layers=4,
+            attn_layer_ids=(3,),
+            linear_layer_ids=(0, 1, 2),
+            num_kv_heads=1,
+            head_dim=32,
+            v_head_dim=32,
+            conv_state_shape=(2 * 2 * 16 + 6 * 16, 3),
+            ssm_state_shape=(6, 16, 16),
             vocab_size=VOCAB,
         ),
     ),

@@ -13,6 +13,9 @@ from runtime.models.layers.packing import SequencePacking
 
 
 class GatedDeltaNet(nn.Module):
+    """`split_projections=False`: Qwen3-Next's fused, per-key-head-interleaved `in_proj_qkvz` / `in_proj_ba`.
+    `split_projections=True`: Qwen3.5's separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`."""
+
     def __init__(
         self,
         hidden: int,
@@ -22,6 +25,7 @@ class GatedDeltaNet(nn.Module):
         v_head_dim: int,
         conv_kernel: int,
         eps: float,
+        split_projections: bool = False,
     ) -> None:
         super().__init__()
         self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
@@ -30,8 +34,15 @@ class GatedDeltaNet(nn.Module):
         self.value_dim = num_v_heads * v_head_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
-        self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
-        self.in_proj_ba = nn.Linear(hidden, 2 * num_v_heads, bias=False)
+        self.split_projections = split_projections
+        if split_projections:
+            self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(hidden, num_v_heads, bias=False)
+            self.in_proj_a = nn.Linear(hidden, num_v_heads, bias=False)
+        else:
+            self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(hidden, 2 * num_v_heads, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
         self.norm = GatedRMSNorm(v_head_dim, eps)
@@ -46,8 +57,12 @@ class GatedDeltaNet(nn.Module):
         return (self.num_v_heads, self.k_head_dim, self.v_head_dim)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The checkpoint interleaves q, k, v, z (and b, a) per key-head group; undo that grouping."""
+        """(mixed q|k|v [T, conv_dim], z [T, nv, dv], b [T, nv], a [T, nv])."""
         tokens = x.shape[0]
+        if self.split_projections:
+            z = self.in_proj_z(x).view(tokens, self.num_v_heads, self.v_head_dim)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        # Qwen3-Next interleaves q, k, v, z (and b, a) per key-head group; undo that grouping.
         ratio = self.num_v_heads // self.num_k_heads
         qkvz = self.in_proj_qkvz(x).view(tokens, self.num_k_heads, -1)
         ba = self.in_proj_ba(x).view(tokens, self.num_k_heads, 2 * ratio)
