@@ -1,0 +1,135 @@
+"""The threaded EngineClient (what the server uses) and the start-up log lines, on a real tiny model."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.engine.api import EngineArgs, EngineClient, GenerateRequest, RequestOutput, start_engine
+from runtime.engine.pool_setup import EngineStartupError
+from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, one_torch_thread
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with one_torch_thread():
+        yield build_tiny_qwen3_next(Path(tmp_path_factory.mktemp("client")) / "model")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+class Waiter:
+    def __init__(self) -> None:
+        self.outputs: list[RequestOutput] = []
+        self.done = threading.Event()
+        self.thread_names: set[str] = set()
+
+    def __call__(self, o: RequestOutput) -> None:
+        self.thread_names.add(threading.current_thread().name)
+        self.outputs.append(o)
+        if o.finished:
+            self.done.set()
+
+    def tokens(self) -> list[int]:
+        return [t for o in self.outputs for t in o.new_token_ids]
+
+
+def _start(model_dir: Path, **kw: object) -> EngineClient:
+    args = EngineArgs(model_path=str(model_dir), memory_budget_gib=0.05, max_total_tokens=4096, **kw)  # type: ignore[arg-type]
+    return start_engine(args)
+
+
+def test_startup_logs_describe_what_was_allocated(model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="runtime")
+    client = _start(model_dir, max_mamba_cache_size=40, mamba_track_interval=32)
+    try:
+        s = client.stats()
+        text = caplog.text
+        m = re.search(
+            r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+), conv_state size: ([\d.]+)GB, "
+            r"ssm_state size: ([\d.]+)GB",
+            text,
+        )
+        assert m and int(m.group(1)) == s.max_mamba_cache_size == 40
+        assert float(m.group(2)) == round(s.conv_state_bytes / (1 << 30), 2)
+        m = re.search(
+            r"KV Cache is allocated\. dtype: torch\.float32, #tokens: (\d+), K size: ([\d.]+) GB", text
+        )
+        assert m and int(m.group(1)) == s.max_total_num_tokens == 4096
+        m = re.search(
+            r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
+            r"max_running_requests=(\d+), context_len=(\d+)",
+            text,
+        )
+        assert m and int(m.group(1)) == 4096 and int(m.group(4)) == s.max_running_requests == 10
+        assert "Tree cache initialized" in text and "impl=StateAwareRadixCache" in text
+        assert "hybrid_ssm=True" in text and "mamba_track_interval=32" in text
+        assert s.state_slots_total == 40 and s.kv_pages_total == 4096
+        assert client.resolved_args()["mamba_radix_cache_strategy"] == "extra_buffer"
+    finally:
+        client.shutdown()
+
+
+def test_tree_cache_line_says_when_the_radix_cache_is_off(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="runtime")
+    client = _start(model_dir, disable_radix_cache=True)
+    try:
+        assert "impl=ChunkCache" in caplog.text and "mamba_radix_cache_strategy=none" in caplog.text
+        assert client.stats().radix_cache_enabled is False
+    finally:
+        client.shutdown()
+
+
+def test_concurrent_requests_abort_flush_and_shutdown(model_dir: Path) -> None:
+    client = _start(model_dir, mamba_track_interval=8)
+    try:
+        waiters = {f"r{i}": Waiter() for i in range(4)}
+        long = Waiter()
+
+        def submit(rid: str) -> None:
+            client.add_request(
+                GenerateRequest(rid, [i % 200 for i in range(30)] + [int(rid[1:])], greedy(6)), waiters[rid]
+            )
+
+        threads = [threading.Thread(target=submit, args=(rid,)) for rid in waiters]
+        for t in threads:
+            t.start()
+        client.add_request(GenerateRequest("long", [1] * 20, greedy(4000)), long)
+        for t in threads:
+            t.join()
+        for w in waiters.values():
+            assert w.done.wait(60)
+            assert w.outputs[-1].finish_reason == {"type": "length", "length": 6}
+            assert w.thread_names == {"runtime-engine"}
+        assert not client.flush_cache()  # "long" is still running
+        client.abort("long")
+        assert long.done.wait(60) and long.outputs[-1].finish_reason["type"] == "abort"
+        client.abort("no-such-request")
+        assert client.flush_cache()
+        s = client.stats()
+        assert s.kv_pages_free == s.kv_pages_total and s.state_slots_free == s.state_slots_total
+        assert s.num_requests_finished == 4 and s.num_requests_aborted == 1 and s.cached_tokens_total > 0
+    finally:
+        client.shutdown()
+    with pytest.raises(RuntimeError):
+        client.add_request(GenerateRequest("late", [1], greedy(1)), Waiter())
+
+
+def test_startup_errors_name_the_key(model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(EngineStartupError, match="mamba_track_interval"):
+        _start(model_dir, page_size=4, mamba_track_interval=6)
+    with pytest.raises(EngineStartupError, match="memory-budget-gib"):
+        start_engine(EngineArgs(model_path=str(model_dir), memory_budget_gib=0.0001))
+    with pytest.raises(EngineStartupError, match="config.json"):
+        start_engine(EngineArgs(model_path=str(tmp_path)))
