@@ -278,6 +278,23 @@ def test_packed_extend_equals_each_alone(model: HybridModel) -> None:
     assert (rows[1] - alone[1][-1]).abs().max().item() <= 1e-4
 
 
+def test_equal_length_packed_extend_equals_each_alone(model: HybridModel) -> None:
+    # Equal lengths take the no-padding path of the recurrent layers.
+    a, b = _prompt(37, 11), _prompt(37, 12)
+    packed = SimpleRunner(model)
+    packed.add(0)
+    packed.add(1)
+    packed.extend({0: a[:5], 1: b[:5]})
+    out = packed.extend({0: a[5:], 1: b[5:]}, all_logits=True)
+    alone = []
+    for p in (a, b):
+        r = SimpleRunner(model)
+        r.add(0)
+        r.extend({0: p[:5]})
+        alone.append(r.extend({0: p[5:]}, all_logits=True))
+    assert (out - torch.cat(alone)).abs().max().item() <= 1e-4
+
+
 def test_batched_decode_equals_each_alone(model: HybridModel) -> None:
     prompts = {0: _prompt(9, 7), 1: _prompt(66, 8), 2: _prompt(30, 9)}
     expected = {sid: SimpleRunner(model).generate_greedy(sid, p, 20) for sid, p in prompts.items()}
