@@ -71,6 +71,7 @@ class RequestOutput:
     new_token_logprobs: list[float] | None = None  # only with GenerateRequest.return_logprob
     # Speculative decoding (0 while off): verify rounds so far; accept length = completion_tokens / this.
     spec_verify_ct: int = 0
+    spec_num_correct_drafts: int = 0  # drafts accepted so far (SGLang's spec_accept_rate numerator)
 
 
 @dataclass
@@ -111,7 +112,10 @@ class EngineStats:
     num_requests_aborted: int = 0
     num_allocation_failures: int = 0
     gen_throughput: float = 0.0  # tokens/s over the last decode steps
-    avg_spec_accept_length: float = 0.0
+    avg_spec_accept_length: float = 0.0  # emitted tokens / verify rounds, over the server's life
+    spec_accept_length: float = 0.0  # the same over the last rounds (SGLang's per-interval gauge)
+    spec_accept_rate: float = 0.0  # accepted drafts / proposed drafts
+    spec_verify_calls_total: int = 0  # request-rounds verified
     kv_cache_bytes: int = 0
     conv_state_bytes: int = 0
     ssm_state_bytes: int = 0
@@ -145,6 +149,13 @@ class EngineArgs:
     random_seed: int = 0
     log_mamba_state_stats: bool = False
     context_length: int | None = None  # None: the model's max_position_embeddings
+    # Speculative decoding (runtime/spec): None algorithm turns it off.
+    speculative_algorithm: str | None = None  # NGRAM | STANDALONE | NEXTN | EAGLE
+    speculative_num_steps: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_draft_model_path: str | None = None
+    enable_mamba_state_sandbox: bool = True
 
 
 class EngineClient:

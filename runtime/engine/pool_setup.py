@@ -41,6 +41,10 @@ class Pools:
     context_len: int
     pool_budget_bytes: int
     device_bytes: int
+    # Speculative decoding's per-draft scratch states (runtime/spec/sandbox.py): buffer slots
+    # [sandbox_first_slot, sandbox_first_slot + sandbox_slots), after the pool's K + 1.
+    sandbox_first_slot: int = 0
+    sandbox_slots: int = 0
 
 
 def resolve_torch_dtype(name: str | None, device: str) -> torch.dtype:
@@ -90,7 +94,10 @@ def resolve_runtime_strategy(args: EngineArgs) -> str:
         raise EngineStartupError(str(exc)) from None
 
 
-def size_and_allocate(args: EngineArgs, layout: ModelLayout, weight_bytes: int, dtype: torch.dtype) -> Pools:
+def size_and_allocate(
+    args: EngineArgs, layout: ModelLayout, weight_bytes: int, dtype: torch.dtype, draft_tokens: int = 0
+) -> Pools:
+    """`draft_tokens`: tokens per speculative verify (0: off); sizes the sandbox as SGLang's scratch."""
     kv_dtype = conv_dtype = dtype
     ssm_dtype = resolve_torch_dtype(args.mamba_ssm_dtype or "float32", args.device)
     spec = load_model_spec(args.model_path, ssm_dtype=args.mamba_ssm_dtype, kv_dtype=_DTYPE_NAMES[kv_dtype])
@@ -128,16 +135,18 @@ def size_and_allocate(args: EngineArgs, layout: ModelLayout, weight_bytes: int, 
                 overlap_schedule=False,
                 context_len=context_len,
                 max_total_tokens=args.max_total_tokens,
+                speculative_num_draft_tokens=draft_tokens,
             )
         )
     except PoolSizingError as exc:
         raise EngineStartupError(
             f"{exc} (bundled runtime: --memory-budget-gib sets the device memory)"
         ) from None
+    sandbox_slots = plan.spec_intermediate_bytes // per_request
     buffers = allocate_pool_buffers(
         layout,
         plan.max_total_num_tokens,
-        plan.mamba_pool_slots,
+        plan.mamba_pool_slots + sandbox_slots,
         kv_dtype=kv_dtype,
         conv_dtype=conv_dtype,
         ssm_dtype=ssm_dtype,
@@ -146,13 +155,13 @@ def size_and_allocate(args: EngineArgs, layout: ModelLayout, weight_bytes: int, 
     allocated = pool_buffer_bytes(
         layout,
         plan.max_total_num_tokens,
-        plan.mamba_pool_slots,
+        plan.mamba_pool_slots + sandbox_slots,
         kv_dtype=kv_dtype,
         conv_dtype=conv_dtype,
         ssm_dtype=ssm_dtype,
     )
     actual = sum(t.numel() * t.element_size() for t in (*buffers.k, *buffers.v, *buffers.conv, *buffers.ssm))
-    if not (allocated == actual == plan.mamba_pool_bytes + plan.kv_pool_bytes):
+    if not (allocated == actual == plan.mamba_pool_bytes + plan.spec_intermediate_bytes + plan.kv_pool_bytes):
         raise EngineStartupError(
             f"internal: allocated pool bytes {actual} differ from the plan "
             f"({plan.mamba_pool_bytes} state + {plan.kv_pool_bytes} KV); the model layout and "
@@ -169,6 +178,8 @@ def size_and_allocate(args: EngineArgs, layout: ModelLayout, weight_bytes: int, 
         context_len=context_len,
         pool_budget_bytes=pool_budget,
         device_bytes=device_bytes,
+        sandbox_first_slot=plan.mamba_pool_slots,
+        sandbox_slots=sandbox_slots,
     )
 
 
@@ -188,11 +199,18 @@ def _bytes(tensors: list[torch.Tensor]) -> int:
 
 def _log_pools(buffers: PoolBuffers, plan: PoolPlan, kv_dtype: torch.dtype) -> None:
     # SGLang's wording (mem_cache/memory_pool.py), so log-reading tools work on both engines.
-    logger.info(
+    slots = plan.mamba_pool_slots
+    line = (
         f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, "
-        f"conv_state size: {_bytes(buffers.conv) / GB:.2f}GB, "
-        f"ssm_state size: {_bytes(buffers.ssm) / GB:.2f}GB "
+        f"conv_state size: {_bytes([t[:slots] for t in buffers.conv]) / GB:.2f}GB, "
+        f"ssm_state size: {_bytes([t[:slots] for t in buffers.ssm]) / GB:.2f}GB "
     )
+    if plan.spec_intermediate_bytes:  # speculative decoding's sandbox slots, after the pool's own
+        line += (
+            f"intermediate_ssm_state_cache size: {_bytes([t[slots:] for t in buffers.ssm]) / GB:.2f}GB "
+            f"intermediate_conv_window_cache size: {_bytes([t[slots:] for t in buffers.conv]) / GB:.2f}GB "
+        )
+    logger.info(line)
     logger.info(
         f"KV Cache is allocated. dtype: {kv_dtype}, #tokens: {plan.max_total_num_tokens}, "
         f"K size: {_bytes(buffers.k) / GB:.2f} GB, V size: {_bytes(buffers.v) / GB:.2f} GB"

@@ -30,6 +30,8 @@ class Req:
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[float] = field(default_factory=list)
     prefix_hint: int = 0  # lpm: cached-prefix length seen at the last queue ordering
+    spec_verify_ct: int = 0  # speculative verify rounds this request took part in
+    spec_correct_drafts: int = 0
 
     @property
     def all_ids(self) -> list[int]:
@@ -53,6 +55,8 @@ class Req:
             completion_tokens=len(self.output_ids),
             cached_tokens=self.cached_tokens,
             new_token_logprobs=self.pending_logprobs if self.return_logprob else None,
+            spec_verify_ct=self.spec_verify_ct,
+            spec_num_correct_drafts=self.spec_correct_drafts,
         )
         self.pending_ids, self.pending_logprobs = [], []
         return out

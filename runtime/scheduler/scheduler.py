@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.request import Req
 from runtime.scheduler.sampling import sample
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
+
+if TYPE_CHECKING:
+    from runtime.spec.worker import SpecDecoder
 
 logger = logging.getLogger("runtime.scheduler")
 
@@ -67,6 +71,8 @@ class Scheduler:
         self._generator = torch.Generator().manual_seed(config.random_seed)
         self.counters = EngineStats()
         self._decode_times: list[tuple[float, int]] = []
+        # Speculative decoding (runtime/spec/worker.py SpecDecoder), set by the engine; None: plain decode.
+        self.spec: SpecDecoder | None = None
 
     # -- requests in and out ---------------------------------------------------------------------------------
 
@@ -127,7 +133,10 @@ class Scheduler:
             return True
         if decode:
             self._last_was_prefill = False
-            self._run_decode(decode)
+            if self.spec is not None:
+                self.spec.run_round(self, decode)
+            else:
+                self._run_decode(decode)
             return True
         return False
 
@@ -147,6 +156,8 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
             total = len(req.prompt_ids) + req.max_new_tokens - 1  # the last token's KV is never computed
+            if self.spec is not None:
+                total += self.spec.extra_tokens  # a verify forward runs past the final length
             admission, mem = self.cache.admit(req.prompt_ids, total)
             if not admission.ok:
                 if admission.message:  # can never fit: this request fails alone, the others go on
@@ -271,6 +282,8 @@ class Scheduler:
                 req.on_output(req.take_output())
 
     def _release(self, req: Req, cache: bool) -> None:
+        if self.spec is not None:
+            self.spec.release(req.rid)
         if req.mem is not None:
             self.cache.release(req.mem, req.all_ids, cache)
             req.mem = None

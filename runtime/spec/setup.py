@@ -1,0 +1,93 @@
+"""Build the speculative decoder for an engine: resolve the options, carve the sandbox out of the state pool
+buffers, wrap the model's recurrent mixers, load the drafter."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from runtime.engine.api import EngineArgs
+from runtime.spec.config import SpecConfig, SpecConfigError, resolve_spec_config
+from runtime.spec.drafter import Drafter
+from runtime.spec.sandbox import StateSandbox, install_sandbox
+from runtime.spec.worker import SpecDecoder
+
+logger = logging.getLogger("runtime.spec")
+
+
+def spec_config_from_args(args: EngineArgs) -> SpecConfig | None:
+    """Raises SpecConfigError (the engine turns it into a start-up refusal)."""
+    return resolve_spec_config(
+        args.speculative_algorithm,
+        args.speculative_num_steps,
+        args.speculative_num_draft_tokens,
+        args.speculative_eagle_topk,
+        args.speculative_draft_model_path,
+        sandbox=args.enable_mamba_state_sandbox,
+    )
+
+
+def build_spec_decoder(
+    config: SpecConfig,
+    args: EngineArgs,
+    model: nn.Module,
+    pools: object,
+    *,
+    max_running_requests: int,
+    token_capacity: int,
+    dtype: torch.dtype,
+) -> SpecDecoder:
+    buffers = pools.buffers  # type: ignore[attr-defined]
+    first = pools.sandbox_first_slot  # type: ignore[attr-defined]
+    groups = pools.sandbox_slots // config.num_draft_tokens  # type: ignore[attr-defined]
+    sandbox = StateSandbox(buffers, first, groups, config.num_draft_tokens)
+    wrapped = install_sandbox(model, sandbox)
+    drafter = _drafter(config, args, model, max_running_requests, token_capacity, dtype)
+    logger.info(
+        "Speculative decoding: algorithm=%s, num_steps=%d, num_draft_tokens=%d, topk=1, sandbox slots=%d "
+        "(%d groups x %d) after slot %d, sandboxed layers=%d",
+        config.algorithm,
+        config.num_steps,
+        config.num_draft_tokens,
+        sandbox.num_slots,
+        groups,
+        config.num_draft_tokens,
+        first - 1,
+        wrapped,
+    )
+    return SpecDecoder(config, drafter, sandbox)
+
+
+def _drafter(
+    config: SpecConfig,
+    args: EngineArgs,
+    model: nn.Module,
+    max_running_requests: int,
+    token_capacity: int,
+    dtype: torch.dtype,
+) -> Drafter:
+    if config.algorithm == "NGRAM":
+        from runtime.spec.ngram import NgramDrafter
+
+        return NgramDrafter(config.num_drafts)
+    if config.algorithm == "STANDALONE":
+        from runtime.spec.standalone import StandaloneDrafter
+
+        assert config.draft_model_path is not None
+        return StandaloneDrafter(
+            config.draft_model_path,
+            config.num_drafts,
+            max_running_requests=max_running_requests,
+            token_capacity=token_capacity,
+            dtype=dtype,
+            device=args.device,
+        )
+    from runtime.spec.mtp import MtpDrafter, mtp_unavailable_reason
+
+    reason = mtp_unavailable_reason(model)
+    if reason:
+        raise SpecConfigError(reason)
+    return MtpDrafter(model, config.num_drafts, max_running_requests=max_running_requests,
+                      token_capacity=token_capacity, dtype=dtype, device=args.device)  # fmt: skip

@@ -1,0 +1,155 @@
+"""One speculative decode round for the running requests: draft → one verify forward → accept → commit.
+
+The scheduler calls `SpecDecoder.run_round` in place of a plain decode step. Per request of kv_len L (its last
+emitted token not yet run): the verify forward extends positions L..L+k with [last token, d1..dk] and returns
+logits for all of them; full attention writes their K/V, linear layers write their states into the sandbox.
+Then, per request, the accepted drafts and the bonus token are emitted one by one (stopping early at EOS, a
+stop string or the length limit), the state after the last kept position is copied into the request's slot,
+and the KV pages of rejected positions go back to the request's reservation.
+
+Admission reserves k extra tokens per request, so a verify forward near max_new_tokens never runs out of KV.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from runtime.engine.forward_batch import ForwardBatch
+from runtime.scheduler.stopping import finish_reason_after
+from runtime.spec.config import SpecConfig
+from runtime.spec.drafter import Drafter
+from runtime.spec.sandbox import StateSandbox
+from runtime.spec.verify import accept_drafts, release_rejected_kv
+
+if TYPE_CHECKING:
+    from runtime.scheduler.request import Req
+    from runtime.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger("runtime.spec")
+
+RECENT_ROUNDS = 64  # the /metrics gauge averages the last rounds, as SGLang's per-interval gauge does
+
+
+@dataclass
+class SpecCounters:
+    verify_calls: int = 0  # request-rounds (SGLang's spec_verify_ct summed over requests)
+    emitted_tokens: int = 0
+    correct_drafts: int = 0
+    proposed_drafts: int = 0
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=RECENT_ROUNDS))
+
+    @property
+    def avg_accept_length(self) -> float:
+        return self.emitted_tokens / self.verify_calls if self.verify_calls else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.correct_drafts / self.proposed_drafts if self.proposed_drafts else 0.0
+
+    @property
+    def recent_accept_length(self) -> float:
+        calls = sum(c for c, _ in self.recent)
+        return sum(t for _, t in self.recent) / calls if calls else 0.0
+
+
+class SpecDecoder:
+    def __init__(self, config: SpecConfig, drafter: Drafter, sandbox: StateSandbox) -> None:
+        self.config = config
+        self.drafter = drafter
+        self.sandbox = sandbox
+        self.counters = SpecCounters()
+
+    @property
+    def extra_tokens(self) -> int:
+        """KV tokens a request may hold beyond its own length during a verify forward."""
+        return self.config.num_drafts
+
+    def release(self, rid: str) -> None:
+        self.drafter.release(rid)
+
+    def run_round(self, sched: Scheduler, reqs: list[Req]) -> None:
+        t0 = time.perf_counter()
+        width = self.config.num_draft_tokens
+        drafts = self.drafter.propose([r.all_ids for r in reqs], [r.rid for r in reqs])
+        cache = sched.cache
+        ids: list[int] = []
+        positions: list[int] = []
+        out_locs: list[int] = []
+        kv_locs: list[torch.Tensor] = []
+        starts: list[int] = []
+        for req, d in zip(reqs, drafts, strict=True):
+            mem = req.mem
+            assert mem is not None and len(d) == width - 1
+            start = mem.kv_len
+            starts.append(start)
+            new = cache.grow(mem, width)
+            ids += [req.output_ids[-1], *d]
+            positions += range(start, start + width)
+            out_locs += new
+            kv_locs.append(torch.tensor(cache.token_slots(mem, start) + new, dtype=torch.int64))
+        fb = ForwardBatch(
+            mode="extend",
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            extend_lens=[width] * len(reqs),
+            prefix_lens=starts,
+            kv_locs=kv_locs,
+            out_locs=torch.tensor(out_locs, dtype=torch.int64),
+            state_slots=torch.tensor([r.mem.slot for r in reqs if r.mem is not None], dtype=torch.int64),
+            all_logits=True,
+        )
+        slots = self.sandbox.slots_for(len(reqs))
+        with self.sandbox.verifying(slots):
+            logits = sched.run_model(fb)
+        logits = logits.view(len(reqs), width, -1)
+        kept: list[int] = []
+        reasons: list[dict | None] = []
+        round_tokens = 0
+        for i, (req, d) in enumerate(zip(reqs, drafts, strict=True)):
+            result = accept_drafts(
+                d, logits[i], req.sampling, req.generator or sched._generator, req.return_logprob
+            )
+            reason = None
+            m = 0
+            for tok in result.emitted:
+                req.output_ids.append(tok)
+                req.pending_ids.append(tok)
+                if result.logprobs is not None:
+                    req.pending_logprobs.append(result.logprobs[m])
+                m += 1
+                reason = finish_reason_after(req, tok, sched.eos_token_ids, sched.tokenizer)
+                if reason is not None:
+                    break
+            kept.append(m)
+            reasons.append(reason)
+            round_tokens += m
+            req.spec_verify_ct += 1
+            req.spec_correct_drafts += min(result.accepted_drafts, m)
+            sched.counters.generation_tokens_total += m
+            self.counters.verify_calls += 1
+            self.counters.emitted_tokens += m
+            self.counters.correct_drafts += min(result.accepted_drafts, m)
+            self.counters.proposed_drafts += width - 1
+        # The request's state becomes the state after its last kept input position; its KV shrinks to match.
+        self.sandbox.commit([r.mem.slot for r in reqs if r.mem is not None], kept, slots)
+        for req, start, m in zip(reqs, starts, kept, strict=True):
+            assert req.mem is not None
+            req.mem.kv_len = start + m
+            release_rejected_kv(cache, req.mem)
+        for req, reason in zip(reqs, reasons, strict=True):
+            if reason is not None:
+                sched.running.remove(req)
+                sched._release(req, cache=True)
+                sched.counters.num_requests_finished += 1
+                sched._finish(req, reason)
+            else:
+                req.on_output(req.take_output())
+        self.counters.recent.append((len(reqs), round_tokens))
+        sched._decode_times.append((time.perf_counter() - t0, round_tokens))
+        del sched._decode_times[:-32]
