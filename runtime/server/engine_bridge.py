@@ -76,7 +76,7 @@ class RequestGroup:
         self.engine = engine
         self.rids = [r.rid for r in requests]
         self._merged: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
-        self._pumps: list[asyncio.Task[None]] = []
+        self._pumps: list[asyncio.Task[None]] = []  # held so the tasks are not garbage-collected mid-run
         self._unfinished: set[str] = set()
         self._closed = False
         queues: list[asyncio.Queue[RequestOutput]] = []
@@ -109,11 +109,13 @@ class RequestGroup:
             self.close()
 
     def close(self) -> None:
-        """Abort what has not finished; idempotent, safe from any exit path."""
+        """Abort what has not finished; idempotent, safe from any exit path.
+
+        The pumps stay alive: the engine answers every abort with a final output, which ends them (and ends
+        `updates()` for a reader still waiting, e.g. a non-streaming request whose client hung up).
+        """
         if self._closed:
             return
         self._closed = True
         for rid in list(self._unfinished):
             self.engine.abort(rid)
-        for task in self._pumps:
-            task.cancel()

@@ -116,9 +116,18 @@ def test_concurrent_streams_with_cancellations_leak_nothing(runtime_server: Runn
         _assert_accounted(_wait_idle(client))
 
 
+def _finished_non_streaming(client: httpx.Client) -> float:
+    """Non-streaming requests whose handler ran to its end (the server's e2e latency histogram count)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("sglang:e2e_request_latency_seconds_count") and 'is_streaming="false"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_non_streaming_client_disconnect_aborts_the_request(runtime_server: RunningServer) -> None:
     with httpx.Client(base_url=runtime_server.url, timeout=120.0) as client:
         before = _wait_idle(client)
+        handled_before = _finished_non_streaming(client)
         body = {
             "input_ids": list(range(50, 90)),
             "sampling_params": {"temperature": 0, "max_new_tokens": 4000, "ignore_eos": True},
@@ -128,3 +137,8 @@ def test_non_streaming_client_disconnect_aborts_the_request(runtime_server: Runn
         after = _wait_idle(client, timeout_s=30.0)
         assert after["num_requests_aborted"] == before["num_requests_aborted"] + 1
         assert after["generation_tokens_total"] - before["generation_tokens_total"] < 4000
+        # The handler itself did not hang on the aborted request: it saw the final output and finished.
+        deadline = time.monotonic() + 10
+        while _finished_non_streaming(client) < handled_before + 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _finished_non_streaming(client) == handled_before + 1
