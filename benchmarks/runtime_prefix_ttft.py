@@ -1,0 +1,90 @@
+"""Warm vs cold TTFT of the bundled runtime's state-aware prefix cache (in-process, the demo model, CPU).
+
+Cold: a 2048-token prompt on an empty cache. Warm: prompt A = 2000-token document + question 1 runs
+first; prompt B = the same document + question 2 (2048 tokens) is then timed: it resumes from the deepest
+state checkpoint inside the document (every mamba_track_interval tokens). Also times the cold prompt with the
+cache off (one
+forward, no checkpoints) to show what checkpointing costs a cold prefill. Run for several intervals:
+
+    python benchmarks/runtime_prefix_ttft.py [--model DIR] [--intervals 64 128 256] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
+from runtime.engine.engine_core import EngineCore
+
+
+def ttft(core: EngineCore, rid: str, prompt: list[int]) -> tuple[float, int]:
+    """Seconds from submission to the first output token, and the cached prompt tokens."""
+    first: list[float] = []
+    cached: list[int] = []
+
+    def on_output(o: RequestOutput) -> None:
+        if not first and o.new_token_ids:
+            first.append(time.perf_counter())
+        if o.finished:
+            cached.append(o.cached_tokens)
+
+    t0 = time.perf_counter()
+    params = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
+    core.scheduler.add_request(GenerateRequest(rid, prompt, params), on_output)
+    while core.scheduler.has_work:
+        core.step()
+    return first[0] - t0, cached[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="model directory (default: build the demo model in a temp dir)")
+    ap.add_argument("--intervals", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--doc-len", type=int, default=2000)
+    ap.add_argument("--total-len", type=int, default=2048)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    model = a.model
+    if model is None:
+        from runtime.demo_model import build_demo_model
+
+        model = str(build_demo_model(Path(tempfile.mkdtemp()) / "demo"))
+    rng = random.Random(0)
+    vocab = 4000
+    q_len = a.total_len - a.doc_len
+    print(f"model={model} doc={a.doc_len} total={a.total_len} threads={a.threads}")
+    off = EngineCore(EngineArgs(model_path=model, disable_radix_cache=True))
+    prompts = [[rng.randrange(vocab) for _ in range(a.total_len)] for _ in range(a.repeats)]
+    times = [ttft(off, f"off{r}", p)[0] for r, p in enumerate(prompts)]
+    print(f"cache off:     cold TTFT {statistics.median(times) * 1000:7.1f} ms (one forward, no checkpoints)")
+    del off
+    for interval in a.intervals:
+        core = EngineCore(EngineArgs(model_path=model, mamba_track_interval=interval))
+        colds, warms, cached = [], [], 0
+        for r in range(a.repeats):
+            doc = [rng.randrange(vocab) for _ in range(a.doc_len)]
+            assert core.scheduler.flush_cache()
+            cold, _ = ttft(core, f"cold{r}", [rng.randrange(vocab) for _ in range(a.total_len)])
+            assert core.scheduler.flush_cache()
+            ttft(core, f"prime{r}", doc + [rng.randrange(vocab) for _ in range(q_len)])
+            warm, cached = ttft(core, f"warm{r}", doc + [rng.randrange(vocab) for _ in range(q_len)])
+            colds.append(cold)
+            warms.append(warm)
+        c, w = statistics.median(colds), statistics.median(warms)
+        print(
+            f"interval={interval:4d}  cold TTFT {c * 1000:7.1f} ms  warm TTFT {w * 1000:7.1f} ms  "
+            f"warm/cold {w / c:.3f}  cached_tokens={cached}"
+        )
+
+
+if __name__ == "__main__":
+    main()
