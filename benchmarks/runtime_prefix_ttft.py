@@ -2,9 +2,9 @@
 
 Cold: a 2048-token prompt on an empty cache. Warm: prompt A = 2000-token document + question 1 runs
 first; prompt B = the same document + question 2 (2048 tokens) is then timed: it resumes from the deepest
-state checkpoint inside the document (every mamba_track_interval tokens). Also times the cold prompt with the
-cache off (one
-forward, no checkpoints) to show what checkpointing costs a cold prefill. Run for several intervals:
+state checkpoint inside the document (every mamba_track_interval tokens). Also times the cold prompt with
+the cache off (one forward, no checkpoints) to show what checkpointing costs a cold prefill.
+Run for several intervals:
 
     python benchmarks/runtime_prefix_ttft.py [--model DIR] [--intervals 64 128 256] [--repeats 3]
 """
