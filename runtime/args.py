@@ -22,6 +22,7 @@ MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "NEXTN", "EAGLE")  # runtime/spec/config.py ALGORITHMS
 
 # The runtime's own flags: seed keys SGLang has no flag for (SGLang builds these behaviours into its cache).
 RUNTIME_ONLY_FLAGS = (
@@ -31,6 +32,7 @@ RUNTIME_ONLY_FLAGS = (
     "--disable-dual-lru-eviction",
     "--log-mamba-state-stats",
     "--num-threads",
+    "--disable-mamba-state-sandbox",
 )
 
 
@@ -72,6 +74,12 @@ class RuntimeArgs:
     disable_dual_lru_eviction: bool = False
     log_mamba_state_stats: bool = False
     num_threads: int | None = None
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    disable_mamba_state_sandbox: bool = False
 
     @property
     def resolved_tokenizer_path(self) -> str:
@@ -184,6 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--disable-overlap-schedule", action="store_true", help="Accepted: the runtime never overlaps."
     )
+    spec = p.add_argument_group("speculative decoding (runtime/spec)")
+    spec.add_argument(
+        "--speculative-algorithm", type=str.upper, choices=SPEC_ALGORITHMS, help="Draft source; off if unset."
+    )
+    spec.add_argument(
+        "--speculative-draft-model-path",
+        "--speculative-draft-model",
+        dest="speculative_draft_model_path",
+        help="Draft model directory (STANDALONE).",
+    )
+    spec.add_argument("--speculative-num-steps", type=_positive_int, help="Drafts per verify round (3).")
+    spec.add_argument("--speculative-eagle-topk", type=_positive_int, help="Draft tree width; only 1.")
+    spec.add_argument(
+        "--speculative-num-draft-tokens", type=_positive_int, help="Tokens per verify forward (steps + 1)."
+    )
     own = p.add_argument_group("bundled-runtime flags (no SGLang equivalent)")
     own.add_argument(
         "--memory-budget-gib", type=_positive_float, help="Memory treated as the device's (4 GiB)."
@@ -199,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-mamba-state-stats", action="store_true", help="Log state-pool stats periodically."
     )
     own.add_argument("--num-threads", type=_positive_int, help="torch CPU threads.")
+    own.add_argument(
+        "--disable-mamba-state-sandbox",
+        action="store_true",
+        help="No per-draft state slots (speculative decoding then refuses to start).",
+    )
     return p
 
 

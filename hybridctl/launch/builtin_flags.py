@@ -24,16 +24,19 @@ _VALUE_FLAGS = (
     "--mamba-radix-cache-strategy", "--mamba-track-interval", "--max-running-requests", "--max-total-tokens",
     "--chunked-prefill-size", "--schedule-policy", "--log-level", "--api-key", "--tp-size", "--random-seed",
     "--served-model-name", "--context-length", "--memory-budget-gib", "--num-threads",
+    "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+    "--speculative-eagle-topk", "--speculative-num-draft-tokens",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
     "--disable-overlap-schedule", "--disable-state-snapshot-on-match", "--disable-state-copy-on-write",
-    "--disable-dual-lru-eviction", "--log-mamba-state-stats",
+    "--disable-dual-lru-eviction", "--log-mamba-state-stats", "--disable-mamba-state-sandbox",
 )  # fmt: skip
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
     "--device": ("auto", "cpu", "cuda"),
     "--schedule-policy": ("fcfs", "lpm"),
+    "--speculative-algorithm": ("NGRAM", "STANDALONE", "NEXTN", "EAGLE"),
 }
 
 RUNTIME_FLAGS: dict[str, FlagSpec] = {

@@ -106,7 +106,6 @@ def _elastic_on(cfg: HybridConfig) -> bool:
 
 CLIENT = Target("client-side", note="read by hybridctl, not passed to the engine")
 ONE_DEVICE = "the bundled runtime serves on one device"
-NO_SPEC = "the bundled runtime has no speculative decoding"
 NO_PD = "the bundled runtime has no prefill/decode disaggregation"
 _UNIFIED = "0.5.15"  # first release with --enable-unified-memory (bisected over published wheels)
 _SCHED = "0.5.7"  # first release with --mamba-scheduler-strategy
@@ -263,35 +262,39 @@ ROWS: tuple[MappingRow, ...] = (
         C,
         "speculative.speculative_algorithm",
         _flag("--speculative-algorithm", note="none: no flag"),
-        Target("not-supported", accepts=_equals("none"), note=NO_SPEC),
+        _flag(
+            "--speculative-algorithm",
+            accepts=_equals("none", "NGRAM", "STANDALONE", "NEXTN", "EAGLE"),
+            note="none: no flag; EAGLE3 has no bundled-runtime drafter",
+        ),
         when=_spec_on,
     ),
     _row(
         C,
         "speculative.speculative_num_steps",
         _flag("--speculative-num-steps"),
-        Target("not-supported", note=NO_SPEC),
+        _flag("--speculative-num-steps"),
         when=_spec_on,
     ),
     _row(
         C,
         "speculative.speculative_num_draft_tokens",
         _flag("--speculative-num-draft-tokens"),
-        Target("not-supported", note=NO_SPEC),
+        _flag("--speculative-num-draft-tokens"),
         when=_spec_on,
     ),
     _row(
         C,
         "speculative.speculative_topk",
         _flag("--speculative-eagle-topk"),
-        Target("not-supported", note=NO_SPEC),
+        _flag("--speculative-eagle-topk", accepts=_equals(1), note="chain drafts only (topk 1)"),
         when=_spec_on,
     ),
     _row(
         C,
         "speculative.speculative_draft_model_path",
         _flag("--speculative-draft-model-path"),
-        Target("not-supported", note=NO_SPEC),
+        _flag("--speculative-draft-model-path"),
         when=_spec_on,
     ),
     _row(
@@ -302,7 +305,11 @@ ROWS: tuple[MappingRow, ...] = (
             accepts=_equals(True),
             note="SGLang always gives draft tokens their own intermediate state slots",
         ),
-        Target("not-supported", note=NO_SPEC),
+        _flag(
+            "--disable-mamba-state-sandbox",
+            "false",
+            note="false: the runtime refuses to start (speculative decoding state rollback error)",
+        ),
         when=_spec_on,
     ),
     # --- [pd]

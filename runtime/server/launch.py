@@ -55,6 +55,12 @@ def _engine_args(args: RuntimeArgs, device: str) -> Any:
         "random_seed": args.random_seed,
         "log_mamba_state_stats": args.log_mamba_state_stats,
         "context_length": args.context_length,
+        "speculative_algorithm": args.speculative_algorithm,
+        "speculative_num_steps": args.speculative_num_steps,
+        "speculative_num_draft_tokens": args.speculative_num_draft_tokens,
+        "speculative_eagle_topk": args.speculative_eagle_topk,
+        "speculative_draft_model_path": args.speculative_draft_model_path,
+        "enable_mamba_state_sandbox": not args.disable_mamba_state_sandbox,
     }
     missing = set(wanted) - {f.name for f in fields(EngineArgs)}
     if missing:  # a flag the engine stopped taking must fail loudly, never be dropped silently

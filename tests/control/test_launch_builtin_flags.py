@@ -187,7 +187,7 @@ def test_runtime_flag_set_matches_the_runtime_parser() -> None:
     [
         ({"config__server": {"tp_size": 2}}, "server.tp_size"),
         ({"config__server": {"dp_size": 2}}, "server.dp_size"),
-        ({"config__speculative": {"speculative_algorithm": "EAGLE"}}, "speculative.speculative_algorithm"),
+        ({"config__speculative": {"speculative_algorithm": "EAGLE3"}}, "speculative.speculative_algorithm"),
         ({"config__pd": {"enable_pd_disaggregation": True}}, "pd.enable_pd_disaggregation"),
         ({"config__memory": {"enable_elastic_memory_pool": True}}, "memory.enable_elastic_memory_pool"),
         ({"settings__runtime": {"schedule_policy": "lof"}}, "runtime.schedule_policy"),
@@ -207,7 +207,7 @@ def test_keys_the_runtime_would_ignore_are_refused(sections: dict[str, dict[str,
     ("extra", "message"),
     [
         ({"enable-metrcs": True}, "did you mean --enable-metrics"),
-        ({"speculative-algorithm": "EAGLE"}, "not a flag of the bundled runtime"),
+        ({"speculative-ngram-capacity": 100}, "not a flag of the bundled runtime"),
         ({"page-size": 4}, "already set from config.toml:cache.radix_cache_page_size"),
         ({"api-key": "abc"}, "secret"),
         ({"log-requests": "yes"}, "switch"),

@@ -60,12 +60,12 @@ def test_every_other_sglang_flag_is_refused_by_name(capsys: pytest.CaptureFixtur
 
 
 def test_unimplemented_sglang_flag_exits_2_with_one_line() -> None:
-    proc = run_runtime("--model-path", "/nonexistent", "--speculative-algorithm=EAGLE")
+    proc = run_runtime("--model-path", "/nonexistent", "--speculative-ngram-capacity=100")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines == [
-        "python -m runtime: error: --speculative-algorithm is an SGLang flag the bundled runtime does not "
-        "implement (see python -m runtime --help)"
+        "python -m runtime: error: --speculative-ngram-capacity is an SGLang flag the bundled runtime "
+        "does not implement (see python -m runtime --help)"
     ]
     assert "Traceback" not in proc.stderr
 
