@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.command import EngineCommand
-from hybridctl.launch.sglang_command import sglang_argv, sglang_translation
+from hybridctl.launch.sglang_command import check_multinode, sglang_argv, sglang_translation
 from hybridctl.launch.translate import LaunchError
 
 ROUTER_MODULE = "sglang_router.launch_router"
@@ -49,6 +49,7 @@ def pd_plan(
         raise LaunchError(
             f"config.toml: PD needs four different ports, got {listed}. Fix: make them distinct."
         )
+    check_multinode(cfg)
     base = sglang_translation(cfg, version, allow_ignored)
     for placed in ("--disaggregation-mode", "--disaggregation-bootstrap-port", "--port"):
         if placed in base.flags and base.sources.get(placed, "").startswith(

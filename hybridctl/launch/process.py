@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -166,6 +167,20 @@ def _refuse_if_running(state_path: Path) -> None:
         )
 
 
+def _refuse_if_engine_missing(plan: LaunchPlan) -> None:
+    import importlib.util
+
+    modules = {c.argv[2] for c in plan.commands if len(c.argv) > 2 and c.argv[1] == "-m"}
+    for module in sorted(modules):
+        package = module.split(".", 1)[0]
+        if importlib.util.find_spec(package) is None:  # finds the package without importing it
+            pip_name = package.replace("_", "-")
+            raise LaunchError(
+                f"{package} is not installed in this Python ({sys.executable}), so `python -m {module}` "
+                f"cannot run. Fix: pip install {pip_name}, or use the bundled runtime (--engine builtin)."
+            )
+
+
 def _refuse_if_port_busy(command: EngineCommand) -> None:
     # Something already answering there would pass the readiness check for a server that is still loading.
     import socket
@@ -212,6 +227,8 @@ def start_server(
             cfg = load_hybrid_config(config_path, settings_path)
         plan = make_launch_plan(cfg, engine, sglang_version=sglang_version, allow_ignored=allow_ignored,
                                 python=python)  # fmt: skip
+    if python is None:
+        _refuse_if_engine_missing(plan)
     state_path = state_path_for(config_path)
     _refuse_if_running(state_path)
     for command in plan.commands:

@@ -20,7 +20,7 @@ from hybridctl.launch.command import (
     flags_to_argv,
     require_model_path,
 )
-from hybridctl.launch.translate import Translation, refuse_ignored, translate
+from hybridctl.launch.translate import LaunchError, Translation, refuse_ignored, translate
 
 SGLANG_MODULE = "sglang.launch_server"
 
@@ -47,6 +47,21 @@ def sglang_translation(cfg: HybridConfig, version: str, allow_ignored: bool = Fa
     return translation
 
 
+def check_multinode(cfg: HybridConfig) -> None:
+    """A server spanning nodes needs node 0's address and a rank below the node count."""
+    server = cfg.config.server
+    if server.nnodes > 1 and not server.dist_init_addr:
+        raise LaunchError(
+            f"config.toml [server] nnodes = {server.nnodes} but dist_init_addr is unset, so the nodes cannot "
+            'find each other. Fix: set dist_init_addr = "<node 0 address>:<port>" (the same on every node).'
+        )
+    if server.node_rank >= server.nnodes:
+        raise LaunchError(
+            f"config.toml [server] node_rank = {server.node_rank} is not below nnodes = {server.nnodes}. "
+            f"Fix: use node_rank 0..{server.nnodes - 1}, one per node."
+        )
+
+
 def sglang_argv(flags: dict[str, str], python: str | None = None) -> list[str]:
     return [python or sys.executable, "-m", SGLANG_MODULE, *flags_to_argv(flags)]
 
@@ -55,6 +70,7 @@ def sglang_command(
     cfg: HybridConfig, version: str, python: str | None = None, allow_ignored: bool = False
 ) -> EngineCommand:
     """The single-server SGLang command for `cfg` (PD configs: see pd.py)."""
+    check_multinode(cfg)
     translation = sglang_translation(cfg, version, allow_ignored)
     server = cfg.config.server
     return EngineCommand(

@@ -141,3 +141,12 @@ def test_a_busy_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
             start_server(tmp_path / "config.toml", plan=plan)
     assert not (tmp_path / "hybridctl-server.log").exists()
     assert not state_path_for(tmp_path / "config.toml").exists()
+
+
+def test_a_missing_engine_package_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    port = _free_port()
+    argv = [sys.executable, "-m", "hybridctl_no_such_engine.launch_server", "--port", str(port)]
+    command = EngineCommand(engine="sglang", role="server", argv=argv, host="127.0.0.1", port=port)
+    with pytest.raises(LaunchError, match="hybridctl_no_such_engine is not installed .*--engine builtin"):
+        start_server(tmp_path / "config.toml", plan=LaunchPlan("sglang", "test", [command]))
+    assert not (tmp_path / "hybridctl-server.log").exists()

@@ -203,3 +203,15 @@ def test_docs_mapping_is_generated_from_the_table() -> None:
     assert DOC_PATH.read_text(encoding="utf-8") == render_markdown(), (
         "docs/sglang-mapping.md is stale: run `python -m hybridctl.launch.mapping_doc`"
     )
+
+
+def test_multinode_needs_an_address_and_a_rank_below_the_node_count() -> None:
+    with pytest.raises(LaunchError, match="dist_init_addr is unset"):
+        sglang_command(_cfg({"server": {"nnodes": 2}}), VERSION)
+    with pytest.raises(LaunchError, match="node_rank = 2 is not below nnodes = 2"):
+        sglang_command(
+            _cfg({"server": {"nnodes": 2, "node_rank": 2, "dist_init_addr": "10.0.0.1:5000"}}), VERSION
+        )
+    argv = sglang_command(_cfg({"server": {"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"}}),
+                          VERSION).argv  # fmt: skip
+    assert argv[argv.index("--node-rank") + 1] == "1" and argv[argv.index("--nnodes") + 1] == "2"
