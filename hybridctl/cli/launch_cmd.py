@@ -216,6 +216,7 @@ def _serve(
     from rich.markup import escape
 
     from hybridctl.launch.process import StartupFailed, start_server
+    from hybridctl.launch.translate import LaunchError
 
     _print_plan(console, plan)
     with console.status("starting ...") as status:
@@ -229,6 +230,8 @@ def _serve(
             )
         except StartupFailed as exc:
             raise _fail(console, str(exc), 1) from None
+        except LaunchError as exc:
+            raise _fail(console, str(exc), 2) from None
     if as_json:
         typer.echo(json.dumps({
             "url": handle.url, "pid": handle.pid, "log": str(handle.log_path),

@@ -118,3 +118,17 @@ def test_corrupt_state_file_is_a_clear_error(tmp_path: Path) -> None:
     state.write_text("{not json")
     result = runner.invoke(app, ["status", str(config)])
     assert result.exit_code == 2 and str(state) in result.output and "Traceback" not in result.output
+
+
+def test_launch_on_a_busy_port_exits_2_without_a_traceback(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "config.toml"
+        config.write_text(f'[server]\nmodel_path = "/models/m"\nport = {port}\n')
+        result = runner.invoke(app, ["launch", str(config), "--engine", "builtin"])
+    assert result.exit_code == 2, result.output
+    assert "already in use" in result.output and "Traceback" not in result.output
