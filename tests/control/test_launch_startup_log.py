@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
+
 from hybridctl.logs.startup import parse_startup_text
 
 SGLANG_LOG = """\
@@ -60,3 +65,36 @@ def test_speculative_scratch_and_single_kv_size_variants() -> None:
 def test_a_log_without_start_up_lines_yields_nothing() -> None:
     info = parse_startup_text("Traceback (most recent call last):\nRuntimeError: Not enough memory\n")
     assert info.mamba is None and info.kv == [] and info.max_total_num_tokens is None and not info.ready
+
+
+@pytest.mark.sglang
+def test_the_parsed_formats_are_sglangs_own_f_strings() -> None:
+    """Guard against drift: the fragments the parser relies on are verbatim in the installed sglang source."""
+    venv = Path(os.environ.get("HYBRIDCTL_SGLANG_VENV", Path(__file__).resolve().parents[2] / ".venv-sglang"))
+    srt = next(iter(venv.glob("lib/python*/site-packages/sglang/srt")), None)
+    if srt is None:
+        pytest.skip(f"no sglang in {venv} (.ci/run creates it; or set HYBRIDCTL_SGLANG_VENV)")
+    sources = {
+        "mem_cache/memory_pool.py": [
+            'f"Mamba Cache is allocated. "',
+            'f"max_mamba_cache_size: {size}, "',
+            'f"conv_state size: {get_tensor_size_bytes(conv_state) / GB:.2f}GB, "',
+            'f"ssm_state size: {get_tensor_size_bytes(temporal_state) / GB:.2f}GB "',
+            "'is allocated'}. dtype: {self.dtype}, \"",
+            'f"#tokens: {num_tokens}, K size: {k_size_GB:.2f} GB, "',
+            'f"#tokens: {num_tokens}, KV size: {kv_size_GB:.2f} GB"',
+        ],
+        "managers/scheduler.py": [
+            'f"max_total_num_tokens={self.max_total_num_tokens}, "',
+            'f"chunked_prefill_size=',
+            'f"max_prefill_tokens={self.max_prefill_tokens}, "',
+            'f"max_running_requests={self.max_running_requests}, "',
+            'f"context_len={self.model_config.context_len}, "',
+        ],
+        "mem_cache/registry.py": ['"Tree cache initialized: source=%s impl=%s hybrid_swa=%s hybrid_ssm=%s "'],
+        "entrypoints/http_server.py": ['"The server is fired up and ready to roll!"'],
+    }
+    for name, fragments in sources.items():
+        text = (srt / name).read_text()
+        for fragment in fragments:
+            assert fragment in text, f"{name} no longer contains {fragment}"
