@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import torch
+
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.radix_cache import RadixCache, RadixNode
 from runtime.kvcache.state_pool import StateSlotPool
@@ -160,9 +162,13 @@ class CacheManager:
             self.reserved_pages -= missing
         return [mem.pages[t // ps] * ps + t % ps for t in range(mem.kv_len, end)]
 
-    def token_slots(self, mem: ReqMemory, upto: int) -> list[int]:
+    def token_slots(self, mem: ReqMemory, upto: int) -> torch.Tensor:
+        """KV token slots of tokens [0, upto) as an int64 tensor (vectorised: contexts are long)."""
         ps = self.page_size
-        return [mem.pages[t // ps] * ps + t % ps for t in range(upto)]
+        pages = torch.tensor(mem.pages[: self.pages_for(upto)], dtype=torch.int64)
+        if ps == 1:
+            return pages
+        return (pages[:, None] * ps + torch.arange(ps)).flatten()[:upto]
 
     def checkpoint(self, mem: ReqMemory, tokens: list[int]) -> bool:
         """Cache the KV of tokens[:kv_len] and a copy of the state after them. False when no slot was free."""

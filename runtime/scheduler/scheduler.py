@@ -206,7 +206,8 @@ class Scheduler:
             positions.extend(range(start, start + n))
             new_locs = self.cache.grow(mem, n)
             out_locs.extend(new_locs)
-            kv_locs.append(torch.tensor(self.cache.token_slots(mem, start) + new_locs, dtype=torch.int64))
+            new_t = torch.tensor(new_locs, dtype=torch.int64)
+            kv_locs.append(torch.cat([self.cache.token_slots(mem, start), new_t]))
         fb = ForwardBatch(
             mode="extend",
             input_ids=torch.tensor(ids, dtype=torch.int64),
@@ -238,7 +239,9 @@ class Scheduler:
             new = self.cache.grow(req.mem, 1)
             out_locs.extend(new)
             kv_locs.append(
-                torch.tensor(self.cache.token_slots(req.mem, req.mem.kv_len) + new, dtype=torch.int64)
+                torch.cat(
+                    [self.cache.token_slots(req.mem, req.mem.kv_len), torch.tensor(new, dtype=torch.int64)]
+                )
             )
         fb = ForwardBatch(
             mode="decode",
