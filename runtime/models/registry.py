@@ -35,6 +35,12 @@ def _nemotron_h(cfg: HFConfig) -> HybridModel:
     return NemotronHForCausalLM(NemotronHConfig.from_hf(cfg))
 
 
+def _granite_hybrid(cfg: HFConfig) -> HybridModel:
+    from runtime.models.granite_hybrid import GraniteHybridConfig, GraniteHybridForCausalLM
+
+    return GraniteHybridForCausalLM(GraniteHybridConfig.from_hf(cfg))
+
+
 REGISTRY: tuple[ModelEntry, ...] = (
     ModelEntry(("qwen3_next",), ("Qwen3NextForCausalLM",), _qwen3_next),
     ModelEntry(
@@ -48,6 +54,7 @@ REGISTRY: tuple[ModelEntry, ...] = (
         _qwen3_5,
     ),
     ModelEntry(("nemotron_h",), ("NemotronHForCausalLM",), _nemotron_h),
+    ModelEntry(("granitemoehybrid",), ("GraniteMoeHybridForCausalLM",), _granite_hybrid),
 )
 
 

@@ -1,5 +1,5 @@
-"""Our model code vs transformers 5's reference implementations (Qwen3-Next, Qwen3.5-MoE, Nemotron-H), and vs
-itself under chunked prefill, packed extend and batched decode."""
+"""Our model code vs transformers 5's reference implementations (Qwen3-Next, Qwen3.5-MoE, Nemotron-H,
+Granite-4.0-H), and vs itself under chunked prefill, packed extend and batched decode."""
 
 from __future__ import annotations
 
@@ -114,6 +114,35 @@ def _nemotron_h() -> torch.nn.Module:
     return transformers.NemotronHForCausalLM(cfg)
 
 
+def _granite_hybrid() -> torch.nn.Module:
+    cfg = transformers.GraniteMoeHybridConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=32,
+        shared_intermediate_size=48,
+        num_hidden_layers=4,
+        layer_types=["mamba", "mamba", "attention", "mamba"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        mamba_n_heads=8,
+        mamba_n_groups=2,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        embedding_multiplier=3.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.1,
+        logits_scaling=2.0,
+        position_embedding_type="rope",
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
+    return transformers.GraniteMoeHybridForCausalLM(cfg)
+
+
 ARCHS: dict[str, tuple[Callable[[], torch.nn.Module], ModelLayout]] = {
     "qwen3_next": (
         _qwen3_next,
@@ -140,6 +169,20 @@ ARCHS: dict[str, tuple[Callable[[], torch.nn.Module], ModelLayout]] = {
             v_head_dim=32,
             conv_state_shape=(2 * 2 * 16 + 6 * 16, 3),
             ssm_state_shape=(6, 16, 16),
+            vocab_size=VOCAB,
+        ),
+    ),
+    "granitemoehybrid": (
+        _granite_hybrid,
+        ModelLayout(
+            num_layers=4,
+            attn_layer_ids=(2,),
+            linear_layer_ids=(0, 1, 3),
+            num_kv_heads=2,
+            head_dim=16,
+            v_head_dim=16,
+            conv_state_shape=(128 + 2 * 2 * 16, 3),
+            ssm_state_shape=(8, 16, 16),
             vocab_size=VOCAB,
         ),
     ),

@@ -8,18 +8,22 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """Plain RMSNorm: `weight * x / rms(x)`, weight applied in fp32 before the downcast (Nemotron-H)."""
+    """Plain RMSNorm: `weight * x / rms(x)`. Nemotron-H multiplies by the weight in fp32 before the downcast
+    (`weight_in_fp32`); Granite multiplies after it. Same in fp32; in bf16 they differ in the last bit."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, *, weight_in_fp32: bool = True) -> None:
         super().__init__()
         self.eps = eps
+        self.weight_in_fp32 = weight_in_fp32
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h).to(dtype)
+        if self.weight_in_fp32:
+            return (self.weight.float() * h).to(dtype)
+        return self.weight * h.to(dtype)
 
 
 class ZeroCenteredRMSNorm(nn.Module):

@@ -1,0 +1,304 @@
+"""Granite-4.0-H (`granitemoehybrid`): Mamba2 or attention per layer, each followed by a top-k MoE plus a
+shared SwiGLU MLP, with Granite's muP multipliers on embeddings, residuals, attention scores and logits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.engine.forward_batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.models.base import HybridModel, StepContext
+from runtime.models.errors import ModelLoadError
+from runtime.models.hf_config import HFConfig
+from runtime.models.layers.attention import paged_attention
+from runtime.models.layers.mamba2 import Mamba2Mixer
+from runtime.models.layers.norm import RMSNorm
+from runtime.models.layers.rotary import RotaryEmbedding
+
+_LAYER_NAMES = {
+    "mamba": "linear_attention",
+    "linear_attention": "linear_attention",
+    "attention": "full_attention",
+    "full_attention": "full_attention",
+}
+
+
+@dataclass(frozen=True)
+class GraniteHybridConfig:
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    attention_bias: bool
+    rms_norm_eps: float
+    use_rope: bool
+    rope_theta: float
+    embedding_multiplier: float
+    residual_multiplier: float
+    attention_multiplier: float
+    logits_scaling: float
+    num_local_experts: int
+    num_experts_per_tok: int
+    intermediate_size: int
+    shared_intermediate_size: int
+    mamba_n_heads: int
+    mamba_d_head: int
+    mamba_d_state: int
+    mamba_n_groups: int
+    mamba_d_conv: int
+    mamba_chunk_size: int
+    mamba_conv_bias: bool
+    mamba_proj_bias: bool
+    dt_min: float
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, cfg: HFConfig) -> GraniteHybridConfig:
+        layers = cfg.int("num_hidden_layers")
+        raw = cfg.data.get("layer_types") or cfg.data.get("layers_block_type") or ["mamba"] * layers
+        unknown = sorted({t for t in raw if t not in _LAYER_NAMES})
+        if unknown or len(raw) != layers:
+            raise ModelLoadError(
+                f"{cfg.path}: 'layer_types' must list {layers} entries of mamba / attention (got {len(raw)}, "
+                f"unknown {unknown}); fix the file."
+            )
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelLoadError(
+                f"{cfg.path}: 'hidden_act' is '{act}'; the bundled runtime implements Granite-4.0-H with "
+                "silu only. Serve this model with SGLang."
+            )
+        hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+        mamba_heads = cfg.int("mamba_n_heads", 128)
+        d_head = cfg.data.get("mamba_d_head", "auto")
+        if d_head in (None, "auto"):
+            d_head = cfg.int("mamba_expand", 2) * hidden // mamba_heads
+        theta, _ = cfg.rope()
+        limit = cfg.data.get("time_step_limit") or (0.0, None)
+        return cls(
+            vocab_size=cfg.int("vocab_size"),
+            hidden_size=hidden,
+            layer_types=tuple(_LAYER_NAMES[t] for t in raw),
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.int("num_key_value_heads", None) or heads,
+            head_dim=cfg.int("head_dim", hidden // heads),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            rms_norm_eps=cfg.float("rms_norm_eps", 1e-6),
+            use_rope=cfg.data.get("position_embedding_type") == "rope",
+            rope_theta=theta,
+            embedding_multiplier=cfg.float("embedding_multiplier", 1.0),
+            residual_multiplier=cfg.float("residual_multiplier", 1.0),
+            attention_multiplier=cfg.float("attention_multiplier", 1.0),
+            logits_scaling=cfg.float("logits_scaling", 1.0),
+            num_local_experts=cfg.int("num_local_experts", 0),
+            num_experts_per_tok=cfg.int("num_experts_per_tok", 1),
+            intermediate_size=cfg.int("intermediate_size", 0),
+            shared_intermediate_size=cfg.int("shared_intermediate_size"),
+            mamba_n_heads=mamba_heads,
+            mamba_d_head=int(d_head),
+            mamba_d_state=cfg.int("mamba_d_state", 256),
+            mamba_n_groups=cfg.int("mamba_n_groups", 1),
+            mamba_d_conv=cfg.int("mamba_d_conv", 4),
+            mamba_chunk_size=cfg.int("mamba_chunk_size", 256),
+            mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+            mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+            dt_min=float(limit[0] or 0.0),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+
+class _Stacked(nn.Module):
+    """Holds one [experts, out, in] weight under the checkpoint's name (`input_linear.weight`, ...)."""
+
+    def __init__(self, experts: int, out_dim: int, in_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, out_dim, in_dim))
+
+
+class _Router(nn.Module):
+    def __init__(self, hidden: int, experts: int) -> None:
+        super().__init__()
+        self.layer = nn.Linear(hidden, experts, bias=False)
+
+
+class GraniteMoE(nn.Module):
+    """Top-k over router logits, softmax over the chosen k; SwiGLU experts (gate and up halves stacked)."""
+
+    def __init__(self, hidden: int, experts: int, top_k: int, intermediate: int) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.num_experts = experts
+        self.router = _Router(hidden, experts)
+        self.input_linear = _Stacked(experts, 2 * intermediate, hidden)
+        self.output_linear = _Stacked(experts, hidden, intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router.layer(x).float()
+        top, ids = logits.topk(self.top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1).type_as(x)
+        out = torch.zeros_like(x)
+        order = torch.argsort(ids.reshape(-1), stable=True)
+        counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts).tolist()
+        token_of = order // self.top_k
+        w_sorted = weights.reshape(-1)[order]
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            tokens = token_of[start : start + count]
+            gate, up = F.linear(x[tokens], self.input_linear.weight[expert]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, self.output_linear.weight[expert])
+            out.index_add_(0, tokens, h * w_sorted[start : start + count, None])
+            start += count
+        return out
+
+
+class SharedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.input_linear = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.output_linear = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.input_linear(x).chunk(2, dim=-1)
+        return self.output_linear(F.silu(gate) * up)
+
+
+class GraniteAttention(nn.Module):
+    def __init__(self, c: GraniteHybridConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        )
+        self.scale = c.attention_multiplier  # Granite replaces 1/sqrt(head_dim) with a tuned multiplier
+        bias = c.attention_bias
+        self.q_proj = nn.Linear(c.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
+        ctx: StepContext,
+        ordinal: int,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        if cos_sin is not None:
+            q, k = RotaryEmbedding.apply(q, *cos_sin), RotaryEmbedding.apply(k, *cos_sin)
+        out = paged_attention(
+            q, k, v, ctx.buffers.k[ordinal], ctx.buffers.v[ordinal], ctx.out_locs, ctx.attn, self.scale
+        )
+        return self.o_proj(out.reshape(tokens, -1))
+
+
+class GraniteDecoderLayer(nn.Module):
+    def __init__(self, c: GraniteHybridConfig, kind: str, ordinal: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.ordinal = ordinal
+        self.residual_multiplier = c.residual_multiplier
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
+        if kind == "linear_attention":
+            self.mamba = Mamba2Mixer(
+                c.hidden_size,
+                c.mamba_n_heads,
+                c.mamba_d_head,
+                c.mamba_d_state,
+                c.mamba_n_groups,
+                c.mamba_d_conv,
+                c.mamba_chunk_size,
+                c.dt_min,
+                c.rms_norm_eps,
+                c.mamba_proj_bias,
+                c.mamba_conv_bias,
+            )
+        else:
+            self.self_attn = GraniteAttention(c)
+        self.block_sparse_moe = (
+            GraniteMoE(c.hidden_size, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size)
+            if c.num_local_experts > 0
+            else None
+        )
+        self.shared_mlp = SharedMLP(c.hidden_size, c.shared_intermediate_size)
+
+    def forward(
+        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor] | None, ctx: StepContext
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            h = self.mamba(
+                h, ctx.buffers.conv[self.ordinal], ctx.buffers.ssm[self.ordinal], ctx.packing, ctx.state_slots
+            )
+        else:
+            h = self.self_attn(h, cos_sin, ctx, self.ordinal)
+        x = x + h * self.residual_multiplier
+        h = self.post_attention_layernorm(x)
+        out = self.shared_mlp(h)
+        if self.block_sparse_moe is not None:
+            out = self.block_sparse_moe(h) + out
+        return x + out * self.residual_multiplier
+
+
+class GraniteBody(nn.Module):
+    def __init__(self, c: GraniteHybridConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        ordinals = {"linear_attention": 0, "full_attention": 0}
+        layers = []
+        for kind in c.layer_types:
+            layers.append(GraniteDecoderLayer(c, kind, ordinals[kind]))
+            ordinals[kind] += 1
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
+
+
+class GraniteHybridForCausalLM(HybridModel):
+    def __init__(self, config: GraniteHybridConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = GraniteBody(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.head_dim, config.rope_theta)
+
+    def layout(self) -> ModelLayout:
+        c = self.config
+        conv_dim = c.mamba_n_heads * c.mamba_d_head + 2 * c.mamba_n_groups * c.mamba_d_state
+        return ModelLayout(
+            num_layers=len(c.layer_types),
+            attn_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention"),
+            linear_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "linear_attention"),
+            num_kv_heads=c.num_key_value_heads,
+            head_dim=c.head_dim,
+            v_head_dim=c.head_dim,
+            conv_state_shape=(conv_dim, c.mamba_d_conv - 1),
+            ssm_state_shape=(c.mamba_n_heads, c.mamba_d_head, c.mamba_d_state),
+            vocab_size=c.vocab_size,
+        )
+
+    def checkpoint_aliases(self) -> dict[str, str]:
+        return {"lm_head.weight": "model.embed_tokens.weight"} if self.config.tie_word_embeddings else {}
+
+    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
+        device = self.lm_head.weight.device
+        ctx = StepContext.build(batch, buffers, device)
+        x = self.model.embed_tokens(batch.input_ids.to(device)) * self.config.embedding_multiplier
+        cos_sin = self.rotary.cos_sin(ctx.positions, x.dtype) if self.config.use_rope else None
+        for layer in self.model.layers:
+            x = layer(x, cos_sin, ctx)
+        rows = ctx.logit_rows()
+        if rows is not None:
+            x = x[rows]
+        return (self.lm_head(self.model.norm(x)) / self.config.logits_scaling).float()
