@@ -174,6 +174,14 @@ async def metrics(request: Request) -> Response:
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+async def internal_error(request: Request, exc: Exception) -> Response:
+    # A bug, not bad input: the traceback goes to the log, the client gets JSON (never the traceback).
+    logger.error("Internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        {"error": {"message": f"Internal server error ({type(exc).__name__})"}}, status_code=500
+    )
+
+
 def build_app(ctx: ServerContext, warmup: Any = None) -> ASGIApp:
     """The ASGI app; `warmup` (an async callable) runs once the server listens, then the server is ready."""
     routes = [
@@ -200,7 +208,7 @@ def build_app(ctx: ServerContext, warmup: Any = None) -> ASGIApp:
             if task is not None:
                 task.cancel()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: internal_error})
     app.state.ctx = ctx
     if ctx.args.api_key:
         return ApiKeyMiddleware(app, ctx.args.api_key)
