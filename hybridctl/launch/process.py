@@ -138,22 +138,34 @@ def wait_ready(
     log_path: Path,
     timeout_s: float,
     on_progress: ProgressFn | None = None,
+    ready_line_grace_s: float = 120.0,
 ) -> StartupInfo:
-    """Block until `command` answers /health with 200; StartupFailed if it exits or the time runs out."""
+    """Block until `command` answers /health with 200 and logged the ready line.
+
+    Raises StartupFailed when it exits or the time runs out.
+
+    SGLang can answer /health before its warm-up request finished and it printed the ready line; the router
+    prints no such line, and a server that never prints it is accepted `ready_line_grace_s` after /health.
+    """
     started = time.monotonic()
+    healthy_since: float | None = None
     while True:
-        waited = time.monotonic() - started
+        now = time.monotonic()
         if proc.poll() is not None:
-            raise StartupFailed(command.role, f"exited with code {proc.returncode} during start-up", log_path,
-                                _tail(log_path))  # fmt: skip
-        if _healthy(command.url):
-            return parse_startup_text(log_path.read_text(errors="replace"))
-        if waited > timeout_s:
+            reason = f"exited with code {proc.returncode} during start-up"
+            raise StartupFailed(command.role, reason, log_path, _tail(log_path))
+        if healthy_since is None and _healthy(command.url):
+            healthy_since = now
+        if healthy_since is not None:
+            info = parse_startup_text(log_path.read_text(errors="replace"))
+            if info.ready or command.role == "router" or now - healthy_since > ready_line_grace_s:
+                return info
+        if now - started > timeout_s:
             reason = f"was not healthy at {command.url} after {timeout_s:.0f}s"
             raise StartupFailed(command.role, reason, log_path, _tail(log_path))
         if on_progress is not None:
             tail = _tail(log_path, 1)
-            on_progress(command.role, waited, tail[-1] if tail else "")
+            on_progress(command.role, now - started, tail[-1] if tail else "")
         time.sleep(0.5)
 
 

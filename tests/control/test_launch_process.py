@@ -44,6 +44,12 @@ class Health(BaseHTTPRequestHandler):
 
 
 server = HTTPServer(("127.0.0.1", port), Health)
+if mode == "late-ready":  # healthy at once, warm-up done (ready line) 2 s later, like SGLang can be
+    import threading, time
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    time.sleep(2.0)
+    print("The server is fired up and ready to roll!", flush=True)
+    threading.Event().wait()
 print("The server is fired up and ready to roll!", flush=True)
 server.serve_forever()
 """
@@ -150,3 +156,15 @@ def test_a_missing_engine_package_is_refused_before_anything_starts(tmp_path: Pa
     with pytest.raises(LaunchError, match="hybridctl_no_such_engine is not installed .*--engine builtin"):
         start_server(tmp_path / "config.toml", plan=LaunchPlan("sglang", "test", [command]))
     assert not (tmp_path / "hybridctl-server.log").exists()
+
+
+def test_readiness_waits_for_the_ready_line_after_health(tmp_path: Path) -> None:
+    import time
+
+    started = time.monotonic()
+    with start_server(
+        tmp_path / "config.toml", plan=_plan(tmp_path, "late-ready"), startup_timeout_s=60
+    ) as handle:
+        assert handle.startup["server"].ready
+        assert time.monotonic() - started >= 2.0
+    assert not handle.alive()
