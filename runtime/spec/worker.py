@@ -92,7 +92,7 @@ class SpecDecoder:
             ids += [req.output_ids[-1], *d]
             positions += range(start, start + width)
             out_locs += new
-            kv_locs.append(torch.tensor(cache.token_slots(mem, start) + new, dtype=torch.int64))
+            kv_locs.append(torch.cat([cache.token_slots(mem, start), torch.tensor(new, dtype=torch.int64)]))
         fb = ForwardBatch(
             mode="extend",
             input_ids=torch.tensor(ids, dtype=torch.int64),
