@@ -79,7 +79,7 @@ class CacheManager:
 
     @property
     def available_slots(self) -> int:
-        return self.state_pool.num_free + self.tree.cached_states
+        return self.state_pool.num_free + self.tree.evictable_states
 
     # -- allocation with eviction ----------------------------------------------------------------------------
 
@@ -117,7 +117,8 @@ class CacheManager:
         if match is not None:
             self.tree.lock(match.node)
         new_pages = need_pages - (len(match.pages) if match else 0)
-        if new_pages > self.available_pages or self.available_slots < 1:
+        # A hit always yields a slot: a copy, or (nothing free) the cached state itself.
+        if new_pages > self.available_pages or (match is None and self.available_slots < 1):
             if match is not None:
                 self.tree.unlock(match.node)
             return Admission(False), None

@@ -190,6 +190,14 @@ class RadixCache:
     def evictable_pages(self) -> int:
         return self.cached_pages - self.locked_pages
 
+    @property
+    def evictable_states(self) -> int:
+        """States `evict_states` can free: all of them with dual LRU; else only those on unlocked nodes,
+        because a single LRU frees states only by evicting their KV."""
+        if self.dual_lru:
+            return self.cached_states
+        return sum(1 for n in self._iter_nodes() if n.state_slot is not None and n.lock_ref == 0)
+
     def _iter_nodes(self) -> list[RadixNode]:
         out, stack = [], [self.root]
         while stack:

@@ -141,7 +141,7 @@ def test_flush_is_refused_while_requests_run(model_dir: Path) -> None:
 _cores: dict[str, EngineCore] = {}
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     ops=st.lists(
         st.one_of(
@@ -152,16 +152,20 @@ _cores: dict[str, EngineCore] = {}
         min_size=1,
         max_size=25,
     ),
-    dual_lru=st.booleans(),
+    setting=st.sampled_from(
+        [(True, True, 1), (False, True, 1), (True, False, 1), (True, True, 4), (False, False, 2)]
+    ),
 )
 def test_accounting_invariants_after_random_workloads_with_aborts(
-    model_dir: Path, ops: list[tuple], dual_lru: bool
+    model_dir: Path, ops: list[tuple], setting: tuple[bool, bool, int]
 ) -> None:
-    key = f"dual={dual_lru}"
+    dual_lru, copy_on_write, page_size = setting
+    key = str(setting)
     if key not in _cores:  # a small pool, so eviction and waiting happen; one engine per setting
         _cores[key] = make_core(
             model_dir, max_total_tokens=192, max_mamba_cache_size=10, mamba_track_interval=4,
-            chunked_prefill_size=16, dual_lru_eviction=dual_lru,
+            chunked_prefill_size=16, dual_lru_eviction=dual_lru, state_copy_on_write=copy_on_write,
+            page_size=page_size,
         )  # fmt: skip
     core = _cores[key]
     prefixes = [[1] * 24, [2, 3] * 10, [9] * 4, []]
