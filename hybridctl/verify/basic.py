@@ -49,6 +49,9 @@ def expected_server_args(config: HybridConfig) -> dict[str, Any]:
 # Limits the server may lower while resolving its arguments (SGLang caps max_running_requests by what the
 # state pool holds): a smaller value is the server being honest about capacity, not another config.
 CAPPED_KEYS = frozenset({"max_running_requests"})
+# Keys a server may leave unset (None) and derive at run time, as SGLang's None means "derive it".
+DERIVED_KEYS = frozenset({"max_running_requests", "chunked_prefill_size", "speculative_num_steps",
+                          "speculative_eagle_topk"})  # fmt: skip
 _NO_SPEC = (None, "", "none", "None", "NONE")
 
 
@@ -62,6 +65,11 @@ def compare_server_args(server_info: dict[str, Any], expected: dict[str, Any]) -
             continue  # off in the config, and the server reports none (or does not report the key at all)
         if key not in server_info:
             notes.append(f"/server_info does not report {key}; not compared")
+            continue
+        if key in DERIVED_KEYS and got is None:
+            notes.append(
+                f"/server_info leaves {key} unset (derived at run time); the config asks for {want!r}"
+            )
             continue
         if key in CAPPED_KEYS and isinstance(got, int) and isinstance(want, int) and got < want:
             notes.append(

@@ -97,14 +97,39 @@ def judge_spec(
     return reasons, measured
 
 
-def _metrics_accept(before: MetricsSnapshot | None, after: MetricsSnapshot | None) -> float | None:
+def _internal_total(server_info: dict[str, Any], key: str) -> float | None:
+    states = [s for s in server_info.get("internal_states") or [] if isinstance(s, dict)]
+    values = [float(s[key]) for s in states if isinstance(s.get(key), int | float)]
+    return sum(values) if values else None
+
+
+def server_accept_length(
+    metrics: tuple[MetricsSnapshot | None, MetricsSnapshot | None],
+    info: tuple[dict[str, Any], dict[str, Any]],
+) -> tuple[float | None, str | None]:
+    """Server-side accept length over the check's requests: Δ generation tokens / Δ verify calls, and the
+    source.
+
+    Verify calls come from `/metrics` (sglang:spec_verify_calls_total) or, when the server does not export
+    that
+    counter, from `/server_info` internal_states' spec_verify_calls_total before/after.
+    """
+    before, after = metrics
     if before is None or after is None:
-        return None
+        return None, None
     tokens = counter_delta(before, after, "sglang:generation_tokens_total")
     verifies = counter_delta(before, after, "sglang:spec_verify_calls_total")
+    source = "/metrics"
+    if not verifies:
+        start, end = (
+            _internal_total(info[0], "spec_verify_calls_total"),
+            _internal_total(info[1], "spec_verify_calls_total"),
+        )
+        verifies = None if start is None or end is None else end - start
+        source = "/metrics generation tokens, /server_info verify calls"
     if not tokens or not verifies:
-        return None
-    return tokens / verifies
+        return None, None
+    return tokens / verifies, source
 
 
 def run_spec(
@@ -123,9 +148,19 @@ def run_spec(
             return CheckResult("spec", "failed", reason, [reason])
         reason = "skipped: the server runs without speculative decoding (no speculative_algorithm)"
         return CheckResult("spec", "skipped", reason, [reason])
+    notes: list[str] = []
     steps = info_before.get("speculative_num_steps")
     if not isinstance(steps, int):
         steps = configured.speculative_num_steps if configured is not None else None
+        if steps is None:
+            notes.append(
+                "/server_info reports no resolved speculative_num_steps (SGLang does): the ceiling steps + 1 "
+                "was not checked; pass --config to take steps from config.toml"
+            )
+        else:
+            notes.append(
+                f"/server_info reports no resolved speculative_num_steps: steps {steps} from config.toml"
+            )
     metrics_before = client.metrics()
     per_request: list[tuple[int, int]] = []
     for i in range(opts.requests):
@@ -136,16 +171,21 @@ def run_spec(
         )
     metrics_after = client.metrics()
     info_after = client.server_info()
+    server_accept, source = server_accept_length((metrics_before, metrics_after), (info_before, info_after))
     reasons, measured = judge_spec(
-        per_request,
-        algorithm=str(algorithm),
-        steps=steps,
-        metrics_accept=_metrics_accept(metrics_before, metrics_after),
-        options=opts,
+        per_request, algorithm=str(algorithm), steps=steps, metrics_accept=server_accept, options=opts
     )
+    measured["server_accept_length_source"] = source
     measured["server_avg_accept_length_before"] = _avg_accept(info_before)
     measured["server_avg_accept_length_after"] = _avg_accept(info_after)
+    if server_accept is None:
+        notes.append("no server-side accept length: /metrics is off or lacks the spec counters")
     if reasons:
-        return CheckResult("spec", "failed", reasons[0], reasons, [], measured)
-    summary = f"{algorithm}: accept length {measured['accept_length']} of at most {measured['ceiling']}"
-    return CheckResult("spec", "passed", summary, [], [], measured)
+        return CheckResult("spec", "failed", reasons[0], reasons, notes, measured)
+    ceiling = measured["ceiling"]
+    summary = f"{algorithm}: accept length {measured['accept_length']}" + (
+        f" of at most {ceiling}" if ceiling is not None else ""
+    )
+    if server_accept is not None:
+        summary += f" (server: {server_accept:.2f})"
+    return CheckResult("spec", "passed", summary, [], notes, measured)

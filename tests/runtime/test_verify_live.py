@@ -128,3 +128,42 @@ def test_dead_port_exits_2_with_a_clear_message() -> None:
         "error": json.loads(proc.stdout)["error"],
         "checks": [],
     }
+
+
+def _spec_config(path: Path, port: int, model_dir: Path) -> Path:
+    path.write_text(
+        f'[server]\nhost = "127.0.0.1"\nport = {port}\nmodel_path = "{model_dir}"\nengine = "builtin"\n'
+        f'[speculative]\nspeculative_algorithm = "STANDALONE"\nspeculative_num_steps = 3\n'
+        f'speculative_num_draft_tokens = 4\nspeculative_draft_model_path = "{model_dir}"\n'
+    )
+    return path
+
+
+def test_spec_configured_but_server_without_spec_fails(runtime_server: RunningServer, demo_model_dir: Path,
+                                                       tmp_path: Path) -> None:  # fmt: skip
+    config = _spec_config(tmp_path / "config.toml", runtime_server.port, demo_model_dir)
+    proc = hybridctl("verify", "spec", "--config", str(config), "--json")
+    report = as_json(proc)
+    assert proc.returncode == 1 and check(report, "spec")["status"] == "failed"
+    assert "runs without speculative decoding" in check(report, "spec")["reasons"][0]
+
+
+def test_spec_accept_length_with_the_target_as_its_own_draft(demo_model_dir: Path, tmp_path: Path) -> None:
+    # A draft identical to the target proposes exactly what greedy decoding picks: every draft is accepted, so
+    # the accept length sits at the ceiling steps + 1 = 4 (a little under if a request stops mid-round).
+    flags = ("--enable-metrics", "--speculative-algorithm", "STANDALONE",
+             "--speculative-draft-model-path", str(demo_model_dir))  # fmt: skip
+    with start_runtime_server(demo_model_dir, *flags) as server:
+        config = _spec_config(tmp_path / "config.toml", server.port, demo_model_dir)
+        proc = hybridctl("verify", "spec", "--config", str(config), "--json", "--spec-requests", "2")
+        report = as_json(proc)
+        assert proc.returncode == 0, json.dumps(report, indent=1)
+        m = check(report, "spec")["measurements"]
+        assert m["algorithm"] == "STANDALONE" and m["ceiling"] == 4
+        assert 3.0 <= m["accept_length"] <= 4.0
+        assert (
+            m["metrics_accept_length"] is not None
+            and abs(m["metrics_accept_length"] - m["accept_length"]) < 0.4
+        )
+        proc = hybridctl("verify", "basic", "--config", str(config), "--json")
+        assert proc.returncode == 0, proc.stdout
