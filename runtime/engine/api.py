@@ -72,6 +72,7 @@ class RequestOutput:
     # Speculative decoding (0 while off): verify rounds so far; accept length = completion_tokens / this.
     spec_verify_ct: int = 0
     spec_num_correct_drafts: int = 0  # drafts accepted so far (SGLang's spec_accept_rate numerator)
+    spec_num_proposed_drafts: int = 0  # drafts verified so far (its denominator)
 
 
 @dataclass

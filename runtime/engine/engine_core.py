@@ -180,6 +180,14 @@ class EngineCore:
             chunked_prefill_size=self.scheduler.config.chunked_prefill_size,
             max_prefill_tokens=self.max_prefill_tokens,
         )
+        if self.spec is not None:  # as SGLang's server_args after its speculative auto-choices
+            c = self.spec.config
+            out.update(
+                speculative_algorithm=c.algorithm,
+                speculative_num_steps=c.num_steps,
+                speculative_num_draft_tokens=c.num_draft_tokens,
+                speculative_eagle_topk=1,
+            )
         return out
 
     def log_state_stats(self) -> None:

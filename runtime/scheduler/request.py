@@ -32,6 +32,7 @@ class Req:
     prefix_hint: int = 0  # lpm: cached-prefix length seen at the last queue ordering
     spec_verify_ct: int = 0  # speculative verify rounds this request took part in
     spec_correct_drafts: int = 0
+    spec_proposed_drafts: int = 0
 
     @property
     def all_ids(self) -> list[int]:
@@ -57,6 +58,7 @@ class Req:
             new_token_logprobs=self.pending_logprobs if self.return_logprob else None,
             spec_verify_ct=self.spec_verify_ct,
             spec_num_correct_drafts=self.spec_correct_drafts,
+            spec_num_proposed_drafts=self.spec_proposed_drafts,
         )
         self.pending_ids, self.pending_logprobs = [], []
         return out

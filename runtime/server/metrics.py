@@ -104,8 +104,13 @@ def render_metrics(stats: EngineStats, timings: RequestTimings, model_name: str)
         ),
         (
             "spec_accept_length",
-            "The average acceptance length of speculative decoding.",
-            stats.avg_spec_accept_length,
+            "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward).",
+            stats.spec_accept_length,
+        ),
+        (
+            "spec_accept_rate",
+            "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
+            stats.spec_accept_rate,
         ),
     ]
     lines: list[str] = []
@@ -117,6 +122,11 @@ def render_metrics(stats: EngineStats, timings: RequestTimings, model_name: str)
         ("generation_tokens_total", "Number of generation tokens processed.", stats.generation_tokens_total),
         ("num_requests_total", "Number of requests processed.", stats.num_requests_total),
         ("num_aborted_requests_total", "Number of requests aborted.", stats.num_requests_aborted),
+        (
+            "spec_verify_calls_total",
+            "Number of speculative decoding verification calls.",
+            stats.spec_verify_calls_total,
+        ),
     ]
     for short, doc, value in counters:
         name = f"sglang:{short}"

@@ -24,6 +24,8 @@ class RequestState:
     completion_tokens: int = 0
     cached_tokens: int = 0
     spec_verify_ct: int = 0
+    spec_num_correct_drafts: int = 0
+    spec_num_proposed_drafts: int = 0
     output_logprobs: list[float] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # arrival time of each output chunk with tokens
     _detok: IncrementalDetokenizer | None = None
@@ -53,6 +55,8 @@ class RequestState:
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens
         self.spec_verify_ct = out.spec_verify_ct
+        self.spec_num_correct_drafts = out.spec_num_correct_drafts
+        self.spec_num_proposed_drafts = out.spec_num_proposed_drafts
         if out.finished:
             self.finished_time = now
             self.finish_reason = out.finish_reason or {
@@ -99,9 +103,13 @@ class RequestState:
             # SGLang's [logprob, token_id, text] triples; text would need return_text_in_logprobs.
             pairs = zip(self.output_logprobs, self.output_ids, strict=False)
             meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in pairs]
-        if self.spec_verify_ct > 0:
-            meta["spec_verify_ct"] = self.spec_verify_ct
+        if self.spec_verify_ct > 0 and self.spec_num_proposed_drafts > 0:
+            # As SGLang's _calculate_spec_decoding_metrics: rate without, length with the bonus token.
+            meta["spec_accept_rate"] = self.spec_num_correct_drafts / self.spec_num_proposed_drafts
             meta["spec_accept_length"] = self.completion_tokens / self.spec_verify_ct
+            meta["spec_num_correct_drafts"] = self.spec_num_correct_drafts
+            meta["spec_num_proposed_drafts"] = self.spec_num_proposed_drafts
+            meta["spec_verify_ct"] = self.spec_verify_ct
         if self.finished:
             meta["e2e_latency"] = self.e2e_latency
         return meta

@@ -131,6 +131,7 @@ class SpecDecoder:
             round_tokens += m
             req.spec_verify_ct += 1
             req.spec_correct_drafts += min(result.accepted_drafts, m)
+            req.spec_proposed_drafts += width - 1
             sched.counters.generation_tokens_total += m
             self.counters.verify_calls += 1
             self.counters.emitted_tokens += m
