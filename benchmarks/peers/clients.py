@@ -1,0 +1,165 @@
+"""One streaming greedy request against each engine's own HTTP API, timed the same way for all.
+
+Every engine gets token ids (no tokenizer in the measured path), greedy decoding and ignore-EOS, and is read
+as a stream so the time to the first token is when the first chunk carrying a token arrives:
+
+- runtime (SGLang 0.5.23 API): `POST /generate` with `input_ids`; chunks carry cumulative `output_ids`;
+  `meta_info.cached_tokens` says how much of the prompt the prefix cache served.
+- llama.cpp: `POST /completion` with `prompt` as ids, `cache_prompt`, `return_tokens`; the last chunk's
+  `timings.cache_n` is its prefix-cache hit.
+- vLLM: `POST /v1/completions` with `prompt` as ids, `return_token_ids`; usage's
+  `prompt_tokens_details.cached_tokens` (with `--enable-prompt-tokens-details`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=600.0)
+
+
+@dataclass
+class RequestResult:
+    ttft_s: float
+    e2e_s: float
+    output_ids: list[int]
+    cached_tokens: int | None = None  # None: the engine does not say
+    chunk_times: list[float] = field(default_factory=list)
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens after the first, per second after the first (the decode rate a single user sees)."""
+        n = len(self.output_ids)
+        return (n - 1) / (self.e2e_s - self.ttft_s) if n > 1 and self.e2e_s > self.ttft_s else 0.0
+
+
+class EngineClient(Protocol):
+    name: str
+
+    async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult: ...
+
+
+class EngineRequestError(RuntimeError):
+    pass
+
+
+async def _sse(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async with http.stream("POST", url, json=body, timeout=TIMEOUT) as resp:
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")[:500]
+            raise EngineRequestError(f"POST {url} -> {resp.status_code}: {text}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                return
+            yield json.loads(payload)
+
+
+@dataclass
+class _Timer:
+    start: float = field(default_factory=time.perf_counter)
+    first: float | None = None
+    chunks: list[float] = field(default_factory=list)
+
+    def tokens_arrived(self) -> None:
+        now = time.perf_counter() - self.start
+        self.chunks.append(now)
+        if self.first is None:
+            self.first = now
+
+    def result(self, ids: list[int], cached: int | None) -> RequestResult:
+        e2e = time.perf_counter() - self.start
+        if self.first is None:
+            raise EngineRequestError("the stream ended without a single token")
+        return RequestResult(self.first, e2e, ids, cached, self.chunks)
+
+
+@dataclass
+class RuntimeClient:
+    url: str
+    name: str = "runtime"
+
+    async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult:
+        body = {
+            "input_ids": ids,
+            "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True},
+        }
+        timer, out, cached = _Timer(), [], None
+        async for chunk in _sse(http, self.url + "/generate", body):
+            new = chunk.get("output_ids") or []
+            if len(new) > len(out):
+                timer.tokens_arrived()
+                out = list(new)
+            meta = chunk.get("meta_info") or {}
+            if meta.get("finish_reason"):
+                cached = meta.get("cached_tokens")
+        return timer.result(out, cached)
+
+
+@dataclass
+class LlamaCppClient:
+    url: str
+    name: str = "llama.cpp"
+
+    async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult:
+        # temperature 0 is llama.cpp's greedy path; the sampler chain is pinned to top_k=1 so no sampler
+        # can reorder candidates.
+        body = {
+            "prompt": ids,
+            "n_predict": max_new,
+            "temperature": 0.0,
+            "top_k": 1,
+            "samplers": ["top_k"],
+            "ignore_eos": True,
+            "cache_prompt": True,
+            "stream": True,
+            "return_tokens": True,
+        }
+        timer, out, cached = _Timer(), [], None
+        async for chunk in _sse(http, self.url + "/completion", body):
+            tokens = chunk.get("tokens") or []
+            if tokens:
+                timer.tokens_arrived()
+                out.extend(tokens)
+            if chunk.get("stop"):
+                cached = (chunk.get("timings") or {}).get("cache_n")
+        return timer.result(out, cached)
+
+
+@dataclass
+class VllmClient:
+    url: str
+    model: str
+    name: str = "vllm"
+
+    async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult:
+        body = {
+            "model": self.model,
+            "prompt": ids,
+            "max_tokens": max_new,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True},
+        }
+        timer, out, cached = _Timer(), [], None
+        async for chunk in _sse(http, self.url + "/v1/completions", body):
+            for choice in chunk.get("choices") or []:
+                tokens = choice.get("token_ids") or []
+                if tokens:
+                    timer.tokens_arrived()
+                    out.extend(tokens)
+            usage = chunk.get("usage")
+            if usage:
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return timer.result(out, cached)

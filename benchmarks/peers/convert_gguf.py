@@ -1,0 +1,56 @@
+"""Convert the benchmark's HF model directory to GGUF with llama.cpp's own converter (f32, no MTP).
+
+    python benchmarks/peers/convert_gguf.py MODEL_DIR OUT.gguf
+
+The converter refuses a BPE tokenizer whose pre-tokenizer hash it does not know. The demo model's tokenizer is
+a byte-level BPE with the GPT-2 split regex (tokenizers' ByteLevel pre-tokenizer), which llama.cpp calls
+`gpt-2`; this wrapper answers `gpt-2` only when the converter's own table has no entry, at run time, so the
+vendored source stays as shipped.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from setup_llamacpp import CONVERTER, GGUF_PY, SRC
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: convert_gguf.py MODEL_DIR OUT.gguf", file=sys.stderr)
+        return 2
+    model_dir, out = Path(argv[0]), Path(argv[1])
+    if not CONVERTER.is_file():
+        print(f"error: {CONVERTER} missing; run python benchmarks/peers/setup_llamacpp.py", file=sys.stderr)
+        return 2
+    sys.path[:0] = [str(SRC), str(GGUF_PY)]
+    import convert_hf_to_gguf
+    from conversion.base import TextModel
+
+    original = TextModel.get_vocab_base_pre
+
+    def vocab_base_pre(self: TextModel, tokenizer: object) -> str:
+        try:
+            return original(self, tokenizer)
+        except NotImplementedError:
+            return "gpt-2"
+
+    TextModel.get_vocab_base_pre = vocab_base_pre  # type: ignore[method-assign]
+    tmp = out.with_name(out.name + ".partial")
+    sys.argv = [
+        "convert_hf_to_gguf.py",
+        str(model_dir),
+        "--outfile",
+        str(tmp),
+        "--outtype",
+        "f32",
+        "--no-mtp",
+    ]
+    convert_hf_to_gguf.main()
+    tmp.replace(out)  # a converter crash never leaves a file run.py would take for a finished one
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

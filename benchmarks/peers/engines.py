@@ -1,0 +1,239 @@
+"""How each engine is started on loopback, in the fastest configuration that keeps its outputs correct.
+
+Each `*_launch` returns a `Launch` (command, environment, client, a one-line description of the configuration)
+or raises `Unavailable` with the reason and the command that sets the engine up. Nothing here measures.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from clients import EngineClient, LlamaCppClient, RuntimeClient, VllmClient
+from setup_llamacpp import SERVER_BIN, WORK
+from setup_vllm import PYTHON as VLLM_PYTHON
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVED_NAME = "peer-model"
+
+
+class Unavailable(Exception):
+    def __init__(self, reason: str, setup: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.setup = setup
+
+    def __str__(self) -> str:
+        return f"unavailable: {self.reason}" + (f" (set it up with: {self.setup})" if self.setup else "")
+
+
+@dataclass
+class Launch:
+    cmd: list[str]
+    client: EngineClient
+    config: str
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 300.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TOKENIZERS_PARALLELISM": "false"}
+
+
+def runtime_launch(model_dir: Path, threads: int, port: int) -> Launch:
+    # Defaults otherwise: radix cache on, SGLang's chunked prefill; greedy identity under both is tested.
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime",
+        "--model-path",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-threads",
+        str(threads),
+        "--memory-budget-gib",
+        "2",
+    ]
+    return Launch(
+        cmd,
+        RuntimeClient(f"http://127.0.0.1:{port}"),
+        f"fp32, radix cache on, --num-threads {threads}, --memory-budget-gib 2",
+    )
+
+
+def gguf_for(model_dir: Path) -> Path:
+    """The f32 GGUF of `model_dir`, converted once and reused while the safetensors file is unchanged."""
+    st = (model_dir / "model.safetensors").stat()
+    out = WORK / "gguf" / f"{model_dir.resolve().name}-{st.st_size}-{int(st.st_mtime)}.f32.gguf"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "convert_gguf.py"), str(model_dir), str(out)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0 or not out.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise Unavailable(f"GGUF conversion failed: {' | '.join(tail)}")
+    return out
+
+
+def llamacpp_launch(model_dir: Path, threads: int, port: int) -> Launch:
+    if not SERVER_BIN.is_file():
+        raise Unavailable(f"{SERVER_BIN} is not built", "python benchmarks/peers/setup_llamacpp.py")
+    gguf = gguf_for(model_dir)
+    # -np 8 slots share one unified KV buffer (-kvu), so a single 2048-token prompt fits while 8 run at once.
+    cmd = [
+        str(SERVER_BIN),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-c",
+        "16384",
+        "-np",
+        "8",
+        "-kvu",
+        "--no-webui",
+        "--cache-prompt",
+    ]
+    return Launch(
+        cmd,
+        LlamaCppClient(f"http://127.0.0.1:{port}"),
+        f"f32 GGUF, -t {threads} -c 16384 -np 8 -kvu, cache_prompt",
+    )
+
+
+def vllm_launch(model_dir: Path, threads: int, port: int) -> Launch:
+    if not VLLM_PYTHON.is_file():
+        raise Unavailable(
+            f"no vLLM venv at {VLLM_PYTHON.parent.parent}", "python benchmarks/peers/setup_vllm.py"
+        )
+    probe = subprocess.run([str(VLLM_PYTHON), "-c", "import vllm"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        raise Unavailable(
+            f"`import vllm` fails in its venv: {last}", "python benchmarks/peers/setup_vllm.py --force"
+        )
+    # bf16: vLLM's CPU Gated DeltaNet path supports no other dtype.
+    cmd = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "4096",
+        "--enable-prefix-caching",
+        "--max-num-batched-tokens",
+        "256",
+        "--prefix-cache-retention-interval",
+        "256",
+        "--max-num-seqs",
+        "8",
+        "--enable-prompt-tokens-details",
+        "--disable-log-stats",
+    ]
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+        "VLLM_TARGET_DEVICE": "cpu",
+    }
+    return Launch(
+        cmd,
+        VllmClient(f"http://127.0.0.1:{port}", SERVED_NAME),
+        "bf16, prefix caching (Mamba align mode), --prefix-cache-retention-interval 256, "
+        "--max-num-batched-tokens 256, KV 2 GiB",
+        env,
+        900.0,
+    )
+
+
+LAUNCHERS = {"runtime": runtime_launch, "llamacpp": llamacpp_launch, "vllm": vllm_launch}
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return "<no log>"
+
+
+def start(launch: Launch, log_path: Path, threads: int) -> Running:
+    """Start the engine and wait for /health = 200; raise Unavailable (with the log's tail) if it never is."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **thread_env(threads), "PYTHONUNBUFFERED": "1", **launch.env}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            launch.cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env, start_new_session=True
+        )
+    running = Running(proc, log_path)
+    url = launch.client.url + "/health"  # type: ignore[attr-defined]
+    deadline = time.monotonic() + launch.startup_timeout_s
+    with httpx.Client(timeout=5.0, trust_env=False) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise Unavailable(f"exited with code {proc.returncode} while starting: {running.log_tail()}")
+            try:
+                if http.get(url).status_code == 200:
+                    return running
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+    stop(running)
+    raise Unavailable(f"not healthy after {launch.startup_timeout_s:.0f}s: {running.log_tail()}")
+
+
+def stop(running: Running) -> None:
+    """SIGTERM the engine's own process group (vLLM forks workers), then SIGKILL what is left."""
+    proc = running.process
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group (worker processes)
+    except (ProcessLookupError, PermissionError):
+        pass

