@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--doc-len", type=int, default=2000)
     ap.add_argument("--total-len", type=int, default=2048)
+    ap.add_argument("--memory-budget-gib", type=float, default=1.0, help="pools are zero-filled")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model = a.model
@@ -62,13 +63,16 @@ def main() -> None:
     vocab = 4000
     q_len = a.total_len - a.doc_len
     print(f"model={model} doc={a.doc_len} total={a.total_len} threads={a.threads}")
-    off = EngineCore(EngineArgs(model_path=model, disable_radix_cache=True))
+    budget = a.memory_budget_gib
+    off = EngineCore(EngineArgs(model_path=model, disable_radix_cache=True, memory_budget_gib=budget))
     prompts = [[rng.randrange(vocab) for _ in range(a.total_len)] for _ in range(a.repeats)]
     times = [ttft(off, f"off{r}", p)[0] for r, p in enumerate(prompts)]
     print(f"cache off:     cold TTFT {statistics.median(times) * 1000:7.1f} ms (one forward, no checkpoints)")
     del off
     for interval in a.intervals:
-        core = EngineCore(EngineArgs(model_path=model, mamba_track_interval=interval))
+        core = EngineCore(
+            EngineArgs(model_path=model, mamba_track_interval=interval, memory_budget_gib=budget)
+        )
         colds, warms, cached = [], [], 0
         for r in range(a.repeats):
             doc = [rng.randrange(vocab) for _ in range(a.doc_len)]
@@ -84,6 +88,7 @@ def main() -> None:
             f"interval={interval:4d}  cold TTFT {c * 1000:7.1f} ms  warm TTFT {w * 1000:7.1f} ms  "
             f"warm/cold {w / c:.3f}  cached_tokens={cached}"
         )
+        del core  # one engine's pools at a time
 
 
 if __name__ == "__main__":
