@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.runtime.conftest import RunningServer, free_port, start_runtime_server
 
 SHORT = ["--doc-tokens", "512", "--trials", "3", "--warmup", "1"]
@@ -85,6 +87,7 @@ def test_verify_table_output_and_basic_with_config(runtime_server: RunningServer
     assert any("model_path" in r and "another model" in r for r in reasons), reasons
 
 
+@pytest.mark.slow
 def test_cache_off_fails_and_names_the_reason_and_api_key_comes_from_env(demo_model_dir: Path) -> None:
     with start_runtime_server(
         demo_model_dir, "--disable-radix-cache", "--api-key", "s3cret-test-key"
@@ -148,6 +151,7 @@ def test_spec_configured_but_server_without_spec_fails(runtime_server: RunningSe
     assert "runs without speculative decoding" in check(report, "spec")["reasons"][0]
 
 
+@pytest.mark.slow
 def test_spec_accept_length_with_the_target_as_its_own_draft(demo_model_dir: Path, tmp_path: Path) -> None:
     # A draft identical to the target proposes exactly what greedy decoding picks: every draft is accepted, so
     # the accept length sits at the ceiling steps + 1 = 4 (a little under if a request stops mid-round).
