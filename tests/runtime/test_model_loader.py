@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ from runtime.demo_model import build_demo_model
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.models import ModelLoadError, load_model
 from runtime.models.simple_runner import SimpleRunner
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    # These models are tiny: one intra-op thread is fastest, and it keeps a shared 2-core CI box responsive.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

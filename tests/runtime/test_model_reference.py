@@ -3,7 +3,7 @@ Granite-4.0-H), and vs itself under chunked prefill, packed extend and batched d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,16 @@ from runtime.engine.forward_batch import ModelLayout
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.models.simple_runner import SimpleRunner
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    # These models are tiny: one intra-op thread is fastest, and it keeps a shared 2-core CI box responsive.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 transformers = pytest.importorskip("transformers")
 
@@ -277,7 +287,7 @@ def test_chunked_prefill_equals_one_prefill(model: HybridModel) -> None:
     ).generate_greedy(0, prompt, 12)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cuts=st.lists(st.integers(min_value=1, max_value=89), min_size=1, max_size=4, unique=True))
 def test_any_chunking_gives_the_same_last_logits(model: HybridModel, cuts: list[int]) -> None:
     prompt = _prompt(90, 3)
@@ -340,13 +350,13 @@ def test_equal_length_packed_extend_equals_each_alone(model: HybridModel) -> Non
 
 def test_batched_decode_equals_each_alone(model: HybridModel) -> None:
     prompts = {0: _prompt(9, 7), 1: _prompt(66, 8), 2: _prompt(30, 9)}
-    expected = {sid: SimpleRunner(model).generate_greedy(sid, p, 20) for sid, p in prompts.items()}
+    expected = {sid: SimpleRunner(model).generate_greedy(sid, p, 12) for sid, p in prompts.items()}
     runner = SimpleRunner(model)
     tokens: dict[int, list[int]] = {}
     for sid, p in prompts.items():
         runner.add(sid)
         tokens[sid] = [int(runner.extend({sid: p})[-1].argmax())]
-    for _ in range(19):
+    for _ in range(11):
         logits = runner.extend({sid: [t[-1]] for sid, t in tokens.items()})
         assert logits.shape == (3, VOCAB)
         for row, sid in enumerate(tokens):
