@@ -26,6 +26,13 @@ _LAYER_NAMES = {
 }
 
 
+def _json_float(value: object) -> float:
+    """transformers writes infinity into config.json as {"__float__": "Infinity"}."""
+    if isinstance(value, dict):
+        value = value.get("__float__")
+    return float(value)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class GraniteHybridConfig:
     vocab_size: int
@@ -54,7 +61,7 @@ class GraniteHybridConfig:
     mamba_chunk_size: int
     mamba_conv_bias: bool
     mamba_proj_bias: bool
-    dt_min: float
+    dt_limit: tuple[float, float]
     tie_word_embeddings: bool
 
     @classmethod
@@ -79,7 +86,7 @@ class GraniteHybridConfig:
         if d_head in (None, "auto"):
             d_head = cfg.int("mamba_expand", 2) * hidden // mamba_heads
         theta, _ = cfg.rope()
-        limit = cfg.data.get("time_step_limit") or (0.0, None)
+        limit = cfg.data.get("time_step_limit") or (0.0, float("inf"))
         return cls(
             vocab_size=cfg.int("vocab_size"),
             hidden_size=hidden,
@@ -107,7 +114,7 @@ class GraniteHybridConfig:
             mamba_chunk_size=cfg.int("mamba_chunk_size", 256),
             mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
             mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-            dt_min=float(limit[0] or 0.0),
+            dt_limit=(_json_float(limit[0]), _json_float(limit[1])),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         )
 
@@ -220,7 +227,7 @@ class GraniteDecoderLayer(nn.Module):
                 c.mamba_n_groups,
                 c.mamba_d_conv,
                 c.mamba_chunk_size,
-                c.dt_min,
+                c.dt_limit,
                 c.rms_norm_eps,
                 c.mamba_proj_bias,
                 c.mamba_conv_bias,

@@ -162,7 +162,7 @@ class NemotronHBlock(nn.Module):
                 c.n_groups,
                 c.conv_kernel,
                 c.chunk_size,
-                c.time_step_min,
+                (c.time_step_min, float("inf")),
                 c.layer_norm_epsilon,
                 c.use_bias,
                 c.use_conv_bias,

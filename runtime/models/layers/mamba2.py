@@ -22,7 +22,7 @@ class Mamba2Mixer(nn.Module):
         n_groups: int,
         conv_kernel: int,
         chunk_size: int,
-        dt_min: float,
+        dt_limit: tuple[float, float],
         eps: float,
         use_bias: bool,
         use_conv_bias: bool,
@@ -37,9 +37,8 @@ class Mamba2Mixer(nn.Module):
         self.intermediate = num_heads * head_dim
         self.conv_dim = self.intermediate + 2 * n_groups * state_size
         self.chunk_size = chunk_size
-        # transformers clamps dt from below at time_step_min; we do the same in both prefill and decode so the
-        # two paths agree.
-        self.dt_min = dt_min
+        # transformers clamps dt to the limit in prefill only; we clamp in decode too so the two paths agree.
+        self.dt_min, self.dt_max = dt_limit
         self.in_proj = nn.Linear(hidden, self.intermediate + self.conv_dim + num_heads, bias=use_bias)
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=use_conv_bias
@@ -70,7 +69,7 @@ class Mamba2Mixer(nn.Module):
         tokens = x.shape[0]
         gate, xbc, dt = self.in_proj(x).split([self.intermediate, self.conv_dim, self.num_heads], dim=-1)
         weight = self.conv1d.weight[:, 0, :]
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min)
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min, max=self.dt_max)
         a = -torch.exp(self.A_log.float())
         groups_n = self.n_groups * self.state_size
         if packing is None:
