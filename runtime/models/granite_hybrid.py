@@ -282,7 +282,7 @@ class GraniteHybridForCausalLM(HybridModel):
 
     def layout(self) -> ModelLayout:
         c = self.config
-        conv_dim = c.mamba_n_heads * c.mamba_d_head + 2 * c.mamba_n_groups * c.mamba_d_state
+        mixer = next(layer.mamba for layer in self.model.layers if layer.kind == "linear_attention")
         return ModelLayout(
             num_layers=len(c.layer_types),
             attn_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention"),
@@ -290,8 +290,8 @@ class GraniteHybridForCausalLM(HybridModel):
             num_kv_heads=c.num_key_value_heads,
             head_dim=c.head_dim,
             v_head_dim=c.head_dim,
-            conv_state_shape=(conv_dim, c.mamba_d_conv - 1),
-            ssm_state_shape=(c.mamba_n_heads, c.mamba_d_head, c.mamba_d_state),
+            conv_state_shape=mixer.conv_state_shape,
+            ssm_state_shape=mixer.ssm_state_shape,
             vocab_size=c.vocab_size,
         )
 

@@ -222,7 +222,7 @@ class NemotronHForCausalLM(HybridModel):
 
     def layout(self) -> ModelLayout:
         c = self.config
-        conv_dim = c.mamba_num_heads * c.mamba_head_dim + 2 * c.n_groups * c.ssm_state_size
+        mixer = next(block.mixer for block in self.backbone.layers if block.kind == "linear_attention")
         return ModelLayout(
             num_layers=len(c.layer_types),
             attn_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention"),
@@ -230,8 +230,8 @@ class NemotronHForCausalLM(HybridModel):
             num_kv_heads=c.num_key_value_heads,
             head_dim=c.head_dim,
             v_head_dim=c.head_dim,
-            conv_state_shape=(conv_dim, c.conv_kernel - 1),
-            ssm_state_shape=(c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size),
+            conv_state_shape=mixer.conv_state_shape,
+            ssm_state_shape=mixer.ssm_state_shape,
             vocab_size=c.vocab_size,
         )
 

@@ -220,8 +220,8 @@ class Qwen3NextForCausalLM(HybridModel):
         c = self.config
         attn = tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention")
         linear = tuple(i for i, t in enumerate(c.layer_types) if t == "linear_attention")
-        key_dim = c.linear_num_key_heads * c.linear_key_head_dim
-        conv_dim = 2 * key_dim + c.linear_num_value_heads * c.linear_value_head_dim
+        # State shapes come from the mixer itself: one definition for allocation and for use.
+        mixer = next(layer.linear_attn for layer in self.model.layers if layer.kind == "linear_attention")
         return ModelLayout(
             num_layers=c.num_hidden_layers,
             attn_layer_ids=attn,
@@ -229,8 +229,8 @@ class Qwen3NextForCausalLM(HybridModel):
             num_kv_heads=c.num_key_value_heads,
             head_dim=c.head_dim,
             v_head_dim=c.head_dim,
-            conv_state_shape=(conv_dim, c.linear_conv_kernel_dim - 1),
-            ssm_state_shape=(c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim),
+            conv_state_shape=mixer.conv_state_shape,
+            ssm_state_shape=mixer.ssm_state_shape,
             vocab_size=c.vocab_size,
         )
 

@@ -164,7 +164,7 @@ ARCHS: dict[str, tuple[Callable[[], torch.nn.Module], ModelLayout]] = {
             head_dim=32,
             v_head_dim=32,
             conv_state_shape=(2 * 2 * 16 + 4 * 24, 3),
-            ssm_state_shape=(4, 16, 24),
+            ssm_state_shape=(4, 24, 16),
             vocab_size=VOCAB,
         ),
     ),
@@ -236,6 +236,24 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 def test_layout_matches_config(checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel) -> None:
     assert model.layout() == ARCHS[checkpoint[0]][1]
+
+
+def test_layout_agrees_with_the_control_plane_spec(
+    checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel
+) -> None:
+    # The engine refuses to start when these disagree: pools are sized by the spec, allocated by the layout.
+    from hybridctl.model.spec import load_model_spec
+
+    spec = load_model_spec(checkpoint[1])
+    layout = model.layout()
+    assert (layout.attn_layer_ids, layout.linear_layer_ids) == (spec.attn_layer_ids, spec.linear_layer_ids)
+    assert tuple(layout.conv_state_shape) == tuple(spec.conv_state_shape)
+    assert tuple(layout.ssm_state_shape) == tuple(spec.ssm_state_shape)
+    assert (layout.num_kv_heads, layout.head_dim, layout.v_head_dim) == (
+        spec.num_kv_heads_per_rank,
+        spec.head_dim,
+        spec.v_head_dim,
+    )
 
 
 def test_prefill_logits_match_transformers(

@@ -24,7 +24,8 @@ def chunk_gated_delta_rule(
     initial_state: torch.Tensor,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k: [B, L, H, Dk] (already l2-normalized, heads expanded to H); v: [B, L, H, Dv]; g, beta: [B, L, H].
+    """q, k: [B, L, H, Dk] (already l2-normalized, heads expanded to H); v: [B, L, H, Dv]; g, beta: [B, L, H];
+    initial_state: [B, H, Dk, Dv].
 
     Padded steps must carry g = 0 and beta = 0: they then neither decay nor write the state.
     Returns (out [B, L, H, Dv] fp32, final state [B, H, Dk, Dv] fp32).
@@ -71,15 +72,16 @@ def recurrent_gated_delta_step(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    state: torch.Tensor,
+    state_vk: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence. q, k: [B, H, Dk] (l2-normalized); v: [B, H, Dv]; g, beta: [B, H];
-    state: [B, H, Dk, Dv] fp32. Returns (out [B, H, Dv] fp32, new state)."""
+    state_vk: [B, H, Dv, Dk] fp32 — the pool's (SGLang's) layout, the transpose of the chunked form's.
+    Returns (out [B, H, Dv] fp32, new state [B, H, Dv, Dk])."""
     q = q.float() * q.shape[-1] ** -0.5
     k = k.float()
-    state = state * g.float().exp()[..., None, None]
-    kv_mem = (k[..., None, :] @ state).squeeze(-2)  # [B, H, Dv]
+    state = state_vk * g.float().exp()[..., None, None]
+    kv_mem = (state @ k[..., None]).squeeze(-1)  # [B, H, Dv]
     delta = (v.float() - kv_mem) * beta.float()[..., None]
-    state = state + k[..., :, None] * delta[..., None, :]
-    out = (q[..., None, :] @ state).squeeze(-2)
+    state = state + delta[..., :, None] * k[..., None, :]
+    out = (state @ q[..., None]).squeeze(-1)
     return out, state

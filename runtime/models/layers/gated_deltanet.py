@@ -54,7 +54,8 @@ class GatedDeltaNet(nn.Module):
 
     @property
     def ssm_state_shape(self) -> tuple[int, int, int]:
-        return (self.num_v_heads, self.k_head_dim, self.v_head_dim)
+        # [heads, v_dim, k_dim]: SGLang's (and FLA's) layout, so both engines size and move state alike.
+        return (self.num_v_heads, self.v_head_dim, self.k_head_dim)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(mixed q|k|v [T, conv_dim], z [T, nv, dv], b [T, nv], a [T, nv])."""
@@ -107,8 +108,9 @@ class GatedDeltaNet(nn.Module):
             mixed = causal_conv1d_extend(mixed, weight, self.conv1d.bias, conv_pool, packing)
             q, k, v = (packing.pad(t) for t in self._split_heads(mixed))
             g, beta = packing.zero_padding(packing.pad(g)), packing.zero_padding(packing.pad(beta))
-            out, state = chunk_gated_delta_rule(q, k, v, g, beta, packing.initial_state(ssm_pool))
-            ssm_pool[packing.state_slots] = state.to(ssm_pool.dtype)
+            initial = packing.initial_state(ssm_pool).transpose(-1, -2)
+            out, state = chunk_gated_delta_rule(q, k, v, g, beta, initial)
+            ssm_pool[packing.state_slots] = state.transpose(-1, -2).to(ssm_pool.dtype)
             out = packing.unpad(out)
         out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(x.shape[0], self.value_dim))
