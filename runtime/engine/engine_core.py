@@ -107,6 +107,7 @@ class EngineCore:
                     self.pools,
                     max_running_requests=plan.max_running_requests,
                     token_capacity=plan.max_total_num_tokens,
+                    cache=self.cache,
                     dtype=self.dtype,
                 )
             except SpecConfigError as exc:

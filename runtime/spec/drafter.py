@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from runtime.scheduler.request import Req
 
 
 class Drafter(Protocol):
     num_drafts: int
 
-    def propose(self, sequences: list[list[int]], rids: list[str]) -> list[list[int]]:
-        """Exactly `num_drafts` draft tokens per sequence (each sequence ends with its last emitted token)."""
+    def propose(self, reqs: list[Req]) -> list[list[int]]:
+        """Exactly `num_drafts` draft tokens per request, continuing `req.all_ids` (whose last token the
+        target has not run yet)."""
         ...
 
     def release(self, rid: str) -> None:

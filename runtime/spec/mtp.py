@@ -1,11 +1,39 @@
-"""NEXTN / EAGLE drafting from the checkpoint's multi-token-prediction (MTP) layer."""
+"""NEXTN / EAGLE drafting from a Qwen3-Next checkpoint's multi-token-prediction (MTP) layer.
+
+The MTP head (SGLang: models/qwen3_next_mtp.py) predicts the token after next: at position p it takes the
+target's final hidden state h_p and the embedding of token p + 1, mixes them
+(`fc(cat(norm_e(embed(t_{p+1})), norm_h(h_p)))`), runs one full-attention decoder layer (its own K/V at every
+position) and the target's lm_head. Chained drafting feeds its own output hidden state back in place of the
+target's for the positions the target has not run yet.
+
+Hidden states come from a forward hook on the target's last decoder layer (prefill chunks and verify forwards
+both pass through it), kept per state slot and position until the MTP has consumed them. The MTP's K/V live in
+a buffer indexed by the target's KV token slots (as SGLang's draft KV pool mirrors the target's), so a prefix
+cache hit brings its MTP K/V along; the K/V of drafted positions go to scratch slots after those and are
+recomputed from the target's real hidden states next round. Drafts only propose: whatever the MTP gets wrong
+is rejected by the verify forward, never emitted.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
 from torch import nn
+
+from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
+from runtime.models.base import StepContext
+
+if TYPE_CHECKING:
+    from runtime.kvcache.cache_manager import CacheManager
+    from runtime.scheduler.request import Req
 
 
 def mtp_unavailable_reason(model: nn.Module) -> str | None:
+    from runtime.models.qwen3_next import Qwen3NextForCausalLM
+
     extra = getattr(model, "extra_weights", {})
     if not any(name.startswith("mtp.") for name in extra):
         return (
@@ -13,12 +41,204 @@ def mtp_unavailable_reason(model: nn.Module) -> str | None:
             f"{type(model).__name__}'s checkpoint has no mtp.* weights. Use NGRAM, or STANDALONE with "
             f"[speculative] speculative_draft_model_path in config.toml."
         )
-    return (
-        "--speculative-algorithm NEXTN/EAGLE: drafting from the MTP layer is not implemented in the "
-        "bundled runtime yet; use NGRAM, or STANDALONE with [speculative] speculative_draft_model_path in "
-        "config.toml."
-    )
+    if not isinstance(model, Qwen3NextForCausalLM) or model.config.split_projections:
+        return (
+            f"--speculative-algorithm NEXTN/EAGLE: the bundled runtime drafts from Qwen3-Next's MTP layer "
+            f"only, not {type(model).__name__}'s; use NGRAM or STANDALONE ([speculative] "
+            f"speculative_algorithm in config.toml)."
+        )
+    return None
 
 
-class MtpDrafter:  # pragma: no cover - placeholder until the MTP head lands
-    num_drafts = 0
+class Qwen3NextMTP(nn.Module):
+    """The MTP head; embeddings, lm_head and RoPE are the target's (SGLang shares them the same way)."""
+
+    def __init__(self, target: Any) -> None:
+        from runtime.models.layers.norm import ZeroCenteredRMSNorm
+        from runtime.models.qwen3_next import Qwen3NextDecoderLayer
+
+        super().__init__()
+        c = target.config
+        hidden = c.hidden_size
+        one_layer = dataclasses.replace(
+            c, num_hidden_layers=1, layer_types=("full_attention",), mlp_only_layers=(), decoder_sparse_step=1
+        )
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.pre_fc_norm_embedding = ZeroCenteredRMSNorm(hidden, c.rms_norm_eps)
+        self.pre_fc_norm_hidden = ZeroCenteredRMSNorm(hidden, c.rms_norm_eps)
+        self.layer = Qwen3NextDecoderLayer(one_layer, 0, 0)
+        self.norm = ZeroCenteredRMSNorm(hidden, c.rms_norm_eps)
+        self._target = [target]  # not a submodule: its parameters are the target's
+
+    def load_from(self, extra: dict[str, torch.Tensor]) -> None:
+        """Fill every parameter from the checkpoint's mtp.* tensors (per-expert tensors stacked as the
+        target's MoE does); a missing or mis-shaped tensor raises with its name."""
+        from runtime.models.layers.moe import SparseMoE
+
+        num_experts = self._target[0].config.num_experts
+        sources = SparseMoE.checkpoint_sources("mtp.layers.0.mlp", num_experts) if num_experts else {}
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                stored = "mtp." + name if not name.startswith("layer.") else "mtp.layers.0." + name[6:]
+                names = sources.get(stored, [stored])
+                missing = [n for n in names if n not in extra]
+                if missing:
+                    raise ValueError(f"the checkpoint's MTP layer lacks tensor '{missing[0]}'")
+                value = torch.cat([extra[n] for n in names]) if len(names) > 1 else extra[names[0]]
+                if value.numel() != param.numel():
+                    raise ValueError(
+                        f"MTP tensor '{names[0]}' has shape {tuple(value.shape)}; parameter needs "
+                        f"{tuple(param.shape)}"
+                    )
+                param.copy_(value.view(param.shape).to(param.dtype))
+
+    def forward(
+        self, batch: ForwardBatch, buffers: PoolBuffers, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits of every row [T, vocab], the MTP's normed output hidden [T, hidden])."""
+        target = self._target[0]
+        device = self.fc.weight.device
+        ctx = StepContext.build(batch, buffers, device)
+        embeds = target.model.embed_tokens(batch.input_ids.to(device))
+        x = self.fc(torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        x = self.layer(x, target.rotary.cos_sin(ctx.positions, x.dtype), ctx)
+        out = self.norm(x)
+        return target.lm_head(out).float(), out
+
+
+@dataclass
+class _MtpSeq:
+    slot: int  # the request's state slot: the key of its captured hidden states
+    done: int  # positions [0, done) have MTP K/V from the target's real hidden states
+
+
+class MtpDrafter:
+    def __init__(
+        self,
+        model: Any,
+        num_drafts: int,
+        *,
+        cache: CacheManager,
+        max_running_requests: int,
+        token_capacity: int,
+        dtype: torch.dtype,
+        device: str,
+    ) -> None:
+        self.target = model
+        self.num_drafts = num_drafts
+        self.cache = cache
+        self.mtp = Qwen3NextMTP(model).to(dtype=dtype, device=device)
+        self.mtp.load_from(model.extra_weights)
+        self.mtp.eval()
+        layout = model.layout()
+        self.scratch_first = token_capacity
+        scratch = max_running_requests * max(num_drafts - 1, 1)
+        shape = (token_capacity + scratch, layout.num_kv_heads)
+        self.buffers = PoolBuffers(
+            k=[torch.zeros(*shape, layout.head_dim, dtype=dtype, device=device)],
+            v=[torch.zeros(*shape, layout.v_head_dim, dtype=dtype, device=device)],
+            conv=[],
+            ssm=[],
+        )
+        self.hidden: dict[int, dict[int, torch.Tensor]] = {}  # state slot -> position -> pre-norm hidden
+        self.seqs: dict[str, _MtpSeq] = {}
+        model.model.layers[-1].register_forward_hook(self._capture)
+
+    def _capture(self, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
+        ctx = args[2]
+        batch: ForwardBatch = ctx.batch
+        rows = output.detach()
+        start = 0
+        slots = batch.state_slots.tolist()
+        for slot, pre, n in zip(slots, batch.prefix_lens, batch.extend_lens, strict=True):
+            store = self.hidden.setdefault(int(slot), {})
+            for j in range(n):
+                store[pre + j] = rows[start + j]
+            start += n
+
+    def release(self, rid: str) -> None:
+        seq = self.seqs.pop(rid, None)
+        if seq is not None:
+            self.hidden.pop(seq.slot, None)
+
+    @torch.inference_mode()
+    def propose(self, reqs: list[Req]) -> list[list[int]]:
+        seqs = []
+        for r in reqs:
+            assert r.mem is not None and r.mem.slot is not None
+            seq = self.seqs.get(r.rid)
+            if seq is None:
+                # Positions before the cache hit were never run here; their MTP K/V (if any) came with the
+                # cached pages. Hidden states left in this slot by an earlier request are not ours.
+                seq = self.seqs[r.rid] = _MtpSeq(r.mem.slot, r.cached_tokens)
+            seqs.append(seq)
+        first, hidden = self._catch_up(reqs, seqs)
+        drafts = [[t] for t in first]
+        if self.num_drafts > 1:
+            self._chain(reqs, drafts, hidden)
+        return drafts
+
+    def _catch_up(self, reqs: list[Req], seqs: list[_MtpSeq]) -> tuple[list[int], torch.Tensor]:
+        """One extend over positions [done, kv_len) of every request with the target's hidden states; the
+        last row of each predicts draft 1."""
+        ids: list[int] = []
+        positions: list[int] = []
+        rows: list[torch.Tensor] = []
+        kv_locs: list[torch.Tensor] = []
+        out_locs: list[torch.Tensor] = []
+        ext: list[int] = []
+        pre: list[int] = []
+        for r, seq in zip(reqs, seqs, strict=True):
+            assert r.mem is not None
+            end = r.mem.kv_len  # = len(all_ids) - 1: positions with a target hidden state
+            store = self.hidden.get(seq.slot, {})
+            tokens = r.all_ids
+            span = range(seq.done, end)
+            ids += tokens[seq.done + 1 : end + 1]
+            positions += span
+            rows += [store[p] for p in span]
+            slots = self.cache.token_slots(r.mem, end)
+            kv_locs.append(slots)
+            out_locs.append(slots[seq.done : end])
+            ext.append(end - seq.done)
+            pre.append(seq.done)
+            for p in [p for p in store if p < end]:
+                del store[p]
+            seq.done = end
+        batch = ForwardBatch(
+            mode="extend",
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            extend_lens=ext,
+            prefix_lens=pre,
+            kv_locs=kv_locs,
+            out_locs=torch.cat(out_locs),
+            state_slots=torch.zeros(len(reqs), dtype=torch.int64),
+            all_logits=True,
+        )
+        normed = self.target.model.norm(torch.stack(rows))
+        logits, out = self.mtp(batch, self.buffers, normed)
+        last = torch.tensor(ext).cumsum(0) - 1
+        return [int(t) for t in torch.argmax(logits[last], dim=-1)], out[last]
+
+    def _chain(self, reqs: list[Req], drafts: list[list[int]], hidden: torch.Tensor) -> None:
+        """Drafts 2..k: one decode step each at positions kv_len, kv_len + 1, ... fed with the MTP's own
+        hidden state; their K/V go to scratch slots (dropped: next round recomputes them)."""
+        history = [self.cache.token_slots(r.mem, r.mem.kv_len) for r in reqs if r.mem is not None]
+        width = max(self.num_drafts - 1, 1)
+        for step in range(self.num_drafts - 1):
+            locs = [self.scratch_first + i * width + step for i in range(len(reqs))]
+            history = [torch.cat([h, torch.tensor([loc])]) for h, loc in zip(history, locs, strict=True)]
+            batch = ForwardBatch(
+                mode="decode",
+                input_ids=torch.tensor([d[-1] for d in drafts], dtype=torch.int64),
+                positions=torch.tensor([r.mem.kv_len + step for r in reqs if r.mem is not None]),
+                extend_lens=[1] * len(reqs),
+                prefix_lens=[r.mem.kv_len + step for r in reqs if r.mem is not None],
+                kv_locs=history,
+                out_locs=torch.tensor(locs, dtype=torch.int64),
+                state_slots=torch.zeros(len(reqs), dtype=torch.int64),
+            )
+            logits, hidden = self.mtp(batch, self.buffers, hidden)
+            for d, t in zip(drafts, torch.argmax(logits, dim=-1).tolist(), strict=True):
+                d.append(int(t))

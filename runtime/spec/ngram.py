@@ -8,6 +8,10 @@ draft that is wrong is rejected like any other)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.scheduler.request import Req
 
 
 class NgramDrafter:
@@ -32,8 +36,8 @@ class NgramDrafter:
         pad = drafts[-1] if drafts else tokens[-1]
         return drafts + [pad] * (k - len(drafts))
 
-    def propose(self, sequences: list[list[int]], rids: list[str]) -> list[list[int]]:
-        return [self.propose_one(seq) for seq in sequences]
+    def propose(self, reqs: list[Req]) -> list[list[int]]:
+        return [self.propose_one(r.all_ids) for r in reqs]
 
     def release(self, rid: str) -> None:
         """Nothing is held per request."""

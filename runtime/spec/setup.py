@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from runtime.engine.api import EngineArgs
+from runtime.kvcache.cache_manager import CacheManager
 from runtime.spec.config import SpecConfig, SpecConfigError, resolve_spec_config
 from runtime.spec.drafter import Drafter
 from runtime.spec.sandbox import StateSandbox, install_sandbox
@@ -38,13 +39,14 @@ def build_spec_decoder(
     max_running_requests: int,
     token_capacity: int,
     dtype: torch.dtype,
+    cache: CacheManager | None = None,
 ) -> SpecDecoder:
     buffers = pools.buffers  # type: ignore[attr-defined]
     first = pools.sandbox_first_slot  # type: ignore[attr-defined]
     groups = pools.sandbox_slots // config.num_draft_tokens  # type: ignore[attr-defined]
     sandbox = StateSandbox(buffers, first, groups, config.num_draft_tokens)
     wrapped = install_sandbox(model, sandbox)
-    drafter = _drafter(config, args, model, max_running_requests, token_capacity, dtype)
+    drafter = _drafter(config, args, model, max_running_requests, token_capacity, dtype, cache)
     logger.info(
         "Speculative decoding: algorithm=%s, num_steps=%d, num_draft_tokens=%d, topk=1, sandbox slots=%d "
         "(%d groups x %d) after slot %d, sandboxed layers=%d",
@@ -67,6 +69,7 @@ def _drafter(
     max_running_requests: int,
     token_capacity: int,
     dtype: torch.dtype,
+    cache: CacheManager | None,
 ) -> Drafter:
     if config.algorithm == "NGRAM":
         from runtime.spec.ngram import NgramDrafter
@@ -89,5 +92,6 @@ def _drafter(
     reason = mtp_unavailable_reason(model)
     if reason:
         raise SpecConfigError(reason)
-    return MtpDrafter(model, config.num_drafts, max_running_requests=max_running_requests,
+    assert cache is not None, "MTP drafting reads the target's KV token slots"
+    return MtpDrafter(model, config.num_drafts, cache=cache, max_running_requests=max_running_requests,
                       token_capacity=token_capacity, dtype=dtype, device=args.device)  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from runtime.engine.buffers import allocate_pool_buffers
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
+
+if TYPE_CHECKING:
+    from runtime.scheduler.request import Req
 
 logger = logging.getLogger("runtime.spec")
 
@@ -80,7 +84,9 @@ class StandaloneDrafter:
         return seq
 
     @torch.inference_mode()
-    def propose(self, sequences: list[list[int]], rids: list[str]) -> list[list[int]]:
+    def propose(self, reqs: list[Req]) -> list[list[int]]:
+        sequences = [r.all_ids for r in reqs]
+        rids = [r.rid for r in reqs]
         k = self.num_drafts
         drafts = [[seq[-1]] * k for seq in sequences]  # padding for requests the draft cannot hold
         live: list[tuple[int, _DraftSeq]] = []

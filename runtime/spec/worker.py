@@ -76,7 +76,7 @@ class SpecDecoder:
     def run_round(self, sched: Scheduler, reqs: list[Req]) -> None:
         t0 = time.perf_counter()
         width = self.config.num_draft_tokens
-        drafts = self.drafter.propose([r.all_ids for r in reqs], [r.rid for r in reqs])
+        drafts = self.drafter.propose(reqs)
         cache = sched.cache
         ids: list[int] = []
         positions: list[int] = []
