@@ -33,7 +33,10 @@ RUNTIME_ONLY_FLAGS = (
     "--log-mamba-state-stats",
     "--num-threads",
     "--disable-mamba-state-sandbox",
+    "--enable-elastic-memory-pool",
+    "--elastic-realloc-timeout-s",
 )
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
 
 
 @dataclass
@@ -80,6 +83,10 @@ class RuntimeArgs:
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
     disable_mamba_state_sandbox: bool = False
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    enable_elastic_memory_pool: bool = False
+    elastic_realloc_timeout_s: float = 5.0
 
     @property
     def resolved_tokenizer_path(self) -> str:
@@ -207,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument(
         "--speculative-num-draft-tokens", type=_positive_int, help="Tokens per verify forward (steps + 1)."
     )
+    pd = p.add_argument_group("prefill/decode disaggregation (runtime/pd)")
+    pd.add_argument(
+        "--disaggregation-mode", default="null", choices=DISAGGREGATION_MODES, help="null, prefill or decode."
+    )
+    pd.add_argument(
+        "--disaggregation-bootstrap-port", type=int, default=8998, help="Prefill: KV/state transfer port."
+    )
     own = p.add_argument_group("bundled-runtime flags (no SGLang equivalent)")
     own.add_argument(
         "--memory-budget-gib", type=_positive_float, help="Memory treated as the device's (4 GiB)."
@@ -226,6 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--disable-mamba-state-sandbox",
         action="store_true",
         help="No per-draft state slots (speculative decoding then refuses to start).",
+    )
+    own.add_argument(
+        "--enable-elastic-memory-pool",
+        "--enable-unified-memory",
+        dest="enable_elastic_memory_pool",
+        action="store_true",
+        help="Move pages between the KV and state pools at run time (SGLang: --enable-unified-memory).",
+    )
+    own.add_argument(
+        "--elastic-realloc-timeout-s", type=_positive_float, default=5.0, help="Deadline of one move (5)."
     )
     return p
 
@@ -274,5 +298,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RuntimeArgs:
         )
     if ns.port < 0 or ns.port > 65535:
         parser.error(f"--port {ns.port}: must be in 0..65535")
+    if not 0 <= ns.disaggregation_bootstrap_port <= 65535:
+        parser.error(f"--disaggregation-bootstrap-port {ns.disaggregation_bootstrap_port}: must be 0..65535")
     known = {f.name for f in fields(RuntimeArgs)}
     return RuntimeArgs(**{k: v for k, v in vars(ns).items() if k in known})

@@ -25,18 +25,21 @@ _VALUE_FLAGS = (
     "--chunked-prefill-size", "--schedule-policy", "--log-level", "--api-key", "--tp-size", "--random-seed",
     "--served-model-name", "--context-length", "--memory-budget-gib", "--num-threads",
     "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
-    "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+    "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--disaggregation-mode",
+    "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
     "--disable-overlap-schedule", "--disable-state-snapshot-on-match", "--disable-state-copy-on-write",
     "--disable-dual-lru-eviction", "--log-mamba-state-stats", "--disable-mamba-state-sandbox",
+    "--enable-elastic-memory-pool",
 )  # fmt: skip
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
     "--device": ("auto", "cpu", "cuda"),
     "--schedule-policy": ("fcfs", "lpm"),
     "--speculative-algorithm": ("NGRAM", "STANDALONE", "NEXTN", "EAGLE"),
+    "--disaggregation-mode": ("null", "prefill", "decode"),
 }
 
 RUNTIME_FLAGS: dict[str, FlagSpec] = {

@@ -106,7 +106,6 @@ def _elastic_on(cfg: HybridConfig) -> bool:
 
 CLIENT = Target("client-side", note="read by hybridctl, not passed to the engine")
 ONE_DEVICE = "the bundled runtime serves on one device"
-NO_PD = "the bundled runtime has no prefill/decode disaggregation"
 _UNIFIED = "0.5.15"  # first release with --enable-unified-memory (bisected over published wheels)
 _SCHED = "0.5.7"  # first release with --mamba-scheduler-strategy
 _RADIX = "0.5.14"  # --mamba-radix-cache-strategy replaces it (the old name is gone from 0.5.20)
@@ -188,7 +187,11 @@ ROWS: tuple[MappingRow, ...] = (
             since=_UNIFIED,
             note="SGLang's unified memory pool (CUDA VMM): one buffer split at run time between KV and state",
         ),
-        Target("not-supported", accepts=_equals(False), note="the bundled runtime has fixed pools"),
+        _flag(
+            "--enable-elastic-memory-pool",
+            "true",
+            note="one buffer re-split between KV pages and state slots (runtime/kvcache/elastic_pool.py)",
+        ),
     ),
     _row(
         C,
@@ -198,11 +201,8 @@ ROWS: tuple[MappingRow, ...] = (
             accepts=lambda v, cfg: not _elastic_on(cfg) or v == 5.0,
             note="SGLang's unified pool has no reallocation deadline setting",
         ),
-        Target(
-            "not-supported",
-            accepts=lambda v, cfg: not _elastic_on(cfg) or v == 5.0,
-            note="the bundled runtime has fixed pools",
-        ),
+        _flag("--elastic-realloc-timeout-s"),
+        when=_elastic_on,
     ),
     _row(
         C,
@@ -322,7 +322,11 @@ ROWS: tuple[MappingRow, ...] = (
             note="true: a prefill server (--disaggregation-mode prefill), a decode server (decode) and "
             "sglang-router; see `hybridctl launch --dry-run`",
         ),
-        Target("not-supported", accepts=_equals(False), note=NO_PD),
+        _flag(
+            "--disaggregation-mode",
+            accepts=lambda v, _cfg: True,
+            note="true: prefill + decode runtimes and hybridctl's PD router (hybridctl/launch/pd_router.py)",
+        ),
     ),
     _row(
         C,
@@ -332,28 +336,28 @@ ROWS: tuple[MappingRow, ...] = (
             accepts=_equals("atomic"),
             note="SGLang sends a request's Mamba state with its KV in one transfer; layerwise: no equivalent",
         ),
-        Target("not-supported", note=NO_PD),
+        Target("built-in", accepts=_equals("atomic"), note="runtime/pd: every layer's KV and state at once"),
         when=_pd_on,
     ),
     _row(
         C,
         "pd.prefill_port",
         _flag("--port", note="the prefill server's --port"),
-        Target("not-supported", note=NO_PD),
+        _flag("--port", note="the prefill runtime's --port"),
         when=_pd_on,
     ),
     _row(
         C,
         "pd.decode_port",
         _flag("--port", note="the decode server's --port"),
-        Target("not-supported", note=NO_PD),
+        _flag("--port", note="the decode runtime's --port"),
         when=_pd_on,
     ),
     _row(
         C,
         "pd.bootstrap_port",
         _flag("--disaggregation-bootstrap-port"),
-        Target("not-supported", note=NO_PD),
+        _flag("--disaggregation-bootstrap-port"),
         when=_pd_on,
     ),
     _row(

@@ -54,6 +54,11 @@ def make_launch_plan(
         choice = choose_engine(engine, "--engine")
     else:
         choice = choose_engine(cfg.config.server.engine, "config.toml [server] engine =")
+    if choice.engine == "builtin" and cfg.config.pd.enable_pd_disaggregation:
+        from hybridctl.launch.builtin_pd import builtin_pd_plan
+
+        trio = builtin_pd_plan(cfg, python=python, allow_ignored=allow_ignored)
+        return LaunchPlan("builtin", choice.reason, trio.commands, None, trio.prefill.ignored)
     if choice.engine == "builtin":
         command = builtin_command(cfg, python=python, allow_ignored=allow_ignored)
         return LaunchPlan("builtin", choice.reason, [command], None, command.ignored)

@@ -53,6 +53,10 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     return_logprob: bool = False
+    # PD disaggregation (runtime/pd): the prefill server's bootstrap address and the transfer's room id.
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
 
 
 @dataclass
@@ -157,6 +161,9 @@ class EngineArgs:
     speculative_eagle_topk: int | None = None
     speculative_draft_model_path: str | None = None
     enable_mamba_state_sandbox: bool = True
+    # Elastic pool (runtime/kvcache/elastic_pool.py): pages move between the KV and state pools at run time.
+    enable_elastic_memory_pool: bool = False
+    elastic_realloc_timeout_s: float = 5.0
 
 
 class EngineClient:

@@ -73,6 +73,8 @@ class Scheduler:
         self._decode_times: list[tuple[float, int]] = []
         # Speculative decoding (runtime/spec/worker.py SpecDecoder), set by the engine; None: plain decode.
         self.spec: SpecDecoder | None = None
+        # PD prefill (runtime/pd/prefill.py): sees a request's memory just before it goes back to the pools.
+        self.on_release: Callable[[Req], None] | None = None
 
     # -- requests in and out ---------------------------------------------------------------------------------
 
@@ -288,6 +290,8 @@ class Scheduler:
         if self.spec is not None:
             self.spec.release(req.rid)
         if req.mem is not None:
+            if self.on_release is not None:
+                self.on_release(req)
             self.cache.release(req.mem, req.all_ids, cache)
             req.mem = None
 

@@ -54,8 +54,6 @@ _UNSUPPORTED_TOP_LEVEL: dict[str, tuple[Any, ...]] = {
     "lora_path": (None,),
     "session_params": (None,),
     "custom_logit_processor": (None,),
-    "bootstrap_host": (None,),
-    "bootstrap_room": (None,),
     "return_prompt_token_ids": (None, False),
 }
 
@@ -268,8 +266,23 @@ def parse_generate_body(
     for i, (ids, ps, r) in enumerate(zip(prompts, params, rids, strict=True)):
         prepared = prepare_request(i, ids, ps, r, stream, vocab_size, context_len)
         prepared.request.return_logprob = return_logprob
+        apply_bootstrap_fields(body, prepared.request, single)
         out.append(prepared)
     return out, single, stream
+
+
+def apply_bootstrap_fields(body: dict[str, Any], request: GenerateRequest, single: bool) -> None:
+    """PD disaggregation's routing fields (SGLang's names): where decode fetches the prompt's KV."""
+    host, port, room = body.get("bootstrap_host"), body.get("bootstrap_port"), body.get("bootstrap_room")
+    if host is None and port is None and room is None:
+        return
+    if not single:
+        raise RequestValueError("bootstrap_host/port/room: the bundled runtime takes them for one prompt")
+    if host is not None and not isinstance(host, str):
+        raise _invalid("bootstrap_host", host, "a string")
+    request.bootstrap_host = host
+    request.bootstrap_port = _integer("bootstrap_port", port)
+    request.bootstrap_room = _integer("bootstrap_room", room)
 
 
 def prepare_request(

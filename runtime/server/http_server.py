@@ -104,7 +104,7 @@ def model_info_dict(ctx: ServerContext) -> dict[str, Any]:
         "load_format": "auto",
         "reasoning_parser": None,
         "tool_call_parser": None,
-        "disaggregation_mode": "null",
+        "disaggregation_mode": ctx.args.disaggregation_mode,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": ctx.hf_config.get("model_type"),

@@ -61,6 +61,8 @@ def _engine_args(args: RuntimeArgs, device: str) -> Any:
         "speculative_eagle_topk": args.speculative_eagle_topk,
         "speculative_draft_model_path": args.speculative_draft_model_path,
         "enable_mamba_state_sandbox": not args.disable_mamba_state_sandbox,
+        "enable_elastic_memory_pool": args.enable_elastic_memory_pool,
+        "elastic_realloc_timeout_s": args.elastic_realloc_timeout_s,
     }
     missing = set(wanted) - {f.name for f in fields(EngineArgs)}
     if missing:  # a flag the engine stopped taking must fail loudly, never be dropped silently
@@ -112,6 +114,14 @@ def start_context(args: RuntimeArgs) -> ServerContext:
     except (ValueError, OSError, RuntimeError, KeyError) as e:
         logger.debug("engine start-up failed", exc_info=True)
         raise StartupError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+    if args.disaggregation_mode != "null":
+        from runtime.pd.setup import PDSetupError, wrap_client
+
+        try:
+            client = wrap_client(client, args)
+        except PDSetupError as e:
+            client.shutdown()
+            raise StartupError(str(e)) from None
     stats = client.stats()
     hf_config = read_hf_config(args.model_path)
     vocab = hf_config.get("vocab_size")

@@ -23,6 +23,7 @@ from runtime.server.generate_request import (
     ContractError,
     PreparedRequest,
     RequestValueError,
+    apply_bootstrap_fields,
     parse_sampling_params,
     prepare_request,
 )
@@ -117,7 +118,9 @@ def _prepare(
     if index:  # the prompts of one batch need distinct engine request ids
         rid = f"{rid}-{index}"
     stream = bool(body.get("stream"))
-    return prepare_request(index, ids, parsed, rid, stream, ctx.vocab_size, ctx.context_len)
+    prepared = prepare_request(index, ids, parsed, rid, stream, ctx.vocab_size, ctx.context_len)
+    apply_bootstrap_fields(body, prepared.request, single=index == 0)  # PD: the router's one-prompt routing
+    return prepared
 
 
 def _usage(states: list[RequestState]) -> dict[str, Any]:

@@ -188,8 +188,10 @@ def test_runtime_flag_set_matches_the_runtime_parser() -> None:
         ({"config__server": {"tp_size": 2}}, "server.tp_size"),
         ({"config__server": {"dp_size": 2}}, "server.dp_size"),
         ({"config__speculative": {"speculative_algorithm": "EAGLE3"}}, "speculative.speculative_algorithm"),
-        ({"config__pd": {"enable_pd_disaggregation": True}}, "pd.enable_pd_disaggregation"),
-        ({"config__memory": {"enable_elastic_memory_pool": True}}, "memory.enable_elastic_memory_pool"),
+        (
+            {"config__pd": {"enable_pd_disaggregation": True, "mamba_state_transfer_mode": "layerwise"}},
+            "pd.mamba_state_transfer_mode",
+        ),
         ({"settings__runtime": {"schedule_policy": "lof"}}, "runtime.schedule_policy"),
     ],
 )

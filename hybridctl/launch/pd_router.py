@@ -1,0 +1,213 @@
+"""A small PD router: one public address in front of a prefill server and a decode server (SGLang's PD mode).
+
+`python -m hybridctl.launch.pd_router --prefill URL BOOTSTRAP_PORT --decode URL --host H --port P`
+
+Each single-prompt generation request goes to both servers at once with the same `rid` and SGLang's routing
+fields (`bootstrap_host`, `bootstrap_port`, a fresh random `bootstrap_room`): the prefill server computes the
+prompt, the decode server fetches its KV and state from the prefill server's bootstrap port and generates the
+answer, which is what the client gets. Batches go to the decode server alone (computed there whole). The
+other routes answer from the decode server; /health is 200 only when both servers are. No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+logger = logging.getLogger("hybridctl.pd_router")
+
+GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
+_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
+
+
+@dataclass(frozen=True)
+class Workers:
+    prefill: str
+    bootstrap_port: int
+    decode: str
+
+    @property
+    def bootstrap_host(self) -> str:
+        return urlsplit(self.prefill).hostname or "127.0.0.1"
+
+
+def single_prompt(path: str, body: dict[str, Any]) -> bool:
+    """Whether the body is one prompt (PD-routed) rather than a batch (sent to the decode server whole)."""
+    if path == "/v1/chat/completions":
+        return True
+    if path == "/v1/completions":
+        prompt = body.get("prompt")
+        return isinstance(prompt, str) or _ids(prompt)
+    return isinstance(body.get("text"), str) or _ids(body.get("input_ids"))
+
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) for t in value)
+
+
+def pd_bodies(workers: Workers, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(prefill body, decode body) for one request: the same rid and room on both sides."""
+    routed = {
+        **body,
+        "rid": body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex,
+        "bootstrap_host": workers.bootstrap_host,
+        "bootstrap_port": workers.bootstrap_port,
+        "bootstrap_room": secrets.randbits(63),
+    }
+    return {**routed, "stream": False}, routed
+
+
+def build_app(workers: Workers, timeout_s: float = 3600.0) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+    background: set[asyncio.Task[Any]] = set()
+
+    def headers_of(request: Request) -> dict[str, str]:
+        auth = request.headers.get("authorization")
+        return {"Authorization": auth} if auth else {}
+
+    def unreachable(role: str, url: str, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            {"error": {"message": f"PD router: the {role} server at {url} is unreachable ({exc}); start it "
+                       "again (hybridctl launch) or check its log."}},
+            status_code=503,
+        )  # fmt: skip
+
+    def relay(res: httpx.Response, content: bytes) -> Response:
+        headers = {k: v for k, v in res.headers.items() if k.lower() not in _HOP_HEADERS}
+        return Response(content, status_code=res.status_code, headers=headers)
+
+    async def prefill_call(path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+        try:
+            res = await client.post(workers.prefill + path, json=body, headers=headers)
+            if res.status_code != 200:
+                logger.warning("prefill %s answered %d: %s", body.get("rid"), res.status_code, res.text[:300])
+        except httpx.HTTPError as exc:
+            logger.warning("prefill %s failed: %s", body.get("rid"), exc)
+
+    async def generation(request: Request) -> Response:
+        path = request.url.path
+        raw = await request.body()
+        headers = headers_of(request)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict) or not single_prompt(path, body):
+            decode_body: Any = None
+        else:
+            prefill_body, decode_body = pd_bodies(workers, path, body)
+            task = asyncio.create_task(prefill_call(path, prefill_body, headers))
+            background.add(task)
+            task.add_done_callback(background.discard)
+        content = raw if decode_body is None else json.dumps(decode_body).encode()
+        send_headers = {**headers, "Content-Type": "application/json"}
+        req = client.build_request("POST", workers.decode + path, content=content, headers=send_headers)
+        try:
+            res = await client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            return unreachable("decode", workers.decode, exc)
+        if not res.headers.get("content-type", "").startswith("text/event-stream"):
+            try:
+                data = await res.aread()
+            finally:
+                await res.aclose()
+            return relay(res, data)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in res.aiter_raw():
+                    yield chunk
+            finally:
+                await res.aclose()
+
+        return StreamingResponse(chunks(), status_code=res.status_code, media_type="text/event-stream")
+
+    async def from_decode(request: Request) -> Response:
+        try:
+            res = await client.request(
+                request.method, workers.decode + request.url.path, headers=headers_of(request),
+                content=await request.body(), params=dict(request.query_params),
+            )  # fmt: skip
+        except httpx.HTTPError as exc:
+            return unreachable("decode", workers.decode, exc)
+        return relay(res, res.content)
+
+    async def both(request: Request) -> Response:
+        """/health and /flush_cache: the answer of whichever server is not fine, else the decode server's."""
+        answers: list[httpx.Response] = []
+        for role, url in (("prefill", workers.prefill), ("decode", workers.decode)):
+            try:
+                answers.append(await client.request(request.method, url + request.url.path,
+                                                    headers=headers_of(request)))  # fmt: skip
+            except httpx.HTTPError as exc:
+                return unreachable(role, url, exc)
+        for res in answers:
+            if res.status_code != 200:
+                return relay(res, res.content)
+        return relay(answers[-1], answers[-1].content)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        logger.info("PD router: prefill %s (bootstrap port %d), decode %s", workers.prefill,
+                    workers.bootstrap_port, workers.decode)  # fmt: skip
+        try:
+            yield
+        finally:
+            for task in list(background):
+                task.cancel()
+            await client.aclose()
+
+    routes = [Route(p, generation, methods=["POST"]) for p in GENERATION_ROUTES]
+    routes += [Route(p, both, methods=["GET"]) for p in ("/health", "/health_generate")]
+    routes.append(Route("/flush_cache", both, methods=["GET", "POST"]))
+    routes += [
+        Route(p, from_decode, methods=["GET"])
+        for p in ("/ready", "/model_info", "/get_model_info", "/server_info", "/get_server_info", "/metrics",
+                  "/v1/models")
+    ]  # fmt: skip
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Workers, str, int]:
+    p = argparse.ArgumentParser(prog="python -m hybridctl.launch.pd_router", description="PD router")
+    p.add_argument("--prefill", nargs=2, metavar=("URL", "BOOTSTRAP_PORT"), required=True)
+    p.add_argument("--decode", metavar="URL", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    ns = p.parse_args(argv)
+    try:
+        bootstrap = int(ns.prefill[1])
+    except ValueError:
+        p.error(f"--prefill URL BOOTSTRAP_PORT: {ns.prefill[1]!r} is not a port number")
+    return Workers(ns.prefill[0].rstrip("/"), bootstrap, ns.decode.rstrip("/")), ns.host, ns.port
+
+
+def main(argv: list[str] | None = None) -> int:
+    workers, host, port = parse_args(argv)
+    logging.basicConfig(level="INFO", format="[%(asctime)s] %(message)s", stream=sys.stdout)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    import uvicorn
+
+    uvicorn.run(build_app(workers), host=host, port=port, log_level="warning", timeout_keep_alive=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
