@@ -47,7 +47,13 @@ class AttentionMetadata:
         spans: list[tuple[int, int]] = []
         masks: list[torch.Tensor | None] = []
         start = 0
-        for ext, pre in zip(batch.extend_lens, batch.prefix_lens, strict=False):
+        for i, (ext, pre) in enumerate(zip(batch.extend_lens, batch.prefix_lens, strict=True)):
+            if batch.kv_locs[i].numel() != pre + ext:
+                # An engine bug, caught here because attention would otherwise read the wrong tokens silently.
+                raise ValueError(
+                    f"ForwardBatch: sequence {i} has prefix_len {pre} + extend_len {ext} tokens but "
+                    f"{batch.kv_locs[i].numel()} kv_locs"
+                )
             spans.append((start, ext))
             start += ext
             if pre == 0:
