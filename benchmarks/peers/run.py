@@ -3,9 +3,10 @@
     python benchmarks/peers/run.py [--engines runtime,llamacpp,vllm,transformers] [--json OUT]
                                    [--model DIR] [--threads 2] [--reps 3]
 
-Without --model it builds the demo Qwen3-Next (runtime/demo_model.py) into benchmarks/peers/.work/model; every
-engine loads those safetensors (llama.cpp through an f32 GGUF converted from them). Each engine is started on
-loopback, runs workloads.py's requests, and is stopped before the next starts, so they never share the CPU.
+Without --model it builds the demo Qwen3-Next with 64-wide Gated DeltaNet heads (peer_model.py: vLLM's CPU
+kernel takes no smaller ones) into benchmarks/peers/.work/peer-model; every engine loads those safetensors
+(llama.cpp an f32 GGUF converted from them). Each engine is started on loopback, runs workloads.py's requests,
+and is stopped before the next starts, so they never share the CPU.
 A peer that is not set up is reported as unavailable with the command that sets it up.
 """
 
@@ -16,7 +17,6 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,14 +63,11 @@ def ensure_model(path: Path | None) -> Path:
                 f"every engine; pass a directory built by python -m runtime.demo_model --out DIR"
             )
         return path
-    model = engines.WORK / "model"
+    model = engines.WORK / "peer-model"
     if not (model / "model.safetensors").is_file():
-        subprocess.run(
-            [sys.executable, "-m", "runtime.demo_model", "--out", str(model), "--force"],
-            cwd=engines.REPO_ROOT,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        from peer_model import build_peer_model
+
+        build_peer_model(model, force=True)
     return model
 
 
