@@ -57,6 +57,10 @@ class ThreadedEngineClient(EngineClient):
     def resolved_args(self) -> dict[str, Any]:
         return dict(self._resolved)
 
+    def call_in_engine(self, fn: Callable[[EngineCore], Any]) -> Any:
+        """Run `fn(core)` on the engine thread between two steps and return its result."""
+        return self._call("call", fn)
+
     def shutdown(self) -> None:
         if self._stopped:
             return
@@ -88,6 +92,13 @@ class ThreadedEngineClient(EngineClient):
             result = sched.flush_cache()
             if result:
                 logger.info("Cache flushed successfully!")
+        elif kind == "call":  # runtime/pd: work on the pools, between steps; its error goes to the caller
+            try:
+                result = payload(self.core)
+            except Exception as exc:  # noqa: BLE001 - never kill the engine thread for one caller
+                if fut is not None:
+                    fut.set_exception(exc)
+                return True
         elif kind == "stop":
             for r in [*sched.running, *sched.waiting]:
                 sched.abort(r.rid)
@@ -97,7 +108,7 @@ class ThreadedEngineClient(EngineClient):
         return True
 
     def _loop(self) -> None:
-        last_stats_log = time.monotonic()
+        last_stats_log = float("-inf")  # the first busy step logs, then every _STATS_LOG_INTERVAL_S
         while True:
             try:
                 # Block only when idle; while requests run, just drain what has arrived.
@@ -121,7 +132,7 @@ class ThreadedEngineClient(EngineClient):
                 self.core.args.log_mamba_state_stats
                 and time.monotonic() - last_stats_log > _STATS_LOG_INTERVAL_S
             ):
-                last_stats_log = time.monotonic()
+                last_stats_log = float("-inf")  # the first busy step logs, then every _STATS_LOG_INTERVAL_S
                 self.core.log_state_stats()
 
     def _refresh_stats(self) -> None:

@@ -39,6 +39,3 @@ class KVPagePool:
 
     def free_pages(self) -> list[int]:
         return list(self._free)
-
-    def reset(self) -> None:
-        self.__init__(self.num_pages, self.page_size)  # type: ignore[misc]

@@ -57,7 +57,3 @@ class StateSlotPool:
         if self.buffers is None:
             return []
         return [t[slot].clone() for t in (*self.buffers.conv, *self.buffers.ssm)]
-
-    def reset(self) -> None:
-        self._free = list(range(self.num_slots - 1, -1, -1))
-        self._is_free = [True] * self.num_slots

@@ -79,6 +79,19 @@ def test_startup_logs_describe_what_was_allocated(model_dir: Path, caplog: pytes
         client.shutdown()
 
 
+def test_state_stats_are_logged_when_asked(model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="runtime")
+    client = _start(model_dir, log_mamba_state_stats=True)
+    try:
+        w = Waiter()
+        client.add_request(GenerateRequest("a", [1, 2, 3], greedy(2)), w)
+        assert w.done.wait(60)
+    finally:
+        client.shutdown()
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Mamba state stats:"))
+    assert "mamba_usage=" in line and "cache_hit_rate=" in line and "state_evictions=" in line
+
+
 def test_tree_cache_line_says_when_the_radix_cache_is_off(
     model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -112,6 +125,9 @@ def test_concurrent_requests_abort_flush_and_shutdown(model_dir: Path) -> None:
             assert w.done.wait(60)
             assert w.outputs[-1].finish_reason == {"type": "length", "length": 6}
             assert w.thread_names == {"runtime-engine"}
+        again = Waiter()  # the same document again, now that the first four have checkpointed it
+        client.add_request(GenerateRequest("again", [i % 200 for i in range(30)] + [9], greedy(2)), again)
+        assert again.done.wait(60) and again.outputs[-1].cached_tokens == 24  # interval 8: 24 <= 30
         assert not client.flush_cache()  # "long" is still running
         client.abort("long")
         assert long.done.wait(60) and long.outputs[-1].finish_reason["type"] == "abort"
@@ -119,7 +135,7 @@ def test_concurrent_requests_abort_flush_and_shutdown(model_dir: Path) -> None:
         assert client.flush_cache()
         s = client.stats()
         assert s.kv_pages_free == s.kv_pages_total and s.state_slots_free == s.state_slots_total
-        assert s.num_requests_finished == 4 and s.num_requests_aborted == 1 and s.cached_tokens_total > 0
+        assert s.num_requests_finished == 5 and s.num_requests_aborted == 1 and s.cached_tokens_total >= 24
     finally:
         client.shutdown()
     with pytest.raises(RuntimeError):
