@@ -149,6 +149,26 @@ MATRIX = [
     ),
     pytest.param(
         {
+            "config__speculative": {
+                "speculative_algorithm": "STANDALONE",
+                "speculative_num_steps": 2,
+                "speculative_num_draft_tokens": 3,
+                "speculative_draft_model_path": "/m/draft",
+                "enable_mamba_state_sandbox": False,
+            }
+        },
+        {
+            "speculative_algorithm": "STANDALONE",
+            "speculative_num_steps": 2,
+            "speculative_num_draft_tokens": 3,
+            "speculative_eagle_topk": 1,
+            "speculative_draft_model_path": "/m/draft",
+            "disable_mamba_state_sandbox": True,
+        },
+        id="speculative",
+    ),
+    pytest.param(
+        {
             "config__extra_engine_args": {
                 "enable-metrics": True,
                 "num_threads": 2,
@@ -188,6 +208,10 @@ def test_runtime_flag_set_matches_the_runtime_parser() -> None:
         ({"config__server": {"tp_size": 2}}, "server.tp_size"),
         ({"config__server": {"dp_size": 2}}, "server.dp_size"),
         ({"config__speculative": {"speculative_algorithm": "EAGLE3"}}, "speculative.speculative_algorithm"),
+        (
+            {"config__speculative": {"speculative_algorithm": "NGRAM", "speculative_topk": 2}},
+            "speculative.speculative_topk",
+        ),
         (
             {"config__pd": {"enable_pd_disaggregation": True, "mamba_state_transfer_mode": "layerwise"}},
             "pd.mamba_state_transfer_mode",
