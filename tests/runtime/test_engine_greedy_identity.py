@@ -106,3 +106,14 @@ def test_second_request_hits_the_shared_document(cores: dict[str, EngineCore]) -
     second = run_to_completion(core, [GenerateRequest("b", doc + [9, 9], greedy(2))], together=False)
     assert first.final("a").cached_tokens == 0
     assert second.final("b").cached_tokens == 40  # the checkpoint at 40 (interval 8) is the deepest <= 45
+
+
+def test_without_state_snapshots_nothing_is_reused(cores: dict[str, EngineCore]) -> None:
+    model_dir = Path(cores["reference"].args.model_path)
+    core = make_core(model_dir, mamba_track_interval=8, state_snapshot_on_match=False)
+    doc = [(3 * i) % (VOCAB - 1) for i in range(45)]
+    run_to_completion(core, [GenerateRequest("a", doc + [1], greedy(2))], together=False)
+    got = run_to_completion(core, [GenerateRequest("b", doc + [2], greedy(2))], together=False)
+    assert got.final("b").cached_tokens == 0
+    s = core.stats()
+    assert s.kv_pages_cached == 0 and s.state_slots_cached == 0 and s.state_checkpoints == 0
