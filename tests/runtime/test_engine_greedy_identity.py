@@ -108,6 +108,21 @@ def test_second_request_hits_the_shared_document(cores: dict[str, EngineCore]) -
     assert second.final("b").cached_tokens == 40  # the checkpoint at 40 (interval 8) is the deepest <= 45
 
 
+def test_pages_and_handed_over_states(cores: dict[str, EngineCore]) -> None:
+    """Page size 4 and no copy-on-write: a hit is page-aligned, and the state it takes leaves the cache."""
+    core = cores["paged_single_lru"]
+    assert core.scheduler.flush_cache()
+    doc = [(11 * i) % (VOCAB - 1) for i in range(46)]
+    run_to_completion(core, [GenerateRequest("a", doc + [1, 2, 3], greedy(2))], together=False)
+    states_before = core.stats().state_slots_cached
+    second = run_to_completion(core, [GenerateRequest("b", doc + [9], greedy(2))], together=False)
+    assert second.final("b").cached_tokens == 40
+    third = run_to_completion(core, [GenerateRequest("c", doc + [8], greedy(2))], together=False)
+    # "b" took the state at 40 over (not copied); "b"'s own end state is on another branch: "c" resumes at 32.
+    assert third.final("c").cached_tokens == 32
+    assert core.stats().state_slots_cached >= states_before - 1
+
+
 def test_without_state_snapshots_nothing_is_reused(cores: dict[str, EngineCore]) -> None:
     model_dir = Path(cores["reference"].args.model_path)
     core = make_core(model_dir, mamba_track_interval=8, state_snapshot_on_match=False)
