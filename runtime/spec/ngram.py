@@ -1,9 +1,9 @@
 """NGRAM drafting (prompt lookup): continue the sequence the way it continued the last time its tail appeared.
 
 No draft weights. The longest tail (up to `max_match` tokens) that occurred earlier in the request's own
-tokens wins, most recent occurrence first; the tokens that followed it are the drafts. Short or missing
-matches are padded by repeating the last token, so every request verifies the same number of tokens (a padded
-draft that is wrong is rejected like any other)."""
+tokens wins, most recent occurrence first; the tokens that followed it are the drafts (copied with overlap, so
+a short period keeps repeating). No match: the last token repeated, so every request verifies the same number
+of tokens (a padded draft that is wrong is rejected like any other)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,12 @@ class NgramDrafter:
             # Most recent earlier occurrence whose continuation is inside the sequence.
             for start in range(n_tokens - n - 1, -1, -1):
                 if tokens[start] == tail[0] and list(tokens[start : start + n]) == tail:
-                    drafts = list(tokens[start + n : start + n + k])
+                    # Copy what followed, overlapping into the copy itself when it runs past the end (as
+                    # LZ77 does): a sequence repeating with a short period keeps repeating.
+                    ext = list(tokens)
+                    for i in range(k):
+                        ext.append(ext[start + n + i])
+                    drafts = ext[n_tokens:]
                     break
             if drafts:
                 break

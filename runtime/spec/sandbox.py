@@ -79,6 +79,13 @@ class SandboxedMixer(nn.Module):
         self.inner = inner
         self._sandbox = [sandbox]  # a list keeps it out of nn.Module's attribute registry
 
+    def __getattr__(self, name: str) -> object:
+        # The model reads the mixer's own attributes (state shapes for its layout): answer as the mixer.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["inner"], name)
+
     def forward(
         self,
         x: torch.Tensor,

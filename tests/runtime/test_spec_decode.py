@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.api import GenerateRequest
+from runtime.engine.api import GenerateRequest, SamplingParams
 from runtime.engine.engine_core import EngineCore
 from runtime.engine.pool_setup import EngineStartupError
+from runtime.spec.ngram import NgramDrafter
 from tests.runtime.test_engine_support import (
     VOCAB,
     build_tiny_nemotron_h,
@@ -53,7 +54,12 @@ def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     build = build_tiny_qwen3_next if request.param == "qwen3_next" else build_tiny_nemotron_h
     root = Path(tmp_path_factory.mktemp(request.param))
     target = build(root / "target")
-    return {"target": target, "other": _perturbed_copy(target, root / "other")}
+    dirs = {"target": target, "other": _perturbed_copy(target, root / "other")}
+    if request.param == "qwen3_next":  # the family with an MTP layer: NEXTN drafts from added mtp.* tensors
+        from tests.runtime.test_spec_mtp import with_mtp_weights
+
+        dirs["mtp"] = with_mtp_weights(target, root / "mtp")
+    return dirs
 
 
 def _perturbed_copy(src: Path, dst: Path, noise: float = 0.05) -> Path:
@@ -76,7 +82,12 @@ def _perturbed_copy(src: Path, dst: Path, noise: float = 0.05) -> Path:
 def cores(models: dict[str, Path]) -> dict[str, EngineCore]:
     target = models["target"]
     spec = {"speculative_num_steps": STEPS}
-    return {
+    extra = {}
+    if "mtp" in models:  # same weights as the target plus the MTP layer: the same greedy output
+        extra["nextn"] = make_core(
+            models["mtp"], speculative_algorithm="NEXTN", chunked_prefill_size=9, **spec, **PRESSURE
+        )
+    return extra | {
         "reference": make_core(target, disable_radix_cache=True, chunked_prefill_size=-1),
         "ngram": make_core(target, speculative_algorithm="NGRAM", chunked_prefill_size=7, **spec, **PRESSURE),
         "self_draft": make_core(
@@ -209,3 +220,51 @@ def test_sandbox_is_sized_as_sglang_scratch_states(cores: dict[str, EngineCore])
     assert core.pools.sandbox_slots == groups * (STEPS + 1)
     first = core.pools.buffers.conv[0].shape[0] - core.pools.sandbox_slots
     assert first == plan.mamba_pool_slots == core.pools.sandbox_first_slot
+
+
+def test_logprobs_of_verified_tokens_match_plain_decoding(cores: dict[str, EngineCore]) -> None:
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    params = greedy(9)
+    plain = run_to_completion(
+        cores["reference"], [GenerateRequest("p", prompt, params, return_logprob=True)], together=False
+    )
+    spec = run_to_completion(
+        cores["self_draft"], [GenerateRequest("s", prompt, greedy(9), return_logprob=True)], together=False
+    )
+    want = [lp for o in plain.outputs["p"] for lp in o.new_token_logprobs or []]
+    got = [lp for o in spec.outputs["s"] for lp in o.new_token_logprobs or []]
+    assert spec.tokens("s") == plain.tokens("p") and len(got) == len(want) == 9
+    assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_sampled_requests_are_verified_and_finish(cores: dict[str, EngineCore]) -> None:
+    """Temperature > 0: every row is sampled with the request's own generator; drafts from the target itself
+    are accepted only when the sample agrees, and the request still ends at exactly max_new_tokens."""
+    core = cores["self_draft"]
+    reqs = [
+        GenerateRequest(f"t{i}", [7, 8, 9, i], SamplingParams(temperature=0.8, max_new_tokens=12, seed=i))
+        for i in range(3)
+    ]
+    got = run_to_completion(core, reqs, together=True)
+    for r in reqs:
+        final = got.final(r.rid)
+        assert final.completion_tokens == 12 and len(got.tokens(r.rid)) == 12
+        assert 1 <= final.spec_verify_ct <= 11
+    again = run_to_completion(core, [GenerateRequest("t0", [7, 8, 9, 0], reqs[0].sampling)], together=False)
+    assert again.tokens("t0") == got.tokens("t0"), "a seeded request must be reproducible"
+
+
+@settings(max_examples=40, deadline=None)
+@given(period=st.lists(st.integers(0, 50), min_size=1, max_size=5), repeats=st.integers(2, 4),
+       k=st.integers(1, 6))  # fmt: skip
+def test_ngram_continues_a_repeating_sequence(period: list[int], repeats: int, k: int) -> None:
+    seq = period * repeats
+    drafts = NgramDrafter(k).propose_one(seq)
+    assert len(drafts) == k
+    # The sequence repeats with this period, so its continuation is the period again (if the tail matched).
+    assert drafts == (period * (k // len(period) + 2))[:k]
+
+
+def test_ngram_without_a_match_pads_with_the_last_token() -> None:
+    assert NgramDrafter(3).propose_one([1, 2, 3, 4]) == [4, 4, 4]
+    assert NgramDrafter(4).propose_one([5, 6, 7, 5, 6]) == [7, 5, 6, 7]  # copied with overlap
