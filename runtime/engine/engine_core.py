@@ -65,6 +65,7 @@ class EngineCore:
         layout = self.model.layout()
         draft_tokens = spec_config.num_draft_tokens if spec_config else 0
         self.pools: Pools = size_and_allocate(args, layout, weight_bytes, self.dtype, draft_tokens)
+        self.elastic = _elastic_pool(args, self.pools, layout, spec_config)
         self.context_len = context_len = self.pools.context_len
         self.weight_bytes = weight_bytes
         plan = self.pools.plan
@@ -94,6 +95,10 @@ class EngineCore:
             eos_token_ids=tuple(self.model.eos_token_ids),
             tokenizer=self.tokenizer,
         )
+        if self.elastic is not None:
+            from runtime.kvcache.elastic_pool import install
+
+            install(self.elastic, self)
         self.spec = None
         if spec_config is not None:
             from runtime.spec.config import SpecConfigError
@@ -140,6 +145,8 @@ class EngineCore:
         return self.model.forward(batch, self.pools.buffers)
 
     def step(self) -> bool:
+        if self.elastic is not None:
+            self.elastic.rebalance(self.scheduler)
         return self.scheduler.step()
 
     def stats(self) -> EngineStats:
@@ -166,6 +173,10 @@ class EngineCore:
             s.spec_accept_length = c.recent_accept_length
             s.spec_accept_rate = c.accept_rate
             s.spec_verify_calls_total = c.verify_calls
+        if self.elastic is not None:
+            from runtime.kvcache.elastic_pool import fill_stats
+
+            fill_stats(self.elastic, s)
         return s
 
     def resolved_args(self) -> dict[str, Any]:
@@ -221,6 +232,20 @@ def _validate(args: EngineArgs) -> None:
             f"schedule_policy {args.schedule_policy!r} is not implemented by the bundled runtime; "
             "use fcfs or lpm."
         )
+
+
+def _elastic_pool(args: EngineArgs, pools: Pools, layout: Any, spec_config: Any) -> Any:
+    """The elastic pool over `pools`' bytes (runtime/kvcache/elastic_pool.py), or None when it is off."""
+    if not args.enable_elastic_memory_pool:
+        return None
+    if spec_config is not None:
+        raise EngineStartupError(
+            "enable_elastic_memory_pool with speculative decoding: the draft state sandbox lives outside the "
+            "elastic buffer; turn one of them off (--enable-elastic-memory-pool / --speculative-algorithm)."
+        )
+    from runtime.kvcache.elastic_pool import make_elastic
+
+    return make_elastic(pools, layout, args.page_size, args.device, args.elastic_realloc_timeout_s)
 
 
 def _spec_config(args: EngineArgs) -> Any:

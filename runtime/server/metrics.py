@@ -88,6 +88,23 @@ def _histogram_lines(name: str, doc: str, series: dict[str, Histogram], base: di
     return lines
 
 
+def _elastic_lines(stats: EngineStats, base: dict[str, str]) -> list[str]:
+    series = [
+        ("runtime:elastic_kv_pool_tokens", "gauge", "KV tokens the elastic pool holds now.",
+         stats.max_total_num_tokens),
+        ("runtime:elastic_state_pool_slots", "gauge", "State slots the elastic pool holds now.",
+         stats.max_mamba_cache_size),
+        ("runtime:elastic_moves_total", "counter", "Chunks moved between the KV and state pools.",
+         stats.elastic_moves_total),
+        ("runtime:elastic_realloc_timeouts_total", "counter", "Elastic moves abandoned at the deadline.",
+         stats.elastic_realloc_timeouts_total),
+    ]  # fmt: skip
+    lines: list[str] = []
+    for name, kind, doc, value in series:
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name}{_labels(base)} {_fmt(value)}"]
+    return lines
+
+
 def render_metrics(stats: EngineStats, timings: RequestTimings, model_name: str) -> str:
     base = {"model_name": model_name, "engine_type": "unified"}
     gauges: list[tuple[str, str, float]] = [
@@ -131,6 +148,8 @@ def render_metrics(stats: EngineStats, timings: RequestTimings, model_name: str)
     for short, doc, value in counters:
         name = f"sglang:{short}"
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} counter", f"{name}{_labels(base)} {_fmt(value)}"]
+    if stats.elastic_mode:  # runtime/kvcache/elastic_pool.py: the split moves, scrapes show it over time
+        lines += _elastic_lines(stats, base)
     name = "sglang:cached_tokens_total"
     lines += [
         f"# HELP {name} Number of cached prompt tokens by source (device/host/storage).",

@@ -1,0 +1,388 @@
+"""The elastic memory pool: one buffer whose chunks move between the KV pool and the state pool at run time.
+
+The buffer is `num_chunks` chunks of `rows_per_chunk` rows; a row holds one token's K and V of every
+full-attention layer, and a chunk holds one state slot (conv + SSM of every linear layer) in the same bytes.
+So chunk c is either KV pages [c * ppc, (c + 1) * ppc) or state slot c, and the model's per-layer tensors are
+strided views of that one buffer that cover it twice (KV view and state view): which one owns a chunk is the
+allocators' business. A chunk moves only when nothing in it is in use (its pages all free, or its slot free);
+cached entries are evicted from one side to grow the other. This is SGLang's `--enable-unified-memory`
+re-done on one preallocated buffer (the CPU path); on CUDA with VMM the same chunks could be mapped and
+unmapped instead (runtime/kvcache/cuda_vmm.py probes for it).
+
+A move that cannot happen (every candidate chunk holds in-use or promised memory) is retried at every step
+until `elastic_realloc_timeout_s`; then it is abandoned with "Elastic memory pool reallocation timeout" and
+its cause, and the engine goes on serving with the split it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runtime.engine.forward_batch import ModelLayout, PoolBuffers
+
+logger = logging.getLogger("runtime.kvcache")
+
+TIMEOUT_MESSAGE = "Elastic memory pool reallocation timeout"
+_ALIGN = 16  # bytes: every view starts at a multiple of any dtype's size
+_HISTORY = 512
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+@dataclass(frozen=True)
+class ElasticGeometry:
+    row_bytes: int  # one token's K and V over all full-attention layers (padded)
+    slot_bytes: int  # one request's state over all linear layers (padded)
+    rows_per_chunk: int  # a multiple of page_size, >= slot_bytes / row_bytes
+    page_size: int
+    num_chunks: int
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.rows_per_chunk * self.row_bytes
+
+    @property
+    def pages_per_chunk(self) -> int:
+        return self.rows_per_chunk // self.page_size
+
+    def chunk_pages(self, chunk: int) -> range:
+        ppc = self.pages_per_chunk
+        return range(chunk * ppc, (chunk + 1) * ppc)
+
+
+def _kv_parts(layout: ModelLayout, kv_dtype: torch.dtype) -> list[tuple[int, int]]:
+    """(offset in a row, bytes) of each attention layer's K then V, in PoolBuffers order."""
+    k = layout.num_kv_heads * layout.head_dim * _itemsize(kv_dtype)
+    v = layout.num_kv_heads * layout.v_head_dim * _itemsize(kv_dtype)
+    parts, offset = [], 0
+    for size in [k] * len(layout.attn_layer_ids) + [v] * len(layout.attn_layer_ids):
+        parts.append((offset, size))
+        offset = _align(offset + size)
+    return parts
+
+
+def _state_parts(
+    layout: ModelLayout, conv_dtype: torch.dtype, ssm_dtype: torch.dtype
+) -> list[tuple[int, int]]:
+    n = len(layout.linear_layer_ids)
+    conv = math.prod(layout.conv_state_shape) * _itemsize(conv_dtype)
+    ssm = math.prod(layout.ssm_state_shape) * _itemsize(ssm_dtype)
+    parts, offset = [], 0
+    for size in [conv] * n + [ssm] * n:
+        parts.append((offset, size))
+        offset = _align(offset + size)
+    return parts
+
+
+def elastic_geometry(
+    layout: ModelLayout, total_bytes: int, page_size: int, kv_dtype: torch.dtype, conv_dtype: torch.dtype,
+    ssm_dtype: torch.dtype,
+) -> ElasticGeometry:  # fmt: skip
+    kv = _kv_parts(layout, kv_dtype)
+    st = _state_parts(layout, conv_dtype, ssm_dtype)
+    row_bytes = _align(kv[-1][0] + kv[-1][1]) if kv else _ALIGN
+    slot_bytes = _align(st[-1][0] + st[-1][1]) if st else _ALIGN
+    rows = -(-slot_bytes // row_bytes)
+    rows = -(-rows // page_size) * page_size
+    return ElasticGeometry(row_bytes, slot_bytes, rows, page_size, max(2, total_bytes // (rows * row_bytes)))
+
+
+def allocate_elastic_buffers(
+    layout: ModelLayout, geo: ElasticGeometry, kv_dtype: torch.dtype, conv_dtype: torch.dtype,
+    ssm_dtype: torch.dtype, device: str | torch.device,
+) -> tuple[torch.Tensor, PoolBuffers]:  # fmt: skip
+    """The one backing buffer, and the model's per-layer tensors as strided views of it (KV and state)."""
+    backing = torch.zeros(geo.num_chunks * geo.chunk_bytes, dtype=torch.uint8, device=device)
+    total_rows = geo.num_chunks * geo.rows_per_chunk
+
+    def view(
+        offset: int, dtype: torch.dtype, count: int, stride_bytes: int, shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        item = _itemsize(dtype)
+        typed = backing.view(dtype)
+        inner = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+        return typed.as_strided((count, *shape), (stride_bytes // item, *inner), offset // item)
+
+    n_attn = len(layout.attn_layer_ids)
+    kv_parts = _kv_parts(layout, kv_dtype)
+    heads = layout.num_kv_heads
+    k = [
+        view(kv_parts[i][0], kv_dtype, total_rows, geo.row_bytes, (heads, layout.head_dim))
+        for i in range(n_attn)
+    ]
+    v = [view(kv_parts[n_attn + i][0], kv_dtype, total_rows, geo.row_bytes, (heads, layout.v_head_dim))
+         for i in range(n_attn)]  # fmt: skip
+    n_lin = len(layout.linear_layer_ids)
+    st = _state_parts(layout, conv_dtype, ssm_dtype)
+    conv = [view(st[i][0], conv_dtype, geo.num_chunks, geo.chunk_bytes, tuple(layout.conv_state_shape))
+            for i in range(n_lin)]  # fmt: skip
+    ssm = [view(st[n_lin + i][0], ssm_dtype, geo.num_chunks, geo.chunk_bytes, tuple(layout.ssm_state_shape))
+           for i in range(n_lin)]  # fmt: skip
+    return backing, PoolBuffers(k=k, v=v, conv=conv, ssm=ssm)
+
+
+@dataclass
+class _Pending:
+    direction: str  # "kv" (state chunks -> KV) or "state" (KV chunks -> state)
+    since: float
+    cause: str = ""
+
+
+@dataclass
+class ElasticCounters:
+    moves_to_kv: int = 0
+    moves_to_state: int = 0
+    timeouts: int = 0
+    history: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=_HISTORY))
+
+    @property
+    def moves(self) -> int:
+        return self.moves_to_kv + self.moves_to_state
+
+
+class ElasticPool:
+    """Owns which chunk is KV and which is state; moves chunks with the pools' own free lists."""
+
+    def __init__(self, geo: ElasticGeometry, backing: torch.Tensor, timeout_s: float, mode: str) -> None:
+        self.geo = geo
+        self.backing = backing
+        self.timeout_s = timeout_s
+        self.mode = mode
+        self.is_state = [False] * geo.num_chunks
+        self.counters = ElasticCounters()
+        self._pending: _Pending | None = None
+        self.cache: Any = None
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+
+    def attach(self, cache: Any, buffers: PoolBuffers, initial_state_chunks: int) -> None:
+        """Point `cache` at pools over every chunk, the top `initial_state_chunks` chunks holding states."""
+        from runtime.kvcache.page_pool import KVPagePool
+        from runtime.kvcache.state_pool import StateSlotPool
+
+        geo = self.geo
+        k = min(max(1, initial_state_chunks), geo.num_chunks - 1)
+        kv_pool = KVPagePool(geo.num_chunks * geo.pages_per_chunk, geo.page_size)
+        state_pool = StateSlotPool(geo.num_chunks, buffers)
+        cache.kv_pool = cache.tree.kv_pool = kv_pool
+        cache.state_pool = cache.tree.state_pool = state_pool
+        self.cache = cache
+        # Start with everything KV, then hand the top chunks to the state pool (pages are taken lowest first,
+        # so the top chunks are the ones most often free later, too).
+        state_pool._free = []
+        state_pool._is_free = [False] * geo.num_chunks
+        state_pool.num_slots = 0
+        for chunk in range(geo.num_chunks - 1, geo.num_chunks - 1 - k, -1):
+            self._to_state(chunk)
+        self.counters.moves_to_state = 0
+        self._record()
+
+    # -- the two moves ---------------------------------------------------------------------------------------
+
+    def _to_state(self, chunk: int) -> None:
+        kv, st = self.cache.kv_pool, self.cache.state_pool
+        pages = set(self.geo.chunk_pages(chunk))
+        kv._free = [p for p in kv._free if p not in pages]
+        for p in pages:
+            kv._is_free[p] = False
+        kv.num_pages -= len(pages)
+        st._is_free[chunk] = True
+        st._free.append(chunk)
+        st.num_slots += 1
+        self.is_state[chunk] = True
+        self.counters.moves_to_state += 1
+
+    def _to_kv(self, chunk: int) -> None:
+        kv, st = self.cache.kv_pool, self.cache.state_pool
+        st._free.remove(chunk)
+        st._is_free[chunk] = False
+        st.num_slots -= 1
+        pages = list(self.geo.chunk_pages(chunk))
+        for p in pages:
+            kv._is_free[p] = True
+        kv._free.extend(reversed(pages))
+        kv.num_pages += len(pages)
+        self.is_state[chunk] = False
+        self.counters.moves_to_kv += 1
+
+    def _free_kv_chunk(self) -> int | None:
+        """A KV chunk whose pages are all free (highest first), or None."""
+        ppc = self.geo.pages_per_chunk
+        free_count: dict[int, int] = {}
+        for p in self.cache.kv_pool._free:
+            c = p // ppc
+            free_count[c] = free_count.get(c, 0) + 1
+        full = [c for c, n in free_count.items() if n == ppc and not self.is_state[c]]
+        return max(full) if full else None
+
+    def grow_state(self, keep_pages: int = 0) -> str | None:
+        """Move one KV chunk to the state pool, keeping `keep_pages` available. None: done, else why not."""
+        cache = self.cache
+        ppc = self.geo.pages_per_chunk
+        if cache.available_pages - ppc < keep_pages:
+            held = cache.kv_pool.num_pages - cache.available_pages
+            return (
+                f"pages pinned by running requests: {held} of {cache.kv_pool.num_pages} KV pages are in use "
+                f"or promised, a move needs {ppc + keep_pages} available"
+            )
+        chunk = self._free_kv_chunk()
+        if chunk is None and cache.tree.evictable_pages:
+            cache.tree.evict_kv(min(cache.tree.evictable_pages, ppc * 4))
+            chunk = self._free_kv_chunk()
+        if chunk is None:
+            return (f"pages pinned by running requests: every KV chunk of {ppc} pages holds a page in use "
+                    f"({cache.kv_pool.num_free} pages free but scattered)")  # fmt: skip
+        self._to_state(chunk)
+        return None
+
+    def grow_kv(self) -> str | None:
+        """Move one state chunk to the KV pool. None when done, else why not (nothing changed)."""
+        cache = self.cache
+        st = cache.state_pool
+        if not st._free and cache.tree.evictable_states:
+            cache.tree.evict_states(1)
+        if not st._free:
+            return f"state slots pinned by running requests: all {st.num_slots} slots are in use"
+        self._to_kv(max(st._free))
+        return None
+
+    # -- policy (engine thread, before each step) -----------------------------------------------------------
+
+    def _demand(self, sched: Any) -> tuple[str, int, int] | None:
+        """(direction, chunks, head's pages) when the queue's head waits for memory the other pool has."""
+        if not sched.waiting or len(sched.running) >= sched.config.max_running_requests:
+            return None
+        cache = self.cache
+        head = sched.waiting[0]
+        need = cache.pages_for(len(head.prompt_ids) + head.max_new_tokens - 1)
+        if need > cache.available_pages and cache.available_slots >= 2:
+            return "kv", -(-(need - cache.available_pages) // self.geo.pages_per_chunk), need
+        if cache.available_slots < 1:
+            return "state", 1, need
+        return None
+
+    def rebalance(self, sched: Any) -> None:
+        demand = self._demand(sched)
+        now = time.monotonic()
+        if demand is None:
+            self._pending = None
+            return
+        direction, chunks, need = demand
+        if self._pending is None or self._pending.direction != direction:
+            self._pending = _Pending(direction, now)
+        moved = 0
+        for _ in range(chunks):
+            cause = self.grow_kv() if direction == "kv" else self.grow_state(keep_pages=need)
+            if cause is not None:
+                self._pending.cause = cause
+                break
+            moved += 1
+        if moved:
+            self._record()
+            self._pending = None if moved == chunks else _Pending(direction, now)
+            return
+        if now - self._pending.since > self.timeout_s:
+            self.counters.timeouts += 1
+            target = "KV pool" if direction == "kv" else "state pool"
+            logger.error(
+                "%s: could not grow the %s within elastic_realloc_timeout_s=%gs; cause: %s. Serving "
+                "on with the current split (%d KV tokens, %d state slots). Fix: raise "
+                "memory.elastic_realloc_timeout_s, or size the pools for the workload "
+                "(memory.mamba_full_memory_ratio) and set memory.enable_elastic_memory_pool = false.",
+                TIMEOUT_MESSAGE, target, self.timeout_s, self._pending.cause,
+                self.cache.kv_pool.num_pages * self.geo.page_size, self.cache.state_pool.num_slots,
+            )  # fmt: skip
+            self._pending = None
+            # The queue head keeps waiting on this split; the next attempt starts a fresh deadline.
+
+    # -- observability ---------------------------------------------------------------------------------------
+
+    def _record(self) -> None:
+        c = self.cache
+        kv_tokens = c.kv_pool.num_pages * self.geo.page_size
+        self.counters.history.append((time.time(), kv_tokens, c.state_pool.num_slots))
+
+    def check_invariants(self) -> None:
+        """Every chunk is KV or state; the pools' capacities and free lists stay inside their own chunks."""
+        c = self.cache
+        kv_chunks = [i for i, s in enumerate(self.is_state) if not s]
+        state_chunks = [i for i, s in enumerate(self.is_state) if s]
+        assert c.kv_pool.num_pages == len(kv_chunks) * self.geo.pages_per_chunk
+        assert c.state_pool.num_slots == len(state_chunks)
+        owned_pages = {p for ch in kv_chunks for p in self.geo.chunk_pages(ch)}
+        ps = self.geo.page_size
+        private = [p for m in c.live for p in m.pages[m.tree_len // ps :]]
+        pages = c.kv_pool.free_pages() + c.tree.all_pages() + private
+        assert sorted(pages) == sorted(owned_pages), "a KV page is lost, in two places, or in a state chunk"
+        own = [m.slot for m in c.live if m.slot is not None]
+        slots = c.state_pool.free_slots() + c.tree.all_states() + own
+        assert sorted(slots) == state_chunks, "a state slot is lost, in two places, or in a KV chunk"
+        assert c.reserved_pages <= c.kv_pool.num_free + c.tree.evictable_pages
+
+    def describe(self) -> str:
+        geo = self.geo
+        return (
+            f"Elastic memory pool: mode={self.mode}, one buffer of "
+            f"{geo.num_chunks * geo.chunk_bytes / (1 << 30):.3f} GB in {geo.num_chunks} chunks "
+            f"(1 chunk = 1 state slot = {geo.rows_per_chunk} KV tokens), "
+            f"start split: {self.cache.kv_pool.num_pages * geo.page_size} KV tokens, "
+            f"{self.cache.state_pool.num_slots} state slots, realloc timeout {self.timeout_s:g}s"
+        )
+
+
+def make_elastic(
+    pools: Any, layout: ModelLayout, page_size: int, device: str, timeout_s: float
+) -> ElasticPool:
+    """Replace `pools.buffers` (the fixed split the plan sized) by views of one buffer of the same bytes."""
+    b = pools.buffers
+    kv_dtype = b.k[0].dtype if b.k else torch.float32
+    conv_dtype = b.conv[0].dtype if b.conv else torch.float32
+    ssm_dtype = b.ssm[0].dtype if b.ssm else torch.float32
+    total = pools.plan.kv_pool_bytes + pools.plan.mamba_pool_bytes
+    geo = elastic_geometry(layout, total, page_size, kv_dtype, conv_dtype, ssm_dtype)
+    pools.buffers = None  # the fixed split's tensors go before the one buffer is allocated
+    b = None
+    mode = "cpu-repartition"
+    if str(device).startswith("cuda"):
+        from runtime.kvcache.cuda_vmm import vmm_status
+
+        mode = f"cuda-repartition (one preallocated buffer; CUDA VMM: {vmm_status()})"
+    backing, buffers = allocate_elastic_buffers(layout, geo, kv_dtype, conv_dtype, ssm_dtype, device)
+    pools.buffers = buffers
+    return ElasticPool(geo, backing, timeout_s, mode)
+
+
+def install(pool: ElasticPool, core: Any) -> None:
+    """Hook `pool` into a built EngineCore: its cache's pools, the running-request cap, the start-up line."""
+    pool.attach(core.cache, core.pools.buffers, core.pools.num_state_slots)
+    if core.args.max_running_requests is None:  # derived from the slots at start; the slots now move
+        core.scheduler.config.max_running_requests = pool.geo.num_chunks - 1
+    logger.info(pool.describe())
+
+
+def fill_stats(pool: ElasticPool, stats: Any) -> None:
+    """The current split in the engine's stats (what /metrics and /server_info report)."""
+    c, geo = pool.cache, pool.geo
+    b = c.state_pool.buffers
+    slots = c.state_pool.num_slots
+    stats.max_total_num_tokens = c.kv_pool.num_pages * geo.page_size
+    stats.max_mamba_cache_size = slots
+    stats.kv_cache_bytes = stats.max_total_num_tokens * geo.row_bytes
+    stats.conv_state_bytes = slots * sum(t[0].numel() * t.element_size() for t in b.conv)
+    stats.ssm_state_bytes = slots * sum(t[0].numel() * t.element_size() for t in b.ssm)
+    stats.elastic_mode = pool.mode
+    stats.elastic_moves_total = pool.counters.moves
+    stats.elastic_realloc_timeouts_total = pool.counters.timeouts

@@ -1,0 +1,99 @@
+"""The elastic memory pool in-process: chunks move between KV and state as the workload shifts, never while
+in use; outputs stay token-identical to fixed pools; a move that cannot happen times out, serving goes on."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.engine.api import GenerateRequest
+from runtime.engine.engine_core import EngineCore
+from runtime.kvcache.elastic_pool import TIMEOUT_MESSAGE
+from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, make_core, one_torch_thread
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_qwen3_next(Path(tmp_path_factory.mktemp("elastic")) / "model")
+
+
+def run(core: EngineCore, reqs: list[GenerateRequest], outs: dict[str, list[int]]) -> int:
+    """Queue `reqs`, step to the end checking the elastic invariants; returns the peak of running requests."""
+    for r in reqs:
+        core.scheduler.add_request(r, lambda o: outs.setdefault(o.rid, []).extend(o.new_token_ids))
+    peak = 0
+    while core.scheduler.has_work:
+        core.step()
+        assert core.elastic is not None
+        core.elastic.check_invariants()
+        peak = max(peak, len(core.scheduler.running))
+    return peak
+
+
+def test_pages_move_with_the_workload_and_outputs_match_fixed_pools(model_dir: Path) -> None:
+    rng = random.Random(0)
+    long = [GenerateRequest(f"L{i}", [rng.randrange(255) for _ in range(300)], greedy(8)) for i in range(3)]
+    short = [GenerateRequest(f"S{i}", [rng.randrange(255) for _ in range(10)], greedy(8)) for i in range(24)]
+    core = make_core(model_dir, enable_elastic_memory_pool=True, max_total_tokens=1024,
+                     max_mamba_cache_size=4, chunked_prefill_size=256)  # fmt: skip
+    elastic = core.elastic
+    assert elastic is not None and elastic.mode == "cpu-repartition"
+    start_slots = core.cache.state_pool.num_slots
+    outs: dict[str, list[int]] = {}
+    assert run(core, long, outs) == 3  # three 300-token prompts fit the KV side at once
+    # Many short requests: the state side grows from KV chunks no request is using.
+    peak = run(core, short, outs)
+    assert elastic.counters.moves_to_state > 0 and core.cache.state_pool.num_slots > start_slots
+    assert peak > start_slots, "more short requests ran at once than the starting split has slots"
+    # Long prompts again: free state chunks go back to the KV side.
+    again = [GenerateRequest(f"A{i}", r.input_ids + [1] * 400, greedy(8)) for i, r in enumerate(long[:2])]
+    run(core, again, outs)
+    assert elastic.counters.moves_to_kv > 0
+    stats = core.stats()
+    assert stats.elastic_moves_total == elastic.counters.moves and stats.elastic_mode == "cpu-repartition"
+    assert stats.max_mamba_cache_size == core.cache.state_pool.num_slots
+    assert len(elastic.counters.history) >= 3
+    # The same requests on fixed pools, one at a time and without the cache: the same tokens.
+    ref = make_core(model_dir, disable_radix_cache=True, chunked_prefill_size=-1)
+    ref_outs: dict[str, list[int]] = {}
+    for r in [*long, *short, *again]:
+        ref.scheduler.add_request(r, lambda o: ref_outs.setdefault(o.rid, []).extend(o.new_token_ids))
+        while ref.scheduler.has_work:
+            ref.step()
+    assert outs == ref_outs
+
+
+def test_a_move_blocked_by_running_requests_times_out_and_serving_goes_on(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    core = make_core(model_dir, enable_elastic_memory_pool=True, max_total_tokens=1024,
+                     max_mamba_cache_size=4, elastic_realloc_timeout_s=0.05)  # fmt: skip
+    assert core.elastic is not None
+    # Four requests take the four slots and promise nearly all KV pages; the fifth waits for a slot, and no
+    # KV chunk can become one while those pages are promised.
+    reqs = [GenerateRequest(f"R{i}", [i + 1] * 10, greedy(240)) for i in range(5)]
+    outs: dict[str, list[int]] = {}
+    with caplog.at_level(logging.ERROR, logger="runtime.kvcache"):
+        run(core, reqs, outs)
+    assert core.elastic.counters.timeouts >= 1
+    line = next(r.getMessage() for r in caplog.records if TIMEOUT_MESSAGE in r.getMessage())
+    assert "pages pinned by running requests" in line and "elastic_realloc_timeout_s=0.05s" in line
+    assert all(len(outs[r.rid]) == 240 for r in reqs)  # the waiting request ran once a slot came free
+    assert core.stats().elastic_realloc_timeouts_total == core.elastic.counters.timeouts
+
+
+def test_elastic_with_speculative_decoding_refuses_to_start(model_dir: Path) -> None:
+    from runtime.engine.pool_setup import EngineStartupError
+
+    with pytest.raises(EngineStartupError, match="elastic_memory_pool with speculative decoding"):
+        make_core(model_dir, enable_elastic_memory_pool=True, speculative_algorithm="NGRAM")
