@@ -26,13 +26,6 @@ _LAYER_NAMES = {
 }
 
 
-def _json_float(value: object) -> float:
-    """transformers writes infinity into config.json as {"__float__": "Infinity"}."""
-    if isinstance(value, dict):
-        value = value.get("__float__")
-    return float(value)  # type: ignore[arg-type]
-
-
 @dataclass(frozen=True)
 class GraniteHybridConfig:
     vocab_size: int
@@ -86,7 +79,6 @@ class GraniteHybridConfig:
         if d_head in (None, "auto"):
             d_head = cfg.int("mamba_expand", 2) * hidden // mamba_heads
         theta, _ = cfg.rope()
-        limit = cfg.data.get("time_step_limit") or (0.0, float("inf"))
         return cls(
             vocab_size=cfg.int("vocab_size"),
             hidden_size=hidden,
@@ -114,7 +106,7 @@ class GraniteHybridConfig:
             mamba_chunk_size=cfg.int("mamba_chunk_size", 256),
             mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
             mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-            dt_limit=(_json_float(limit[0]), _json_float(limit[1])),
+            dt_limit=cfg.float_pair("time_step_limit", (0.0, float("inf"))),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         )
 

@@ -53,6 +53,18 @@ class HFConfig:
             )
         return float(value)
 
+    def float_pair(self, key: str, default: tuple[float, float]) -> tuple[float, float]:
+        """A [lo, hi] pair like `time_step_limit` (transformers writes inf as {"__float__": "Infinity"})."""
+        value = self.data.get(key) or default
+        try:
+            lo, hi = (float(v.get("__float__") if isinstance(v, dict) else v) for v in value)
+        except (TypeError, ValueError):
+            raise ModelLoadError(
+                f"{self.path}: key '{self.prefix}{key}' must be a pair of numbers, got {value!r}; "
+                "fix the file."
+            ) from None
+        return lo, hi
+
     def rope(self, default_theta: float = 10000.0, default_partial: float = 1.0) -> tuple[float, float]:
         """(rope_theta, partial_rotary_factor) from either the transformers-5 `rope_parameters` dict or
         the older top-level keys. Only unscaled ("default") RoPE is implemented; others are refused."""

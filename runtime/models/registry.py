@@ -41,6 +41,12 @@ def _granite_hybrid(cfg: HFConfig) -> HybridModel:
     return GraniteHybridForCausalLM(GraniteHybridConfig.from_hf(cfg))
 
 
+def _falcon_h1(cfg: HFConfig) -> HybridModel:
+    from runtime.models.falcon_h1 import FalconH1Config, FalconH1ForCausalLM
+
+    return FalconH1ForCausalLM(FalconH1Config.from_hf(cfg))
+
+
 REGISTRY: tuple[ModelEntry, ...] = (
     ModelEntry(("qwen3_next",), ("Qwen3NextForCausalLM",), _qwen3_next),
     ModelEntry(
@@ -55,6 +61,7 @@ REGISTRY: tuple[ModelEntry, ...] = (
     ),
     ModelEntry(("nemotron_h",), ("NemotronHForCausalLM",), _nemotron_h),
     ModelEntry(("granitemoehybrid",), ("GraniteMoeHybridForCausalLM",), _granite_hybrid),
+    ModelEntry(("falcon_h1",), ("FalconH1ForCausalLM",), _falcon_h1),
 )
 
 

@@ -1,5 +1,5 @@
 """Our model code vs transformers 5's reference implementations (Qwen3-Next, Qwen3.5-MoE, Nemotron-H,
-Granite-4.0-H), and vs itself under chunked prefill, packed extend and batched decode."""
+Granite-4.0-H, Falcon-H1), and vs itself under chunked prefill, packed extend and batched decode."""
 
 from __future__ import annotations
 
@@ -153,6 +153,39 @@ def _granite_hybrid() -> torch.nn.Module:
     return transformers.GraniteMoeHybridForCausalLM(cfg)
 
 
+def _falcon_h1(mamba_rms_norm: bool = True) -> torch.nn.Module:
+    # Gate-then-norm (mamba_norm_before_gate=False) is where transformers and SGLang agree.
+    cfg = transformers.FalconH1Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=64,
+        mamba_n_heads=8,
+        mamba_n_groups=2,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        mamba_rms_norm=mamba_rms_norm,
+        mamba_norm_before_gate=False,
+        embedding_multiplier=2.0,
+        lm_head_multiplier=0.5,
+        key_multiplier=0.7,
+        attention_in_multiplier=1.3,
+        attention_out_multiplier=0.8,
+        ssm_in_multiplier=1.2,
+        ssm_out_multiplier=0.9,
+        ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.05],
+        mlp_multipliers=[1.5, 0.6],
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
+    return transformers.FalconH1ForCausalLM(cfg)
+
+
 ARCHS: dict[str, tuple[Callable[[], torch.nn.Module], ModelLayout]] = {
     "qwen3_next": (
         _qwen3_next,
@@ -193,6 +226,20 @@ ARCHS: dict[str, tuple[Callable[[], torch.nn.Module], ModelLayout]] = {
             v_head_dim=16,
             conv_state_shape=(128 + 2 * 2 * 16, 3),
             ssm_state_shape=(8, 16, 16),
+            vocab_size=VOCAB,
+        ),
+    ),
+    "falcon_h1": (
+        _falcon_h1,
+        ModelLayout(
+            num_layers=3,
+            attn_layer_ids=(0, 1, 2),
+            linear_layer_ids=(0, 1, 2),
+            num_kv_heads=2,
+            head_dim=16,
+            v_head_dim=16,
+            conv_state_shape=(64 + 2 * 2 * 16, 3),
+            ssm_state_shape=(8, 8, 16),
             vocab_size=VOCAB,
         ),
     ),
@@ -388,3 +435,24 @@ def test_low_precision_pools_stay_close(model: HybridModel) -> None:
     runner = SimpleRunner(model, kv_dtype=torch.bfloat16, conv_dtype=torch.bfloat16)
     got = runner.generate_greedy(0, prompt, 8)
     assert got[:2] == ref[:2]
+
+
+def test_falcon_h1_without_mamba_norm(tmp_path: Path) -> None:
+    """mamba_rms_norm=False gates the scan output with silu(gate) only (as SGLang does). Prefill matches
+    transformers; its own generate disagrees with its forward, so decode is checked by teacher forcing."""
+    torch.manual_seed(0)
+    hf = _falcon_h1(mamba_rms_norm=False).eval()
+    _perturb(hf, 1)
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    prompt = _prompt(40, 13)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0]
+    runner = SimpleRunner(model)
+    runner.add(0)
+    assert (runner.extend({0: prompt}, all_logits=True) - ref).abs().max().item() <= 1e-4
+    generated = SimpleRunner(model).generate_greedy(0, prompt, 24)
+    teacher = SimpleRunner(model)
+    teacher.add(0)
+    forced = teacher.extend({0: prompt + generated[:-1]}, all_logits=True)[len(prompt) - 1 :]
+    assert forced.argmax(-1).tolist() == generated

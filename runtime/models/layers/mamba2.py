@@ -1,15 +1,21 @@
-"""Mamba2 mixer (Nemotron-H): in_proj → causal conv → selective scan → gated group norm → out_proj."""
+"""Mamba2 mixer (Nemotron-H, Granite-4.0-H, Falcon-H1): in_proj → causal conv → selective scan → gated
+norm → out_proj. Falcon-H1 adds muP multipliers on the input and on each section of the projection, and its
+own choice of output gating."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
-from runtime.models.layers.norm import GroupedGatedRMSNorm
+from runtime.models.layers.norm import FalconGatedRMSNorm, GroupedGatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 from runtime.models.layers.ssd import chunk_scan, recurrent_step
+
+GatedNorm = Literal["mamba2", "norm_then_gate", "gate_then_norm", "gate_only"]
 
 
 class Mamba2Mixer(nn.Module):
@@ -26,7 +32,15 @@ class Mamba2Mixer(nn.Module):
         eps: float,
         use_bias: bool,
         use_conv_bias: bool,
+        *,
+        out_bias: bool | None = None,
+        in_multiplier: float = 1.0,
+        proj_multipliers: tuple[float, ...] | None = None,
+        gated_norm: GatedNorm = "mamba2",
     ) -> None:
+        """`gated_norm`: "mamba2" gates then RMS-normalizes per group (Nemotron-H, Granite); Falcon-H1 either
+        normalizes then gates, gates then normalizes (its `mamba_rms_norm`), or only gates ("gate_only").
+        `proj_multipliers`: Falcon-H1's `ssm_multipliers` for the gate, x, B, C and dt sections of in_proj."""
         super().__init__()
         self.num_heads, self.head_dim, self.state_size, self.n_groups = (
             num_heads,
@@ -46,8 +60,27 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(num_heads))
         self.A_log = nn.Parameter(torch.zeros(num_heads))
         self.D = nn.Parameter(torch.ones(num_heads))
-        self.norm = GroupedGatedRMSNorm(self.intermediate, eps, self.intermediate // n_groups)
-        self.out_proj = nn.Linear(self.intermediate, hidden, bias=use_bias)
+        self.gated_norm = gated_norm
+        self.norm: nn.Module | None
+        if gated_norm == "mamba2":
+            self.norm = GroupedGatedRMSNorm(self.intermediate, eps, self.intermediate // n_groups)
+        elif gated_norm == "gate_only":
+            self.norm = None
+        else:
+            self.norm = FalconGatedRMSNorm(self.intermediate, eps, n_groups, gated_norm == "norm_then_gate")
+        self.out_proj = nn.Linear(self.intermediate, hidden, bias=use_bias if out_bias is None else out_bias)
+        self.in_multiplier = in_multiplier
+        self.proj_multipliers = proj_multipliers
+        self._mup: torch.Tensor | None = None  # built lazily: models are created on the meta device
+
+    def _mup_vector(self, like: torch.Tensor) -> torch.Tensor:
+        if self._mup is None or self._mup.device != like.device or self._mup.dtype != like.dtype:
+            assert self.proj_multipliers is not None
+            gs = self.n_groups * self.state_size
+            sizes = (self.intermediate, self.intermediate, gs, gs, self.num_heads)
+            parts = [torch.full((n,), m) for n, m in zip(sizes, self.proj_multipliers, strict=True)]
+            self._mup = torch.cat(parts).to(device=like.device, dtype=like.dtype)
+        return self._mup
 
     @property
     def conv_state_shape(self) -> tuple[int, int]:
@@ -67,7 +100,10 @@ class Mamba2Mixer(nn.Module):
     ) -> torch.Tensor:
         """x: [T, hidden]. `packing` is None in decode mode (one token per sequence, T == B)."""
         tokens = x.shape[0]
-        gate, xbc, dt = self.in_proj(x).split([self.intermediate, self.conv_dim, self.num_heads], dim=-1)
+        projected = self.in_proj(x * self.in_multiplier if self.in_multiplier != 1.0 else x)
+        if self.proj_multipliers is not None:
+            projected = projected * self._mup_vector(projected)
+        gate, xbc, dt = projected.split([self.intermediate, self.conv_dim, self.num_heads], dim=-1)
         weight = self.conv1d.weight[:, 0, :]
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min, max=self.dt_max)
         a = -torch.exp(self.A_log.float())
@@ -103,5 +139,9 @@ class Mamba2Mixer(nn.Module):
             )
             ssm_pool[packing.state_slots] = state.to(ssm_pool.dtype)
             y = packing.unpad(y)
-        y = self.norm(y.reshape(tokens, self.intermediate).to(x.dtype), gate)
-        return self.out_proj(y)
+        y = y.reshape(tokens, self.intermediate)
+        if self.norm is None:
+            y = y * F.silu(gate.float())
+        else:
+            y = self.norm(y.to(x.dtype) if self.gated_norm == "mamba2" else y, gate)
+        return self.out_proj(y.to(x.dtype))

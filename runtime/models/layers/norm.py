@@ -73,3 +73,29 @@ class GroupedGatedRMSNorm(nn.Module):
         h = h.view(*shape[:-1], shape[-1] // self.group_size, self.group_size)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.view(shape).to(dtype)
+
+
+class FalconGatedRMSNorm(nn.Module):
+    """Falcon-H1's gated norm over `n_groups` channel groups, weight applied in fp32, gate either after the
+    norm (`norm_before_gate`) or before it."""
+
+    def __init__(self, dim: int, eps: float, n_groups: int, norm_before_gate: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.n_groups = n_groups
+        self.norm_before_gate = norm_before_gate
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        if not self.norm_before_gate:
+            x = x * F.silu(gate.float())
+        h = x.float()
+        shape = h.shape
+        h = h.view(*shape[:-1], self.n_groups, shape[-1] // self.n_groups)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight.view(self.n_groups, -1) * h
+        h = h.view(shape)
+        if self.norm_before_gate:
+            h = h * F.silu(gate.float())
+        return h.to(dtype)
