@@ -152,8 +152,10 @@ class MtpDrafter:
         slots = batch.state_slots.tolist()
         for slot, pre, n in zip(slots, batch.prefix_lens, batch.extend_lens, strict=True):
             store = self.hidden.setdefault(int(slot), {})
+            for p in [p for p in store if p >= pre + n]:
+                del store[p]  # beyond the newest write: rejected drafts, or an earlier owner of the slot
             for j in range(n):
-                store[pre + j] = rows[start + j]
+                store[pre + j] = rows[start + j].clone()
             start += n
 
     def release(self, rid: str) -> None:
