@@ -7,7 +7,10 @@ verify forward: the last accepted token + the drafts, so steps + 1 for a chain).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+logger = logging.getLogger("runtime.spec")
 
 ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "NEXTN")
 # SGLang's default steps when --speculative-num-steps is not given (server_args auto-choice for a chain).
@@ -66,12 +69,16 @@ def resolve_spec_config(
         raise SpecConfigError(
             f"--speculative-num-steps {steps} must be >= 1 ([speculative] speculative_num_steps)."
         )
-    tokens = num_draft_tokens if num_draft_tokens is not None else steps + 1
-    if tokens != steps + 1:
-        raise SpecConfigError(
-            f"--speculative-num-draft-tokens {tokens} with --speculative-num-steps {steps} and topk 1: a "
-            f"chain verifies steps + 1 = {steps + 1} tokens. Set [speculative] "
-            f"speculative_num_draft_tokens = {steps + 1} in config.toml (or leave it unset)."
+    tokens = steps + 1
+    if num_draft_tokens is not None and num_draft_tokens != tokens:
+        # SGLang (arg_groups/speculative_hook.py) adjusts rather than refuses; so do we, saying so.
+        logger.warning(
+            "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+            "speculative_eagle_topk == 1 (%d -> %d); set [speculative] speculative_num_draft_tokens = %d in "
+            "config.toml to silence this",
+            num_draft_tokens,
+            tokens,
+            tokens,
         )
     if name == "STANDALONE" and not draft_model_path:
         raise SpecConfigError(

@@ -194,10 +194,6 @@ def test_stop_token_inside_an_accepted_run_truncates_and_rolls_back(cores: dict[
             r"Speculative decoding state rollback error.*enable_mamba_state_sandbox = true",
         ),
         ({"speculative_algorithm": "NGRAM", "speculative_eagle_topk": 2}, r"speculative_topk = 1"),
-        (
-            {"speculative_algorithm": "NGRAM", "speculative_num_steps": 3, "speculative_num_draft_tokens": 6},
-            r"speculative_num_draft_tokens = 4",
-        ),
         ({"speculative_algorithm": "STANDALONE"}, r"speculative_draft_model_path"),
         ({"speculative_algorithm": "NEXTN"}, r"no mtp\.\* weights"),
         ({"speculative_algorithm": "MEDUSA"}, r"implements NGRAM, STANDALONE"),
@@ -268,3 +264,13 @@ def test_ngram_continues_a_repeating_sequence(period: list[int], repeats: int, k
 def test_ngram_without_a_match_pads_with_the_last_token() -> None:
     assert NgramDrafter(3).propose_one([1, 2, 3, 4]) == [4, 4, 4]
     assert NgramDrafter(4).propose_one([5, 6, 7, 5, 6]) == [7, 5, 6, 7]  # copied with overlap
+
+
+def test_draft_tokens_other_than_steps_plus_one_are_adjusted_as_sglang(
+    models: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = {"speculative_algorithm": "NGRAM", "speculative_num_steps": 2, "speculative_num_draft_tokens": 6}
+    core = make_core(models["target"], **spec)
+    assert core.spec is not None and core.spec.config.num_draft_tokens == 3
+    assert core.pools.sandbox_slots % 3 == 0
+    assert "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1" in caplog.text
