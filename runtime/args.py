@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from typing import NoReturn
 
+from runtime.spec.config import ALGORITHMS
+
 PROG = "python -m runtime"
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -22,7 +24,7 @@ MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "NEXTN", "EAGLE")  # runtime/spec/config.py ALGORITHMS
+SPEC_ALGORITHMS = ALGORITHMS  # runtime/spec/config.py: no torch there, parsing stays instant
 
 # The runtime's own flags: seed keys SGLang has no flag for (SGLang builds these behaviours into its cache).
 RUNTIME_ONLY_FLAGS = (

@@ -274,3 +274,10 @@ def test_draft_tokens_other_than_steps_plus_one_are_adjusted_as_sglang(
     assert core.spec is not None and core.spec.config.num_draft_tokens == 3
     assert core.pools.sandbox_slots % 3 == 0
     assert "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1" in caplog.text
+
+
+def test_launch_offers_the_algorithms_the_runtime_implements() -> None:
+    from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
+    from runtime.spec.config import ALGORITHMS
+
+    assert set(RUNTIME_FLAGS["--speculative-algorithm"].choices) == set(ALGORITHMS)
