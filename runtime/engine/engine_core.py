@@ -149,6 +149,10 @@ class EngineCore:
             self.elastic.rebalance(self.scheduler)
         return self.scheduler.step()
 
+    def check_invariants(self) -> None:
+        """Pool accounting (free + cached + in-use == total, nothing in two places); raises AssertionError."""
+        self.scheduler.check_invariants()
+
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
         plan = self.pools.plan

@@ -101,7 +101,7 @@ class ThreadedEngineClient(EngineClient):
                 return True
         elif kind == "stop":
             for r in [*sched.running, *sched.waiting]:
-                sched.abort(r.rid)
+                sched.abort(r.rid, "The server is shutting down.", 503)
             return False
         if fut is not None:
             fut.set_result(result)
@@ -123,10 +123,12 @@ class ThreadedEngineClient(EngineClient):
                 pass
             try:
                 self.core.step()
-            except Exception:  # noqa: BLE001 - one bad step must not kill the server; its requests fail
+            except Exception as exc:  # noqa: BLE001 - one bad step must not kill the server; its requests fail
                 logger.exception("engine step failed; aborting the requests it was running")
                 for r in list(self.core.scheduler.running):
-                    self.core.scheduler.abort(r.rid)
+                    self.core.scheduler.abort(
+                        r.rid, f"Internal engine error: {type(exc).__name__}: {exc}", 500
+                    )
             self._refresh_stats()
             if (
                 self.core.args.log_mamba_state_stats

@@ -103,14 +103,18 @@ class Scheduler:
             )
         return None
 
-    def abort(self, rid: str) -> bool:
+    def abort(self, rid: str, message: str = "Aborted by the client.", status_code: int = 499) -> bool:
+        """Free everything the request holds and finish it as aborted. False when the rid is unknown."""
+        err_type = {499: "ClientDisconnect", 503: "ServiceUnavailable"}.get(
+            status_code, "InternalServerError"
+        )
         for queue in (self.waiting, self.running):
             for req in queue:
                 if req.rid == rid:
                     queue.remove(req)
                     self._release(req, cache=False)
                     self.counters.num_requests_aborted += 1
-                    self._finish(req, _abort("Aborted by the client.", 499, "ClientDisconnect"))
+                    self._finish(req, _abort(message, status_code, err_type))
                     return True
         return False
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.engine.api import EngineArgs, EngineClient, GenerateRequest, RequestOutput, start_engine
+from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.engine.pool_setup import EngineStartupError
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, one_torch_thread
 
@@ -149,3 +150,33 @@ def test_startup_errors_name_the_key(model_dir: Path, tmp_path: Path) -> None:
         start_engine(EngineArgs(model_path=str(model_dir), memory_budget_gib=0.0001))
     with pytest.raises(EngineStartupError, match="config.json"):
         start_engine(EngineArgs(model_path=str(tmp_path)))
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir: Path) -> None:
+    client = _start(model_dir)
+    assert isinstance(client, ThreadedEngineClient)
+    sched = client.core.scheduler
+    real = sched.run_model
+    try:
+
+        def broken(batch):  # type: ignore[no-untyped-def]  # fault injection: the model raises mid-step
+            raise RuntimeError("boom")
+
+        sched.run_model = broken
+        w = Waiter()
+        client.add_request(GenerateRequest("a", [1, 2, 3], greedy(2)), w)
+        assert w.done.wait(60)
+        reason = w.outputs[-1].finish_reason
+        assert reason == {
+            "type": "abort",
+            "message": "Internal engine error: RuntimeError: boom",
+            "status_code": 500,
+            "err_type": "InternalServerError",
+        }
+        sched.run_model = real
+        ok = Waiter()
+        client.add_request(GenerateRequest("b", [1, 2, 3], greedy(2)), ok)
+        assert ok.done.wait(60) and ok.outputs[-1].finish_reason == {"type": "length", "length": 2}
+        assert client.call_in_engine(lambda core: core.check_invariants()) is None
+    finally:
+        client.shutdown()
