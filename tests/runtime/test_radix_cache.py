@@ -14,8 +14,9 @@ from runtime.kvcache.state_pool import StateSlotPool
 
 def make_cache(pages: int = 64, slots: int = 8, page_size: int = 1, dual_lru: bool = True) -> RadixCache:
     buffers = PoolBuffers(k=[], v=[], conv=[torch.zeros(slots, 2, 3)], ssm=[torch.zeros(slots, 2, 2, 2)])
-    return RadixCache(KVPagePool(pages, page_size), StateSlotPool(slots, buffers), page_size=page_size,
-                      dual_lru=dual_lru)
+    return RadixCache(
+        KVPagePool(pages, page_size), StateSlotPool(slots, buffers), page_size=page_size, dual_lru=dual_lru
+    )
 
 
 def put(cache: RadixCache, tokens: list[int], state: bool = True) -> tuple[list[int], int | None]:
@@ -127,8 +128,15 @@ def test_page_granularity() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["ins", "match", "lock", "evict_kv", "evict_state"]),
-                          st.lists(st.integers(0, 3), min_size=1, max_size=8)), max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["ins", "match", "lock", "evict_kv", "evict_state"]),
+            st.lists(st.integers(0, 3), min_size=1, max_size=8),
+        ),
+        max_size=30,
+    )
+)
 def test_random_operations_keep_accounting(ops: list[tuple[str, list[int]]]) -> None:
     c = make_cache(pages=24, slots=6)
     locked = []
