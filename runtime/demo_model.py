@@ -176,7 +176,9 @@ def build_demo_model(out_dir: str | Path, *, seed: int = 0, force: bool = False)
     half-written model behind.
     """
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+    if out.exists() and not out.is_dir():
+        raise DemoModelError(f"{out}: exists and is not a directory; choose a directory path for --out.")
+    if out.exists() and any(out.iterdir()) and not force:
         raise DemoModelError(f"{out}: already exists and is not empty; pass --force to replace it.")
     config = dict(DEMO_CONFIG)
     tokenizer_json = _train_tokenizer(int(config["vocab_size"]))  # type: ignore[arg-type]
@@ -214,7 +216,7 @@ def build_demo_model(out_dir: str | Path, *, seed: int = 0, force: bool = False)
             },
         )
         if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
+            shutil.rmtree(out)
         os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -232,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
         path = build_demo_model(args.out, seed=args.seed, force=args.force)
     except DemoModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"error: cannot write the demo model to {args.out}: {exc.strerror or exc} "
+            f"({exc.filename or args.out}); choose a writable directory for --out.",
+            file=sys.stderr,
+        )
         return 2
     print(path)
     return 0

@@ -131,3 +131,14 @@ def test_missing_corpus_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(DemoModelError, match="corpus"):
         build_demo_model(tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_unwritable_destinations_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert main(["--out", str(a_file)]) == 2
+    assert main(["--out", str(a_file), "--force"]) == 2  # --force replaces directories, never a file
+    assert main(["--out", str(a_file / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a directory" in err and "cannot write the demo model" in err and "Traceback" not in err
+    assert a_file.read_text() == "x"
