@@ -146,9 +146,8 @@ class CacheManager:
             if slot is not None:
                 self.state_pool.copy(src, slot)
                 return slot
-        # No copy-on-write, or no other slot to copy into: the request takes the cached state over, and the
-        # cache
-        # forgets it (it will be written in place).
+        # No copy-on-write, or no other slot to copy into: the request takes the cached state over and the
+        # cache forgets it (it will be written in place).
         self.tree.detach_state(node)
         return src
 
