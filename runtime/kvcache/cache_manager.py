@@ -1,12 +1,9 @@
 """What a request holds in the two pools, and every move between request, prefix cache and free lists.
 
 A request's KV pages cover its tokens [0, kv_len); the first `tree_len` tokens' pages belong to the prefix
-cache
-(locked through `node`), the rest are private. Its state slot is always private. Pages a request may still
-need
-(up to prompt + max_new_tokens) are reserved at admission, so decode never runs out of KV: a request that
-cannot
-get its reservation waits in the queue instead.
+cache (locked through `node`), the rest are private. Its state slot is always private. Pages a request may
+still need (up to prompt + max_new_tokens) are reserved at admission, so decode never runs out of KV: a
+request that cannot get its reservation waits in the queue instead.
 
 Accounting: free + cached + in-use == total, for KV pages and for state slots (`check_invariants`).
 """
