@@ -1,8 +1,7 @@
 """The engine loop in its own thread, behind the thread-safe `EngineClient` the server uses.
 
-Commands (add, abort, flush, stop) go through a queue and are applied between steps, so the scheduler and
-pools
-are only ever touched by the engine thread. Stats are a snapshot refreshed after every step.
+Commands (add, abort, flush, stop) go through a queue and are applied between steps, so the scheduler
+and pools are only ever touched by the engine thread. Stats are a snapshot refreshed after every step.
 """
 
 from __future__ import annotations

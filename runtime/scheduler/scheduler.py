@@ -1,9 +1,8 @@
 """The scheduler: `step()` = schedule → run → postprocess, nano-vllm style, with continuous batching.
 
 A step is either a prefill step (prompt chunks of several requests in one forward, at most
-`chunked_prefill_size` tokens) or a decode step (one token for every running request in one forward). When
-both
-kinds of work exist they alternate, so a long prompt never stalls the others' decoding.
+`chunked_prefill_size` tokens) or a decode step (one token for every running request in one forward).
+When both kinds of work exist they alternate, so a long prompt never stalls the others' decoding.
 
 With the prefix cache on (extra_buffer strategy), a request's prefill chunks end on multiples of
 `mamba_track_interval`, and the state at each such boundary is copied into the cache: a later request sharing

@@ -40,8 +40,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def test_cache_is_evicted_before_requests_wait_and_nothing_fails(model_dir: Path) -> None:
-    # 256 KV tokens: each request needs 60 + 8; the cache of finished ones must be evicted to admit later
-    # ones.
+    # 256 KV tokens, each request needs 60 + 8: the cache of finished ones is evicted to admit later ones.
     core = make_core(model_dir, max_total_tokens=256, max_mamba_cache_size=16, mamba_track_interval=8)
     rng = random.Random(0)
     reqs = [GenerateRequest(f"r{i}", [rng.randrange(255) for _ in range(60)], greedy(8)) for i in range(12)]
@@ -87,8 +86,7 @@ def test_request_that_can_never_fit_the_kv_pool_fails_alone(model_dir: Path) -> 
 
 def test_request_that_can_never_fit_the_state_pool_fails_alone(model_dir: Path) -> None:
     core = make_core(model_dir)
-    # A state pool without a single slot (the planner never sizes one, so build it by hand on the real
-    # buffers).
+    # A state pool without a single slot: the planner never sizes one, so build it on the real buffers.
     core.scheduler.cache = CacheManager(
         KVPagePool(512, 1),
         StateSlotPool(0, core.pools.buffers),
