@@ -56,10 +56,19 @@ def _tensor_files(model_path: Path) -> dict[str, Path]:
         )
     files = {}
     for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for name in f.keys():
-                files[name] = shard
+        for name in _shard_names(shard):
+            files[name] = shard
     return files
+
+
+def _shard_names(shard: Path) -> list[str]:
+    try:
+        with safe_open(str(shard), framework="pt") as f:
+            return list(f.keys())
+    except Exception as exc:  # safetensors raises its own error types for truncated or foreign files
+        raise ModelLoadError(
+            f"{shard}: not a readable safetensors file ({exc}); download it again."
+        ) from None
 
 
 def _eos_ids(model_path: Path, cfg: HFConfig) -> tuple[int, ...]:
@@ -85,7 +94,16 @@ def load_model(
     entry = resolve(cfg)
     # Built on the meta device: no random init, no memory until the checkpoint fills each parameter.
     with torch.device("meta"):
-        model = entry.build(cfg)
+        try:
+            model = entry.build(cfg)
+        except ModelLoadError:
+            raise
+        except (TypeError, ValueError, KeyError, ZeroDivisionError, RuntimeError) as exc:
+            # Inconsistent numbers (heads that do not divide, lists of the wrong type) surface here.
+            raise ModelLoadError(
+                f"{cfg.path}: does not describe a valid {cfg.data.get('model_type')} model ({exc!r}); "
+                "fix the file or re-download the model."
+            ) from None
     # Cast while still on meta so real memory is allocated once, at the target dtype.
     model = model.to(dtype).to_empty(device=device)
     files = _tensor_files(model_path)
@@ -150,9 +168,14 @@ def _fill_parameters(
 
         def read(name: str) -> torch.Tensor:
             stored, path = names[name]
-            if path not in handles:
-                handles[path] = safe_open(str(path), framework="pt", device="cpu")
-            return handles[path].get_tensor(stored)  # type: ignore[attr-defined]
+            try:
+                if path not in handles:
+                    handles[path] = safe_open(str(path), framework="pt", device="cpu")
+                return handles[path].get_tensor(stored)  # type: ignore[attr-defined]
+            except Exception as exc:  # safetensors' own error types: truncated file, bad header
+                raise ModelLoadError(
+                    f"{path}: cannot read tensor '{stored}' ({exc}); download the file again."
+                ) from None
 
         params = dict(model.named_parameters())
         with torch.no_grad():

@@ -249,3 +249,21 @@ def test_qwen3_5_multimodal_checkpoint_loads_its_language_model(tmp_path: Path) 
     runner = SimpleRunner(model, num_token_slots=64, num_state_slots=2)
     runner.add(0)
     assert (runner.extend({0: prompt}, all_logits=True) - ref).abs().max().item() <= 1e-4
+
+
+def test_truncated_safetensors_is_named(demo_dir: Path, tmp_path: Path) -> None:
+    out = _copy(demo_dir, tmp_path)
+    data = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors"):
+        load_model(out)
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_inconsistent_config_numbers_are_a_load_error(demo_dir: Path, tmp_path: Path) -> None:
+    out = _copy(demo_dir, tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    config["linear_num_value_heads"] = 0  # heads that do not divide
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"config\.json"):
+        load_model(out)
