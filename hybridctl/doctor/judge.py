@@ -21,10 +21,9 @@ Engine = Literal["sglang", "builtin"]
 
 def resolve_engine(facts: HostFacts, cfg: HybridConfig | None) -> Engine:
     """Which engine a launch would use here: auto: sglang on a GPU host with sglang, else builtin."""
-    wanted = cfg.config.server.engine if cfg else "auto"
-    if wanted != "auto":
-        return wanted
-    return "sglang" if facts.gpus and facts.sglang else "builtin"
+    from hybridctl.launch.engine_select import decide_engine
+
+    return decide_engine(cfg.config.server.engine if cfg else "auto", facts).engine
 
 
 def judge_host(facts: HostFacts, cfg: HybridConfig | None = None) -> tuple[list[Check], list[DoctorFinding]]:

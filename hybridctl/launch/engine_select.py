@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hybridctl.host.facts import HostFacts
 from hybridctl.launch.translate import Engine, LaunchError
 
 Requested = Literal["auto", "sglang", "builtin"]
@@ -18,10 +19,14 @@ class EngineChoice:
 
 
 def choose_engine(requested: Requested, source: str = "--engine") -> EngineChoice:
-    """Resolve `auto` from the host (NVML GPUs, sglang package metadata — sglang is never imported)."""
+    """Resolve `auto` from this host (NVML GPUs, sglang package metadata — sglang is never imported)."""
     from hybridctl.host.probe import probe_host
 
-    facts = probe_host()
+    return decide_engine(requested, probe_host(), source)
+
+
+def decide_engine(requested: str, facts: HostFacts, source: str = "--engine") -> EngineChoice:
+    """The one engine rule, pure over probed facts: auto = sglang with a GPU and sglang installed, else builtin."""
     sglang_version = facts.sglang.version if facts.sglang else None
     if requested == "builtin":
         return EngineChoice("builtin", f"{source} builtin", sglang_version)
