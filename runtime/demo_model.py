@@ -116,9 +116,7 @@ def _weights(config: dict[str, object], seed: int) -> dict[str, torch.Tensor]:
             a = f"{p}.linear_attn"
             w[f"{a}.in_proj_qkvz.weight"] = normal(2 * nk * dk + 2 * nv * dv, hidden)
             w[f"{a}.in_proj_ba.weight"] = normal(2 * nv, hidden)
-            w[f"{a}.conv1d.weight"] = uniform(
-                -1 / math.sqrt(kernel), 1 / math.sqrt(kernel), conv_dim, 1, kernel
-            )
+            w[f"{a}.conv1d.weight"] = uniform(-1 / math.sqrt(kernel), 1 / math.sqrt(kernel), conv_dim, 1, kernel)
             w[f"{a}.dt_bias"] = torch.ones(nv)
             w[f"{a}.A_log"] = uniform(0.01, 16, nv).log()
             w[f"{a}.norm.weight"] = torch.ones(dv)

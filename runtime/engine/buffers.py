@@ -24,13 +24,7 @@ def pool_buffer_bytes(
 ) -> int:
     """Bytes `allocate_pool_buffers` will allocate for the same arguments."""
     n_attn, n_linear = len(layout.attn_layer_ids), len(layout.linear_layer_ids)
-    kv = (
-        n_attn
-        * num_token_slots
-        * layout.num_kv_heads
-        * (layout.head_dim + layout.v_head_dim)
-        * _itemsize(kv_dtype)
-    )
+    kv = n_attn * num_token_slots * layout.num_kv_heads * (layout.head_dim + layout.v_head_dim) * _itemsize(kv_dtype)
     conv = n_linear * num_state_slots * math.prod(layout.conv_state_shape) * _itemsize(conv_dtype)
     ssm = n_linear * num_state_slots * math.prod(layout.ssm_state_shape) * _itemsize(ssm_dtype)
     return kv + conv + ssm
@@ -50,13 +44,9 @@ def allocate_pool_buffers(
     n_attn, n_linear = len(layout.attn_layer_ids), len(layout.linear_layer_ids)
     heads = layout.num_kv_heads
     return PoolBuffers(
-        k=[
-            torch.zeros(num_token_slots, heads, layout.head_dim, dtype=kv_dtype, device=device)
-            for _ in range(n_attn)
-        ],
+        k=[torch.zeros(num_token_slots, heads, layout.head_dim, dtype=kv_dtype, device=device) for _ in range(n_attn)],
         v=[
-            torch.zeros(num_token_slots, heads, layout.v_head_dim, dtype=kv_dtype, device=device)
-            for _ in range(n_attn)
+            torch.zeros(num_token_slots, heads, layout.v_head_dim, dtype=kv_dtype, device=device) for _ in range(n_attn)
         ],
         conv=[
             torch.zeros(num_state_slots, *layout.conv_state_shape, dtype=conv_dtype, device=device)

@@ -83,7 +83,5 @@ class HybridModel(nn.Module):
         """Checkpoint tensors this model deliberately does not load (e.g. a vision tower)."""
         return ()
 
-    def forward(
-        self, batch: ForwardBatch, buffers: PoolBuffers
-    ) -> torch.Tensor:  # pragma: no cover - abstract
+    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

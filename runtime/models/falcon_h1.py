@@ -169,9 +169,7 @@ class FalconH1DecoderLayer(nn.Module):
         super().__init__()
         self.index = index  # every layer holds both KV and Mamba state: one ordinal for both pools
         self.c = c
-        gated = (
-            ("norm_then_gate" if c.mamba_norm_before_gate else "gate_then_norm") if c.mamba_rms_norm else None
-        )
+        gated = ("norm_then_gate" if c.mamba_norm_before_gate else "gate_then_norm") if c.mamba_rms_norm else None
         self.mamba = Mamba2Mixer(
             c.hidden_size,
             c.mamba_n_heads,
@@ -194,14 +192,10 @@ class FalconH1DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
         self.pre_ff_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
 
-    def forward(
-        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: StepContext
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: StepContext) -> torch.Tensor:
         c = self.c
         h = self.input_layernorm(x)
-        ssm = self.mamba(
-            h, ctx.buffers.conv[self.index], ctx.buffers.ssm[self.index], ctx.packing, ctx.state_slots
-        )
+        ssm = self.mamba(h, ctx.buffers.conv[self.index], ctx.buffers.ssm[self.index], ctx.packing, ctx.state_slots)
         attn = self.self_attn(h * c.attention_in_multiplier, cos_sin, ctx, self.index)
         x = x + ssm * c.ssm_out_multiplier + attn * c.attention_out_multiplier
         return x + self.feed_forward(self.pre_ff_layernorm(x))

@@ -60,8 +60,7 @@ class HFConfig:
             lo, hi = (float(v.get("__float__") if isinstance(v, dict) else v) for v in value)
         except (TypeError, ValueError):
             raise ModelLoadError(
-                f"{self.path}: key '{self.prefix}{key}' must be a pair of numbers, got {value!r}; "
-                "fix the file."
+                f"{self.path}: key '{self.prefix}{key}' must be a pair of numbers, got {value!r}; fix the file."
             ) from None
         return lo, hi
 

@@ -20,9 +20,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def read_config(model_path: Path) -> HFConfig:
     path = model_path / "config.json"
     if not path.is_file():
-        raise ModelLoadError(
-            f"{path}: not found. Point the runtime at an HF model directory that has config.json."
-        )
+        raise ModelLoadError(f"{path}: not found. Point the runtime at an HF model directory that has config.json.")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -39,21 +37,15 @@ def _tensor_files(model_path: Path) -> dict[str, Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ModelLoadError(
-                f"{index}: no valid 'weight_map' ({exc}); fix or re-download the file."
-            ) from exc
+            raise ModelLoadError(f"{index}: no valid 'weight_map' ({exc}); fix or re-download the file.") from exc
         files = {name: model_path / shard for name, shard in weight_map.items()}
         for shard in sorted(set(files.values())):
             if not shard.is_file():
-                raise ModelLoadError(
-                    f"{index}: lists shard {shard.name}, which is missing; download it again."
-                )
+                raise ModelLoadError(f"{index}: lists shard {shard.name}, which is missing; download it again.")
         return files
     shards = sorted(model_path.glob("*.safetensors"))
     if not shards:
-        raise ModelLoadError(
-            f"{model_path}: no *.safetensors files; the runtime loads safetensors weights only."
-        )
+        raise ModelLoadError(f"{model_path}: no *.safetensors files; the runtime loads safetensors weights only.")
     files = {}
     for shard in shards:
         for name in _shard_names(shard):
@@ -66,9 +58,7 @@ def _shard_names(shard: Path) -> list[str]:
         with safe_open(str(shard), framework="pt") as f:
             return list(f.keys())
     except Exception as exc:  # safetensors raises its own error types for truncated or foreign files
-        raise ModelLoadError(
-            f"{shard}: not a readable safetensors file ({exc}); download it again."
-        ) from None
+        raise ModelLoadError(f"{shard}: not a readable safetensors file ({exc}); download it again.") from None
 
 
 def _eos_ids(model_path: Path, cfg: HFConfig) -> tuple[int, ...]:
@@ -85,9 +75,7 @@ def _eos_ids(model_path: Path, cfg: HFConfig) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def load_model(
-    model_path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
-) -> HybridModel:
+def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> HybridModel:
     """Build the model class for `model_path`'s config.json and fill every parameter from its safetensors."""
     model_path = Path(model_path)
     cfg = read_config(model_path)
@@ -130,9 +118,7 @@ def _checkpoint_names(model: HybridModel, files: dict[str, Path]) -> dict[str, t
     return names
 
 
-def _fill_parameters(
-    model: HybridModel, files: dict[str, Path], dtype: torch.dtype, device: torch.device
-) -> None:
+def _fill_parameters(model: HybridModel, files: dict[str, Path], dtype: torch.dtype, device: torch.device) -> None:
     names = _checkpoint_names(model, files)
     sources = model.checkpoint_sources()
     aliases = model.checkpoint_aliases()

@@ -55,9 +55,7 @@ class Qwen3NextConfig:
         layer_types = cfg.get("layer_types", None)
         if layer_types is None:
             interval = cfg.int("full_attention_interval", 4)
-            layer_types = [
-                "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
-            ]
+            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
         bad = sorted(set(layer_types) - {"full_attention", "linear_attention"})
         if len(layer_types) != layers or bad:
             from runtime.models.errors import ModelLoadError
@@ -100,9 +98,7 @@ class Qwen3NextConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         return (
-            layer not in self.mlp_only_layers
-            and self.num_experts > 0
-            and (layer + 1) % self.decoder_sparse_step == 0
+            layer not in self.mlp_only_layers and self.num_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
         )
 
 
@@ -180,9 +176,7 @@ class Qwen3NextDecoderLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: StepContext
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: StepContext) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.kind == "linear_attention":
             h = self.linear_attn(

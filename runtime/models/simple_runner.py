@@ -58,9 +58,7 @@ class SimpleRunner:
 
     def _alloc(self, n: int) -> list[int]:
         if self.next_token_slot + n > self.num_token_slots:
-            raise RuntimeError(
-                f"SimpleRunner: out of KV token slots ({self.num_token_slots}); make it bigger."
-            )
+            raise RuntimeError(f"SimpleRunner: out of KV token slots ({self.num_token_slots}); make it bigger.")
         locs = list(range(self.next_token_slot, self.next_token_slot + n))
         self.next_token_slot += n
         return locs
@@ -81,9 +79,7 @@ class SimpleRunner:
             seq.kv_locs += locs
             kv_locs.append(torch.tensor(seq.kv_locs, dtype=torch.int64))
             slots.append(seq.slot)
-        mode = (
-            "decode" if all(n == 1 for n in ext) and all(p > 0 for p in pre) and not all_logits else "extend"
-        )
+        mode = "decode" if all(n == 1 for n in ext) and all(p > 0 for p in pre) and not all_logits else "extend"
         batch = ForwardBatch(
             mode=mode,
             input_ids=torch.tensor(ids, dtype=torch.int64),
@@ -97,9 +93,7 @@ class SimpleRunner:
         )
         return self.model(batch, self.buffers)
 
-    def generate_greedy(
-        self, seq_id: int, prompt: list[int], max_new_tokens: int, chunk: int = 0
-    ) -> list[int]:
+    def generate_greedy(self, seq_id: int, prompt: list[int], max_new_tokens: int, chunk: int = 0) -> list[int]:
         """Prefill `prompt` (in chunks of `chunk` tokens when > 0), then decode greedily; returns the new
         tokens."""
         self.add(seq_id)

@@ -47,9 +47,7 @@ def test_files_and_shape(demo: Path) -> None:
     config = json.loads((demo / "config.json").read_text())
     assert config["model_type"] == "qwen3_next" and config["architectures"] == ["Qwen3NextForCausalLM"]
     assert config["max_position_embeddings"] >= 8192
-    assert config["layer_types"].count("full_attention") * 3 == config["layer_types"].count(
-        "linear_attention"
-    )
+    assert config["layer_types"].count("full_attention") * 3 == config["layer_types"].count("linear_attention")
     model = load_model(demo)
     params = sum(p.numel() for p in model.parameters())
     assert 8_000_000 <= params <= 14_000_000
@@ -65,9 +63,7 @@ def test_same_seed_same_bytes_other_seed_other_weights(demo: Path, tmp_path: Pat
     assert other_digests["tokenizer.json"] == _digests(demo)["tokenizer.json"]
 
 
-def test_refuses_to_overwrite_without_force(
-    demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_refuses_to_overwrite_without_force(demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m"
     build_demo_model(out)
     marker = out / "keep.txt"

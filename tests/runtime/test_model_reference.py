@@ -303,9 +303,7 @@ def test_layout_agrees_with_the_control_plane_spec(
     )
 
 
-def test_prefill_logits_match_transformers(
-    checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel
-) -> None:
+def test_prefill_logits_match_transformers(checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel) -> None:
     # 150 tokens: more than two delta-rule chunks of 64, with a ragged last chunk.
     prompt = _prompt(150, 0)
     with torch.no_grad():
@@ -342,14 +340,11 @@ def test_chunked_prefill_equals_one_prefill(model: HybridModel) -> None:
     ref = whole.extend({0: prompt}, all_logits=True)
     chunked = SimpleRunner(model)
     chunked.add(0)
-    parts = [
-        chunked.extend({0: prompt[a:b]}, all_logits=True)
-        for a, b in ((0, 37), (37, 101), (101, 102), (102, 170))
-    ]
+    parts = [chunked.extend({0: prompt[a:b]}, all_logits=True) for a, b in ((0, 37), (37, 101), (101, 102), (102, 170))]
     assert (torch.cat(parts) - ref).abs().max().item() <= 1e-4
-    assert SimpleRunner(model).generate_greedy(0, prompt, 12, chunk=50) == SimpleRunner(
-        model
-    ).generate_greedy(0, prompt, 12)
+    assert SimpleRunner(model).generate_greedy(0, prompt, 12, chunk=50) == SimpleRunner(model).generate_greedy(
+        0, prompt, 12
+    )
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -41,9 +41,7 @@ def chunk_gated_delta_rule(
     n_chunks = (length + pad) // chunk_size
     v_beta = v * beta[..., None]
     k_beta = k * beta[..., None]
-    q, k, k_beta, v_beta = (
-        x.view(batch, heads, n_chunks, chunk_size, x.shape[-1]) for x in (q, k, k_beta, v_beta)
-    )
+    q, k, k_beta, v_beta = (x.view(batch, heads, n_chunks, chunk_size, x.shape[-1]) for x in (q, k, k_beta, v_beta))
     g = g.view(batch, heads, n_chunks, chunk_size)
     upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
     cum = g.cumsum(dim=-1)

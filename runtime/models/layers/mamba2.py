@@ -54,9 +54,7 @@ class Mamba2Mixer(nn.Module):
         # transformers clamps dt to the limit in prefill only; we clamp in decode too so the two paths agree.
         self.dt_min, self.dt_max = dt_limit
         self.in_proj = nn.Linear(hidden, self.intermediate + self.conv_dim + num_heads, bias=use_bias)
-        self.conv1d = nn.Conv1d(
-            self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=use_conv_bias
-        )
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=use_conv_bias)
         self.dt_bias = nn.Parameter(torch.ones(num_heads))
         self.A_log = nn.Parameter(torch.zeros(num_heads))
         self.D = nn.Parameter(torch.ones(num_heads))
@@ -127,9 +125,7 @@ class Mamba2Mixer(nn.Module):
             batch, length = xs.shape[:2]
             y, state = chunk_scan(
                 xs.view(batch, length, self.num_heads, self.head_dim),
-                packing.zero_padding(
-                    packing.pad(dt)
-                ),  # dt = 0: padded steps neither decay nor write the state
+                packing.zero_padding(packing.pad(dt)),  # dt = 0: padded steps neither decay nor write the state
                 a,
                 b.view(batch, length, self.n_groups, self.state_size),
                 c.view(batch, length, self.n_groups, self.state_size),

@@ -85,11 +85,7 @@ class SparseMoE(nn.Module):
         parameter."""
         return {
             f"{prefix}.experts.gate_up_proj": [
-                f"{prefix}.experts.{e}.{part}.weight"
-                for e in range(num_experts)
-                for part in ("gate_proj", "up_proj")
+                f"{prefix}.experts.{e}.{part}.weight" for e in range(num_experts) for part in ("gate_proj", "up_proj")
             ],
-            f"{prefix}.experts.down_proj": [
-                f"{prefix}.experts.{e}.down_proj.weight" for e in range(num_experts)
-            ],
+            f"{prefix}.experts.down_proj": [f"{prefix}.experts.{e}.down_proj.weight" for e in range(num_experts)],
         }
