@@ -248,8 +248,21 @@ def _load(
     config = _validate(config_file, ConfigToml, _other_file_keys(SettingsJson, settings_file.path, "json"))
     settings = _validate(settings_file, SettingsJson, _other_file_keys(ConfigToml, config_file.path, "toml"))
     if isinstance(config, ConfigToml) and isinstance(settings, SettingsJson):
+        _anchor_local_paths(config, config_path.resolve().parent)
         return HybridConfig(config=config, settings=settings), config_file, settings_file
     return None, config_file, settings_file
+
+
+def _anchor_local_paths(config: ConfigToml, config_dir: Path) -> None:
+    """Relative model paths mean "next to config.toml", whatever directory a command runs from.
+
+    A relative path that names nothing beside the config is left alone: it may be a hub id (org/name).
+    """
+    server, spec = config.server, config.speculative
+    for owner, key in ((server, "model_path"), (server, "tokenizer_path"), (spec, "speculative_draft_model_path")):
+        value = getattr(owner, key)
+        if value and not Path(value).is_absolute() and (config_dir / value).exists():
+            setattr(owner, key, str(config_dir / value))
 
 
 def load_hybrid_config(
