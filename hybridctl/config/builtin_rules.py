@@ -43,6 +43,18 @@ def rule_builtin(cfg: HybridConfig, engine_version: str | None = None) -> list[F
             '"extra_buffer"',
             "extra_buffer_lazy needs the overlap schedule, which it does not have",
         ),
+        (
+            "speculative.speculative_algorithm",
+            cfg.config.speculative.speculative_algorithm == "EAGLE3",
+            '"NEXTN"',
+            "it drafts with NGRAM, STANDALONE or the checkpoint's MTP layer (NEXTN/EAGLE), not EAGLE3 heads",
+        ),
+        (
+            "speculative.speculative_topk",
+            cfg.speculative_enabled and cfg.config.speculative.speculative_topk != 1,
+            "1",
+            "it verifies chain drafts only (topk 1), not draft trees",
+        ),
     ]
     for key, bad, good, why in refused:
         if bad:
@@ -57,7 +69,6 @@ def rule_builtin(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                 )
             )
     unimplemented = [
-        ("speculative.speculative_algorithm", cfg.speculative_enabled, "speculative decoding"),
         ("pd.enable_pd_disaggregation", cfg.config.pd.enable_pd_disaggregation, "PD disaggregation"),
         (
             "memory.enable_elastic_memory_pool",
@@ -67,7 +78,7 @@ def rule_builtin(cfg: HybridConfig, engine_version: str | None = None) -> list[F
     ]
     for key, on, what in unimplemented:
         if on:
-            off = '"none"' if key.startswith("speculative") else "false"
+            off = "false"
             out.append(
                 _f(
                     "warning",

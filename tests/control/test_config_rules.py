@@ -146,12 +146,20 @@ CASES = [
         "error",
     ),
     (
-        "builtin-spec",
-        '[server]\nengine = "builtin"\n[speculative]\nspeculative_algorithm = "EAGLE"\n',
+        "builtin-spec-eagle3",
+        '[server]\nengine = "builtin"\n[speculative]\nspeculative_algorithm = "EAGLE3"\n',
         "{}",
         "BUILTIN_UNSUPPORTED",
         "speculative.speculative_algorithm",
-        "warning",
+        "error",
+    ),
+    (
+        "builtin-spec-topk",
+        '[server]\nengine = "builtin"\n[speculative]\nspeculative_algorithm = "NGRAM"\nspeculative_topk = 2\n',
+        "{}",
+        "BUILTIN_UNSUPPORTED",
+        "speculative.speculative_topk",
+        "error",
     ),
     (
         "builtin-tp",
@@ -280,6 +288,14 @@ def test_builtin_engine_checks_the_runtime_flags(tmp_path: Path) -> None:
     cpath, spath = write(tmp_path, config, "{}")
     found = [(f.code, f.key) for f in check_files(cpath, spath).findings if "ENGINE_FLAG" in f.code]
     assert found == [("UNKNOWN_ENGINE_FLAG", "extra_engine_args.mamba-backend")]
+
+
+def test_builtin_engine_runs_chain_speculative_decoding(tmp_path: Path) -> None:
+    """NGRAM / STANDALONE / NEXTN with topk 1 are implemented by the runtime: nothing BUILTIN_UNSUPPORTED."""
+    for algorithm in ("NGRAM", "NEXTN", "EAGLE"):
+        config = f'[server]\nengine = "builtin"\n[speculative]\nspeculative_algorithm = "{algorithm}"\n'
+        cpath, spath = write(tmp_path, config, "{}")
+        assert not [f for f in check_files(cpath, spath).findings if f.code == "BUILTIN_UNSUPPORTED"]
 
 
 def test_shadowing_uses_the_launch_mapping(tmp_path: Path) -> None:
