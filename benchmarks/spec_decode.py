@@ -61,11 +61,7 @@ def run(name: str, model: Path, draft: Path, args: argparse.Namespace) -> Result
             GenerateRequest(f"r{i}", list(ids), sampling), lambda o: outputs.setdefault(o.rid, []).append(o)
         )
     # Decode phase: from the moment every request has its first token (prefill done) to the end.
-    while (
-        len(outputs) < args.requests
-        or core.scheduler.waiting
-        or any(r.in_prefill for r in core.scheduler.running)
-    ):
+    while len(outputs) < args.requests or core.scheduler.waiting or any(r.in_prefill for r in core.scheduler.running):
         core.step()
     first = {rid: sum(len(o.new_token_ids) for o in outs) for rid, outs in outputs.items()}
     t0 = time.perf_counter()
@@ -119,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         speed = f"{r.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s else "-"
         length = f"{r.accept_length:.2f}" if r.accept_length is not None else "-"
         rate = f"{r.accept_rate:.2f}" if r.accept_rate is not None else "-"
-        print(
-            f"| {r.name} | {r.tokens_per_s:.1f} | {speed} | {length} | {rate} | {'yes' if same else 'NO'} |"
-        )
+        print(f"| {r.name} | {r.tokens_per_s:.1f} | {speed} | {length} | {rate} | {'yes' if same else 'NO'} |")
     return 0 if ok else 1
 
 

@@ -66,9 +66,7 @@ def resolve_spec_config(
         )
     steps = num_steps if num_steps is not None else DEFAULT_NUM_STEPS
     if steps < 1:
-        raise SpecConfigError(
-            f"--speculative-num-steps {steps} must be >= 1 ([speculative] speculative_num_steps)."
-        )
+        raise SpecConfigError(f"--speculative-num-steps {steps} must be >= 1 ([speculative] speculative_num_steps).")
     tokens = steps + 1
     if num_draft_tokens is not None and num_draft_tokens != tokens:
         # SGLang (arg_groups/speculative_hook.py) adjusts rather than refuses; so do we, saying so.

@@ -87,8 +87,7 @@ class Qwen3NextMTP(nn.Module):
                 value = torch.cat([extra[n] for n in names]) if len(names) > 1 else extra[names[0]]
                 if value.numel() != param.numel():
                     raise ValueError(
-                        f"MTP tensor '{names[0]}' has shape {tuple(value.shape)}; parameter needs "
-                        f"{tuple(param.shape)}"
+                        f"MTP tensor '{names[0]}' has shape {tuple(value.shape)}; parameter needs {tuple(param.shape)}"
                     )
                 param.copy_(value.view(param.shape).to(param.dtype))
 

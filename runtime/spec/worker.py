@@ -112,9 +112,7 @@ class SpecDecoder:
         reasons: list[dict | None] = []
         round_tokens = 0
         for i, (req, d) in enumerate(zip(reqs, drafts, strict=True)):
-            result = accept_drafts(
-                d, logits[i], req.sampling, req.generator or sched._generator, req.return_logprob
-            )
+            result = accept_drafts(d, logits[i], req.sampling, req.generator or sched._generator, req.return_logprob)
             reason = None
             m = 0
             for tok in result.emitted:

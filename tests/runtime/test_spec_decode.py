@@ -102,13 +102,9 @@ def cores(models: dict[str, Path]) -> dict[str, EngineCore]:
 
 
 token = st.integers(0, VOCAB - 2)
-prompts_with_shared_prefixes = st.lists(
-    st.lists(token, min_size=1, max_size=30), min_size=1, max_size=2
-).flatmap(
+prompts_with_shared_prefixes = st.lists(st.lists(token, min_size=1, max_size=30), min_size=1, max_size=2).flatmap(
     lambda prefixes: st.lists(
-        st.tuples(st.sampled_from(prefixes), st.lists(token, min_size=1, max_size=12)).map(
-            lambda t: t[0] + t[1]
-        ),
+        st.tuples(st.sampled_from(prefixes), st.lists(token, min_size=1, max_size=12)).map(lambda t: t[0] + t[1]),
         min_size=2,
         max_size=5,
     )
@@ -179,9 +175,7 @@ def test_stop_token_inside_an_accepted_run_truncates_and_rolls_back(cores: dict[
     stop = tokens[5]
     expected = tokens[: tokens.index(stop) + 1]
     core = cores["self_draft"]
-    got = run_to_completion(
-        core, [GenerateRequest("s", prompt, greedy(12, stop_token_ids=[stop]))], together=False
-    )
+    got = run_to_completion(core, [GenerateRequest("s", prompt, greedy(12, stop_token_ids=[stop]))], together=False)
     assert got.tokens("s") == expected
     assert got.final("s").finish_reason == {"type": "stop", "matched": stop}
 

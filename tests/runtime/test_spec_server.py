@@ -58,9 +58,7 @@ def test_meta_info_server_info_and_metrics_report_acceptance(ngram_server: Runni
     assert calls is not None and float(calls.group(1)) == state["spec_verify_calls_total"]
 
 
-def test_same_greedy_text_as_a_server_without_spec(
-    ngram_server: RunningServer, runtime_server: RunningServer
-) -> None:
+def test_same_greedy_text_as_a_server_without_spec(ngram_server: RunningServer, runtime_server: RunningServer) -> None:
     for prompt in (PROMPT, "Count from one to thirty in words: one, two, three,"):
         spec = _generate(ngram_server.url, prompt, 32)
         plain = _generate(runtime_server.url, prompt, 32)
