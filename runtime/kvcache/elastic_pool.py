@@ -164,6 +164,9 @@ class ElasticPool:
         self.is_state = [False] * geo.num_chunks
         self.counters = ElasticCounters()
         self._pending: _Pending | None = None
+        self.slots_per_request = 1  # the planner's state slots per running request (install sets it)
+        self.user_cap = geo.num_chunks  # --max-running-requests, when given
+        self.running_cap = 0
         self.cache: Any = None
 
     # -- set-up ----------------------------------------------------------------------------------------------
@@ -261,15 +264,26 @@ class ElasticPool:
 
     # -- policy (engine thread, before each step) -----------------------------------------------------------
 
+    def _running_cap(self, sched: Any) -> int:
+        """The planner's rule on the current split: K // slots_per_request, within the user's cap."""
+        cap = max(1, min(self.user_cap, self.cache.state_pool.num_slots // self.slots_per_request))
+        sched.config.max_running_requests = self.running_cap = cap
+        return cap
+
     def _demand(self, sched: Any) -> tuple[str, int, int] | None:
         """(direction, chunks, head's pages) when the queue's head waits for memory the other pool has."""
-        if not sched.waiting or len(sched.running) >= sched.config.max_running_requests:
+        cap = self._running_cap(sched)
+        if not sched.waiting:
             return None
-        cache = self.cache
+        cache, spr = self.cache, self.slots_per_request
+        slots, running = cache.state_pool.num_slots, len(sched.running)
         head = sched.waiting[0]
         need = cache.pages_for(len(head.prompt_ids) + head.max_new_tokens - 1)
-        if need > cache.available_pages and cache.available_slots >= 2:
-            return "kv", -(-(need - cache.available_pages) // self.geo.pages_per_chunk), need
+        if running >= cap:  # the queue waits on the running cap: more slots raise it
+            return ("state", max(1, (running + 1) * spr - slots), need) if cap < self.user_cap else None
+        spare = min(slots - (running + 1) * spr, cache.available_slots - 1)
+        if need > cache.available_pages and spare > 0:
+            return "kv", min(spare, -(-(need - cache.available_pages) // self.geo.pages_per_chunk)), need
         if cache.available_slots < 1:
             return "state", 1, need
         return None
@@ -290,6 +304,8 @@ class ElasticPool:
                 self._pending.cause = cause
                 break
             moved += 1
+        if moved == chunks and direction == "state":
+            self._grow_state_for_queue(sched)
         if moved:
             self._record()
             self._pending = None if moved == chunks else _Pending(direction, now)
@@ -307,6 +323,18 @@ class ElasticPool:
             )  # fmt: skip
             self._pending = None
             # The queue head keeps waiting on this split; the next attempt starts a fresh deadline.
+
+    def _grow_state_for_queue(self, sched: Any) -> None:
+        """Best effort past the head: slots for more of the queue, as long as the KV they need stays free."""
+        cache, spr = self.cache, self.slots_per_request
+        running = len(sched.running)
+        wanted = min(len(sched.waiting), self.user_cap - running)
+        keep = 0
+        for i, req in enumerate(sched.waiting[:wanted]):
+            keep += cache.pages_for(len(req.prompt_ids) + req.max_new_tokens - 1)
+            while cache.state_pool.num_slots < (running + i + 1) * spr:
+                if self.grow_state(keep_pages=keep) is not None:
+                    return
 
     # -- observability ---------------------------------------------------------------------------------------
 
@@ -368,8 +396,9 @@ def make_elastic(
 def install(pool: ElasticPool, core: Any) -> None:
     """Hook `pool` into a built EngineCore: its cache's pools, the running-request cap, the start-up line."""
     pool.attach(core.cache, core.pools.buffers, core.pools.num_state_slots)
-    if core.args.max_running_requests is None:  # derived from the slots at start; the slots now move
-        core.scheduler.config.max_running_requests = pool.geo.num_chunks - 1
+    # The running cap is the planner's K // slots_per_request; K now moves, so the cap follows it each step.
+    pool.slots_per_request = max(1, core.pools.plan.slots_per_request)
+    pool.user_cap = core.args.max_running_requests or pool.geo.num_chunks
     logger.info(pool.describe())
 
 
@@ -383,6 +412,7 @@ def fill_stats(pool: ElasticPool, stats: Any) -> None:
     stats.kv_cache_bytes = stats.max_total_num_tokens * geo.row_bytes
     stats.conv_state_bytes = slots * sum(t[0].numel() * t.element_size() for t in b.conv)
     stats.ssm_state_bytes = slots * sum(t[0].numel() * t.element_size() for t in b.ssm)
+    stats.max_running_requests = pool.running_cap or stats.max_running_requests
     stats.elastic_mode = pool.mode
     stats.elastic_moves_total = pool.counters.moves
     stats.elastic_realloc_timeouts_total = pool.counters.timeouts
