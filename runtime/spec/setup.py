@@ -79,7 +79,7 @@ def _drafter(
         from runtime.spec.standalone import StandaloneDrafter
 
         assert config.draft_model_path is not None
-        return StandaloneDrafter(
+        drafter = StandaloneDrafter(
             config.draft_model_path,
             config.num_drafts,
             max_running_requests=max_running_requests,
@@ -87,6 +87,18 @@ def _drafter(
             dtype=dtype,
             device=args.device,
         )
+        b = drafter.buffers
+        pool_bytes = sum(t.numel() * t.element_size() for t in (*b.k, *b.v, *b.conv, *b.ssm))
+        logger.info(
+            "Draft model loaded (outside the target's pool budget): path=%s, weights %.2f GB, KV tokens %d, "
+            "state slots %d, pools %.2f GB",
+            config.draft_model_path,
+            drafter.weight_bytes / (1 << 30),
+            token_capacity,
+            drafter.num_slots,
+            pool_bytes / (1 << 30),
+        )
+        return drafter
     from runtime.spec.mtp import MtpDrafter, mtp_unavailable_reason
 
     reason = mtp_unavailable_reason(model)
