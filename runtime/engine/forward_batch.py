@@ -59,6 +59,10 @@ class ForwardBatch:
     # Logits: by default only for the last new token of each sequence ([B, vocab]). With all_logits the model
     # returns logits for every new token ([T, vocab]) — speculative verification needs them.
     all_logits: bool = False
+    # extend only, per sequence: (new tokens consumed, destination state slot). During this one forward the linear
+    # layers also write the conv window and recurrent state after that many of the sequence's new tokens into the
+    # destination slot (the prefix cache's checkpoints), so a prompt need not be split where states are wanted.
+    state_checkpoints: list[list[tuple[int, int]]] | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     @property

@@ -28,6 +28,8 @@ def causal_conv1d_extend(
     idx = packing.lens[:, None] + torch.arange(kernel - 1, device=x.device)[None, :]  # [B, K-1]
     new_state = full.gather(2, idx[:, None, :].expand(-1, full.shape[1], -1))
     conv_pool[packing.state_slots] = new_state.to(conv_pool.dtype)
+    if packing.checkpoints is not None:
+        conv_pool[packing.checkpoints.slots] = packing.checkpoints.conv_windows(full, kernel - 1).to(conv_pool.dtype)
     out = F.silu(out).transpose(1, 2)
     return packing.unpad(out).to(x.dtype)
 

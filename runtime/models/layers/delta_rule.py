@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.models.layers.state_checkpoints import StateCheckpoints
+
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
@@ -23,12 +25,15 @@ def chunk_gated_delta_rule(
     beta: torch.Tensor,
     initial_state: torch.Tensor,
     chunk_size: int = 64,
+    checkpoints: StateCheckpoints | None = None,
+    captured: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k: [B, L, H, Dk] (already l2-normalized, heads expanded to H); v: [B, L, H, Dv]; g, beta: [B, L, H];
     initial_state: [B, H, Dk, Dv].
 
     Padded steps must carry g = 0 and beta = 0: they then neither decay nor write the state.
-    Returns (out [B, L, H, Dv] fp32, final state [B, H, Dk, Dv] fp32).
+    Returns (out [B, L, H, Dv] fp32, final state [B, H, Dk, Dv] fp32). With `checkpoints`, `captured` receives
+    the state [H, Dk, Dv] after each checkpoint's token count, in checkpoint order.
     """
     batch, length, heads, dk = k.shape
     dv = v.shape[-1]
@@ -52,16 +57,34 @@ def chunk_gated_delta_rule(
     new_values = torch.linalg.solve_triangular(ut_system, v_beta, upper=False, unitriangular=True)
     k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * cum_exp, upper=False, unitriangular=True)
     q = q * cum_exp
+    raw_k = k  # a checkpoint inside a chunk decays the keys to its own position, not the chunk's end
     k = k * (cum[..., -1:] - cum).exp()[..., None]
     chunk_decay = cum[..., -1].exp()[..., None, None]
     state = initial_state.float()
     out = torch.empty(batch, heads, n_chunks, chunk_size, dv, dtype=torch.float32, device=q.device)
+    found: dict[int, torch.Tensor] = {}
     for i in range(n_chunks):
         v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ state
         out[:, :, i] = q[:, :, i] @ state + intra[:, :, i] @ v_new
-        state = state * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
+        new_state = state * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
+        if checkpoints is not None:
+            for m, b, r in checkpoints.in_chunk(i, chunk_size):
+                found[m] = new_state[b] if r == chunk_size else _state_inside_chunk(state, cum, raw_k, v_new, b, i, r)
+        state = new_state
     out = out.view(batch, heads, -1, dv)[:, :, :length].transpose(1, 2)
+    if checkpoints is not None and captured is not None:
+        captured.extend(found[m] for m in range(len(checkpoints.seq)))
     return out, state
+
+
+def _state_inside_chunk(
+    start: torch.Tensor, cum: torch.Tensor, raw_k: torch.Tensor, v_new: torch.Tensor, b: int, i: int, r: int
+) -> torch.Tensor:
+    """Sequence b's state after the first r tokens of chunk i: the chunk's end-state formula cut at r.
+    (v_new of a token depends only on earlier tokens: the UT system is lower triangular.)"""
+    decay_to_r = (cum[b, :, i, r - 1 : r] - cum[b, :, i, :r]).exp()[..., None]  # [H, r, 1]
+    keys = raw_k[b, :, i, :r] * decay_to_r
+    return start[b] * cum[b, :, i, r - 1].exp()[:, None, None] + keys.transpose(-1, -2) @ v_new[b, :, :r]
 
 
 def recurrent_gated_delta_step(

@@ -16,6 +16,8 @@ class GatedDeltaNet(nn.Module):
     """`split_projections=False`: Qwen3-Next's fused, per-key-head-interleaved `in_proj_qkvz` / `in_proj_ba`.
     `split_projections=True`: Qwen3.5's separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`."""
 
+    writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (see state_checkpoints.py)
+
     def __init__(
         self,
         hidden: int,
@@ -109,8 +111,13 @@ class GatedDeltaNet(nn.Module):
             q, k, v = (packing.pad(t) for t in self._split_heads(mixed))
             g, beta = packing.zero_padding(packing.pad(g)), packing.zero_padding(packing.pad(beta))
             initial = packing.initial_state(ssm_pool).transpose(-1, -2)
-            out, state = chunk_gated_delta_rule(q, k, v, g, beta, initial)
+            captured: list[torch.Tensor] = []
+            out, state = chunk_gated_delta_rule(
+                q, k, v, g, beta, initial, checkpoints=packing.checkpoints, captured=captured
+            )
             ssm_pool[packing.state_slots] = state.transpose(-1, -2).to(ssm_pool.dtype)
+            if packing.checkpoints is not None:
+                ssm_pool[packing.checkpoints.slots] = torch.stack(captured).transpose(-1, -2).to(ssm_pool.dtype)
             out = packing.unpad(out)
         out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(x.shape[0], self.value_dim))

@@ -19,6 +19,8 @@ GatedNorm = Literal["mamba2", "norm_then_gate", "gate_then_norm", "gate_only"]
 
 
 class Mamba2Mixer(nn.Module):
+    writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (see state_checkpoints.py)
+
     def __init__(
         self,
         hidden: int,
@@ -123,6 +125,7 @@ class Mamba2Mixer(nn.Module):
             xbc = causal_conv1d_extend(xbc, weight, self.conv1d.bias, conv_pool, packing)
             xs, b, c = (packing.pad(t) for t in xbc.split([self.intermediate, groups_n, groups_n], dim=-1))
             batch, length = xs.shape[:2]
+            captured: list[torch.Tensor] = []
             y, state = chunk_scan(
                 xs.view(batch, length, self.num_heads, self.head_dim),
                 packing.zero_padding(packing.pad(dt)),  # dt = 0: padded steps neither decay nor write the state
@@ -132,8 +135,12 @@ class Mamba2Mixer(nn.Module):
                 self.D,
                 packing.initial_state(ssm_pool),
                 self.chunk_size,
+                checkpoints=packing.checkpoints,
+                captured=captured,
             )
             ssm_pool[packing.state_slots] = state.to(ssm_pool.dtype)
+            if packing.checkpoints is not None:
+                ssm_pool[packing.checkpoints.slots] = torch.stack(captured).to(ssm_pool.dtype)
             y = packing.unpad(y)
         y = y.reshape(tokens, self.intermediate)
         if self.norm is None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.engine.forward_batch import ForwardBatch
+from runtime.models.layers.state_checkpoints import StateCheckpoints
 
 
 @dataclass
@@ -24,6 +25,7 @@ class SequencePacking:
     state_slots: torch.Tensor  # [B] int64
     last_index: torch.Tensor  # [B] packed index of each sequence's last new token
     uniform: bool  # every sequence has max_len tokens (no padding)
+    checkpoints: StateCheckpoints | None = None  # states to write mid-forward (ForwardBatch.state_checkpoints)
 
     @classmethod
     def build(cls, batch: ForwardBatch, device: torch.device) -> SequencePacking:
@@ -42,6 +44,9 @@ class SequencePacking:
             state_slots=batch.state_slots.to(device),
             last_index=(starts + lens - 1).to(device),
             uniform=bool((lens == max_len).all()),
+            checkpoints=StateCheckpoints.build(batch.state_checkpoints, batch.extend_lens, device)
+            if batch.state_checkpoints
+            else None,
         )
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.models.layers.state_checkpoints import StateCheckpoints
+
 
 def _segment_sum(x: torch.Tensor) -> torch.Tensor:
     """[..., T] → [..., T, T] with out[..., i, j] = sum(x[..., j+1 : i+1]) for j <= i, else -inf."""
@@ -31,10 +33,13 @@ def chunk_scan(
     d: torch.Tensor,
     initial_state: torch.Tensor,
     chunk_size: int,
+    checkpoints: StateCheckpoints | None = None,
+    captured: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [B, L, H, P]; dt: [B, L, H] (already softplus'd and clamped; 0 on padded steps); a: [H] (negative);
     b, c: [B, L, G, N]; d: [H]; initial_state: [B, H, P, N] fp32.
-    Returns (y [B, L, H, P] fp32, final state [B, H, P, N] fp32)."""
+    Returns (y [B, L, H, P] fp32, final state [B, H, P, N] fp32). With `checkpoints`, `captured` receives the
+    state [H, P, N] after each checkpoint's token count, in checkpoint order."""
     batch, length, heads, _ = x.shape
     groups = b.shape[2]
     x = x.float()
@@ -64,6 +69,17 @@ def chunk_scan(
     decay_chunk = torch.exp(_segment_sum(F.pad(a_cum[:, :, :, -1], (1, 0)))).transpose(1, 3)
     new_states = torch.einsum("bzch,bzhpn->bchpn", decay_chunk, states)
     states, final_state = new_states[:, :-1], new_states[:, -1]
+    if checkpoints is not None and captured is not None:
+        for seq, n in zip(checkpoints.seq, checkpoints.tokens, strict=True):
+            i, r = (n - 1) // chunk_size, (n - 1) % chunk_size + 1
+            if r == chunk_size:  # the recurrence already holds it: the start state of chunk i + 1
+                captured.append(new_states[seq, i + 1])
+                continue
+            # Inside chunk i: its start state decayed to token r, plus the first r tokens' writes.
+            cum = a_cum[seq, :, i]  # [H, l]
+            weights = torch.exp(cum[:, r - 1 : r] - cum[:, :r])  # [H, r]
+            writes = torch.einsum("lhn,hl,lhp->hpn", b[seq, i, :r], weights, x[seq, i, :r])
+            captured.append(new_states[seq, i] * torch.exp(cum[:, r - 1])[:, None, None] + writes)
     y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", c, states, torch.exp(a_cum))
     y = (y_diag + y_off).reshape(batch, -1, heads, x.shape[-1])[:, :length]
     return y + d_residual, final_state

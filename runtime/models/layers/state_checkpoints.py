@@ -1,0 +1,66 @@
+"""In-forward state checkpoints: the recurrent state after the first n new tokens of a sequence, written into a
+spare state slot during the one extend forward that computes those tokens.
+
+The prefix cache wants the state at several positions of a long prompt. Prefilling the prompt in pieces that
+end at those positions costs a forward per piece; instead the chunked kernels hand out the state at any position
+they pass: at a chunk boundary it is the state the chunk recurrence already holds, inside a chunk it is that
+chunk's start state advanced by the chunk's first r tokens (the same terms the chunk's end state sums, cut at r).
+The conv window after n tokens is a slice of the padded conv input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StateCheckpoints:
+    """Flattened (sequence, tokens consumed, destination slot) triples of one extend batch, in batch order."""
+
+    seq: list[int]  # sequence index in the batch
+    tokens: list[int]  # new tokens of that sequence already consumed when the state is taken, 1..extend_len
+    slots: torch.Tensor  # [M] int64 destination state slots
+
+    @classmethod
+    def build(
+        cls, per_seq: list[list[tuple[int, int]]], extend_lens: list[int], device: torch.device
+    ) -> StateCheckpoints | None:
+        if len(per_seq) != len(extend_lens):
+            raise ValueError(f"state_checkpoints has {len(per_seq)} entries for {len(extend_lens)} sequences")
+        seq: list[int] = []
+        tokens: list[int] = []
+        slots: list[int] = []
+        for i, entries in enumerate(per_seq):
+            for n, slot in entries:
+                if not 0 < n <= extend_lens[i]:
+                    raise ValueError(
+                        f"state checkpoint after {n} new tokens of sequence {i}, which extends {extend_lens[i]}"
+                    )
+                seq.append(i)
+                tokens.append(n)
+                slots.append(slot)
+        if not seq:
+            return None
+        return cls(seq, tokens, torch.tensor(slots, dtype=torch.int64, device=device))
+
+    def in_chunk(self, chunk: int, chunk_size: int) -> list[tuple[int, int, int]]:
+        """(checkpoint index, sequence, tokens r into the chunk: 1..chunk_size) for checkpoints inside `chunk`."""
+        out = []
+        for m, (b, n) in enumerate(zip(self.seq, self.tokens, strict=True)):
+            if (n - 1) // chunk_size == chunk:
+                out.append((m, b, n - chunk * chunk_size))
+        return out
+
+    def conv_windows(self, padded_input: torch.Tensor, width: int) -> torch.Tensor:
+        """[M, C, width]: the last `width` conv inputs after each checkpoint, from the [B, C, width + Lmax]
+        input (the old window followed by the new tokens)."""
+        return torch.stack([padded_input[b, :, n : n + width] for b, n in zip(self.seq, self.tokens, strict=True)])
+
+
+def supports_state_checkpoints(model: torch.nn.Module) -> bool:
+    """True when every recurrent layer of the model (a module with a conv state) writes in-forward checkpoints;
+    the scheduler otherwise ends a prefill forward at each checkpoint and copies the slot after it."""
+    mixers = [m for m in model.modules() if hasattr(m, "conv_state_shape")]
+    return bool(mixers) and all(getattr(m, "writes_state_checkpoints", False) for m in mixers)
