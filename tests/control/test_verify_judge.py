@@ -125,6 +125,9 @@ def test_spec_judgement() -> None:
         [(64, 10)], algorithm="EAGLE", steps=3, metrics_accept=None, options=SpecOptions()
     )
     assert "exceeds the ceiling 4" in reasons[0]
+    # A short request whose drafts were all accepted: 4 per verify round plus the prefill's token.
+    reasons, m = judge_spec([(5, 1)], algorithm="EAGLE", steps=3, metrics_accept=None, options=SpecOptions())
+    assert reasons == [] and m["accept_length"] == 5.0
     reasons, _ = judge_spec([(64, 0)], algorithm="EAGLE", steps=3, metrics_accept=None, options=SpecOptions())
     assert "spec_verify_ct" in reasons[0]
     reasons, _ = judge_spec([(60, 20)], algorithm="EAGLE", steps=3, metrics_accept=2.0, options=SpecOptions())
