@@ -47,6 +47,12 @@ def _falcon_h1(cfg: HFConfig) -> HybridModel:
     return FalconH1ForCausalLM(FalconH1Config.from_hf(cfg))
 
 
+def _kimi_linear(cfg: HFConfig) -> HybridModel:
+    from runtime.models.kimi_linear import KimiLinearConfig, KimiLinearForCausalLM
+
+    return KimiLinearForCausalLM(KimiLinearConfig.from_hf(cfg))
+
+
 REGISTRY: tuple[ModelEntry, ...] = (
     ModelEntry(("qwen3_next",), ("Qwen3NextForCausalLM",), _qwen3_next),
     ModelEntry(
@@ -62,6 +68,7 @@ REGISTRY: tuple[ModelEntry, ...] = (
     ModelEntry(("nemotron_h",), ("NemotronHForCausalLM",), _nemotron_h),
     ModelEntry(("granitemoehybrid",), ("GraniteMoeHybridForCausalLM",), _granite_hybrid),
     ModelEntry(("falcon_h1",), ("FalconH1ForCausalLM",), _falcon_h1),
+    ModelEntry(("kimi_linear",), ("KimiLinearForCausalLM",), _kimi_linear),
 )
 
 

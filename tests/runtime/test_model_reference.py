@@ -1,5 +1,5 @@
 """Our model code vs transformers 5's reference implementations (Qwen3-Next, Qwen3.5-MoE, Nemotron-H,
-Granite-4.0-H, Falcon-H1), and vs itself under chunked prefill, packed extend and batched decode."""
+Granite-4.0-H, Falcon-H1, Kimi-Linear), and vs itself under chunked prefill, packed extend and batched decode."""
 
 from __future__ import annotations
 
@@ -186,6 +186,36 @@ def _falcon_h1(mamba_rms_norm: bool = True) -> torch.nn.Module:
     return transformers.FalconH1ForCausalLM(cfg)
 
 
+def _kimi_linear() -> torch.nn.Module:
+    cfg = transformers.KimiLinearConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        linear_num_heads=4,
+        linear_head_dim=16,
+        linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    return transformers.KimiLinearForCausalLM(cfg)
+
+
 ARCHS: dict[str, tuple[Callable[[], torch.nn.Module], ModelLayout]] = {
     "qwen3_next": (
         _qwen3_next,
@@ -243,6 +273,20 @@ ARCHS: dict[str, tuple[Callable[[], torch.nn.Module], ModelLayout]] = {
             vocab_size=VOCAB,
         ),
     ),
+    "kimi_linear": (
+        _kimi_linear,
+        ModelLayout(
+            num_layers=4,
+            attn_layer_ids=(3,),
+            linear_layer_ids=(0, 1, 2),
+            num_kv_heads=1,  # MLA: the latent (32) and the shared rope key (8)
+            head_dim=32,
+            v_head_dim=8,
+            conv_state_shape=(3, 3 * 64),  # SGLang's (kernel-1, channels) layout for Kimi-Linear
+            ssm_state_shape=(4, 16, 16),
+            vocab_size=VOCAB,
+        ),
+    ),
     "nemotron_h": (
         _nemotron_h,
         ModelLayout(
@@ -296,11 +340,9 @@ def test_layout_agrees_with_the_control_plane_spec(
     assert (layout.attn_layer_ids, layout.linear_layer_ids) == (spec.attn_layer_ids, spec.linear_layer_ids)
     assert tuple(layout.conv_state_shape) == tuple(spec.conv_state_shape)
     assert tuple(layout.ssm_state_shape) == tuple(spec.ssm_state_shape)
-    assert (layout.num_kv_heads, layout.head_dim, layout.v_head_dim) == (
-        spec.num_kv_heads_per_rank,
-        spec.head_dim,
-        spec.v_head_dim,
-    )
+    # KV bytes per token (spec at its default bf16): per-head K/V, or MLA's latent + shared rope key.
+    kv_elements = len(layout.attn_layer_ids) * layout.num_kv_heads * (layout.head_dim + layout.v_head_dim)
+    assert spec.kv_bytes_per_token == kv_elements * 2
 
 
 def test_prefill_logits_match_transformers(checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel) -> None:

@@ -1,0 +1,349 @@
+"""Kimi-Linear: Kimi Delta Attention (per-channel gated delta rule) layers with multi-head latent attention
+(MLA, no positional encoding) every few layers; DeepSeek-style MoE (sigmoid, grouped top-k) after a dense start.
+
+MLA layers cache the compressed latent, not per-head K/V: `buffers.k[j]` holds the normed `kv_lora_rank` latent
+and `buffers.v[j]` the shared `qk_rope_head_dim` key part, one "head" per token, as SGLang's MLA pool does. The KDA
+conv state uses SGLang's `(kernel-1, channels)` layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.engine.forward_batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.models.base import HybridModel, StepContext
+from runtime.models.errors import ModelLoadError
+from runtime.models.hf_config import HFConfig
+from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
+from runtime.models.layers.delta_rule import l2norm
+from runtime.models.layers.kda import chunk_kda, recurrent_kda_step
+from runtime.models.layers.mlp import GatedMLP
+from runtime.models.layers.moe import Experts
+from runtime.models.layers.norm import RMSNorm
+from runtime.models.layers.sigmoid_moe import GroupTopKRouter
+
+
+@dataclass(frozen=True)
+class KimiLinearConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layer_types: tuple[str, ...]
+    mlp_layer_types: tuple[str, ...]
+    rms_norm_eps: float
+    num_attention_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    linear_num_heads: int
+    linear_head_dim: int
+    linear_conv_kernel_dim: int
+    num_experts: int
+    num_experts_per_token: int
+    moe_intermediate_size: int
+    num_shared_experts: int
+    num_expert_group: int
+    topk_group: int
+    moe_renormalize: bool
+    routed_scaling_factor: float
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, cfg: HFConfig) -> KimiLinearConfig:
+        layers = cfg.int("num_hidden_layers")
+        linear = cfg.data.get("linear_attn_config") or {}
+        types = cfg.data.get("layer_types")
+        if types is None and "full_attn_layers" in linear and "kda_layers" in linear:
+            by_index = {i - 1: "full_attention" for i in linear["full_attn_layers"]}  # 1-based in the checkpoint
+            by_index.update({i - 1: "linear_attention" for i in linear["kda_layers"]})
+            types = [by_index.get(i) for i in range(layers)]
+        if types is None:
+            types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(layers)]
+        mlp_types = cfg.data.get("mlp_layer_types")
+        if mlp_types is None:
+            dense = cfg.int("first_k_dense_replace", 1)
+            mlp_types = ["dense" if i < dense else "sparse" for i in range(layers)]
+        if len(types) != layers or set(types) - {"full_attention", "linear_attention"} or len(mlp_types) != layers:
+            raise ModelLoadError(
+                f"{cfg.path}: 'layer_types' / 'linear_attn_config' and 'mlp_layer_types' must cover all {layers} "
+                "layers with full_attention / linear_attention and dense / sparse; fix the file."
+            )
+
+        def pick(*keys: str, default: object = None) -> object:
+            for key in keys:
+                if cfg.data.get(key) is not None:
+                    return cfg.data[key]
+            if default is None:
+                return cfg.get(keys[0])  # raises the missing-key error for the canonical name
+            return default
+
+        return cls(
+            vocab_size=cfg.int("vocab_size"),
+            hidden_size=cfg.int("hidden_size"),
+            intermediate_size=cfg.int("intermediate_size"),
+            layer_types=tuple(types),
+            mlp_layer_types=tuple(mlp_types),
+            rms_norm_eps=cfg.float("rms_norm_eps", 1e-5),
+            num_attention_heads=cfg.int("num_attention_heads"),
+            q_lora_rank=cfg.data.get("q_lora_rank"),
+            kv_lora_rank=cfg.int("kv_lora_rank"),
+            qk_nope_head_dim=cfg.int("qk_nope_head_dim"),
+            qk_rope_head_dim=cfg.int("qk_rope_head_dim"),
+            v_head_dim=cfg.int("v_head_dim"),
+            linear_num_heads=int(pick("linear_num_heads", default=linear.get("num_heads"))),  # type: ignore[arg-type]
+            linear_head_dim=int(pick("linear_head_dim", default=linear.get("head_dim"))),  # type: ignore[arg-type]
+            linear_conv_kernel_dim=int(
+                pick("linear_conv_kernel_dim", default=linear.get("short_conv_kernel_size", 4))  # type: ignore[arg-type]
+            ),
+            num_experts=int(pick("num_experts", "num_local_experts", default=0)),  # type: ignore[arg-type]
+            num_experts_per_token=int(pick("num_experts_per_token", "num_experts_per_tok", default=1)),  # type: ignore[arg-type]
+            moe_intermediate_size=cfg.int("moe_intermediate_size", 0),
+            num_shared_experts=int(pick("num_shared_experts", "n_shared_experts", default=1)),  # type: ignore[arg-type]
+            num_expert_group=int(pick("num_expert_group", "n_group", default=1)),  # type: ignore[arg-type]
+            topk_group=cfg.int("topk_group", 1),
+            moe_renormalize=bool(pick("moe_renormalize", "norm_topk_prob", default=True)),
+            routed_scaling_factor=cfg.float("routed_scaling_factor", 1.0),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+
+class KimiDeltaAttention(nn.Module):
+    def __init__(self, c: KimiLinearConfig) -> None:
+        super().__init__()
+        self.heads, self.head_dim = c.linear_num_heads, c.linear_head_dim
+        dim = self.heads * self.head_dim
+        self.dim = dim
+        self.q_proj = nn.Linear(c.hidden_size, dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, dim, bias=False)
+        # The checkpoint's q_conv1d / k_conv1d / v_conv1d, stacked (see checkpoint_sources).
+        self.conv1d = nn.Conv1d(3 * dim, 3 * dim, c.linear_conv_kernel_dim, groups=3 * dim, bias=False)
+        self.f_a_proj = nn.Linear(c.hidden_size, self.head_dim, bias=False)
+        self.f_b_proj = nn.Linear(self.head_dim, dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.zeros(dim))
+        self.A_log = nn.Parameter(torch.zeros(1, 1, self.heads, 1))
+        self.b_proj = nn.Linear(c.hidden_size, self.heads, bias=False)
+        self.g_a_proj = nn.Linear(c.hidden_size, self.head_dim, bias=False)
+        self.g_b_proj = nn.Linear(self.head_dim, dim, bias=False)
+        self.o_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
+        self.o_proj = nn.Linear(dim, c.hidden_size, bias=False)
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        return (self.conv1d.kernel_size[0] - 1, 3 * self.dim)  # SGLang's layout for Kimi-Linear
+
+    @property
+    def ssm_state_shape(self) -> tuple[int, int, int]:
+        return (self.heads, self.head_dim, self.head_dim)
+
+    def forward(
+        self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, ctx: StepContext
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        weight = self.conv1d.weight[:, 0, :]
+        conv_view = conv_pool.transpose(-1, -2)  # [slots, channels, kernel-1] view of the pool's layout
+        shape = (tokens, self.heads, self.head_dim)
+        forget = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
+        g = (-self.A_log.float().exp().view(self.heads, 1) * F.softplus(forget.view(shape))).view(shape)
+        beta = torch.sigmoid(self.b_proj(x))
+        if ctx.packing is None:
+            mixed = causal_conv1d_decode(mixed, weight, None, conv_view, ctx.state_slots)
+            q, k, v = (t.reshape(shape) for t in mixed.split(self.dim, dim=-1))
+            out, state = recurrent_kda_step(
+                l2norm(q.float()), l2norm(k.float()), v, g, beta, ssm_pool[ctx.state_slots].float()
+            )
+            ssm_pool[ctx.state_slots] = state.to(ssm_pool.dtype)
+        else:
+            packing = ctx.packing
+            mixed = causal_conv1d_extend(mixed, weight, None, conv_view, packing)
+            q, k, v = (packing.pad(t.reshape(shape)) for t in mixed.split(self.dim, dim=-1))
+            g_pad = packing.zero_padding(packing.pad(g))
+            beta_pad = packing.zero_padding(packing.pad(beta))
+            out, state = chunk_kda(
+                l2norm(q.float()), l2norm(k.float()), v, g_pad, beta_pad, packing.initial_state(ssm_pool)
+            )
+            ssm_pool[packing.state_slots] = state.to(ssm_pool.dtype)
+            out = packing.unpad(out)
+        gate = self.g_b_proj(self.g_a_proj(x)).view(shape)
+        h = F.rms_norm(out.float(), (self.head_dim,), eps=self.o_norm.eps) * self.o_norm.weight.float()
+        h = (h * torch.sigmoid(gate.float())).to(x.dtype)
+        return self.o_proj(h.reshape(tokens, self.dim))
+
+
+class KimiMLA(nn.Module):
+    """Multi-head latent attention without positional encoding; caches the latent, expands it per step."""
+
+    def __init__(self, c: KimiLinearConfig) -> None:
+        super().__init__()
+        self.heads = c.num_attention_heads
+        self.nope, self.rope, self.v_dim, self.lora = (
+            c.qk_nope_head_dim,
+            c.qk_rope_head_dim,
+            c.v_head_dim,
+            c.kv_lora_rank,
+        )
+        qk = self.nope + self.rope
+        self.scale = qk**-0.5
+        if c.q_lora_rank is None:
+            self.q_proj = nn.Linear(c.hidden_size, self.heads * qk, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, 1e-6, weight_in_fp32=False)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, self.heads * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, self.lora + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.lora, 1e-6, weight_in_fp32=False)
+        self.kv_b_proj = nn.Linear(self.lora, self.heads * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.heads * self.v_dim, c.hidden_size, bias=False)
+
+    def _expand(self, latent: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """latent [..., L, lora], k_rot [..., L, rope] → keys [..., H, L, nope+rope], values [..., H, L, v]."""
+        kv = self.kv_b_proj(latent).view(*latent.shape[:-1], self.heads, self.nope + self.v_dim)
+        k_nope, values = kv.split([self.nope, self.v_dim], dim=-1)
+        keys = torch.cat([k_nope, k_rot[..., None, :].expand(*k_rot.shape[:-1], self.heads, self.rope)], dim=-1)
+        return keys.transpose(-2, -3), values.transpose(-2, -3)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext, ordinal: int) -> torch.Tensor:
+        tokens = x.shape[0]
+        if hasattr(self, "q_proj"):
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(tokens, self.heads, self.nope + self.rope)
+        latent, k_rot = self.kv_a_proj_with_mqa(x).split([self.lora, self.rope], dim=-1)
+        latent = self.kv_a_layernorm(latent)
+        k_cache, v_cache = ctx.buffers.k[ordinal], ctx.buffers.v[ordinal]
+        k_cache[ctx.out_locs] = latent[:, None, :].to(k_cache.dtype)
+        v_cache[ctx.out_locs] = k_rot[:, None, :].to(v_cache.dtype)
+        meta = ctx.attn
+        if meta.decode:
+            assert meta.kv_index is not None
+            keys, values = self._expand(
+                k_cache[meta.kv_index][:, :, 0].to(x.dtype), v_cache[meta.kv_index][:, :, 0].to(x.dtype)
+            )
+            out = F.scaled_dot_product_attention(
+                q[:, :, None, :], keys, values, attn_mask=meta.kv_mask, scale=self.scale
+            )
+            out = out.reshape(tokens, -1)
+        else:
+            assert meta.seq_kv is not None and meta.q_spans is not None and meta.seq_masks is not None
+            outs = []
+            for slots, (start, length), mask in zip(meta.seq_kv, meta.q_spans, meta.seq_masks, strict=True):
+                keys, values = self._expand(k_cache[slots][:, 0].to(x.dtype), v_cache[slots][:, 0].to(x.dtype))
+                qs = q[start : start + length].transpose(0, 1)
+                o = F.scaled_dot_product_attention(
+                    qs, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale
+                )
+                outs.append(o.transpose(0, 1).reshape(length, -1))
+            out = torch.cat(outs) if len(outs) > 1 else outs[0]
+        return self.o_proj(out)
+
+
+class KimiSparseMoE(nn.Module):
+    def __init__(self, c: KimiLinearConfig) -> None:
+        super().__init__()
+        self.gate = GroupTopKRouter(
+            c.hidden_size,
+            c.num_experts,
+            c.num_experts_per_token,
+            c.num_expert_group,
+            c.topk_group,
+            c.moe_renormalize,
+            c.routed_scaling_factor,
+        )
+        self.experts = Experts(c.num_experts, c.hidden_size, c.moe_intermediate_size)
+        self.shared_experts = GatedMLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        return self.experts(x, ids, weights) + self.shared_experts(x)
+
+
+class KimiDecoderLayer(nn.Module):
+    def __init__(self, c: KimiLinearConfig, layer: int, ordinal: int) -> None:
+        super().__init__()
+        self.kind = c.layer_types[layer]
+        self.ordinal = ordinal
+        self.self_attn: nn.Module = KimiDeltaAttention(c) if self.kind == "linear_attention" else KimiMLA(c)
+        self.block_sparse_moe: nn.Module = (
+            KimiSparseMoE(c) if c.mlp_layer_types[layer] == "sparse" else GatedMLP(c.hidden_size, c.intermediate_size)
+        )
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            h = self.self_attn(h, ctx.buffers.conv[self.ordinal], ctx.buffers.ssm[self.ordinal], ctx)
+        else:
+            h = self.self_attn(h, ctx, self.ordinal)
+        x = x + h
+        return x + self.block_sparse_moe(self.post_attention_layernorm(x))
+
+
+class KimiBody(nn.Module):
+    def __init__(self, c: KimiLinearConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        ordinals = {"linear_attention": 0, "full_attention": 0}
+        layers = []
+        for i, kind in enumerate(c.layer_types):
+            layers.append(KimiDecoderLayer(c, i, ordinals[kind]))
+            ordinals[kind] += 1
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
+
+
+class KimiLinearForCausalLM(HybridModel):
+    def __init__(self, config: KimiLinearConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = KimiBody(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def layout(self) -> ModelLayout:
+        c = self.config
+        mixer = next(layer.self_attn for layer in self.model.layers if layer.kind == "linear_attention")
+        return ModelLayout(
+            num_layers=len(c.layer_types),
+            attn_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention"),
+            linear_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "linear_attention"),
+            num_kv_heads=1,  # MLA: one latent per token
+            head_dim=c.kv_lora_rank,
+            v_head_dim=c.qk_rope_head_dim,
+            conv_state_shape=mixer.conv_state_shape,
+            ssm_state_shape=mixer.ssm_state_shape,
+            vocab_size=c.vocab_size,
+        )
+
+    def checkpoint_sources(self) -> dict[str, list[str]]:
+        sources: dict[str, list[str]] = {}
+        for i, layer in enumerate(self.model.layers):
+            p = f"model.layers.{i}"
+            if layer.kind == "linear_attention":
+                sources[f"{p}.self_attn.conv1d.weight"] = [f"{p}.self_attn.{n}_conv1d.weight" for n in "qkv"]
+            if isinstance(layer.block_sparse_moe, KimiSparseMoE):
+                e = range(self.config.num_experts)
+                m = f"{p}.block_sparse_moe.experts"
+                sources[f"{m}.gate_up_proj"] = [f"{m}.{j}.{w}.weight" for j in e for w in ("w1", "w3")]
+                sources[f"{m}.down_proj"] = [f"{m}.{j}.w2.weight" for j in e]
+        return sources
+
+    def checkpoint_aliases(self) -> dict[str, str]:
+        return {"lm_head.weight": "model.embed_tokens.weight"} if self.config.tie_word_embeddings else {}
+
+    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
+        device = self.lm_head.weight.device
+        ctx = StepContext.build(batch, buffers, device)
+        x = self.model.embed_tokens(batch.input_ids.to(device))
+        for layer in self.model.layers:
+            x = layer(x, ctx)
+        rows = ctx.logit_rows()
+        if rows is not None:
+            x = x[rows]
+        return self.lm_head(self.model.norm(x)).float()
