@@ -52,6 +52,7 @@ class KimiLinearConfig:
     moe_renormalize: bool
     routed_scaling_factor: float
     tie_word_embeddings: bool
+    attention_bias: bool
 
     @classmethod
     def from_hf(cls, cfg: HFConfig) -> KimiLinearConfig:
@@ -64,6 +65,11 @@ class KimiLinearConfig:
             types = [by_index.get(i) for i in range(layers)]
         if types is None:
             types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(layers)]
+        if cfg.data.get("mla_use_nope") is False:
+            raise ModelLoadError(
+                f"{cfg.path}: 'mla_use_nope' is false; the bundled runtime implements Kimi-Linear's MLA without "
+                "positional encoding only. Serve this model with SGLang."
+            )
         mlp_types = cfg.data.get("mlp_layer_types")
         if mlp_types is None:
             dense = cfg.int("first_k_dense_replace", 1)
@@ -109,6 +115,7 @@ class KimiLinearConfig:
             moe_renormalize=bool(pick("moe_renormalize", "norm_topk_prob", default=True)),
             routed_scaling_factor=cfg.float("routed_scaling_factor", 1.0),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
         )
 
 
@@ -193,13 +200,13 @@ class KimiMLA(nn.Module):
         if c.q_lora_rank is None:
             self.q_proj = nn.Linear(c.hidden_size, self.heads * qk, bias=False)
         else:
-            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
+            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=c.attention_bias)
             self.q_a_layernorm = RMSNorm(c.q_lora_rank, 1e-6, weight_in_fp32=False)
             self.q_b_proj = nn.Linear(c.q_lora_rank, self.heads * qk, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, self.lora + self.rope, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, self.lora + self.rope, bias=c.attention_bias)
         self.kv_a_layernorm = RMSNorm(self.lora, 1e-6, weight_in_fp32=False)
         self.kv_b_proj = nn.Linear(self.lora, self.heads * (self.nope + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(self.heads * self.v_dim, c.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.v_dim, c.hidden_size, bias=c.attention_bias)
 
     def _expand(self, latent: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """latent [..., L, lora], k_rot [..., L, rope] → keys [..., H, L, nope+rope], values [..., H, L, v]."""

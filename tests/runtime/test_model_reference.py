@@ -186,7 +186,7 @@ def _falcon_h1(mamba_rms_norm: bool = True) -> torch.nn.Module:
     return transformers.FalconH1ForCausalLM(cfg)
 
 
-def _kimi_linear() -> torch.nn.Module:
+def _kimi_linear(**overrides: object) -> torch.nn.Module:
     cfg = transformers.KimiLinearConfig(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -213,6 +213,8 @@ def _kimi_linear() -> torch.nn.Module:
         bos_token_id=None,
         eos_token_id=None,
     )
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
     return transformers.KimiLinearForCausalLM(cfg)
 
 
@@ -493,3 +495,17 @@ def test_falcon_h1_without_mamba_norm(tmp_path: Path) -> None:
     teacher.add(0)
     forced = teacher.extend({0: prompt + generated[:-1]}, all_logits=True)[len(prompt) - 1 :]
     assert forced.argmax(-1).tolist() == generated
+
+
+def test_kimi_linear_with_low_rank_queries_and_biases(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    hf = _kimi_linear(q_lora_rank=24, attention_bias=True).eval()
+    _perturb(hf, 2)
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    prompt = _prompt(80, 14)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0]
+    runner = SimpleRunner(model)
+    runner.add(0)
+    assert (runner.extend({0: prompt}, all_logits=True) - ref).abs().max().item() <= 1e-4
