@@ -20,6 +20,7 @@ from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_d
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
+from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger("runtime.engine")
@@ -90,6 +91,7 @@ class EngineCore:
                 context_len=context_len,
                 schedule_policy=args.schedule_policy,
                 checkpoint_interval=args.mamba_track_interval if checkpointing else 0,
+                in_forward_checkpoints=supports_state_checkpoints(self.model),
                 random_seed=args.random_seed,
             ),
             eos_token_ids=tuple(self.model.eos_token_ids),

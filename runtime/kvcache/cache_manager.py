@@ -30,6 +30,9 @@ class ReqMemory:
     slot: int | None = None  # private state slot: the state after kv_len tokens
     kv_len: int = 0  # tokens whose KV and state are computed
     reserved_pages: int = 0  # pages still to allocate, at most, over the request's life
+    # Where the tree's KV for this prompt ends without a state (0: nowhere past the match): checkpointing the
+    # state there lets the next request that branches off at the same place resume from it.
+    branch_len: int = 0
 
 
 class Admission:
@@ -106,9 +109,11 @@ class CacheManager:
         if self.state_pool.num_slots < 1:
             return Admission(False, _state_too_small(self.state_pool), 0), None
         match = None
+        branch_len = 0
         if self.caching:
             # At least one prompt token is always computed: its logits give the first output token.
             match = self.tree.match_prefix(prompt[: len(prompt) - 1])
+            branch_len = match.kv_length if match.kv_length > match.length else 0
             if match.length == 0:
                 match = None
         if match is not None:
@@ -119,7 +124,7 @@ class CacheManager:
             if match is not None:
                 self.tree.unlock(match.node)
             return Admission(False), None
-        mem = ReqMemory()
+        mem = ReqMemory(branch_len=branch_len)
         if match is not None:
             mem.pages = list(match.pages)
             mem.tree_len = mem.kv_len = match.length
@@ -181,8 +186,26 @@ class CacheManager:
             self.state_pool.free(slot)
         return used
 
-    def _insert(self, mem: ReqMemory, tokens: list[int], slot: int | None) -> bool:
-        n = mem.kv_len
+    def take_checkpoint_slot(self) -> int | None:
+        """A slot for a state the model writes during the next forward (None: caching off or none free)."""
+        return self._alloc_slot() if self.caching else None
+
+    def commit_checkpoint(self, mem: ReqMemory, tokens: list[int], n: int, slot: int) -> bool:
+        """Cache the KV of tokens[:n] and the state in `slot` (written by the forward that computed token n-1).
+        The slot is freed when the tree already has a state there; False then."""
+        if not (mem.tree_len < n <= mem.kv_len and n % self.page_size == 0):
+            self.state_pool.free(slot)
+            return False
+        used = self._insert(mem, tokens, slot, n)
+        if not used:
+            self.state_pool.free(slot)
+        return used
+
+    def free_slot(self, slot: int) -> None:
+        self.state_pool.free(slot)
+
+    def _insert(self, mem: ReqMemory, tokens: list[int], slot: int | None, n: int | None = None) -> bool:
+        n = mem.kv_len if n is None else n
         res = self.tree.insert(tokens[:n], mem.pages[: n // self.page_size], slot)
         self.kv_pool.free(res.duplicate_pages)
         mem.pages[: n // self.page_size] = res.pages

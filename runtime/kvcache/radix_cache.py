@@ -44,6 +44,9 @@ class PrefixMatch:
     length: int  # tokens covered, a multiple of page_size
     pages: list[int] = field(default_factory=list)  # the KV pages of those tokens, in order
     state_slot: int | None = None  # the cached state after `length` tokens (None for the root)
+    # Tokens whose KV the tree holds (whole pages), state or not: beyond `length`, the prefix is cached KV
+    # without a state. A request that computes that far can checkpoint the state there (the branch point).
+    kv_length: int = 0
 
 
 @dataclass
@@ -89,17 +92,23 @@ class RadixCache:
         node, pos = self.root, 0
         best, best_pos = self.root, 0
         path: list[RadixNode] = []
+        kv_end = 0
         while pos + self.page_size <= len(tokens):
             child = node.children.get(self._child_key(tokens, pos))
-            if child is None or self._common_len(child.key, tokens, pos) < len(child.key):
+            if child is None:
+                break
+            common = self._common_len(child.key, tokens, pos)
+            if common < len(child.key):
+                kv_end = pos + common
                 break
             pos += len(child.key)
             node = child
             path.append(node)
             if node.state_slot is not None:
                 best, best_pos = node, pos
+        kv_end = max(kv_end, pos)
         if best is self.root:
-            return PrefixMatch(self.root, 0)
+            return PrefixMatch(self.root, 0, kv_length=kv_end)
         now = next(self._clock)
         pages: list[int] = []
         for n in path:
@@ -108,7 +117,7 @@ class RadixCache:
             if n is best:
                 break
         best.state_access = now
-        return PrefixMatch(best, best_pos, pages, best.state_slot)
+        return PrefixMatch(best, best_pos, pages, best.state_slot, kv_length=kv_end)
 
     def insert(self, tokens: list[int], pages: list[int], state_slot: int | None) -> InsertResult:
         """Cache tokens (whole pages) with their KV pages and, optionally, the state after them.

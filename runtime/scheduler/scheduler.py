@@ -43,6 +43,9 @@ class SchedulerConfig:
     context_len: int
     schedule_policy: str = "fcfs"
     checkpoint_interval: int = 0  # 0: no prefill checkpoints (cache off, or no_buffer strategy)
+    # The model writes states mid-forward (ForwardBatch.state_checkpoints); else a prefill forward ends at each
+    # checkpoint and the slot is copied after it.
+    in_forward_checkpoints: bool = False
     random_seed: int = 0
 
 
@@ -192,11 +195,24 @@ class Scheduler:
         assert req.mem is not None
         start = req.mem.kv_len
         end = min(len(req.prompt_ids), start + budget)
-        interval = self.config.checkpoint_interval
-        if interval > 0:
-            # Stop at the next checkpoint boundary so the state there exists to be cached.
-            end = min(end, (start // interval + 1) * interval)
+        if not self.config.in_forward_checkpoints:
+            # Stop at the next checkpoint so the state there exists (in the request's slot) to be copied.
+            end = next(iter(self._checkpoints_in(req, start, end)), end)
         return end - start
+
+    def _checkpoints_in(self, req: Req, start: int, end: int) -> list[int]:
+        """Prompt positions in (start, end] whose state goes into the cache: every checkpoint_interval tokens,
+        and the branch point (where the tree's KV for this prompt ends without a state)."""
+        mem = req.mem
+        if mem is None or not self.cache.caching:
+            return []
+        interval = self.config.checkpoint_interval
+        points = list(range((start // interval + 1) * interval, end + 1, interval)) if interval > 0 else []
+        if start < mem.branch_len <= end:
+            points = sorted({*points, mem.branch_len})
+        ps = self.cache.page_size
+        # The prompt's last position is left to the end-of-request insert (prompt + output[:-1]).
+        return [p for p in points if mem.tree_len < p < len(req.prompt_ids) and p % ps == 0]
 
     def _run_extend(self, batch: list[tuple[Req, int]]) -> None:
         ids: list[int] = []
@@ -213,6 +229,7 @@ class Scheduler:
             out_locs.extend(new_locs)
             new_t = torch.tensor(new_locs, dtype=torch.int64)
             kv_locs.append(torch.cat([self.cache.token_slots(mem, start), new_t]))
+        planned = self._plan_checkpoints(batch)
         fb = ForwardBatch(
             mode="extend",
             input_ids=torch.tensor(ids, dtype=torch.int64),
@@ -222,19 +239,48 @@ class Scheduler:
             kv_locs=kv_locs,
             out_locs=torch.tensor(out_locs, dtype=torch.int64),
             state_slots=torch.tensor([r.mem.slot for r, _ in batch if r.mem is not None], dtype=torch.int64),
+            state_checkpoints=[[(p - start, slot) for p, slot in cps] for start, cps in planned]
+            if any(cps for _, cps in planned)
+            else None,
         )
-        logits = self.run_model(fb)
+        try:
+            logits = self.run_model(fb)
+        except BaseException:
+            for _, cps in planned:
+                for _, slot in cps:
+                    self.cache.free_slot(slot)
+            raise
         done: list[int] = []
         for i, (req, n) in enumerate(batch):
             assert req.mem is not None
             req.mem.kv_len += n
+            for p, slot in planned[i][1]:
+                if self.cache.commit_checkpoint(req.mem, req.prompt_ids, p, slot):
+                    self.counters.state_checkpoints += 1
             if req.mem.kv_len == len(req.prompt_ids):
                 done.append(i)
-            elif self.config.checkpoint_interval and req.mem.kv_len % self.config.checkpoint_interval == 0:
-                if self.cache.checkpoint(req.mem, req.prompt_ids):
+            elif not self.config.in_forward_checkpoints and self._checkpoints_in(req, planned[i][0], req.mem.kv_len):
+                if self.cache.checkpoint(req.mem, req.prompt_ids):  # the chunk ended at the checkpoint: copy it
                     self.counters.state_checkpoints += 1
         if done:
             self._sample_and_emit([batch[i][0] for i in done], logits[done])
+
+    def _plan_checkpoints(self, batch: list[tuple[Req, int]]) -> list[tuple[int, list[tuple[int, int]]]]:
+        """Per request: its extend start, and (prompt position, spare slot) for each state the model writes
+        during this forward."""
+        planned: list[tuple[int, list[tuple[int, int]]]] = []
+        for req, n in batch:
+            assert req.mem is not None
+            start = req.mem.kv_len
+            cps: list[tuple[int, int]] = []
+            if self.config.in_forward_checkpoints:
+                for p in self._checkpoints_in(req, start, start + n):
+                    slot = self.cache.take_checkpoint_slot()
+                    if slot is None:  # every slot is running a request: skip the checkpoint, not the work
+                        break
+                    cps.append((p, slot))
+            planned.append((start, cps))
+        return planned
 
     def _run_decode(self, reqs: list[Req]) -> None:
         kv_locs: list[torch.Tensor] = []

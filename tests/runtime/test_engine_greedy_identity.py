@@ -118,8 +118,9 @@ def test_pages_and_handed_over_states(cores: dict[str, EngineCore]) -> None:
     second = run_to_completion(core, [GenerateRequest("b", doc + [9], greedy(2))], together=False)
     assert second.final("b").cached_tokens == 40
     third = run_to_completion(core, [GenerateRequest("c", doc + [8], greedy(2))], together=False)
-    # "b" took the state at 40 over (not copied); "b"'s own end state is on another branch: "c" resumes at 32.
-    assert third.final("c").cached_tokens == 32
+    # "b" took the state at 40 over (not copied), but it checkpointed the branch point 44 (the last whole page of
+    # the tree's KV for its prompt, where no state was): "c" resumes there.
+    assert third.final("c").cached_tokens == 44
     assert core.stats().state_slots_cached >= states_before - 1
 
 
