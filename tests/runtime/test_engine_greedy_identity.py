@@ -1,5 +1,6 @@
-"""Greedy outputs are token-identical with the prefix cache on and off, chunked prefill on and off, batched
-and alone: a hypothesis property over random prompts that share prefixes, engine-level and in-process."""
+"""Greedy outputs are token-identical with the prefix cache on and off (checkpoints written during the forward
+or by splitting it; extra_buffer or no_buffer), chunked prefill on and off, batched and alone: a hypothesis
+property over random prompts that share prefixes, engine-level and in-process."""
 
 from __future__ import annotations
 
@@ -44,10 +45,18 @@ FAMILIES = [
 def cores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, EngineCore]:
     build = build_tiny_qwen3_next if request.param == "qwen3_next" else build_tiny_nemotron_h
     model_dir = build(Path(tmp_path_factory.mktemp(request.param)) / "model")
+    # The model writes checkpoints during one forward (ForwardBatch.state_checkpoints); this engine instead ends
+    # each prefill forward at a checkpoint and copies the slot, the path for models without that support.
+    split = make_core(model_dir, chunked_prefill_size=7, mamba_track_interval=8)
+    split.scheduler.config.in_forward_checkpoints = False
     return {
+        "split_checkpoints": split,
+        # End-of-sequence states and branch points only.
+        "no_buffer": make_core(model_dir, mamba_radix_cache_strategy="no_buffer", chunked_prefill_size=9),
         # The reference: no cache, each prompt in one forward, one request at a time.
         "reference": make_core(model_dir, disable_radix_cache=True, chunked_prefill_size=-1),
-        # Cache on, checkpoints every 8 tokens, prefill chunks of 7 (so chunk and checkpoint boundaries mix).
+        # Cache on, checkpoints every 8 tokens written during the forward, prefill chunks of 7 (so chunk and
+        # checkpoint boundaries mix).
         "cache_chunked": make_core(model_dir, chunked_prefill_size=7, mamba_track_interval=8),
         "cache_whole": make_core(model_dir, chunked_prefill_size=-1, mamba_track_interval=4),
         "nocache_chunked": make_core(model_dir, disable_radix_cache=True, chunked_prefill_size=5),
