@@ -9,6 +9,7 @@ transformers 5 spellings
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from hybridctl.model.errors import ModelSpecError
@@ -113,20 +114,15 @@ def _read_gdn(cfg: dict[str, Any], source: str, family: str, model_type: str, ar
     value_heads = r.int("linear_num_value_heads")
     key_dim = r.int("linear_key_head_dim")
     value_dim = r.int("linear_value_head_dim")
-    kernel = r.int("linear_conv_kernel_dim", 4)
-
-    def shape(tp: int) -> StateShape:
-        # qwen3_next.py:288-313
-        return mamba2_state_shape(
-            tp=tp,
-            intermediate_size=value_dim * value_heads,
-            n_groups=key_heads,
-            num_heads=value_heads,
-            head_dim=value_dim,
-            state_size=key_dim,
-            conv_kernel=kernel,
-        )
-
+    # qwen3_next.py:288-313: the Gated DeltaNet state is a Mamba-2 state with keys as groups and state size.
+    dims = _Mamba2Dims(
+        intermediate_size=value_dim * value_heads,
+        n_groups=key_heads,
+        num_heads=value_heads,
+        head_dim=value_dim,
+        state_size=key_dim,
+        conv_kernel=r.int("linear_conv_kernel_dim", 4),
+    )
     return Geometry(
         family=family,
         model_type=model_type,
@@ -138,7 +134,7 @@ def _read_gdn(cfg: dict[str, Any], source: str, family: str, model_type: str, ar
         linear_kind="gated_deltanet",
         attention_kind="mha",
         config_ssm_dtype=r.get("mamba_ssm_dtype"),
-        state_shape=shape,
+        state_shape=dims.state_shape,
         vision_config=cfg["vision_config"] if isinstance(cfg.get("vision_config"), dict) else None,
         **common_attention(r),
     )
@@ -201,10 +197,7 @@ _NEMOTRON_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 def _read_nemotron_h(cfg: dict[str, Any], source: str, family: str, model_type: str, arch: str) -> Geometry:
     r = ConfigReader(cfg, source, family)
     if r.has("layers_block_type"):
-        kinds = []
-        for t in r.get("layers_block_type"):
-            k = layer_kind(t, r, "layers_block_type")
-            kinds.append("mamba" if k == "linear" else k)
+        kinds = _mamba_layer_kinds(r, "layers_block_type")
     elif r.has("hybrid_override_pattern"):
         pattern = str(r.get("hybrid_override_pattern"))
         bad = sorted(set(pattern) - set(_NEMOTRON_PATTERN))
@@ -216,35 +209,23 @@ def _read_nemotron_h(cfg: dict[str, Any], source: str, family: str, model_type: 
         raise r.fail("hybrid_override_pattern", "is missing (nor is layers_block_type given).")
     heads = r.int("mamba_num_heads")
     head_dim = r.int("mamba_head_dim")
-    # nemotron_h.py:425-439 reads n_groups / conv_kernel as the checkpoint stores them (mamba_* are aliases).
-    n_groups = r.int("n_groups", r.int("mamba_n_groups", 8))
-    state = r.int("ssm_state_size")
-    kernel = r.int("conv_kernel", r.int("mamba_d_conv", 4))
-
-    def shape(tp: int) -> StateShape:
-        return mamba2_state_shape(
-            tp=tp,
-            intermediate_size=heads * head_dim,
-            n_groups=n_groups,
-            num_heads=heads,
-            head_dim=head_dim,
-            state_size=state,
-            conv_kernel=kernel,
-        )
-
-    return Geometry(
-        family=family,
-        model_type=model_type,
-        architecture=arch,
-        text=cfg,
-        layer_kinds=tuple(kinds),
+    dims = _Mamba2Dims(
+        intermediate_size=heads * head_dim,
+        # nemotron_h.py:425-439 reads n_groups / conv_kernel as the checkpoint stores them (mamba_* are aliases).
+        n_groups=r.int("n_groups", r.int("mamba_n_groups", 8)),
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=r.int("ssm_state_size"),
+        conv_kernel=r.int("conv_kernel", r.int("mamba_d_conv", 4)),
+    )
+    return _mamba2_geometry(
+        r,
+        (family, model_type, arch),
+        kinds,
         attn_layer_ids=layer_ids(kinds, "attention"),
         linear_layer_ids=layer_ids(kinds, "mamba"),
-        linear_kind="mamba2",
-        attention_kind="mha",
+        dims=dims,
         config_ssm_dtype=r.get("mamba_ssm_dtype"),
-        state_shape=shape,
-        **common_attention(r),
     )
 
 
@@ -259,36 +240,23 @@ def _read_falcon_h1(cfg: dict[str, Any], source: str, family: str, model_type: s
         raise r.fail("mamba_n_heads", f"({heads}) must divide the Mamba width ({intermediate}).")
     raw_head = cfg.get("mamba_d_head", "auto")
     head_dim = intermediate // heads if raw_head in (None, "auto") else r.int("mamba_d_head")
-    n_groups = r.int("mamba_n_groups", 1)
-    state = r.int("mamba_d_state")
-    kernel = r.int("mamba_d_conv", 4)
-
-    def shape(tp: int) -> StateShape:
-        return mamba2_state_shape(
-            tp=tp,
-            intermediate_size=intermediate,
-            n_groups=n_groups,
-            num_heads=heads,
-            head_dim=head_dim,
-            state_size=state,
-            conv_kernel=kernel,
-        )
-
+    dims = _Mamba2Dims(
+        intermediate_size=intermediate,
+        n_groups=r.int("mamba_n_groups", 1),
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=r.int("mamba_d_state"),
+        conv_kernel=r.int("mamba_d_conv", 4),
+    )
     # falcon_h1.py:288-299: attention and Mamba run in parallel in every layer.
-    kinds = ["attention+mamba"] * n
-    return Geometry(
-        family=family,
-        model_type=model_type,
-        architecture=arch,
-        text=cfg,
-        layer_kinds=tuple(kinds),
+    return _mamba2_geometry(
+        r,
+        (family, model_type, arch),
+        ["attention+mamba"] * n,
         attn_layer_ids=tuple(range(n)),
         linear_layer_ids=tuple(range(n)),
-        linear_kind="mamba2",
-        attention_kind="mha",
+        dims=dims,
         config_ssm_dtype=r.get("mamba_ssm_dtype"),
-        state_shape=shape,
-        **common_attention(r),
     )
 
 
@@ -297,10 +265,7 @@ def _read_granite(cfg: dict[str, Any], source: str, family: str, model_type: str
     n = r.int("num_hidden_layers")
     if not r.has("layer_types"):
         raise r.fail("layer_types", "is missing; Granite-4.0-H configs list 'mamba' / 'attention' per layer.")
-    kinds = []
-    for t in r.get("layer_types"):
-        k = layer_kind(t, r, "layer_types")
-        kinds.append("mamba" if k == "linear" else k)
+    kinds = _mamba_layer_kinds(r, "layer_types")
     if len(kinds) != n:
         raise r.fail("layer_types", f"has {len(kinds)} entries but num_hidden_layers is {n}.")
     hidden = r.int("hidden_size")
@@ -309,32 +274,67 @@ def _read_granite(cfg: dict[str, Any], source: str, family: str, model_type: str
     head_dim = r.int("mamba_d_head")
     if head_dim * heads != intermediate:
         raise r.fail("mamba_d_head", f"({head_dim}) * mamba_n_heads ({heads}) must equal {intermediate}.")
-    n_groups = r.int("mamba_n_groups", 1)
-    state = r.int("mamba_d_state")
-    kernel = r.int("mamba_d_conv", 4)
+    dims = _Mamba2Dims(
+        intermediate_size=intermediate,
+        n_groups=r.int("mamba_n_groups", 1),
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=r.int("mamba_d_state"),
+        conv_kernel=r.int("mamba_d_conv", 4),
+    )
+    return _mamba2_geometry(
+        r,
+        (family, model_type, arch),
+        kinds,
+        attn_layer_ids=layer_ids(kinds, "attention"),
+        linear_layer_ids=layer_ids(kinds, "mamba"),
+        dims=dims,
+        config_ssm_dtype=None,  # granitemoehybrid.py:310 builds Mamba2CacheParams without the config dtype
+    )
 
-    def shape(tp: int) -> StateShape:
-        return mamba2_state_shape(
-            tp=tp,
-            intermediate_size=intermediate,
-            n_groups=n_groups,
-            num_heads=heads,
-            head_dim=head_dim,
-            state_size=state,
-            conv_kernel=kernel,
-        )
 
+@dataclass(frozen=True)
+class _Mamba2Dims:
+    """The numbers `mamba2_state_shape` needs besides the TP size (Gated DeltaNet reuses the Mamba-2 shape)."""
+
+    intermediate_size: int
+    n_groups: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+    conv_kernel: int
+
+    def state_shape(self, tp: int) -> StateShape:
+        return mamba2_state_shape(tp=tp, **asdict(self))
+
+
+def _mamba_layer_kinds(r: ConfigReader, key: str) -> list[str]:
+    # transformers 5 spells a Mamba layer either "mamba" or "linear_attention"; both are Mamba-2 here.
+    return ["mamba" if k == "linear" else k for k in (layer_kind(t, r, key) for t in r.get(key))]
+
+
+def _mamba2_geometry(
+    r: ConfigReader,
+    ids: tuple[str, str, str],
+    kinds: list[str],
+    *,
+    attn_layer_ids: tuple[int, ...],
+    linear_layer_ids: tuple[int, ...],
+    dims: _Mamba2Dims,
+    config_ssm_dtype: str | None,
+) -> Geometry:
+    family, model_type, arch = ids
     return Geometry(
         family=family,
         model_type=model_type,
         architecture=arch,
-        text=cfg,
+        text=r.cfg,
         layer_kinds=tuple(kinds),
-        attn_layer_ids=layer_ids(kinds, "attention"),
-        linear_layer_ids=layer_ids(kinds, "mamba"),
+        attn_layer_ids=attn_layer_ids,
+        linear_layer_ids=linear_layer_ids,
         linear_kind="mamba2",
         attention_kind="mha",
-        config_ssm_dtype=None,  # granitemoehybrid.py:310 builds Mamba2CacheParams without the config dtype
-        state_shape=shape,
+        config_ssm_dtype=config_ssm_dtype,
+        state_shape=dims.state_shape,
         **common_attention(r),
     )
