@@ -37,7 +37,7 @@ def stage(core: Any, req: Req) -> Staged | None:
         tensors.append((f"conv.{i}", conv[mem.slot].cpu().clone()))
         tensors.append((f"ssm.{i}", ssm[mem.slot].cpu().clone()))
     logprob = req.pending_logprobs[0] if req.pending_logprobs else None
-    return Staged(list(req.prompt_ids), req.output_ids[0], logprob, tensors)
+    return Staged(list(req.prompt_ids), req.output_ids[0], logprob, tensors, req.cached_tokens)
 
 
 def inject(
@@ -89,6 +89,9 @@ def inject(
     counters = sched.counters
     counters.num_requests_total += 1
     counters.prompt_tokens_total += n
+    # The prefix cache that served this prompt is the prefill server's: report its hits, as one server would.
+    req.cached_tokens = int(head.get("cached_tokens", 0))
+    counters.cached_tokens_total += req.cached_tokens
     counters.generation_tokens_total += 1
     first = int(head["first_token"])
     req.output_ids.append(first)

@@ -131,6 +131,7 @@ class Staged:
     first_token: int
     first_logprob: float | None
     tensors: list[tuple[str, torch.Tensor]]  # (name, CPU tensor) in payload order
+    cached_tokens: int = 0  # prompt tokens the prefill server found in its prefix cache
 
     def header(self, layout: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         chunks: list[bytes] = []
@@ -148,6 +149,7 @@ class Staged:
             "prompt_crc32": zlib.crc32(json.dumps(self.prompt_ids).encode()),
             "first_token": self.first_token,
             "first_logprob": self.first_logprob,
+            "cached_tokens": self.cached_tokens,
             "tensors": entries,
             "payload_bytes": len(payload),
             "crc32": zlib.crc32(payload),

@@ -1,5 +1,5 @@
 """`hybridctl launch` of a [pd] config on the bundled runtime: prefill + decode runtimes and the PD router, one
-public port; a request through it, `status` of the trio, `stop` of all three."""
+public port; a request through it, `verify basic` on it, `status` of the trio, `stop` of all three."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def test_launch_starts_the_pd_trio_behind_one_port(demo_model_dir: Path, tmp_pat
         info = httpx.get(url + "/server_info", timeout=30).json()
         assert info["disaggregation_mode"] == "decode"
         assert httpx.get(url + "/model_info", timeout=30).json()["disaggregation_mode"] == "decode"
+        verified = _hybridctl("verify", "basic", "--config", str(config))  # clients see one server
+        assert verified.returncode == 0, verified.stdout + verified.stderr
     finally:
         stopped = _hybridctl("stop", str(config), "--json")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr

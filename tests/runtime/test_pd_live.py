@@ -87,6 +87,15 @@ def transfer_stats(trio: Trio) -> dict[str, int]:
     return fetch_stats("127.0.0.1", trio.bootstrap_port)
 
 
+def settled(trio: Trio, ok: object) -> dict[str, int]:
+    """The prefill side's counters once `ok(stats)` holds (its connection threads read acks asynchronously)."""
+    deadline = time.monotonic() + 10
+    while not ok(stats := transfer_stats(trio)):  # type: ignore[operator]
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+    return stats
+
+
 def routing_fields(trio: Trio, room: int) -> dict[str, object]:
     return {"bootstrap_host": "127.0.0.1", "bootstrap_port": trio.bootstrap_port, "bootstrap_room": room}
 
@@ -113,8 +122,11 @@ def test_pd_output_is_token_identical_to_one_server(trio: Trio) -> None:
     res = httpx.post(trio.router_url + "/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 12,
                      "temperature": 0}, timeout=120)  # fmt: skip
     assert res.status_code == 200 and res.json()["usage"]["completion_tokens"] == 12
-    stats = fetch_stats("127.0.0.1", trio.bootstrap_port)
-    assert stats["pending"] == 0 and stats["delivered"] == stats["rooms_total"] >= 5
+    # A prompt the prefill server has cached: the decode server's answer reports the prefill side's hit.
+    again = generate(trio.router_url, PROMPTS[0]).json()
+    assert again["output_ids"] == reference[0] and again["meta_info"]["cached_tokens"] > 0
+    stats = settled(trio, lambda st: st["pending"] == 0)
+    assert stats["delivered"] == stats["rooms_total"] >= 5
     assert pools_idle(trio.prefill) == pools_idle(trio.decode) == {
         "kv_pages_in_use": 0, "state_slots_in_use": 0, "num_running_reqs": 0}  # fmt: skip
 
@@ -150,7 +162,10 @@ def test_dropped_connection_mid_transfer_is_retried_and_leaks_nothing(trio: Trio
     assert mid["pending"] == before["pending"] + 1  # the staged prefill waits for a retry
     assert pools_idle(trio.prefill)["state_slots_in_use"] == 0  # staging never holds a pool slot
     assert _fetch_raw(trio.bootstrap_port, room, cut_after=None)
-    after = fetch_stats("127.0.0.1", trio.bootstrap_port)
+    deadline = time.monotonic() + 10  # the ack is read by the prefill side's connection thread
+    while (after := transfer_stats(trio))["delivered"] == before["delivered"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     assert after["delivered"] == before["delivered"] + 1 and after["pending"] == before["pending"]
 
 
@@ -193,8 +208,8 @@ def test_decode_killed_mid_transfer_then_a_fresh_decode_finishes_the_request(
     assert finished.status_code == 200, finished.text
     reference = generate(trio.prefill.url, PROMPTS[2], 12).json()["output_ids"]
     assert finished.json()["output_ids"] == reference
-    after = fetch_stats("127.0.0.1", trio.bootstrap_port)
-    assert after["pending"] == before["pending"] and after["delivered"] == before["delivered"] + 1
+    after = settled(trio, lambda st: st["delivered"] == before["delivered"] + 1)
+    assert after["pending"] == before["pending"]
     assert after["rooms_total"] == after["delivered"] + after["failed"] + after["expired"] + after["pending"]
     assert pools_idle(trio.decode) == {"kv_pages_in_use": 0, "state_slots_in_use": 0, "num_running_reqs": 0}
 
@@ -219,8 +234,8 @@ def test_mismatched_state_layout_fails_the_request_and_the_doctor_names_it(
         assert MISMATCH in message and "bfloat16" in message and "float32" in message and "Fix:" in message
         assert pools_idle(other) == {"kv_pages_in_use": 0, "state_slots_in_use": 0, "num_running_reqs": 0}
         log_path = other.log_path
-    after = fetch_stats("127.0.0.1", trio.bootstrap_port)
-    assert after["failed"] == before["failed"] + 1 and after["pending"] == before["pending"]
+    after = settled(trio, lambda st: st["failed"] == before["failed"] + 1)
+    assert after["pending"] == before["pending"]
     doctor = subprocess.run(
         [sys.executable, "-m", "hybridctl", "doctor", "--no-host", "--log", str(log_path), "--json",
          "--config", str(tmp_path / "absent.toml")],
