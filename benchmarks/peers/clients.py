@@ -49,8 +49,10 @@ class EngineRequestError(RuntimeError):
     pass
 
 
-async def _sse(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    async with http.stream("POST", url, json=body, timeout=TIMEOUT) as resp:
+async def _sse(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> AsyncIterator[dict[str, Any]]:
+    async with http.stream("POST", url, json=body, headers=headers, timeout=TIMEOUT) as resp:
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")[:500]
             raise EngineRequestError(f"POST {url} -> {resp.status_code}: {text}")
@@ -125,7 +127,9 @@ class LlamaCppClient:
             "return_tokens": True,
         }
         timer, out, cached = _Timer(), [], None
-        async for chunk in _sse(http, self.url + "/completion", body):
+        # llama-server's HTTP layer drops a kept-alive connection after a streamed answer; reusing it fails
+        # with "Server disconnected without sending a response", so each request gets its own connection.
+        async for chunk in _sse(http, self.url + "/completion", body, {"Connection": "close"}):
             tokens = chunk.get("tokens") or []
             if tokens:
                 timer.tokens_arrived()

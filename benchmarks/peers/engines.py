@@ -130,15 +130,11 @@ def llamacpp_launch(model_dir: Path, threads: int, port: int) -> Launch:
 
 def vllm_launch(model_dir: Path, threads: int, port: int) -> Launch:
     if not VLLM_PYTHON.is_file():
-        raise Unavailable(
-            f"no vLLM venv at {VLLM_PYTHON.parent.parent}", "python benchmarks/peers/setup_vllm.py"
-        )
+        raise Unavailable(f"no vLLM venv at {VLLM_PYTHON.parent.parent}", "python benchmarks/peers/setup_vllm.py")
     probe = subprocess.run([str(VLLM_PYTHON), "-c", "import vllm"], capture_output=True, text=True)
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
-        raise Unavailable(
-            f"`import vllm` fails in its venv: {last}", "python benchmarks/peers/setup_vllm.py --force"
-        )
+        raise Unavailable(f"`import vllm` fails in its venv: {last}", "python benchmarks/peers/setup_vllm.py --force")
     # bf16: vLLM's CPU Gated DeltaNet path supports no other dtype.
     cmd = [
         str(VLLM_PYTHON),

@@ -142,11 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = run_server_engine(name, model, prompts, args.threads, logs)
         report["engines"][name] = result
+    end_ids = {config.get("bos_token_id"), config.get("eos_token_id")}
     reference = report["engines"].get("transformers", {}).get("metrics", {}).get("single_output_ids")
     for result in report["engines"].values():
         if reference and result.get("status") == "ok":
             out = result["metrics"]["single_output_ids"]
-            result["metrics"]["agrees_with_transformers"] = f"{agreement(out, reference)}/{len(reference)}"
+            k = agreement(out, reference)
+            verdict = f"{k}/{len(reference)}"
+            if k < min(len(out), len(reference)):
+                # llama.cpp's ignore_eos masks end-of-text tokens (-inf logit bias) rather than not stopping.
+                eot = " (an end-of-text token)" if reference[k] in end_ids else ""
+                verdict += f"; token {k}: reference {reference[k]}{eot}, engine {out[k]}"
+            result["metrics"]["agrees_with_transformers"] = verdict
     report["machine"]["loadavg_end"] = os.getloadavg()
     print(render_table(report))
     if args.json:

