@@ -40,17 +40,18 @@ def run(core: EngineCore, reqs: list[GenerateRequest], outs: dict[str, list[int]
     return peak
 
 
-def test_pages_move_with_the_workload_and_outputs_match_fixed_pools(model_dir: Path) -> None:
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_pages_move_with_the_workload_and_outputs_match_fixed_pools(model_dir: Path, page_size: int) -> None:
     rng = random.Random(0)
-    long = [GenerateRequest(f"L{i}", [rng.randrange(255) for _ in range(300)], greedy(8)) for i in range(3)]
+    long = [GenerateRequest(f"L{i}", [rng.randrange(255) for _ in range(280)], greedy(8)) for i in range(3)]
     short = [GenerateRequest(f"S{i}", [rng.randrange(255) for _ in range(10)], greedy(8)) for i in range(24)]
     core = make_core(model_dir, enable_elastic_memory_pool=True, max_total_tokens=1024,
-                     max_mamba_cache_size=8, chunked_prefill_size=256)  # fmt: skip
+                     max_mamba_cache_size=8, chunked_prefill_size=256, page_size=page_size)  # fmt: skip
     elastic = core.elastic
     assert elastic is not None and elastic.mode == "cpu-repartition"
     start_cap = core.scheduler.config.max_running_requests  # 8 slots at 4 per request: 2 at once
     outs: dict[str, list[int]] = {}
-    # Three 300-token prompts at once: the running cap grows with state chunks the KV side can spare.
+    # Three 280-token prompts at once: the running cap grows with state chunks the KV side can spare.
     assert run(core, long, outs) == 3 > start_cap
     # Many short requests: the state side grows further, from KV chunks no request is using.
     peak = run(core, short, outs)
