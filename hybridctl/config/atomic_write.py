@@ -17,19 +17,50 @@ class WouldOverwriteError(FileExistsError):
         super().__init__(f"{names} already exist{'s' if len(paths) == 1 else ''}; pass --force to overwrite.")
 
 
+class WriteFailed(OSError):
+    """The file system refused a write (missing or read-only directory, a file where a directory should be)."""
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and os.replace, so readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write via a temp file in the same directory and os.replace, so readers see the old or the new file.
+
+    The file keeps the mode it had (a new one gets the umask's), not mkstemp's private 0600. Any OSError
+    becomes a WriteFailed that names the file.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mode = path.stat().st_mode & 0o777 if path.exists() else _default_mode()
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _write_failed(path, exc) from None
         raise
+
+
+def _default_mode() -> int:
+    # The umask can only be read by setting it; set it straight back (nothing else runs in between).
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _write_failed(path: Path, exc: OSError) -> WriteFailed:
+    blocker = next((p for p in path.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        why = f"{blocker} is a file, not a directory"
+    else:
+        why = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+    return WriteFailed(f"cannot write {path}: {why}. Choose a directory you can write to, or fix its permissions.")
 
 
 def write_files(files: Mapping[Path, str], *, force: bool = False) -> list[Path]:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridctl.config.atomic_write import write_text_atomic
 from hybridctl.config.schema import ConfigToml, SettingsJson
 from hybridctl.doctor.findings import Change, DoctorFinding
 
@@ -138,16 +137,4 @@ def _validate(path: Path, model: type[ConfigToml] | type[SettingsJson], data: di
 def write_edits(edits: list[FileEdit]) -> None:
     """Write every edited file atomically (temp file in the same directory, then rename); keep its mode."""
     for edit in edits:
-        edit.path.parent.mkdir(parents=True, exist_ok=True)
-        mode = edit.path.stat().st_mode & 0o777 if edit.path.exists() else 0o644
-        fd, tmp = tempfile.mkstemp(prefix=f".{edit.path.name}.", dir=edit.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(edit.after)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, edit.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(edit.path, edit.after)
