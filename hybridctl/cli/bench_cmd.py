@@ -12,6 +12,7 @@ import math
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.errors import fail
 
 
 @app.command("bench")
@@ -54,7 +55,6 @@ def bench(
     import importlib.util
 
     from rich.console import Console
-    from rich.markup import escape
 
     from hybridctl.bench.datasets import DatasetError, RandomShape, SharedPrefixShape
     from hybridctl.bench.loadgen import LoadShape
@@ -64,11 +64,6 @@ def bench(
     from hybridctl.verify.runner import TargetError, load_config, resolve_target
 
     err = Console(stderr=True)
-
-    def fail(message: str, code: int = 2) -> typer.Exit:
-        err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
-        return typer.Exit(code)
-
     if dataset not in ("generated-shared-prefix", "random"):
         raise fail(f"--dataset {dataset!r} is not known; use generated-shared-prefix or random")
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
@@ -92,9 +87,7 @@ def bench(
         raise fail(str(exc)) from None
     try:
         result = _run_with_progress(target, options, cfg, err, show=not as_json)
-    except (ServerUnreachable, ServerError) as exc:
-        raise fail(str(exc)) from None
-    except DatasetError as exc:
+    except (ServerUnreachable, ServerError, DatasetError) as exc:
         raise fail(str(exc)) from None
     if plot is not None and result.run is not None:
         from hybridctl.bench.plot import plot_latencies

@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.errors import fail
 
 
 @app.command("demo")
@@ -22,7 +23,9 @@ def demo(
     force: bool = typer.Option(
         False, "--force", help="Overwrite the files of an earlier demo in that directory."
     ),
-    port: int | None = typer.Option(None, "--port", help="Server port (default: 30000 if free, else any)."),
+    port: int | None = typer.Option(
+        None, "--port", min=1, max=65535, help="Server port (default: 30000 if free, else any)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """The first command to run: init --demo, launch, verify all, a short bench, report.json, stop."""
@@ -43,8 +46,7 @@ def demo(
             render_demo(partial, Console())
         if as_json and partial is not None:
             typer.echo(json.dumps({**partial.to_dict(), "error": str(exc)}, indent=2))
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.errors import fail
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -54,11 +55,6 @@ def render(report: DoctorReport, console: Console, verbose: bool) -> None:
     console.print(f"[{style}]{escape(report.summary())}[/]")
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 def _apply_fixes(
     report: DoctorReport, config: Path, settings: Path, yes: bool, console: Console
 ) -> list[FileEdit]:
@@ -72,7 +68,7 @@ def _apply_fixes(
     try:
         edits = plan_edits(changes, config, settings)
     except FixError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if not edits:
         console.print("--fix: nothing to change in the config files.")
         return []
@@ -80,13 +76,16 @@ def _apply_fixes(
         console.print(escape(edit.diff()), end="")
     if not yes:
         if not sys.stdin.isatty():
-            raise _fail(
+            raise fail(
                 "--fix needs a confirmation and stdin is not a terminal; pass --yes to write the changes."
             )
         if not typer.confirm("Write these changes?", default=False):
             console.print("Nothing written.")
             return []
-    write_edits(edits)
+    try:
+        write_edits(edits)
+    except OSError as exc:  # WriteFailed: says which file and why
+        raise fail(str(exc)) from None
     console.print(f"Wrote {', '.join(str(e.path) for e in edits)}. Run hybridctl doctor again to re-check.")
     return edits
 
@@ -129,9 +128,9 @@ def doctor(
     config_given = config != Path("config.toml") or settings is not None or fix
     settings_path = settings if settings is not None else config.parent / "settings.json"
     if fix and not config.exists():
-        raise _fail(f"--fix edits {config}, which does not exist; pass --config PATH.")
+        raise fail(f"--fix edits {config}, which does not exist; pass --config PATH.")
     if peer is not None and not peer.exists():
-        raise _fail(f"--peer {peer}: no such file; pass the other server's config.toml.")
+        raise fail(f"--peer {peer}: no such file; pass the other server's config.toml.")
     console = Console(highlight=False, soft_wrap=True, stderr=as_json)
     with ExitStack() as stack:
         lines = None
@@ -141,7 +140,7 @@ def doctor(
             try:
                 lines = stack.enter_context(open(log, encoding="utf-8", errors="replace"))
             except OSError as exc:
-                raise _fail(f"--log {log}: cannot read it ({exc.strerror}).") from None
+                raise fail(f"--log {log}: cannot read it ({exc.strerror}).") from None
         options = DoctorOptions(
             config_path=config,
             settings_path=settings_path,
@@ -155,7 +154,7 @@ def doctor(
     edits = []
     if as_json:
         if fix and not yes:
-            raise _fail("--fix with --json cannot ask for confirmation; add --yes.")
+            raise fail("--fix with --json cannot ask for confirmation; add --yes.")
         if fix:
             edits = _apply_fixes(report, config, settings_path, yes, console)
         out = report.to_dict()

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.errors import fail
 
 
 @app.command("init")
@@ -36,7 +37,7 @@ def init(
     """
     import json
 
-    from hybridctl.config.atomic_write import WouldOverwriteError
+    from hybridctl.config.atomic_write import WouldOverwriteError, WriteFailed
     from hybridctl.config.init_project import InitError, InitOptions, init_project
 
     opts = InitOptions(
@@ -52,12 +53,8 @@ def init(
     )
     try:
         result = init_project(opts)
-    except WouldOverwriteError as exc:
-        typer.echo(f"error: {exc} Nothing was written.", err=True)
-        raise typer.Exit(2) from None
-    except InitError as exc:
-        typer.echo(f"error: {exc} Nothing was written.", err=True)
-        raise typer.Exit(2) from None
+    except (WouldOverwriteError, WriteFailed, InitError) as exc:
+        raise fail(f"{exc} Nothing was written.") from None
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return

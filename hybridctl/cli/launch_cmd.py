@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.errors import fail
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -25,13 +26,6 @@ if TYPE_CHECKING:
 
 def _settings_for(config: Path, settings: Path | None) -> Path:
     return settings if settings is not None else config.with_name("settings.json")
-
-
-def _fail(console: Console, message: str, code: int = 2) -> typer.Exit:
-    from rich.markup import escape
-
-    console.print(f"[bold red]error:[/] {escape(message)}")
-    return typer.Exit(code)
 
 
 def _print_plan(console: Console, plan: LaunchPlan) -> None:
@@ -139,7 +133,7 @@ def launch(
     console = Console(highlight=False, soft_wrap=True)
     settings = _settings_for(config, settings)
     if engine not in (None, "auto", "sglang", "builtin"):
-        raise _fail(console, f"--engine {engine}: use auto, sglang or builtin")
+        raise fail(f"--engine {engine}: use auto, sglang or builtin")
     report = check_files(config, settings, engine_version=sglang_version)
     if report.errors or report.config is None:
         render_report(report)
@@ -153,8 +147,8 @@ def launch(
             allow_ignored=allow_ignored,  # type: ignore[arg-type]
         )
         written = _write_files(cfg, plan, write_yaml, k8s, k8s_image, force, allow_ignored)
-    except (LaunchError, FileExistsError) as exc:
-        raise _fail(console, str(exc)) from None
+    except (LaunchError, OSError) as exc:  # OSError: WouldOverwriteError, WriteFailed
+        raise fail(str(exc)) from None
     for path in written:
         console.print(f"wrote {path}")
     if dry_run:
@@ -229,9 +223,9 @@ def _serve(
                 config, settings, plan=plan, startup_timeout_s=timeout, on_progress=progress
             )
         except StartupFailed as exc:
-            raise _fail(console, str(exc), 1) from None
+            raise fail(str(exc), 1) from None
         except LaunchError as exc:
-            raise _fail(console, str(exc), 2) from None
+            raise fail(str(exc), 2) from None
     if as_json:
         typer.echo(json.dumps({
             "url": handle.url, "pid": handle.pid, "log": str(handle.log_path),
@@ -271,7 +265,7 @@ def status(
     try:
         st = server_status(config)
     except ValueError as exc:
-        raise _fail(console, str(exc)) from None
+        raise fail(str(exc)) from None
     code = 3 if not st.running else (0 if st.healthy else 1)
     if as_json:
         typer.echo(json.dumps(st.to_dict(), indent=2))
@@ -294,7 +288,9 @@ def status(
 @app.command("stop")
 def stop(
     config: Path = typer.Argument(Path("config.toml"), help="config.toml whose server to stop."),
-    timeout: float = typer.Option(20.0, "--timeout", help="Seconds between SIGTERM and SIGKILL."),
+    timeout: float = typer.Option(
+        20.0, "--timeout", min=0.0, help="Seconds between SIGTERM and SIGKILL."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Stop the server launched from CONFIG: SIGTERM, then SIGKILL after --timeout; removes the state file."""
@@ -309,7 +305,7 @@ def stop(
     try:
         result = stop_server(config, timeout_s=timeout)
     except ValueError as exc:
-        raise _fail(console, str(exc)) from None
+        raise fail(str(exc)) from None
     if as_json:
         typer.echo(
             json.dumps(asdict(result) if result else {"stopped": [], "killed": [], "already_gone": []})

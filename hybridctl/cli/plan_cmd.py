@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.errors import fail
 
 if TYPE_CHECKING:
     from hybridctl.model.spec import ModelSpec
@@ -154,8 +155,7 @@ def plan(
         typer.echo(f"does not fit: {exc}", err=True)
         raise typer.Exit(1) from None
     except (PlanRequestError, ModelSpecError, ConfigError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     if as_json:
         typer.echo(json.dumps({**result.to_dict(), "model": spec.to_dict()}, indent=2))
         return

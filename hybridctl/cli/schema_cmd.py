@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.errors import fail
 
 
 @app.command("schema")
@@ -29,8 +30,7 @@ def schema(
         typer.echo(render_configuration_md(), nl=False)
         return
     if file is not None and file not in SCHEMA_FILE_NAMES:
-        typer.echo(f"--file {file}: expected one of {', '.join(SCHEMA_FILE_NAMES)}.", err=True)
-        raise typer.Exit(2)
+        raise fail(f"--file {file}: expected one of {', '.join(SCHEMA_FILE_NAMES)}.")
     which = [file] if file else list(SCHEMA_FILE_NAMES)
     texts = {w: json.dumps(json_schema(w), indent=2) + "\n" for w in which}  # type: ignore[arg-type]
     if out is None:
@@ -39,12 +39,11 @@ def schema(
         else:
             typer.echo(json.dumps({SCHEMA_FILE_NAMES[w]: json.loads(t) for w, t in texts.items()}, indent=2))
         return
-    from hybridctl.config.atomic_write import WouldOverwriteError, write_files
+    from hybridctl.config.atomic_write import WouldOverwriteError, WriteFailed, write_files
 
     try:
         written = write_files({out / SCHEMA_FILE_NAMES[w]: t for w, t in texts.items()}, force=force)  # type: ignore[index]
-    except WouldOverwriteError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    except (WouldOverwriteError, WriteFailed) as exc:
+        raise fail(str(exc)) from None
     for path in written:
         typer.echo(f"wrote {path}")

@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.errors import fail
 
 verify_app = typer.Typer(
     help="Check a running server: it answers, prefix caching works, speculative decoding accepts drafts.",
@@ -37,7 +38,6 @@ def _execute(
     options: Any,
 ) -> None:
     from rich.console import Console
-    from rich.markup import escape
 
     from hybridctl.config.findings import ConfigError
     from hybridctl.verify.client import ServerError, ServerUnreachable
@@ -52,8 +52,7 @@ def _execute(
         config = load_config(config_path, settings_path)
         target = resolve_target(url, config, api_key_env)
     except (ConfigError, TargetError, OptionsError) as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     try:
         if as_json:
             report = run_checks(target, config, names, options)
@@ -66,16 +65,10 @@ def _execute(
                     options,
                     on_check=lambda n: status.update(f"verify {n} against {target.url} …"),
                 )
-    except ServerUnreachable as exc:
+    except (ServerUnreachable, ServerError) as exc:  # ServerError: it answered, but not usably, before any check
         if as_json:
             typer.echo(json.dumps(unreachable_report(target.url, str(exc)), indent=2))
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
-        raise typer.Exit(2) from None
-    except ServerError as exc:  # the server answered, but not usably, before any check could run
-        if as_json:
-            typer.echo(json.dumps(unreachable_report(target.url, str(exc)), indent=2))
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -1,0 +1,123 @@
+"""Bad input to every command: one `error:` paragraph on stderr, the documented exit code, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hybridctl.cli import app
+from hybridctl.config.atomic_write import WriteFailed, write_text_atomic
+
+runner = CliRunner()
+
+
+def _hybridctl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hybridctl", *args], capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+
+
+def test_status_json_error_goes_to_stderr_and_leaves_stdout_empty(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[server]\nmodel_path = "/models/m"\n')
+    state = tmp_path / ".hybridctl" / "server.json"
+    state.parent.mkdir()
+    state.write_text("{not json")
+    proc = _hybridctl("status", str(config), "--json", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stdout == ""  # a --json consumer never parses an error message
+    assert proc.stderr.startswith("error:") and str(state) in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["init", "--out"], ["schema", "--out"]])
+def test_out_pointing_at_a_file_is_a_clear_error(tmp_path: Path, command: list[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine\n")
+    proc = _hybridctl(*command, str(blocker), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"{blocker} is a file, not a directory" in proc.stderr
+    assert blocker.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--port", "70000"],
+        ["demo", "--port", "0"],
+        ["stop", "config.toml", "--timeout", "-1"],
+        ["plan", "--tp", "0"],
+        ["bench", "--dataset", "nope"],
+        ["schema", "--file", "nope"],
+        ["launch", "config.toml", "--engine", "nope", "--dry-run"],
+        ["verify", "basic", "--url", "not-a-url"],
+        ["verify", "prefix-cache", "--url", "http://127.0.0.1:9", "--trials", "0"],
+        ["doctor", "--log", "missing.log"],
+    ],
+)
+def test_bad_flag_values_exit_2_without_a_traceback(tmp_path: Path, args: list[str]) -> None:
+    (tmp_path / "config.toml").write_text('[server]\nmodel_path = "/models/m"\n')
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        result = runner.invoke(app, args)
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "hybridctl-demo").exists()  # refused before doing anything
+
+
+@pytest.mark.parametrize("config_text", [None, "garbage = [\n", "[server]\nport = 'x'\n"])
+def test_verify_and_bench_with_a_bad_config_exit_2(tmp_path: Path, config_text: str | None) -> None:
+    config = tmp_path / "config.toml"
+    if config_text is None:
+        config.mkdir()  # a directory where the file should be
+    else:
+        config.write_text(config_text)
+    for args in (["verify", "basic", "--config", str(config)], ["bench", "--config", str(config), "--json"]):
+        proc = _hybridctl(*args, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stdout == "" and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_verify_json_against_an_unreachable_server_prints_a_json_report(tmp_path: Path) -> None:
+    proc = _hybridctl("verify", "basic", "--url", "http://127.0.0.1:9", "--json", cwd=tmp_path)
+    assert proc.returncode == 2
+    report = json.loads(proc.stdout)
+    assert report["passed"] is False and "cannot reach" in report["error"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("old\n")
+    path.chmod(0o640)
+    write_text_atomic(path, "new\n")
+    assert path.read_text() == "new\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_atomic_write_gives_a_new_file_the_umask_mode(tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "new.toml", "x\n")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new.toml").stat().st_mode) == 0o644  # not mkstemp's private 0600
+
+
+def test_atomic_write_failure_names_the_file_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    with pytest.raises(WriteFailed, match="is a file, not a directory"):
+        write_text_atomic(blocker / "config.toml", "x\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
