@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
-from hybridctl.launch.mapping import ROWS, Target, default_value
+from hybridctl.launch.mapping import ROWS
+from hybridctl.launch.mapping_row import Target, default_value
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "sglang-mapping.md"
 

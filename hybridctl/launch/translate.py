@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.launch.mapping import ROWS, MappingRow, Target, config_value
+from hybridctl.launch.mapping import ROWS
+from hybridctl.launch.mapping_row import MappingRow, Target, config_value
 
 Engine = Literal["sglang", "builtin"]
 

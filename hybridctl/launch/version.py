@@ -2,7 +2,7 @@
 
 Importing sglang pulls in CUDA-only packages and takes seconds; package metadata answers "which version" at
 once.
-The feature gates themselves (which flag exists since when) live in the mapping table, sglang_mapping.py.
+The feature gates themselves (which flag exists since when) live in the mapping table, hybridctl/launch/mapping.py.
 """
 
 from __future__ import annotations
