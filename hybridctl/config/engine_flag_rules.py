@@ -12,13 +12,11 @@ from hybridctl.config.engine_flags import (
     sglang_flags,
 )
 from hybridctl.config.findings import Finding
+from hybridctl.config.rule_findings import CONFIG, rule_finding
 from hybridctl.config.schema import HybridConfig
 
-CONFIG = "config.toml"
 # Flags renamed between versions: old name -> (new name, the config key that sets it).
-RENAMED_FLAGS = {
-    "--mamba-scheduler-strategy": ("--mamba-radix-cache-strategy", "cache.mamba_radix_cache_strategy")
-}
+RENAMED_FLAGS = {"--mamba-scheduler-strategy": ("--mamba-radix-cache-strategy", "cache.mamba_radix_cache_strategy")}
 
 
 def _value_problem(info: FlagInfo, value: object) -> str | None:
@@ -101,12 +99,10 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
         if version not in available_versions():
             table_version = nearest_version(version)
             out.append(
-                Finding(
+                rule_finding(
                     "warning",
                     "ENGINE_VERSION_UNKNOWN",
                     CONFIG,
-                    None,
-                    None,
                     "extra_engine_args",
                     f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against "
                     f"{table_version}.",
@@ -125,12 +121,10 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
             new, home = RENAMED_FLAGS[flag]
             section, name = home.split(".")
             out.append(
-                Finding(
+                rule_finding(
                     "error",
                     "UNKNOWN_ENGINE_FLAG",
                     CONFIG,
-                    None,
-                    None,
                     dotted,
                     f"{flag} was renamed to {new}; SGLang {version} refuses the old name.",
                     f"remove `{key}` from [extra_engine_args] and set {name} in [{section}] of {CONFIG}.",
@@ -142,12 +136,10 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
             close = difflib.get_close_matches(key.lstrip("-").replace("_", "-"), names, n=1, cutoff=0.7)
             hint = f"rename `{key}` to `{close[0]}`" if close else f"remove `{key}`"
             out.append(
-                Finding(
+                rule_finding(
                     "error",
                     "UNKNOWN_ENGINE_FLAG",
                     CONFIG,
-                    None,
-                    None,
                     dotted,
                     f"`{key}` is not a flag of {label}; the server would refuse to start.",
                     f"{hint} in [extra_engine_args] of {CONFIG}.",
@@ -157,12 +149,10 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
         problem = _value_problem(info, value)
         if problem:
             out.append(
-                Finding(
+                rule_finding(
                     "error",
                     "ENGINE_FLAG_VALUE",
                     CONFIG,
-                    None,
-                    None,
                     dotted,
                     problem + ".",
                     f"correct `{key}` in [extra_engine_args] of {CONFIG}.",
@@ -170,12 +160,10 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
             )
         if info.name in homes:
             out.append(
-                Finding(
+                rule_finding(
                     "warning",
                     "ENGINE_FLAG_SHADOWS_KEY",
                     CONFIG,
-                    None,
-                    None,
                     dotted,
                     f"{info.name} is set from a config key; passing it here too gives one value two sources.",
                     f"remove `{key}` from [extra_engine_args] and set {homes[info.name]}.",
