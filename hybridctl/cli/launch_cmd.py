@@ -134,6 +134,13 @@ def launch(
     settings = _settings_for(config, settings)
     if engine not in (None, "auto", "sglang", "builtin"):
         raise fail(f"--engine {engine}: use auto, sglang or builtin")
+    if sglang_version is not None:
+        from hybridctl.launch.version import VersionError, version_key
+
+        try:
+            version_key(sglang_version)
+        except VersionError as exc:
+            raise fail(f"--sglang-version: {exc}") from None
     report = check_files(config, settings, engine_version=sglang_version)
     if report.errors or report.config is None:
         render_report(report)

@@ -57,6 +57,7 @@ def test_out_pointing_at_a_file_is_a_clear_error(tmp_path: Path, command: list[s
         ["bench", "--dataset", "nope"],
         ["schema", "--file", "nope"],
         ["launch", "config.toml", "--engine", "nope", "--dry-run"],
+        ["launch", "config.toml", "--engine", "sglang", "--sglang-version", "abc", "--dry-run"],
         ["verify", "basic", "--url", "not-a-url"],
         ["verify", "prefix-cache", "--url", "http://127.0.0.1:9", "--trials", "0"],
         ["doctor", "--log", "missing.log"],
