@@ -135,7 +135,7 @@ def launch(
     if engine not in (None, "auto", "sglang", "builtin"):
         raise fail(f"--engine {engine}: use auto, sglang or builtin")
     if sglang_version is not None:
-        from hybridctl.launch.version import VersionError, version_key
+        from hybridctl.config.sglang_version import VersionError, version_key
 
         try:
             version_key(sglang_version)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from hybridctl.config.sglang_version import VersionError, version_key
+
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
 
@@ -54,21 +56,17 @@ def available_versions() -> list[str]:
         for n in names
         if n.startswith("sglang-") and n.endswith("-flags.tsv")
     ]
-    return sorted(found, key=_version_key)
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in version.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+    return sorted(found, key=version_key)
 
 
 def nearest_version(version: str) -> str:
     """The newest table not newer than `version` (else the oldest): flags rarely vanish in patch releases."""
     versions = available_versions()
-    older = [v for v in versions if _version_key(v) <= _version_key(version)]
+    try:
+        key = version_key(version)
+    except VersionError:  # unreadable: the oldest table, the same as a version older than all of them
+        return versions[0]
+    older = [v for v in versions if version_key(v) <= key]
     return older[-1] if older else versions[0]
 
 

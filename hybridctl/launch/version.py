@@ -1,43 +1,17 @@
-"""SGLang versions: parsing, comparing, and finding the installed one without importing sglang.
+"""SGLang versions: finding the installed one without importing sglang, and the one commands target.
 
 Importing sglang pulls in CUDA-only packages and takes seconds; package metadata answers "which version" at
-once.
-The feature gates themselves (which flag exists since when) live in the mapping table, hybridctl/launch/mapping.py.
+once. Parsing and comparing release numbers is hybridctl/config/sglang_version.py.
+The feature gates (which flag exists since when) live in the mapping table, hybridctl/launch/mapping.py.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import re
 import subprocess
 
 from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
-
-VersionKey = tuple[int, int, int, int]
-
-_VERSION_RE = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post(\d+))?")
-
-
-class VersionError(ValueError):
-    """A version string hybridctl cannot read."""
-
-
-def version_key(version: str) -> VersionKey:
-    """(major, minor, patch, post) of "0.5.15.post1"-style versions; local tags and dev suffixes ignored."""
-    match = _VERSION_RE.match(version)
-    if not match:
-        raise VersionError(
-            f"cannot read the SGLang version {version!r}; expected a release number such as 0.5.23"
-        )
-    return tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
-
-
-def in_range(version: str, since: str | None, until: str | None) -> bool:
-    """since <= version < until (either bound may be open)."""
-    key = version_key(version)
-    if since is not None and key < version_key(since):
-        return False
-    return not (until is not None and key >= version_key(until))
+from hybridctl.config.sglang_version import version_key
 
 
 def installed_sglang_version(python: str | None = None) -> str | None:

@@ -1,0 +1,29 @@
+"""SGLang release numbers: parsing and comparing them (the flag tables, the mapping's gates, launch use it)."""
+
+from __future__ import annotations
+
+import re
+
+VersionKey = tuple[int, int, int, int]
+
+_VERSION_RE = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post(\d+))?")
+
+
+class VersionError(ValueError):
+    """A version string hybridctl cannot read."""
+
+
+def version_key(version: str) -> VersionKey:
+    """(major, minor, patch, post) of "0.5.15.post1"-style versions; local tags and dev suffixes ignored."""
+    match = _VERSION_RE.match(version)
+    if not match:
+        raise VersionError(f"cannot read the SGLang version {version!r}; expected a release number such as 0.5.23")
+    return tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
+
+
+def in_range(version: str, since: str | None, until: str | None) -> bool:
+    """since <= version < until (either bound may be open)."""
+    key = version_key(version)
+    if since is not None and key < version_key(since):
+        return False
+    return not (until is not None and key >= version_key(until))
