@@ -15,10 +15,6 @@ if TYPE_CHECKING:
     from hybridctl.planner.plan import Plan
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
-
-
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.2f} MiB"
 
@@ -35,11 +31,13 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from hybridctl.planner.units import format_gib
+
     p = plan.pools
     table = Table(title=f"{spec.family} ({escape(spec.source)}), TP {spec.tp}", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
-    gpu = _gib(plan.gpu_mem_bytes) if plan.gpu_mem_bytes else "not used (--pool-bytes given)"
+    gpu = format_gib(plan.gpu_mem_bytes, 2) if plan.gpu_mem_bytes else "not used (--pool-bytes given)"
     rows = [
         (
             "layers",
@@ -48,8 +46,8 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
         ),
         ("GPU memory", gpu),
         ("mem_fraction_static", f"{plan.mem_fraction_static}"),
-        ("weights per GPU", f"{_gib(plan.weights_bytes)} ({plan.weights_source})"),
-        ("pool budget", f"{_gib(plan.pool_bytes)} ({plan.pool_source})"),
+        ("weights per GPU", f"{format_gib(plan.weights_bytes, 2)} ({plan.weights_source})"),
+        ("pool budget", f"{format_gib(plan.pool_bytes, 2)} ({plan.pool_source})"),
         (
             "state per request",
             f"{_mib(plan.mamba_state_bytes_per_request)} (SSM {plan.ssm_dtype}, conv "
@@ -64,13 +62,13 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
         ("slots per request", f"{p.slots_per_request}"),
         ("mamba_full_memory_ratio", f"{plan.mamba_full_memory_ratio}"),
         ("state slots (K)", f"{p.max_mamba_cache_size} (+1 padding; from {p.k_source})"),
-        ("state pool", _gib(p.mamba_pool_bytes)),
+        ("state pool", format_gib(p.mamba_pool_bytes, 2)),
         (
             "spec scratch",
-            f"{_gib(p.spec_intermediate_bytes)} ({plan.speculative_num_draft_tokens} draft tokens)",
+            f"{format_gib(p.spec_intermediate_bytes, 2)} ({plan.speculative_num_draft_tokens} draft tokens)",
         ),
         ("KV tokens", f"{p.max_total_num_tokens} (page {plan.page_size})"),
-        ("KV pool", _gib(p.kv_pool_bytes)),
+        ("KV pool", format_gib(p.kv_pool_bytes, 2)),
         ("max running requests", f"{p.max_running_requests}"),
     ]
     for what, value in rows:

@@ -18,7 +18,6 @@ from hybridctl.config.schema import HybridConfig
 CONFIG_FILE = "config.toml"
 SETTINGS_FILE = "settings.json"
 DEMO_MODEL_DIR = "demo-model"
-GIB = 1024**3
 
 
 class InitError(Exception):
@@ -124,13 +123,15 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
     """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
     from hybridctl.config.recommendation import apply_recommendation
     from hybridctl.model.spec import load_model_spec
+    from hybridctl.planner.memory import builtin_budget_bytes
     from hybridctl.planner.plan import make_plan
     from hybridctl.planner.recommend import recommend
+    from hybridctl.planner.units import GIB
 
     if opts.gpu_mem_gib is not None:
         gpu_mem: int | None = int(opts.gpu_mem_gib * GIB)
     elif cfg.config.server.engine == "builtin":
-        gpu_mem = int((cfg.config.memory.memory_budget_gib or 4.0) * GIB)
+        gpu_mem = builtin_budget_bytes(cfg)
     else:
         gpu_mem = _detect_gpu_mem_bytes()
     try:

@@ -11,6 +11,7 @@ from typing import Literal
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import Change, Check, DoctorFinding
 from hybridctl.host.facts import GpuFacts, HostFacts
+from hybridctl.planner.units import format_gib
 
 # CUDA VMM-backed pools (cuMemCreate/cuMemMap, SGLang's handle types) need the R535 driver branch.
 MIN_ELASTIC_DRIVER = 535
@@ -38,10 +39,6 @@ def judge_host(facts: HostFacts, cfg: HybridConfig | None = None) -> tuple[list[
     return checks, findings
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
-
-
 def _driver_check(facts: HostFacts) -> Check:
     if facts.driver_version is None:
         reason = facts.skipped.get("nvml", "NVML gave no driver version")
@@ -59,7 +56,7 @@ def _driver_check(facts: HostFacts) -> Check:
 def _gpu_check(g: GpuFacts) -> Check:
     cc = ".".join(map(str, g.compute_capability)) if g.compute_capability else "?"
     vmm = {True: "yes", False: "no", None: "unknown"}[g.vmm_supported]
-    summary = f"{g.name}, sm {cc}, {_gib(g.free_bytes)} free of {_gib(g.total_bytes)}"
+    summary = f"{g.name}, sm {cc}, {format_gib(g.free_bytes)} free of {format_gib(g.total_bytes)}"
     details = [f"CUDA virtual memory management: {vmm}"]
     status: Literal["ok", "warning"] = "ok"
     if g.processes:

@@ -13,10 +13,8 @@ from typing import Any
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model.spec import ModelSpec
+from hybridctl.planner.memory import builtin_budget_bytes
 from hybridctl.planner.plan import Plan, make_plan
-from hybridctl.planner.pool_sizing import GIB
-
-BUILTIN_DEFAULT_BUDGET_GIB = 4.0  # runtime/engine/api.py DEFAULT_MEMORY_BUDGET_GIB (runtime imports torch)
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,7 @@ class PlanContext:
             if "strategy" not in overrides and cache.mamba_radix_cache_strategy == "auto":
                 overrides["strategy"] = "extra_buffer"
             overrides.setdefault("overlap_schedule", False)
-            gpu = int((cfg.config.memory.memory_budget_gib or BUILTIN_DEFAULT_BUDGET_GIB) * GIB)
+            gpu = builtin_budget_bytes(cfg)
         else:
             gpu = self.gpu_mem_bytes
         return make_plan(cfg, self.spec_for(cfg), gpu_mem_bytes=gpu, **overrides)

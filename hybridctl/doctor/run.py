@@ -15,6 +15,7 @@ from hybridctl.doctor.judge import judge_host, resolve_engine
 from hybridctl.doctor.planning import PlanContext, load_plan_context
 from hybridctl.doctor.report import DoctorReport, failure_mode_checks
 from hybridctl.host.facts import HostFacts
+from hybridctl.planner.units import format_gib
 
 
 @dataclass
@@ -26,10 +27,6 @@ class DoctorOptions:
     log_name: str = "log"
     peer_config: Path | None = None
     gpu_mem_bytes: int | None = None  # overrides the probed GPU's memory for planning
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
 
 
 def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig | None, Check]:
@@ -140,7 +137,7 @@ def _predict(
         report.findings += prediction.findings
         if prediction.plan is not None:
             p = prediction.plan.pools
-            memory = _gib(ctx.gpu_mem_bytes) if engine == "sglang" else "the bundled runtime's budget"
+            memory = format_gib(ctx.gpu_mem_bytes) if engine == "sglang" else "the bundled runtime's budget"
             report.checks.append(Check(
                 "Pools", "ok",
                 f"{engine}: {p.max_mamba_cache_size} state slots ({p.slots_per_request} per request), "

@@ -14,8 +14,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from hybridctl.planner.pool_sizing import GIB, MIB, PoolSizingError
+from hybridctl.planner.pool_sizing import PoolSizingError
+from hybridctl.planner.units import GIB, MIB
+
+if TYPE_CHECKING:
+    from hybridctl.config.schema import HybridConfig
+
+# runtime/engine/api.py DEFAULT_MEMORY_BUDGET_GIB; the control plane cannot import it (the runtime imports torch).
+BUILTIN_DEFAULT_BUDGET_GIB = 4.0
+
+
+def builtin_budget_bytes(cfg: HybridConfig) -> int:
+    """The memory the bundled runtime treats as its device's: memory.memory_budget_gib, else its default."""
+    return int((cfg.config.memory.memory_budget_gib or BUILTIN_DEFAULT_BUDGET_GIB) * GIB)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-GIB = 1 << 30
-MIB = 1 << 20
+from hybridctl.planner.units import GIB, MIB
 
 STRATEGIES: tuple[str, ...] = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
 
