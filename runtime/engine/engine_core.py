@@ -26,6 +26,8 @@ from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 logger = logging.getLogger("runtime.engine")
 
 DEFAULT_MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
+# Forwards of at most this many tokens (decode batches) run on one thread; see EngineCore._run_model.
+SERIAL_FORWARD_MAX_TOKENS = 64
 
 
 def load_tokenizer(path: str) -> Any | None:
@@ -144,7 +146,16 @@ class EngineCore:
 
     @torch.inference_mode()
     def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model.forward(batch, self.pools.buffers)
+        threads = torch.get_num_threads()
+        if threads == 1 or batch.input_ids.numel() > SERIAL_FORWARD_MAX_TOKENS:
+            return self.model.forward(batch, self.pools.buffers)
+        # A few-token forward is ~200 sub-millisecond ops: splitting each across threads costs more in
+        # synchronization than it saves, and on a busy host one descheduled worker stalls every op.
+        torch.set_num_threads(1)
+        try:
+            return self.model.forward(batch, self.pools.buffers)
+        finally:
+            torch.set_num_threads(threads)
 
     def step(self) -> bool:
         if self.elastic is not None:

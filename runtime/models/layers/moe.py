@@ -8,6 +8,11 @@ from torch import nn
 
 from runtime.models.layers.mlp import GatedMLP
 
+# Dense expert dispatch limits (see Experts.dense_is_cheaper): at most this many token x expert rows, and
+# "small" experts are those whose stacked gate/up weights hold at most this many elements (4 MiB in fp32).
+_DENSE_MAX_ROWS = 128
+_DENSE_SMALL_EXPERTS = 1 << 20
+
 
 class TopKRouter(nn.Module):
     def __init__(self, hidden: int, num_experts: int, top_k: int, norm_topk_prob: bool) -> None:
@@ -36,6 +41,30 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.dense_is_cheaper(x.shape[0], ids.shape[1]):
+            return self.forward_dense(x, ids, weights)
+        return self.forward_sparse(x, ids, weights)
+
+    def dense_is_cheaper(self, tokens: int, top_k: int) -> bool:
+        """At a few tokens the sorted dispatch is ~8 tiny ops per hit expert plus a host sync; running every
+        expert on every token is 2 batched matmuls. Worth it when most experts are hit anyway (their weights
+        are read either way) or all experts are small, and the extra FLOPs stay small in absolute terms.
+        Demo-model experts (8 x 256 x 128, top-2), one thread, CPU time per call: 1 token dense 140 us vs
+        sparse 150 us; 8 tokens 306 vs 470; 64 tokens 1328 vs 828."""
+        if tokens * self.num_experts > _DENSE_MAX_ROWS:
+            return False
+        return 2 * tokens * top_k >= self.num_experts or self.gate_up_proj.numel() <= _DENSE_SMALL_EXPERTS
+
+    def forward_dense(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token, combined with routing weights that are 0 for unchosen experts."""
+        tokens = x.expand(self.num_experts, *x.shape)  # a view: bmm reads the transposed weights in place
+        gate, up = torch.bmm(tokens, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I] each
+        h = torch.bmm(F.silu(gate) * up, self.down_proj.transpose(1, 2))  # [E, T, H]
+        dense_w = torch.zeros(x.shape[0], self.num_experts, dtype=weights.dtype, device=x.device)
+        dense_w.scatter_(1, ids, weights)
+        return (h * dense_w.t()[:, :, None]).sum(0).to(x.dtype)
+
+    def forward_sparse(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
         flat_ids = ids.reshape(-1)
         # Sort the (token, slot) assignments by expert once; each hit expert then runs one matmul on its
