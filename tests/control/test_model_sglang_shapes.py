@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import json
 import logging
-import os
 import sys
 import types
 import typing
@@ -23,21 +22,9 @@ from typing import Any
 
 import numpy
 import pytest
+from sglang_source import SRT, TEMPLATES, exec_lifted, lift
 
 from hybridctl.model import ModelSpecError, load_model_spec
-
-
-def _sglang_srt() -> Path:
-    """SGLang 0.5.23's `srt` source: $HYBRIDCTL_SGLANG_SRT, else CI's venv (.ci/run), else /work/sgl."""
-    if "HYBRIDCTL_SGLANG_SRT" in os.environ:
-        return Path(os.environ["HYBRIDCTL_SGLANG_SRT"])
-    venv = Path(os.environ.get("HYBRIDCTL_SGLANG_VENV", Path(__file__).resolve().parents[2] / ".venv-sglang"))
-    found = sorted(venv.glob("lib/python3*/site-packages/sglang/srt"))
-    return found[0] if found else Path("/work/sgl/sglang/srt")
-
-
-SRT = _sglang_srt()
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "models"
 
 pytestmark = pytest.mark.skipif(
     not (SRT / "configs" / "mamba_utils.py").is_file(), reason=f"SGLang 0.5.23 source not found at {SRT}"
@@ -67,30 +54,6 @@ class _Env:
         return self.value
 
 
-def _module_body(path: Path, *, keep: set[str] | None = None) -> list[ast.stmt]:
-    """Top-level statements of a source file without its imports (optionally only the named defs)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    body = []
-    for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            continue
-        if keep is not None:
-            names = {getattr(node, "name", None)} | {
-                t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)
-            }
-            if not names & keep:
-                continue
-        body.append(node)
-    return body
-
-
-def _exec(body: list[ast.stmt], path: Path, namespace: dict[str, Any]) -> dict[str, Any]:
-    module = ast.Module(body=body, type_ignores=[])
-    ast.fix_missing_locations(module)
-    exec(compile(module, str(path), "exec"), namespace)  # noqa: S102  (SGLang's own source, read from disk)
-    return namespace
-
-
 def _module(name: str) -> dict[str, Any]:
     # dataclasses resolves a class's module through sys.modules; give the lifted code a real module.
     mod = types.ModuleType(name)
@@ -105,7 +68,7 @@ _SSM_ENV = _Env(None)
 def mamba_utils() -> dict[str, Any]:
     utils = SRT / "distributed" / "utils.py"
     ns = _module("_sglang_ref_mamba_utils")
-    _exec(_module_body(utils, keep={"ensure_divisibility", "divide"}), utils, ns)
+    exec_lifted(lift(utils, {"ensure_divisibility", "divide"}), utils, ns)
     envs = types.SimpleNamespace(SGLANG_MAMBA_CONV_DTYPE=_Env("bfloat16"), SGLANG_MAMBA_SSM_DTYPE=_SSM_ENV)
     ns.update(
         torch=_TORCH,
@@ -120,7 +83,7 @@ def mamba_utils() -> dict[str, Any]:
         logger=logging.getLogger("sglang-ref"),
     )
     path = SRT / "configs" / "mamba_utils.py"
-    return _exec(_module_body(path), path, ns)
+    return exec_lifted(lift(path), path, ns)
 
 
 def _config_class(path: Path, class_name: str, members: set[str], ns: dict[str, Any]) -> type:
@@ -131,8 +94,8 @@ def _config_class(path: Path, class_name: str, members: set[str], ns: dict[str, 
     stripped = ast.ClassDef(
         name=class_name, bases=[], keywords=[], body=body, decorator_list=[], type_params=[]
     )
-    _exec(_module_body(path, keep={"MAMBA", "ATTENTION", "MLP", "MOE", "HybridLayerType"}), path, ns)
-    return _exec([stripped], path, ns)[class_name]
+    exec_lifted(lift(path, {"MAMBA", "ATTENTION", "MLP", "MOE", "HybridLayerType"}), path, ns)
+    return exec_lifted([stripped], path, ns)[class_name]
 
 
 def _sglang_params(mu: dict[str, Any], cfg: dict[str, Any], family: str, tp: int) -> Any:
@@ -263,14 +226,14 @@ def cell_size() -> Any:
     pools = SRT / "model_executor" / "pool_configurator.py"
     model_config = SRT / "configs" / "model_config.py"
     kvc_file = SRT / "mem_cache" / "kv_cache_configurator.py"
-    _exec(_methods(pools, "DefaultPoolConfigurator", {"_compute_cell_size"}), pools, ns)
-    _exec(
+    exec_lifted(_methods(pools, "DefaultPoolConfigurator", {"_compute_cell_size"}), pools, ns)
+    exec_lifted(
         _methods(model_config, "ModelConfig", {"get_num_kv_heads", "get_total_num_kv_heads"}),
         model_config,
         ns,
     )
-    _exec(
-        [_NoImports().visit(n) for n in _module_body(kvc_file, keep={"calculate_mla_kv_cache_dim"})],
+    exec_lifted(
+        [_NoImports().visit(n) for n in lift(kvc_file, {"calculate_mla_kv_cache_dim"})],
         kvc_file,
         ns,
     )

@@ -11,60 +11,26 @@ absent.
 
 from __future__ import annotations
 
-import ast
 import logging
-import os
 import sys
 import types
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sglang_source import SRT, TEMPLATES, exec_lifted, lift
 
 from hybridctl.model import load_model_spec
 from hybridctl.planner.memory import prefill_graph_sizes, vlm_mem_fraction_factor
 from hybridctl.planner.pool_sizing import GIB, PoolInputs, PoolSizingError, size_pools
 
-
-def _sglang_srt() -> Path:
-    """SGLang 0.5.23's `srt` source: $HYBRIDCTL_SGLANG_SRT, else CI's venv (.ci/run), else /work/sgl."""
-    if "HYBRIDCTL_SGLANG_SRT" in os.environ:
-        return Path(os.environ["HYBRIDCTL_SGLANG_SRT"])
-    venv = Path(os.environ.get("HYBRIDCTL_SGLANG_VENV", Path(__file__).resolve().parents[2] / ".venv-sglang"))
-    found = sorted(venv.glob("lib/python3*/site-packages/sglang/srt"))
-    return found[0] if found else Path("/work/sgl/sglang/srt")
-
-
-SRT = _sglang_srt()
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "models"
 KVC = SRT / "mem_cache" / "kv_cache_configurator.py"
 POOLS = SRT / "model_executor" / "pool_configurator.py"
 SIZING = SRT / "mem_cache" / "allocation_sizing.py"
 
 pytestmark = pytest.mark.skipif(not KVC.is_file(), reason=f"SGLang 0.5.23 source not found at {SRT}")
-
-
-def _lift(path: Path, names: set[str], class_name: str | None = None) -> list[ast.stmt]:
-    """Top-level defs/assignments named in `names`, or (with class_name) that class's methods as functions."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    nodes: list[ast.stmt] = tree.body
-    if class_name is not None:
-        nodes = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name).body
-    out = []
-    for node in nodes:
-        targets = {t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)}
-        if getattr(node, "name", None) in names or targets & names:
-            out.append(node)
-    return out
-
-
-def _exec(body: list[ast.stmt], path: Path, ns: dict[str, Any]) -> None:
-    module = ast.Module(body=body, type_ignores=[])
-    ast.fix_missing_locations(module)
-    exec(compile(module, str(path), "exec"), ns)  # noqa: S102  (SGLang's own source, read from disk)
 
 
 class Reference:
@@ -82,12 +48,12 @@ class Reference:
             "MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP",
             "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER",
         }
-        _exec(_lift(KVC, ratio_consts), KVC, ns)
-        _exec(_lift(SIZING, {"get_mamba_tracking_slots"}), SIZING, ns)
-        _exec(_lift(POOLS, {"MemoryPoolConfig"}), POOLS, ns)
+        exec_lifted(lift(KVC, ratio_consts), KVC, ns)
+        exec_lifted(lift(SIZING, {"get_mamba_tracking_slots"}), SIZING, ns)
+        exec_lifted(lift(POOLS, {"MemoryPoolConfig"}), POOLS, ns)
         methods = {"_calculate_mamba_ratio", "resolve_max_num_reqs", "_handle_max_mamba_cache"}
-        _exec(_lift(KVC, methods, "KVCacheConfigurator"), KVC, ns)
-        _exec(_lift(POOLS, {"calculate_pool_sizes"}, "DefaultPoolConfigurator"), POOLS, ns)
+        exec_lifted(lift(KVC, methods, "KVCacheConfigurator"), KVC, ns)
+        exec_lifted(lift(POOLS, {"calculate_pool_sizes"}, "DefaultPoolConfigurator"), POOLS, ns)
         self.ns = ns
 
     def size(self, inp: PoolInputs) -> tuple[int, int, int]:
@@ -245,7 +211,7 @@ def test_qwen3_next_pool_numbers(
 def test_prefill_graph_sizes_match_sglang() -> None:
     hook = SRT / "arg_groups" / "cuda_graph_hook.py"
     ns: dict[str, Any] = {}
-    _exec(_lift(hook, {"generate_prefill_cuda_graph_batch_sizes"}), hook, ns)
+    exec_lifted(lift(hook, {"generate_prefill_cuda_graph_batch_sizes"}), hook, ns)
     for max_bs in (1, 4, 100, 2048, 4096, 8192, 16384, 20000):
         assert prefill_graph_sizes(max_bs) == ns["generate_prefill_cuda_graph_batch_sizes"](max_bs)
 
@@ -254,7 +220,7 @@ def test_prefill_graph_sizes_match_sglang() -> None:
 def test_vlm_fraction_factor_matches_sglang(layers: int, hidden: int) -> None:
     hook = SRT / "arg_groups" / "memory_hook.py"
     ns: dict[str, Any] = {}
-    _exec(_lift(hook, {"adjust_mem_fraction_for_vlm"}), hook, ns)
+    exec_lifted(lift(hook, {"adjust_mem_fraction_for_vlm"}), hook, ns)
     vision = types.SimpleNamespace(num_hidden_layers=layers, hidden_size=hidden)
     model_config = types.SimpleNamespace(hf_config=types.SimpleNamespace(vision_config=vision))
     theirs = ns["adjust_mem_fraction_for_vlm"](0.9, model_config, False, 80 * 1024)
