@@ -6,13 +6,12 @@ invalid.
 
 from __future__ import annotations
 
-import json
 import math
 
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.errors import fail
+from hybridctl.cli.output import fail, print_json
 
 
 @app.command("bench")
@@ -95,7 +94,7 @@ def bench(
         plot_latencies(result.run, plot)
         result.notes.append(f"latency histograms written to {plot}")
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        print_json(result.to_dict())
     else:
         from hybridctl.bench.render import render_bench
 

@@ -6,13 +6,12 @@ Exit codes: 0 every step passed, 1 a check or request failed, 2 the demo could n
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.errors import fail
+from hybridctl.cli.output import fail, print_json
 
 
 @app.command("demo")
@@ -45,10 +44,10 @@ def demo(
         if partial is not None and not as_json:
             render_demo(partial, Console())
         if as_json and partial is not None:
-            typer.echo(json.dumps({**partial.to_dict(), "error": str(exc)}, indent=2))
+            print_json({**partial.to_dict(), "error": str(exc)})
         raise fail(str(exc)) from None
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        print_json(report.to_dict())
     else:
         render_demo(report, Console())
     raise typer.Exit(0 if report.passed else 1)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.errors import fail
+from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,7 +117,6 @@ def doctor(
 
     Exit codes: 0 clean, 1 warnings, 2 errors.
     """
-    import json
     import sys
     from contextlib import ExitStack
 
@@ -160,7 +159,7 @@ def doctor(
         out = report.to_dict()
         if fix:
             out["fixed"] = [{"path": str(e.path), "diff": e.diff()} for e in edits]
-        typer.echo(json.dumps(out, indent=2))
+        print_json(out)
     else:
         render(report, console, verbose)
         if fix:

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.errors import fail
+from hybridctl.cli.output import fail, print_json
 
 
 @app.command("init")
@@ -35,7 +35,6 @@ def init(
 
     Exit codes: 0 written, 2 nothing written (a file exists without --force, or bad input).
     """
-    import json
 
     from hybridctl.config.atomic_write import WouldOverwriteError, WriteFailed
     from hybridctl.config.init_project import InitError, InitOptions, init_project
@@ -56,7 +55,7 @@ def init(
     except (WouldOverwriteError, WriteFailed, InitError) as exc:
         raise fail(f"{exc} Nothing was written.") from None
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        print_json(result.to_dict())
         return
     from rich.console import Console
     from rich.markup import escape

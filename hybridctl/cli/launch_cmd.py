@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.errors import fail
+from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -121,7 +121,6 @@ def launch(
     as_json: bool = typer.Option(False, "--json", help="Print the plan / result as JSON."),
 ) -> None:
     """Serve CONFIG with SGLang or the bundled runtime; wait until ready and show the pools it allocated."""
-    import json
 
     from rich.console import Console
 
@@ -160,7 +159,7 @@ def launch(
         console.print(f"wrote {path}")
     if dry_run:
         if as_json:
-            typer.echo(json.dumps(plan.to_dict(), indent=2))
+            print_json(plan.to_dict())
             return
         _print_plan(console, plan)
         for command in plan.commands[:-1]:
@@ -212,7 +211,6 @@ def _serve(
     timeout: float,
     as_json: bool,
 ) -> None:
-    import json
 
     from rich.markup import escape
 
@@ -234,11 +232,11 @@ def _serve(
         except LaunchError as exc:
             raise fail(str(exc), 2) from None
     if as_json:
-        typer.echo(json.dumps({
+        print_json({
             "url": handle.url, "pid": handle.pid, "log": str(handle.log_path),
             "state": str(handle.state_path),
             "startup": {role: info.to_dict() for role, info in handle.startup.items()},
-        }, indent=2))  # fmt: skip
+        })  # fmt: skip
     else:
         for role, info in handle.startup.items():
             _print_startup(console, role, info)
@@ -261,7 +259,6 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Is the server launched from CONFIG alive and healthy? Exit 0 healthy, 1 unhealthy, 3 not running."""
-    import json
 
     from rich.console import Console
     from rich.markup import escape
@@ -275,7 +272,7 @@ def status(
         raise fail(str(exc)) from None
     code = 3 if not st.running else (0 if st.healthy else 1)
     if as_json:
-        typer.echo(json.dumps(st.to_dict(), indent=2))
+        print_json(st.to_dict())
         raise typer.Exit(code)
     if st.state is None:
         console.print(f"not running (no state file {escape(st.state_path)})")
@@ -301,7 +298,6 @@ def stop(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Stop the server launched from CONFIG: SIGTERM, then SIGKILL after --timeout; removes the state file."""
-    import json
     from dataclasses import asdict
 
     from rich.console import Console
@@ -314,9 +310,7 @@ def stop(
     except ValueError as exc:
         raise fail(str(exc)) from None
     if as_json:
-        typer.echo(
-            json.dumps(asdict(result) if result else {"stopped": [], "killed": [], "already_gone": []})
-        )
+        print_json(asdict(result) if result else {"stopped": [], "killed": [], "already_gone": []})
         return
     if result is None:
         console.print("nothing to stop (no server recorded for this config)")

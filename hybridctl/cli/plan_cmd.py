@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.errors import fail
+from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
     from hybridctl.model.spec import ModelSpec
@@ -122,7 +122,6 @@ def plan(
 
     Exit codes: 0 planned, 1 the pools do not fit (the message says what to change), 2 bad input.
     """
-    import json
 
     from hybridctl.config.findings import ConfigError
     from hybridctl.model.errors import ModelSpecError
@@ -155,6 +154,6 @@ def plan(
     except (PlanRequestError, ModelSpecError, ConfigError) as exc:
         raise fail(str(exc)) from None
     if as_json:
-        typer.echo(json.dumps({**result.to_dict(), "model": spec.to_dict()}, indent=2))
+        print_json({**result.to_dict(), "model": spec.to_dict()})
         return
     render_plan(spec, result)

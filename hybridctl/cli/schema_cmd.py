@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.errors import fail
+from hybridctl.cli.output import fail, print_json
 
 
 @app.command("schema")
@@ -37,7 +37,7 @@ def schema(
         if len(texts) == 1:
             typer.echo(next(iter(texts.values())), nl=False)
         else:
-            typer.echo(json.dumps({SCHEMA_FILE_NAMES[w]: json.loads(t) for w, t in texts.items()}, indent=2))
+            print_json({SCHEMA_FILE_NAMES[w]: json.loads(t) for w, t in texts.items()})
         return
     from hybridctl.config.atomic_write import WouldOverwriteError, WriteFailed, write_files
 

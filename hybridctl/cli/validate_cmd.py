@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.output import print_json
 
 if TYPE_CHECKING:
     from hybridctl.config.findings import ValidationReport
@@ -52,7 +53,6 @@ def validate(
 
     Exit codes: 0 valid, 1 warnings with --strict, 2 errors.
     """
-    import json
 
     from hybridctl.config.loader import check_files
     from hybridctl.launch.version import installed_sglang_version
@@ -60,7 +60,7 @@ def validate(
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules).
     report = check_files(config, settings, engine_version=engine_version or installed_sglang_version())
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        print_json(report.to_dict())
     else:
         render_report(report)
     raise typer.Exit(report.exit_code(strict=strict))

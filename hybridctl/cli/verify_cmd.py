@@ -7,13 +7,12 @@ reached or the target/config cannot be determined.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.errors import fail
+from hybridctl.cli.output import fail, print_json
 
 verify_app = typer.Typer(
     help="Check a running server: it answers, prefix caching works, speculative decoding accepts drafts.",
@@ -67,10 +66,10 @@ def _execute(
                 )
     except (ServerUnreachable, ServerError) as exc:  # ServerError: it answered, but not usably, before any check
         if as_json:
-            typer.echo(json.dumps(unreachable_report(target.url, str(exc)), indent=2))
+            print_json(unreachable_report(target.url, str(exc)))
         raise fail(str(exc)) from None
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        print_json(report.to_dict())
     else:
         render_report(report, Console())
     raise typer.Exit(0 if report.passed else 1)

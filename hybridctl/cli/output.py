@@ -1,11 +1,19 @@
-"""How every command reports a failure it can name: one `error: …` paragraph on stderr, then its exit code.
+"""How every command writes its result and its failures.
 
-Errors go to stderr so that `--json` output on stdout stays parseable whatever happens.
+Results given with `--json` go to stdout as one indented JSON document; a failure the command can name is one
+`error: …` paragraph on stderr, so that stdout stays parseable whatever happens.
 """
 
 from __future__ import annotations
 
+import json
+
 import typer
+
+
+def print_json(data: object) -> None:
+    """`data` as the command's JSON output."""
+    typer.echo(json.dumps(data, indent=2))
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
