@@ -4,9 +4,12 @@ A step is either a prefill step (prompt chunks of several requests in one forwar
 `chunked_prefill_size` tokens) or a decode step (one token for every running request in one forward).
 When both kinds of work exist they alternate, so a long prompt never stalls the others' decoding.
 
-With the prefix cache on (extra_buffer strategy), a request's prefill chunks end on multiples of
-`mamba_track_interval`, and the state at each such boundary is copied into the cache: a later request sharing
-that prefix resumes from the deepest boundary. Finished requests cache their whole sequence and final state.
+With the prefix cache on, the state after every multiple of `mamba_track_interval` prompt tokens (extra_buffer)
+and at the branch point (where the tree's KV for the prompt ends without a state; both strategies) goes into
+the cache: the model writes those states into spare slots during the prefill forward itself
+(`ForwardBatch.state_checkpoints`), so prefill is never split for them; a model without that support gets
+forwards that end at each checkpoint and a slot copy after it. Finished requests cache prompt + output[:-1]
+with the final state, so a follow-up turn resumes after the whole previous conversation.
 """
 
 from __future__ import annotations
