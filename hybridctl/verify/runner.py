@@ -51,7 +51,7 @@ def resolve_target(
                 "[server] host/port name the server"
             )
         url = url_from_config(config)
-    if not url.startswith(("http://", "https://")):
+    if not url.startswith(("http://", "https://")) or not _has_host(url):
         raise TargetError(f"--url {url!r} is not an http(s) URL; write it like http://127.0.0.1:30000")
     key = None
     if api_key_env:
@@ -62,6 +62,15 @@ def resolve_target(
                 f"empty; export {api_key_env}=<key> first (the key itself never goes on the command line)"
             )
     return Target(url=url.rstrip("/"), api_key=key, timeout_s=timeout_s)
+
+
+def _has_host(url: str) -> bool:
+    import httpx
+
+    try:
+        return bool(httpx.URL(url).host)
+    except httpx.InvalidURL:  # e.g. an unclosed IPv6 bracket or a port that is not a number
+        return False
 
 
 def load_config(config_path: str | None, settings_path: str | None) -> HybridConfig | None:
