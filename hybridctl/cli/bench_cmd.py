@@ -7,11 +7,20 @@ invalid.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import typer
 
 from hybridctl.cli.app import app
 from hybridctl.cli.output import fail, print_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from hybridctl.bench.results import BenchResult
+    from hybridctl.bench.runner import BenchOptions
+    from hybridctl.config.schema import HybridConfig
+    from hybridctl.verify.client import Target
 
 
 @app.command("bench")
@@ -102,7 +111,9 @@ def bench(
     raise typer.Exit(0 if result.failed == 0 else 1)
 
 
-def _run_with_progress(target, options, cfg, err, show: bool):  # type: ignore[no-untyped-def]
+def _run_with_progress(
+    target: Target, options: BenchOptions, cfg: HybridConfig | None, err: Console, show: bool
+) -> BenchResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hybridctl.bench.runner import run_bench

@@ -7,12 +7,15 @@ reached or the target/config cannot be determined.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from hybridctl.cli.app import app
 from hybridctl.cli.output import fail, print_json
+
+if TYPE_CHECKING:
+    from hybridctl.verify.runner import VerifyOptions
 
 verify_app = typer.Typer(
     help="Check a running server: it answers, prefix caching works, speculative decoding accepts drafts.",
@@ -34,7 +37,7 @@ def _execute(
     settings_path: str | None,
     api_key_env: str | None,
     as_json: bool,
-    options: Any,
+    options: VerifyOptions,
 ) -> None:
     from rich.console import Console
 
@@ -88,7 +91,7 @@ def _options(
     seed: int = 0,
     spec_requests: int = 4,
     min_accept_length: float = 1.5,
-) -> Any:
+) -> VerifyOptions:
     from hybridctl.verify.prefix_judge import PrefixCacheOptions
     from hybridctl.verify.runner import VerifyOptions
     from hybridctl.verify.spec import SpecOptions
