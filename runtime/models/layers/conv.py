@@ -42,7 +42,8 @@ def causal_conv1d_decode(
     state_slots: torch.Tensor,
 ) -> torch.Tensor:
     """x: [B, C], one new input per sequence. Returns silu(conv) [B, C] and rolls each slot's state."""
-    window = torch.cat([conv_pool[state_slots].to(weight.dtype), x.to(weight.dtype)[:, :, None]], dim=-1)
+    state = conv_pool.index_select(0, state_slots).to(weight.dtype)  # index_select: cheaper than pool[slots]
+    window = torch.cat([state, x.to(weight.dtype)[:, :, None]], dim=-1)
     out = (window * weight[None]).sum(-1)
     if bias is not None:
         out = out + bias

@@ -100,9 +100,10 @@ def recurrent_gated_delta_step(
     Returns (out [B, H, Dv] fp32, new state [B, H, Dv, Dk])."""
     q = q.float() * q.shape[-1] ** -0.5
     k = k.float()
+    # Broadcast multiply + sum instead of batched mat-vecs: B*H tiny matmuls cost ~3x more CPU at decode sizes.
     state = state_vk * g.float().exp()[..., None, None]
-    kv_mem = (state @ k[..., None]).squeeze(-1)  # [B, H, Dv]
+    kv_mem = (state * k[..., None, :]).sum(-1)  # [B, H, Dv]
     delta = (v.float() - kv_mem) * beta.float()[..., None]
-    state = state + delta[..., :, None] * k[..., None, :]
-    out = (state @ q[..., None]).squeeze(-1)
+    state.addcmul_(delta[..., :, None], k[..., None, :])
+    out = (state * q[..., None, :]).sum(-1)
     return out, state

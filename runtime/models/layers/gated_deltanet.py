@@ -104,7 +104,8 @@ class GatedDeltaNet(nn.Module):
         if packing is None:
             mixed = causal_conv1d_decode(mixed, weight, self.conv1d.bias, conv_pool, state_slots)
             q, k, v = self._split_heads(mixed)
-            out, state = recurrent_gated_delta_step(q, k, v, g, beta, ssm_pool[state_slots].float())
+            state = ssm_pool.index_select(0, state_slots).float()
+            out, state = recurrent_gated_delta_step(q, k, v, g, beta, state)
             ssm_pool[state_slots] = state.to(ssm_pool.dtype)
         else:
             mixed = causal_conv1d_extend(mixed, weight, self.conv1d.bias, conv_pool, packing)

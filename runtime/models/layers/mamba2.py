@@ -118,7 +118,7 @@ class Mamba2Mixer(nn.Module):
                 b.view(tokens, self.n_groups, self.state_size),
                 c.view(tokens, self.n_groups, self.state_size),
                 self.D,
-                ssm_pool[state_slots].float(),
+                ssm_pool.index_select(0, state_slots).float(),
             )
             ssm_pool[state_slots] = state.to(ssm_pool.dtype)
         else:

@@ -8,10 +8,8 @@ from torch import nn
 
 from runtime.models.layers.mlp import GatedMLP
 
-# Dense expert dispatch limits (see Experts.dense_is_cheaper): at most this many token x expert rows, and
-# "small" experts are those whose stacked gate/up weights hold at most this many elements (4 MiB in fp32).
+# Dense expert dispatch (see Experts.dense_is_cheaper) for at most this many token x expert rows.
 _DENSE_MAX_ROWS = 128
-_DENSE_SMALL_EXPERTS = 1 << 20
 
 
 class TopKRouter(nn.Module):
@@ -48,12 +46,10 @@ class Experts(nn.Module):
     def dense_is_cheaper(self, tokens: int, top_k: int) -> bool:
         """At a few tokens the sorted dispatch is ~8 tiny ops per hit expert plus a host sync; running every
         expert on every token is 2 batched matmuls. Worth it when most experts are hit anyway (their weights
-        are read either way) or all experts are small, and the extra FLOPs stay small in absolute terms.
-        Demo-model experts (8 x 256 x 128, top-2), one thread, CPU time per call: 1 token dense 140 us vs
-        sparse 150 us; 8 tokens 306 vs 470; 64 tokens 1328 vs 828."""
-        if tokens * self.num_experts > _DENSE_MAX_ROWS:
-            return False
-        return 2 * tokens * top_k >= self.num_experts or self.gate_up_proj.numel() <= _DENSE_SMALL_EXPERTS
+        are read either way) and the extra FLOPs stay small in absolute terms. Demo-model experts
+        (8 x 256 x 128, top-2), one thread, CPU time per call: 8 tokens dense 306 us vs sparse 470 us;
+        64 tokens 1328 vs 828; 1 token: dense loses inside the model (every expert's weights leave the cache)."""
+        return tokens * self.num_experts <= _DENSE_MAX_ROWS and 2 * tokens * top_k >= self.num_experts
 
     def forward_dense(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Every expert on every token, combined with routing weights that are 0 for unchosen experts."""

@@ -53,7 +53,7 @@ class SequencePacking:
         """[T, ...] → [B, Lmax, ...]; padded rows hold copies of a valid row (callers neutralize them)."""
         if self.uniform:
             return x.view(self.lens.numel(), self.max_len, *x.shape[1:])
-        return x[self.gather_index]
+        return x.index_select(0, self.gather_index.view(-1)).view(*self.gather_index.shape, *x.shape[1:])
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """[B, Lmax, ...] → [T, ...] in packed order."""
@@ -70,6 +70,6 @@ class SequencePacking:
 
     def initial_state(self, pool: torch.Tensor) -> torch.Tensor:
         """State of each sequence from its slot, fp32; zero for a fresh sequence whatever the slot holds."""
-        state = pool[self.state_slots].float()
+        state = pool.index_select(0, self.state_slots).float()
         keep = self.has_prefix.view(-1, *([1] * (state.dim() - 1)))
         return torch.where(keep, state, torch.zeros((), dtype=state.dtype, device=state.device))
