@@ -1,10 +1,9 @@
 """Benchmark request sets: SGLang's generated-shared-prefix shape and a random one.
 
 generated-shared-prefix (sglang/benchmark/datasets/generated_shared_prefix.py): `num_groups` system prompts of
-`system_prompt_len` tokens, each followed by `prompts_per_group` questions of `question_len` tokens, every
-request
-asking for `output_len` tokens, shuffled. random: independent prompts with lengths drawn uniformly from
-[len * range_ratio, len]. Lengths are exact token counts when the model's tokenizer is readable (see
+`system_prompt_len` tokens, each followed by `prompts_per_group` questions of `question_len` tokens, every request
+asking for `output_len` tokens, shuffled. random: independent prompts with lengths drawn uniformly from [len *
+range_ratio, len]. Lengths are exact token counts when the model's tokenizer is readable (see
 hybridctl/verify/document.py), estimates otherwise.
 """
 

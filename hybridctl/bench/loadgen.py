@@ -1,10 +1,8 @@
 """The async load generator: streamed `/generate` requests at a fixed concurrency or a Poisson request rate.
 
-Timing per request uses the same StreamTracker as `verify` (TTFT = first chunk with a token). While the load
-runs,
-a sampler polls `/metrics` for `sglang:num_running_reqs`, so the report can show the concurrency the server
-really
-saw, not only what the client attempted.
+Timing per request uses the same StreamTracker as `verify` (TTFT = first chunk with a token). While the load runs, a
+sampler polls `/metrics` for `sglang:num_running_reqs`, so the report can show the concurrency the server really saw,
+not only what the client attempted.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Aggregate a load run: latency distributions, throughput, cache hit rate, accept length, and how the
-client's
-numbers compare with the server's own `/metrics` over the same interval.
+"""Aggregate a load run: latency distributions, throughput, cache hit rate, accept length, and how the client's numbers
+compare with the server's own `/metrics` over the same interval.
 """
 
 from __future__ import annotations

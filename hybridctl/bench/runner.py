@@ -1,8 +1,7 @@
 """`run_bench`: build the dataset, scrape `/metrics`, run the load, scrape again, aggregate.
 
-The server is asked for its tokenizer path (`/model_info`) so lengths are exact when that directory is
-readable
-from here; `flush` empties the prefix cache first so a run does not profit from an earlier one.
+The server is asked for its tokenizer path (`/model_info`) so lengths are exact when that directory is readable from
+here; `flush` empties the prefix cache first so a run does not profit from an earlier one.
 """
 
 from __future__ import annotations

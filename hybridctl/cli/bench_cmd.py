@@ -1,7 +1,6 @@
 """`hybridctl bench`: load a running server with streamed requests and report latency and throughput.
 
-Exit codes: 0 every request succeeded, 1 some failed, 2 the server cannot be reached or the options are
-invalid.
+Exit codes: 0 every request succeeded, 1 some failed, 2 the server cannot be reached or the options are invalid.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """`hybridctl launch`, `status`, `stop`: serve a config with SGLang or the bundled runtime.
 
-Exit codes: launch 0 served (or dry run), 1 the server failed to start, 2 the config cannot be launched as
-asked; status 0 running and healthy, 1 running but /health fails, 3 not running; stop 0 (stopped, or nothing
-to stop).
+Exit codes: launch 0 served (or dry run), 1 the server failed to start, 2 the config cannot be launched as asked; status
+0 running and healthy, 1 running but /health fails, 3 not running; stop 0 (stopped, or nothing to stop).
 """
 
 from __future__ import annotations

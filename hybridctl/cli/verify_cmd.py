@@ -1,8 +1,7 @@
 """`hybridctl verify {all,basic,prefix-cache,spec}`: check a running server against its config.
 
-Exit codes: 0 every check that ran passed (skipped ones do not count), 1 a check failed, 2 the server cannot
-be
-reached or the target/config cannot be determined.
+Exit codes: 0 every check that ran passed (skipped ones do not count), 1 a check failed, 2 the server cannot be reached
+or the target/config cannot be determined.
 """
 
 from __future__ import annotations

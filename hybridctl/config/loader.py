@@ -1,8 +1,7 @@
 """Load and check `config.toml` + `settings.json`.
 
-`load_hybrid_config` is what every command uses (raises ConfigError on syntax or schema errors);
-`check_files` is what `hybridctl validate` uses (every finding, including the cross-file rules; never
-raises for bad content).
+`load_hybrid_config` is what every command uses (raises ConfigError on syntax or schema errors); `check_files` is what
+`hybridctl validate` uses (every finding, including the cross-file rules; never raises for bad content).
 """
 
 from __future__ import annotations

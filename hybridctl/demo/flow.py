@@ -1,9 +1,8 @@
 """`hybridctl demo`: the README's first command, end to end and offline.
 
 init --demo (a tiny Qwen3-Next built locally) -> launch the bundled runtime -> verify all -> a short bench ->
-report.json beside the config -> stop the server. Each step is timed and recorded, so a failure says which
-step
-and why; the server is stopped whatever happens after it started.
+report.json beside the config -> stop the server. Each step is timed and recorded, so a failure says which step and why;
+the server is stopped whatever happens after it started.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The one table from every config.toml / settings.json key to engine flags, for SGLang (by version) and the
-bundled runtime.
+"""The one table from every config.toml / settings.json key to engine flags, for SGLang (by version) and the bundled
+runtime.
 
-Each key gets a `Target` per engine: a real flag; "built-in" (the engine always behaves this way and has
-no switch: SGLang's unified radix cache snapshots state on a match, copies on write and keeps a separate
-state LRU); "not-supported" (no equivalent; launching refuses a value the engine would silently ignore); or
-"client-side" (read by hybridctl itself, never an engine flag). Command builders, the ignored-key check and
-docs/sglang-mapping.md are all derived from `ROWS`.
+Each key gets a `Target` per engine: a real flag; "built-in" (the engine always behaves this way and has no switch:
+SGLang's unified radix cache snapshots state on a match, copies on write and keeps a separate state LRU);
+"not-supported" (no equivalent; launching refuses a value the engine would silently ignore); or "client-side" (read by
+hybridctl itself, never an engine flag). Command builders, the ignored-key check and docs/sglang-mapping.md are all
+derived from `ROWS`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Config -> `python -m sglang.launch_server ...` for a given SGLang version, and the same as `--config` YAML.
 
-Flag names come from the mapping table; `extra_engine_args` are checked against the flag table dumped from
-that version's real parser (hybridctl/data/sglang-<version>-flags.tsv; the nearest older table when there is
-none).
+Flag names come from the mapping table; `extra_engine_args` are checked against the flag table dumped from that
+version's real parser (hybridctl/data/sglang-<version>-flags.tsv; the nearest older table when there is none).
 """
 
 from __future__ import annotations

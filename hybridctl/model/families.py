@@ -1,9 +1,8 @@
 """Reading the six hybrid families' HF `config.json` into one geometry.
 
-Each reader mirrors the SGLang 0.5.23 config class that serves the family (sglang/srt/configs/*.py):
-which layers are full attention, which carry recurrent state, and the numbers that shape that state. Both
-the published checkpoint spellings (e.g. Nemotron-H `hybrid_override_pattern`, Kimi `linear_attn_config`) and
-transformers 5 spellings
+Each reader mirrors the SGLang 0.5.23 config class that serves the family (sglang/srt/configs/*.py): which layers are
+full attention, which carry recurrent state, and the numbers that shape that state. Both the published checkpoint
+spellings (e.g. Nemotron-H `hybrid_override_pattern`, Kimi `linear_attn_config`) and transformers 5 spellings
 (`layers_block_type` / `layer_types` with `linear_attention` / `full_attention`) are accepted.
 """
 

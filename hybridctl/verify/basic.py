@@ -1,8 +1,7 @@
 """`verify basic`: the server answers, streaming works, and what it serves is what config.toml says.
 
-Greedy decoding makes the streamed and the non-streamed answer to the same prompt token-identical, so
-comparing
-them checks the streaming path end to end, not only that some bytes arrived.
+Greedy decoding makes the streamed and the non-streamed answer to the same prompt token-identical, so comparing them
+checks the streaming path end to end, not only that some bytes arrived.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """HTTP client for SGLang 0.5.23's native API (and the bundled runtime, which speaks the same API).
 
-One place that knows the endpoints, the SSE framing of streamed `/generate`, how time-to-first-token is taken
-(the
-first chunk whose `meta_info.completion_tokens` is >= 1: a first token may decode to empty text), and how
-transport
-failures become one clear `ServerUnreachable` instead of a traceback.
+One place that knows the endpoints, the SSE framing of streamed `/generate`, how time-to-first-token is taken (the first
+chunk whose `meta_info.completion_tokens` is >= 1: a first token may decode to empty text), and how transport failures
+become one clear `ServerUnreachable` instead of a traceback.
 """
 
 from __future__ import annotations

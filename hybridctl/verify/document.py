@@ -1,10 +1,9 @@
 """Prompts of a known length: exact token ids when the model's tokenizer.json is readable, text otherwise.
 
-With a tokenizer the document is sent as `input_ids`, so "a document of N tokens" is exactly N tokens and the
-shared prefix between two prompts is exactly the document (no merge across the document/question boundary).
-Without one (no `tokenizers` package, or the model directory is on another host) prompts are plain text and
-the
-document length is an estimate, calibrated afterwards from the server's own `prompt_tokens`.
+With a tokenizer the document is sent as `input_ids`, so "a document of N tokens" is exactly N tokens and the shared
+prefix between two prompts is exactly the document (no merge across the document/question boundary). Without one (no
+`tokenizers` package, or the model directory is on another host) prompts are plain text and the document length is an
+estimate, calibrated afterwards from the server's own `prompt_tokens`.
 """
 
 from __future__ import annotations

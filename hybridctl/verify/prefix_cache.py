@@ -1,12 +1,10 @@
 """`verify prefix-cache`: does a shared document really make the next request's first token come sooner?
 
 Protocol, per trial (after `warmup` unmeasured requests on another document): flush the cache; a cold request
-(document + question 0); `questions` requests with other questions on the same document (the realistic case:
-one
+(document + question 0); `questions` requests with other questions on the same document (the realistic case: one
 document, many questions); `repeats` requests with the identical prompt (the upper bound). TTFT is the first
-streamed token. The measurement (this module) and the judgement (`judge.py`) are separate so the judgement
-can be
-unit-tested on recorded numbers.
+streamed token. The measurement (this module) and the judgement (`judge.py`) are separate so the judgement can
+be unit-tested on recorded numbers.
 """
 
 from __future__ import annotations

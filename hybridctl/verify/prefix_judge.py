@@ -1,9 +1,7 @@
 """The judgement of `verify prefix-cache`, from recorded numbers: thresholds, reasons, notes, statistics.
 
-Kept apart from the measurement so it can be tested on recorded trials. Each reason says what was seen and
-what to
-check; the no_buffer first-miss pattern is a note, not a failure, because it is how SGLang is designed to
-behave.
+Kept apart from the measurement so it can be tested on recorded trials. Each reason says what was seen and what to
+check; the no_buffer first-miss pattern is a note, not a failure, because it is how SGLang is designed to behave.
 """
 
 from __future__ import annotations

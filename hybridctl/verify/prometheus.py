@@ -1,7 +1,6 @@
 """A small parser for the Prometheus text exposition format that SGLang's `/metrics` serves.
 
-Only what the checks need: samples by name with their labels, sums across label sets, and before/after deltas
-of
+Only what the checks need: samples by name with their labels, sums across label sets, and before/after deltas of
 counters and histograms (a histogram's mean over an interval is delta(_sum) / delta(_count)).
 """
 

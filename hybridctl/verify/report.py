@@ -1,10 +1,8 @@
 """The result shapes every check returns, and the JSON shape of `hybridctl verify ... --json`.
 
-JSON: {"passed": bool, "url": str, "checks": [check, ...]} for `verify all` and for each single check alike,
-where
-check = {"name", "status" ("passed" | "failed" | "skipped"), "summary", "reasons", "notes", "measurements"}.
-A skipped check neither passes nor fails: the top-level `passed` is true when no check failed and at least
-one ran.
+JSON: {"passed": bool, "url": str, "checks": [check, ...]} for `verify all` and for each single check alike, where check
+= {"name", "status" ("passed" | "failed" | "skipped"), "summary", "reasons", "notes", "measurements"}. A skipped check
+neither passes nor fails: the top-level `passed` is true when no check failed and at least one ran.
 """
 
 from __future__ import annotations

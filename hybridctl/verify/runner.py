@@ -1,5 +1,4 @@
-"""Run checks against one server: resolve the URL (--url, else config.toml [server]), the API key (from a
-named
+"""Run checks against one server: resolve the URL (--url, else config.toml [server]), the API key (from a named
 environment variable), and turn "cannot connect" into `ServerUnreachable` before any check starts.
 """
 

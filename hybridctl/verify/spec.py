@@ -1,11 +1,9 @@
 """`verify spec`: how many tokens each speculative verify step accepts, against the configured ceiling.
 
-Two independent measurements: per request from meta_info (completion_tokens / spec_verify_ct), and server-wide
-from `/metrics` deltas over the same requests (generation tokens / verify calls). The ceiling is steps + 1
-(every
-draft accepted plus the bonus token). `/server_info`'s avg_spec_accept_length is a server-lifetime average,
-so it is
-reported before and after, not judged.
+Two independent measurements: per request from meta_info (completion_tokens / spec_verify_ct), and server-wide from
+`/metrics` deltas over the same requests (generation tokens / verify calls). The ceiling is steps + 1 (every draft
+accepted plus the bonus token). `/server_info`'s avg_spec_accept_length is a server-lifetime average, so it is reported
+before and after, not judged.
 """
 
 from __future__ import annotations

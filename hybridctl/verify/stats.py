@@ -1,8 +1,7 @@
 """Latency statistics in pure Python: percentiles, summaries and a paired bootstrap CI for a ratio of medians.
 
-Pure Python (no numpy) because the control plane must run anywhere, and the sample sizes here are tens to a
-few
-thousand values.
+Pure Python (no numpy) because the control plane must run anywhere, and the sample sizes here are tens to a few thousand
+values.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """`size_pools` against SGLang 0.5.23's own pool-sizing code, run from its source.
 
-The methods that size a hybrid model's pools — `KVCacheConfigurator._handle_max_mamba_cache`,
-`_calculate_mamba_ratio`, `resolve_max_num_reqs` (mem_cache/kv_cache_configurator.py),
-`get_mamba_tracking_slots` (mem_cache/allocation_sizing.py), `MemoryPoolConfig` and
-`DefaultPoolConfigurator.calculate_pool_sizes` (model_executor/pool_configurator.py) — are lifted out of the
-real files with `ast` and called with plain stand-ins for SGLang's runtime context (the server arguments they
-read). Hypothesis then drives both implementations with the same inputs. Skipped only when the source is
-absent.
+The methods that size a hybrid model's pools — `KVCacheConfigurator._handle_max_mamba_cache`, `_calculate_mamba_ratio`,
+`resolve_max_num_reqs` (mem_cache/kv_cache_configurator.py), `get_mamba_tracking_slots`
+(mem_cache/allocation_sizing.py), `MemoryPoolConfig` and `DefaultPoolConfigurator.calculate_pool_sizes`
+(model_executor/pool_configurator.py) — are lifted out of the real files with `ast` and called with plain stand-ins for
+SGLang's runtime context (the server arguments they read). Hypothesis then drives both implementations with the same
+inputs. Skipped only when the source is absent.
 """
 
 from __future__ import annotations
