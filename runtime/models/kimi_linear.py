@@ -120,6 +120,8 @@ class KimiLinearConfig:
 
 
 class KimiDeltaAttention(nn.Module):
+    writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (layers/state_checkpoints.py)
+
     def __init__(self, c: KimiLinearConfig) -> None:
         super().__init__()
         self.heads, self.head_dim = c.linear_num_heads, c.linear_head_dim
@@ -172,10 +174,20 @@ class KimiDeltaAttention(nn.Module):
             q, k, v = (packing.pad(t.reshape(shape)) for t in mixed.split(self.dim, dim=-1))
             g_pad = packing.zero_padding(packing.pad(g))
             beta_pad = packing.zero_padding(packing.pad(beta))
+            captured: list[torch.Tensor] = []
             out, state = chunk_kda(
-                l2norm(q.float()), l2norm(k.float()), v, g_pad, beta_pad, packing.initial_state(ssm_pool)
+                l2norm(q.float()),
+                l2norm(k.float()),
+                v,
+                g_pad,
+                beta_pad,
+                packing.initial_state(ssm_pool),
+                checkpoints=packing.checkpoints,
+                captured=captured,
             )
             ssm_pool[packing.state_slots] = state.to(ssm_pool.dtype)
+            if packing.checkpoints is not None:
+                ssm_pool[packing.checkpoints.slots] = torch.stack(captured).to(ssm_pool.dtype)
             out = packing.unpad(out)
         gate = self.g_b_proj(self.g_a_proj(x)).view(shape)
         h = F.rms_norm(out.float(), (self.head_dim,), eps=self.o_norm.eps) * self.o_norm.weight.float()

@@ -1,6 +1,7 @@
 """Model level: the states an extend forward writes at its checkpoints (ForwardBatch.state_checkpoints) equal the
-states left by prefilling exactly that many tokens, on both recurrent families, at chunk boundaries and inside
-chunks, alone and in a padded batch, and from a cached prefix."""
+states left by prefilling exactly that many tokens, for the three recurrent kernels (Qwen3-Next's delta rule,
+Mamba2's SSD scan, Kimi's KDA), at chunk boundaries and inside chunks, alone and in a padded batch, and from a
+cached prefix."""
 
 from __future__ import annotations
 
@@ -29,10 +30,40 @@ def _one_thread() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "nemotron_h"])
-def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HybridModel:
-    build = build_tiny_qwen3_next if request.param == "qwen3_next" else build_tiny_nemotron_h
-    return load_model(str(build(Path(tmp_path_factory.mktemp(request.param)) / "model")), dtype=torch.float32)
+def build_tiny_kimi_linear(out: Path, seed: int = 0) -> Path:
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    cfg = KimiLinearConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=2,
+        topk_group=1, pad_token_id=None, bos_token_id=None, eos_token_id=VOCAB - 1,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    KimiLinearForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+BUILDERS = {
+    "qwen3_next": build_tiny_qwen3_next,
+    "nemotron_h": build_tiny_nemotron_h,
+    "kimi_linear": build_tiny_kimi_linear,
+}
+# Tokens per chunk of each family's chunked kernel in these tiny models: checkpoints there are bit-exact.
+GRID = {"qwen3_next": 64, "nemotron_h": 16, "kimi_linear": 64}
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def model(family: str, tmp_path_factory: pytest.TempPathFactory) -> HybridModel:
+    model_dir = BUILDERS[family](Path(tmp_path_factory.mktemp(family)) / "model")
+    return load_model(str(model_dir), dtype=torch.float32)
 
 
 def _buffers(model: HybridModel) -> PoolBuffers:
@@ -88,13 +119,13 @@ def test_both_families_write_checkpoints(model: HybridModel) -> None:
     assert supports_state_checkpoints(model)
 
 
-def test_checkpoint_states_equal_prefilling_that_many_tokens(model: HybridModel) -> None:
+def test_checkpoint_states_equal_prefilling_that_many_tokens(model: HybridModel, family: str) -> None:
     buffers = _buffers(model)
     prompt = _tokens(150, seed=1)
     # Chunk boundaries of both families (16 / 64), inside chunks, the first token, and the very end.
     counts = [1, 5, 16, 37, 64, 100, 128, 149, 150]
     _extend(model, buffers, [(prompt, 0, 1, 0)], [[(n, 10 + i) for i, n in enumerate(counts)]])
-    grid = 64 if type(model).__name__.startswith("Qwen3Next") else 16  # delta-rule chunk / tiny Mamba chunk_size
+    grid = GRID[family]
     for i, n in enumerate(counts):
         _extend(model, buffers, [(prompt[:n], 0, 2, 1000)])
         assert _max_diff(buffers, 10 + i, 2) <= TOL, f"checkpoint after {n} tokens"
@@ -129,7 +160,7 @@ def test_a_checkpoint_past_the_extend_is_refused(model: HybridModel) -> None:
 
 
 def test_kernels_alone_match_within_1e6() -> None:
-    """The two chunked kernels on identical inputs: a checkpoint anywhere equals the truncated run's state."""
+    """The three chunked kernels on identical inputs: a checkpoint anywhere equals the truncated run's state."""
     from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm
     from runtime.models.layers.ssd import chunk_scan
     from runtime.models.layers.state_checkpoints import StateCheckpoints
@@ -150,6 +181,15 @@ def test_kernels_alone_match_within_1e6() -> None:
     for n, state in zip(counts, got, strict=True):
         _, want = chunk_gated_delta_rule(q[:, :n], k[:, :n], v[:, :n], gate[:, :n], beta[:, :n], init)
         assert (state - want[0]).abs().max().item() <= 1e-6, f"delta rule after {n}"
+
+    from runtime.models.layers.kda import chunk_kda
+
+    channel_gate = -rnd(1, length, heads, dim).abs() * 0.1
+    got = []
+    chunk_kda(q, k, v, channel_gate, beta, init, checkpoints=cps, captured=got)
+    for n, state in zip(counts, got, strict=True):
+        _, want = chunk_kda(q[:, :n], k[:, :n], v[:, :n], channel_gate[:, :n], beta[:, :n], init)
+        assert (state - want[0]).abs().max().item() <= 1e-6, f"KDA after {n}"
 
     x, dt, b, c = (
         rnd(1, length, heads, dim),

@@ -11,10 +11,9 @@ import pytest
 
 from runtime.engine.api import GenerateRequest
 from runtime.engine.engine_core import EngineCore
+from tests.runtime.test_checkpoint_states import BUILDERS
 from tests.runtime.test_engine_support import (
     VOCAB,
-    build_tiny_nemotron_h,
-    build_tiny_qwen3_next,
     greedy,
     make_core,
     one_torch_thread,
@@ -28,10 +27,9 @@ def _one_thread() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "nemotron_h"])
+@pytest.fixture(scope="module", params=list(BUILDERS))
 def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    build = build_tiny_qwen3_next if request.param == "qwen3_next" else build_tiny_nemotron_h
-    return build(Path(tmp_path_factory.mktemp(request.param)) / "model")
+    return BUILDERS[request.param](Path(tmp_path_factory.mktemp(request.param)) / "model")
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.models.layers.state_checkpoints import StateCheckpoints
+
 
 def chunk_kda(
     q: torch.Tensor,
@@ -16,10 +18,13 @@ def chunk_kda(
     beta: torch.Tensor,
     initial_state: torch.Tensor,
     chunk_size: int = 64,
+    checkpoints: StateCheckpoints | None = None,
+    captured: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k: [B, L, H, K] (l2-normalized); v: [B, L, H, V]; g: [B, L, H, K] log-decay; beta: [B, L, H];
     initial_state: [B, H, K, V]. Padded steps must carry g = 0 and beta = 0.
-    Returns (out [B, L, H, V] fp32, final state [B, H, K, V] fp32)."""
+    Returns (out [B, L, H, V] fp32, final state [B, H, K, V] fp32). With `checkpoints`, `captured` receives the
+    state [H, K, V] after each checkpoint's token count, in checkpoint order (state_checkpoints.py)."""
     batch, length, heads, dk = k.shape
     dv = v.shape[-1]
     q, k, v, g, beta = (x.transpose(1, 2).float().contiguous() for x in (q, k, v, g, beta))
@@ -34,6 +39,7 @@ def chunk_kda(
     upper = torch.triu(torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device), diagonal=1)
     state = initial_state.float()
     out = torch.empty(batch, heads, n, chunk_size, dv, dtype=torch.float32, device=q.device)
+    found: dict[int, torch.Tensor] = {}
     # One chunk at a time: the per-channel pairwise decay is [C, C, K] per head, too big to hold for a whole prompt.
     for i in range(n):
         q_i, k_i, g_i, kb_i = q[:, :, i], k[:, :, i], g[:, :, i], k_beta[:, :, i]
@@ -46,8 +52,20 @@ def chunk_kda(
         v_new = values - k_cumdecay @ state
         out[:, :, i] = (q_i * g_i.exp()) @ state + intra @ v_new
         last = g_i[:, :, -1:]
-        state = state * last.exp().transpose(-1, -2) + (k_i * (last - g_i).exp()).transpose(-1, -2) @ v_new
+        new_state = state * last.exp().transpose(-1, -2) + (k_i * (last - g_i).exp()).transpose(-1, -2) @ v_new
+        if checkpoints is not None:
+            for m, b, r in checkpoints.in_chunk(i, chunk_size):
+                if r == chunk_size:
+                    found[m] = new_state[b]
+                    continue
+                # The end-state formula cut at token r (v_new of a token depends only on earlier tokens).
+                at_r = g_i[b, :, r - 1 : r]  # [H, 1, K]
+                keys = k_i[b, :, :r] * (at_r - g_i[b, :, :r]).exp()
+                found[m] = state[b] * at_r.exp().transpose(-1, -2) + keys.transpose(-1, -2) @ v_new[b, :, :r]
+        state = new_state
     out = out.view(batch, heads, -1, dv)[:, :, :length].transpose(1, 2)
+    if checkpoints is not None and captured is not None:
+        captured.extend(found[m] for m in range(len(checkpoints.seq)))
     return out, state
 
 
