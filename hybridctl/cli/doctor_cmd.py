@@ -122,10 +122,11 @@ def doctor(
 
     from rich.console import Console
 
+    from hybridctl.config.loader import settings_path_for
     from hybridctl.doctor.run import DoctorOptions, run_doctor, unprobed_host
 
     config_given = config != Path("config.toml") or settings is not None or fix
-    settings_path = settings if settings is not None else config.parent / "settings.json"
+    settings_path = settings_path_for(config, settings)
     if fix and not config.exists():
         raise fail(f"--fix edits {config}, which does not exist; pass --config PATH.")
     if peer is not None and not peer.exists():

@@ -23,10 +23,6 @@ if TYPE_CHECKING:
     from hybridctl.logs.startup import StartupInfo
 
 
-def _settings_for(config: Path, settings: Path | None) -> Path:
-    return settings if settings is not None else config.with_name("settings.json")
-
-
 def _print_plan(console: Console, plan: LaunchPlan) -> None:
     from rich.markup import escape
 
@@ -124,12 +120,12 @@ def launch(
     from rich.console import Console
 
     from hybridctl.cli.validate_cmd import render_report
-    from hybridctl.config.loader import check_files
+    from hybridctl.config.loader import check_files, settings_path_for
     from hybridctl.launch.plan import make_launch_plan
     from hybridctl.launch.translate import LaunchError
 
     console = Console(highlight=False, soft_wrap=True)
-    settings = _settings_for(config, settings)
+    settings = settings_path_for(config, settings)
     if engine not in (None, "auto", "sglang", "builtin"):
         raise fail(f"--engine {engine}: use auto, sglang or builtin")
     if sglang_version is not None:

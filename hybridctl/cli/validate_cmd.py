@@ -40,7 +40,9 @@ def render_report(report: ValidationReport) -> None:
 @app.command("validate")
 def validate(
     config: Path = typer.Argument(Path("config.toml"), help="config.toml to check."),
-    settings: Path = typer.Argument(Path("settings.json"), help="settings.json to check (optional file)."),
+    settings: Path | None = typer.Argument(
+        None, help="settings.json to check (optional file; default: the one beside config.toml)."
+    ),
     engine_version: str | None = typer.Option(
         None,
         "--engine-version",
@@ -54,11 +56,12 @@ def validate(
     Exit codes: 0 valid, 1 warnings with --strict, 2 errors.
     """
 
-    from hybridctl.config.loader import check_files
+    from hybridctl.config.loader import check_files, settings_path_for
     from hybridctl.launch.version import installed_sglang_version
 
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules).
-    report = check_files(config, settings, engine_version=engine_version or installed_sglang_version())
+    version = engine_version or installed_sglang_version()
+    report = check_files(config, settings_path_for(config, settings), engine_version=version)
     if as_json:
         print_json(report.to_dict())
     else:

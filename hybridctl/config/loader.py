@@ -28,11 +28,17 @@ __all__ = [
     "load_hybrid_config",
     "parse_config_text",
     "parse_settings_text",
+    "settings_path_for",
 ]
 
 CONFIG_NAME = "config.toml"
 SETTINGS_NAME = "settings.json"
 SCHEMA_REF_KEY = "$schema"  # settings.json may name its JSON Schema for editors; it is not a setting
+
+
+def settings_path_for(config_path: str | Path, settings_path: str | Path | None = None) -> Path:
+    """The settings.json that goes with `config_path`: the one given, else the one in the same directory."""
+    return Path(settings_path) if settings_path is not None else Path(config_path).parent / SETTINGS_NAME
 
 
 @dataclass

@@ -149,7 +149,9 @@ def _predict(
     report.findings += predict_prefix_engine(cfg, host.sglang, engine)
     report.findings += predict_spec_engine(cfg, engine)
     if opts.peer_config is not None:
-        peer, check = _load_config(opts.peer_config, opts.peer_config.parent / "settings.json", "PD peer")
+        from hybridctl.config.loader import settings_path_for
+
+        peer, check = _load_config(opts.peer_config, settings_path_for(opts.peer_config), "PD peer")
         report.checks.append(check)
         if peer is not None:
             report.findings += predict_pd_peer(cfg, peer, str(opts.peer_config))

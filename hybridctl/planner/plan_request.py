@@ -50,8 +50,9 @@ def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
             f"{config_path}: no such config file. Omit the argument to plan with defaults, or run "
             f"`hybridctl init` to write one."
         )
-    settings_path = req.settings_path or config_path.with_name("settings.json")
-    from hybridctl.config.loader import load_hybrid_config
+    from hybridctl.config.loader import load_hybrid_config, settings_path_for
+
+    settings_path = settings_path_for(config_path, req.settings_path)
 
     return load_hybrid_config(config_path, settings_path), str(config_path)
 

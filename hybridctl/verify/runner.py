@@ -74,22 +74,13 @@ def _has_host(url: str) -> bool:
 
 def load_config(config_path: str | None, settings_path: str | None) -> HybridConfig | None:
     """The config files if given (else ./config.toml if present), relative model paths resolved."""
-    from hybridctl.config.loader import load_hybrid_config
+    from hybridctl.config.loader import load_hybrid_config, settings_path_for
 
     if config_path is None:
         if not Path("config.toml").is_file():
             return None
         config_path = "config.toml"
-    if settings_path is None:
-        settings_path = str(Path(config_path).parent / "settings.json")
-    config = load_hybrid_config(config_path, settings_path)
-    base = Path(config_path).resolve().parent
-    server = config.config.server
-    for attr in ("model_path", "tokenizer_path"):
-        value = getattr(server, attr)
-        if value and not Path(value).is_absolute() and (base / value).exists():
-            setattr(server, attr, str((base / value).resolve()))
-    return config
+    return load_hybrid_config(config_path, settings_path_for(config_path, settings_path))
 
 
 def run_checks(

@@ -125,3 +125,14 @@ def test_atomic_write_failure_names_the_file_and_leaves_no_temp_file(tmp_path: P
     with pytest.raises(WriteFailed, match="is a file, not a directory"):
         write_text_atomic(blocker / "config.toml", "x\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
+
+
+def test_validate_checks_the_settings_beside_the_config_not_the_cwd(tmp_path: Path) -> None:
+    # launch, plan, doctor and verify all read the settings.json beside config.toml; validate must check that one.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.toml").write_text('[server]\nmodel_path = "/models/m"\n')
+    (project / "settings.json").write_text('{"runtime": {"max_running_requests": -5}}')
+    proc = _hybridctl("validate", str(project / "config.toml"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    assert str(project / "settings.json") in proc.stdout and "max_running_requests" in proc.stdout
