@@ -38,13 +38,18 @@ from hybridctl.logs.startup import StartupInfo, parse_startup_text
 ProgressFn = Callable[[str, float, str], None]
 
 
+def _server_name(role: str) -> str:
+    # A single server's role is "server"; "the server server" would read as a typo.
+    return "server" if role == "server" else f"{role} server"
+
+
 class StartupFailed(LaunchError):
     """A server exited or never became healthy; carries its log path and last lines."""
 
     def __init__(self, role: str, reason: str, log_path: Path, tail: list[str]) -> None:
         self.role, self.reason, self.log_path, self.tail = role, reason, log_path, tail
         super().__init__(
-            f"the {role} server {reason}. Last log lines ({log_path}):\n"
+            f"the {_server_name(role)} {reason}. Last log lines ({log_path}):\n"
             + "\n".join(f"  {line}" for line in tail)
             + f"\nFix: read the log, or run `hybridctl doctor --log {log_path}` for a diagnosis."
         )
@@ -203,7 +208,7 @@ def _refuse_if_port_busy(command: EngineCommand) -> None:
         busy = sock.connect_ex((host, command.port)) == 0
     if busy:
         raise LaunchError(
-            f"port {command.port} on {host} is already in use, so the {command.role} server cannot listen "
+            f"port {command.port} on {host} is already in use, so the {_server_name(command.role)} cannot listen "
             "there. Fix: stop what uses it, or set another port in config.toml ([server] port, [pd] ports)."
         )
 

@@ -136,3 +136,11 @@ def test_validate_checks_the_settings_beside_the_config_not_the_cwd(tmp_path: Pa
     proc = _hybridctl("validate", str(project / "config.toml"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout
     assert str(project / "settings.json") in proc.stdout and "max_running_requests" in proc.stdout
+
+
+def test_startup_failure_names_a_single_server_once() -> None:
+    from hybridctl.launch.process import StartupFailed
+
+    single = str(StartupFailed("server", "exited with code 2 during start-up", Path("s.log"), ["boom"]))
+    assert single.startswith("the server exited with code 2") and "server server" not in single
+    assert str(StartupFailed("prefill", "exited", Path("p.log"), [])).startswith("the prefill server exited")
