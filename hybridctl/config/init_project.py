@@ -178,6 +178,8 @@ def init_project(opts: InitOptions) -> InitResult:
     from hybridctl.config.rules import check_rules
 
     out_dir = opts.out_dir
+    if out_dir.exists() and not out_dir.is_dir():  # checked before the slow demo build, like the files below
+        raise InitError(f"{out_dir} is a file, not a directory; pass a directory (new or existing) as --out.")
     targets = target_files(out_dir)
     existing = [p for p in targets if p.exists()]
     if existing and not opts.force:

@@ -36,7 +36,7 @@ def test_status_json_error_goes_to_stderr_and_leaves_stdout_empty(tmp_path: Path
     assert proc.stderr.startswith("error:") and str(state) in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("command", [["init", "--out"], ["schema", "--out"]])
+@pytest.mark.parametrize("command", [["init", "--out"], ["schema", "--out"], ["demo", "--out"]])
 def test_out_pointing_at_a_file_is_a_clear_error(tmp_path: Path, command: list[str]) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("mine\n")
