@@ -19,7 +19,7 @@ from hybridctl.bench.loadgen import LoadShape
 from hybridctl.bench.runner import BenchOptions, run_bench
 from hybridctl.verify.client import ServerUnreachable, Target
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
-from hybridctl.verify.runner import VerifyOptions, load_config, run_checks
+from hybridctl.verify.runner import VerifyOptions, run_checks
 
 REPORT_NAME = "report.json"
 Progress = Callable[[str], None]
@@ -128,6 +128,7 @@ class _Steps:
 def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoReport:
     """Run every step; raises DemoError (with the report so far in `.report`) when a step cannot go on."""
     from hybridctl.config.init_project import InitOptions, init_project
+    from hybridctl.config.loader import load_hybrid_config, settings_path_for
     from hybridctl.launch import start_server
 
     out_dir = opts.out_dir.resolve()
@@ -146,8 +147,7 @@ def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoR
     handle = None
     try:
         steps.run("init", f"init --demo into {out_dir} (builds a tiny Qwen3-Next)", init)
-        cfg = load_config(str(config_path), None)
-        assert cfg is not None
+        cfg = load_hybrid_config(config_path, settings_path_for(config_path))
 
         def launch() -> str:
             nonlocal handle
