@@ -20,42 +20,6 @@ if TYPE_CHECKING:
     from hybridctl.config.schema import HybridConfig
     from hybridctl.launch.plan import LaunchPlan
     from hybridctl.launch.process import ServerHandle
-    from hybridctl.logs.startup import StartupInfo
-
-
-def _print_plan(console: Console, plan: LaunchPlan) -> None:
-    from rich.markup import escape
-
-    version = f" {plan.version}" if plan.version else ""
-    console.print(f"engine: [bold]{plan.engine}{version}[/] ({escape(plan.engine_reason)})")
-    for item in plan.ignored:
-        console.print(f"[yellow]ignored (--allow-ignored):[/] {escape(item.describe())}")
-
-
-def _print_startup(console: Console, role: str, info: StartupInfo) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=f"{role}: start-up", show_header=True, title_justify="left")
-    table.add_column("pool / limit")
-    table.add_column("value", justify="right")
-    if info.mamba:
-        m = info.mamba
-        table.add_row("state slots (max_mamba_cache_size)", str(m.max_mamba_cache_size))
-        table.add_row("state pool (conv + ssm)", f"{m.conv_state_gb + m.ssm_state_gb:.2f} GB")
-    for kv in info.kv:
-        label = f"{kv.label} " if kv.label else ""
-        table.add_row(f"{label}KV pool tokens", f"{kv.tokens} ({kv.size_gb:.2f} GB, {kv.dtype})")
-    for name in ("max_total_num_tokens", "max_running_requests", "chunked_prefill_size", "context_len"):
-        value = getattr(info, name)
-        if value is not None:
-            table.add_row(name, str(value))
-    if info.tree_cache_impl:
-        table.add_row("tree cache", f"{info.tree_cache_impl} (hybrid_ssm={info.hybrid_ssm})")
-    if table.row_count:
-        console.print(table)
-    else:
-        console.print(f"{escape(role)}: no start-up pool lines in the log")
 
 
 def _follow(console: Console, handle: ServerHandle) -> bool:
@@ -122,6 +86,7 @@ def launch(
     from hybridctl.cli.validate_cmd import render_report
     from hybridctl.config.loader import check_files, settings_path_for
     from hybridctl.launch.plan import make_launch_plan
+    from hybridctl.launch.render import render_plan
     from hybridctl.launch.translate import LaunchError
 
     console = Console(highlight=False, soft_wrap=True)
@@ -156,7 +121,7 @@ def launch(
         if as_json:
             print_json(plan.to_dict())
             return
-        _print_plan(console, plan)
+        render_plan(console, plan)
         for command in plan.commands[:-1]:
             console.print(f"# {command.role} server ({command.url}):")
             typer.echo(command.shell())
@@ -210,9 +175,10 @@ def _serve(
     from rich.markup import escape
 
     from hybridctl.launch.process import StartupFailed, start_server
+    from hybridctl.launch.render import render_plan, render_startup
     from hybridctl.launch.translate import LaunchError
 
-    _print_plan(console, plan)
+    render_plan(console, plan)
     with console.status("starting ...") as status:
 
         def progress(role: str, waited: float, line: str) -> None:
@@ -234,7 +200,7 @@ def _serve(
         })  # fmt: skip
     else:
         for role, info in handle.startup.items():
-            _print_startup(console, role, info)
+            render_startup(console, role, info)
         console.print(
             f"[green]ready[/] at {handle.url} (pid {handle.pid}); log {escape(str(handle.log_path))}"
         )
