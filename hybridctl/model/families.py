@@ -239,14 +239,7 @@ def _read_falcon_h1(cfg: dict[str, Any], source: str, family: str, model_type: s
         raise r.fail("mamba_n_heads", f"({heads}) must divide the Mamba width ({intermediate}).")
     raw_head = cfg.get("mamba_d_head", "auto")
     head_dim = intermediate // heads if raw_head in (None, "auto") else r.int("mamba_d_head")
-    dims = _Mamba2Dims(
-        intermediate_size=intermediate,
-        n_groups=r.int("mamba_n_groups", 1),
-        num_heads=heads,
-        head_dim=head_dim,
-        state_size=r.int("mamba_d_state"),
-        conv_kernel=r.int("mamba_d_conv", 4),
-    )
+    dims = _mamba_prefixed_dims(r, intermediate, heads, head_dim)
     # falcon_h1.py:288-299: attention and Mamba run in parallel in every layer.
     return _mamba2_geometry(
         r,
@@ -273,14 +266,7 @@ def _read_granite(cfg: dict[str, Any], source: str, family: str, model_type: str
     head_dim = r.int("mamba_d_head")
     if head_dim * heads != intermediate:
         raise r.fail("mamba_d_head", f"({head_dim}) * mamba_n_heads ({heads}) must equal {intermediate}.")
-    dims = _Mamba2Dims(
-        intermediate_size=intermediate,
-        n_groups=r.int("mamba_n_groups", 1),
-        num_heads=heads,
-        head_dim=head_dim,
-        state_size=r.int("mamba_d_state"),
-        conv_kernel=r.int("mamba_d_conv", 4),
-    )
+    dims = _mamba_prefixed_dims(r, intermediate, heads, head_dim)
     return _mamba2_geometry(
         r,
         (family, model_type, arch),
@@ -305,6 +291,18 @@ class _Mamba2Dims:
 
     def state_shape(self, tp: int) -> StateShape:
         return mamba2_state_shape(tp=tp, **asdict(self))
+
+
+def _mamba_prefixed_dims(r: ConfigReader, intermediate: int, heads: int, head_dim: int) -> _Mamba2Dims:
+    # Falcon-H1 and Granite-4.0-H name the rest of the Mamba-2 numbers alike (mamba_n_groups, mamba_d_state, ...).
+    return _Mamba2Dims(
+        intermediate_size=intermediate,
+        n_groups=r.int("mamba_n_groups", 1),
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=r.int("mamba_d_state"),
+        conv_kernel=r.int("mamba_d_conv", 4),
+    )
 
 
 def _mamba_layer_kinds(r: ConfigReader, key: str) -> list[str]:
