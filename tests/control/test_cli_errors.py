@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from hybridctl.cli import app
-from hybridctl.config.atomic_write import WriteFailed, write_text_atomic
 
 runner = CliRunner()
 
@@ -101,32 +99,6 @@ def test_verify_json_against_an_unreachable_server_prints_a_json_report(tmp_path
     assert "Traceback" not in proc.stderr
 
 
-def test_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path: Path) -> None:
-    path = tmp_path / "config.toml"
-    path.write_text("old\n")
-    path.chmod(0o640)
-    write_text_atomic(path, "new\n")
-    assert path.read_text() == "new\n"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o640
-
-
-def test_atomic_write_gives_a_new_file_the_umask_mode(tmp_path: Path) -> None:
-    umask = os.umask(0o022)
-    try:
-        write_text_atomic(tmp_path / "new.toml", "x\n")
-    finally:
-        os.umask(umask)
-    assert stat.S_IMODE((tmp_path / "new.toml").stat().st_mode) == 0o644  # not mkstemp's private 0600
-
-
-def test_atomic_write_failure_names_the_file_and_leaves_no_temp_file(tmp_path: Path) -> None:
-    blocker = tmp_path / "blocker"
-    blocker.write_text("")
-    with pytest.raises(WriteFailed, match="is a file, not a directory"):
-        write_text_atomic(blocker / "config.toml", "x\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
-
-
 def test_validate_checks_the_settings_beside_the_config_not_the_cwd(tmp_path: Path) -> None:
     # launch, plan, doctor and verify all read the settings.json beside config.toml; validate must check that one.
     project = tmp_path / "project"
@@ -144,28 +116,3 @@ def test_startup_failure_names_a_single_server_once() -> None:
     single = str(StartupFailed("server", "exited with code 2 during start-up", Path("s.log"), ["boom"]))
     assert single.startswith("the server exited with code 2") and "server server" not in single
     assert str(StartupFailed("prefill", "exited", Path("p.log"), [])).startswith("the prefill server exited")
-
-
-HELP_COMMANDS = [
-    *("", "init", "validate", "plan", "schema", "launch", "status", "stop", "bench", "doctor", "demo"),
-    *("verify all", "verify basic", "verify prefix-cache", "verify spec"),
-]
-
-
-def test_every_help_imports_only_the_cli_modules() -> None:
-    # `--help` must stay fast: the command modules import their libraries inside the command functions.
-    script = (
-        "import sys\n"
-        "from typer.testing import CliRunner\n"
-        "from hybridctl.cli import app\n"
-        f"for args in {HELP_COMMANDS!r}:\n"
-        "    result = CliRunner().invoke(app, [*args.split(), '--help'])\n"
-        "    assert result.exit_code == 0, (args, result.output)\n"
-        "heavy = ('torch', 'httpx', 'tomlkit', 'transformers', 'safetensors', 'numpy')\n"
-        "loaded = [m for m in sys.modules if m.split('.')[0] in heavy\n"
-        "          or (m.startswith('hybridctl.') and not m.startswith('hybridctl.cli'))]\n"
-        "print(sorted(loaded))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
