@@ -118,6 +118,8 @@ def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
         data = tomlkit.parse(text).unwrap()
     except ParseError as exc:
         message = str(exc).split(" at line ")[0]
+        if "'\\x00'" in message:  # tomlkit's end-of-input marker: the text stops inside a value
+            message = "the file ends inside a value (an unclosed [, { or quote?)"
         parsed.findings.append(
             Finding(
                 "error",

@@ -46,9 +46,9 @@ def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
         if not config_path.is_file():
             return HybridConfig(), None
     elif not config_path.is_file():
+        what = "is a directory, not a config file" if config_path.is_dir() else "no such config file"
         raise PlanRequestError(
-            f"{config_path}: no such config file. Omit the argument to plan with defaults, or run "
-            f"`hybridctl init` to write one."
+            f"{config_path}: {what}. Omit the argument to plan with defaults, or run `hybridctl init` to write one."
         )
     from hybridctl.config.loader import load_hybrid_config, settings_path_for
 

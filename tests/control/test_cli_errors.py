@@ -116,3 +116,16 @@ def test_startup_failure_names_a_single_server_once() -> None:
     single = str(StartupFailed("server", "exited with code 2 during start-up", Path("s.log"), ["boom"]))
     assert single.startswith("the server exited with code 2") and "server server" not in single
     assert str(StartupFailed("prefill", "exited", Path("p.log"), [])).startswith("the prefill server exited")
+
+
+def test_truncated_toml_names_the_unclosed_value_not_a_nul_character(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[server]\nmodel_path = "/m"\n[extra_engine_args]\nfoo = [1,\n')
+    proc = _hybridctl("validate", str(config), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "TOML_SYNTAX" in proc.stdout and "ends inside a value" in proc.stdout and "x00" not in proc.stdout
+
+
+def test_plan_with_a_directory_as_config_says_so(tmp_path: Path) -> None:
+    proc = _hybridctl("plan", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2 and "is a directory, not a config file" in proc.stderr
