@@ -85,14 +85,15 @@ def launch(
 
     from hybridctl.cli.validate_cmd import render_report
     from hybridctl.config.loader import check_files, settings_path_for
+    from hybridctl.launch.engine_select import ENGINE_NAMES
     from hybridctl.launch.plan import make_launch_plan
     from hybridctl.launch.render import render_plan
     from hybridctl.launch.translate import LaunchError
 
     console = Console(highlight=False, soft_wrap=True)
     settings = settings_path_for(config, settings)
-    if engine not in (None, "auto", "sglang", "builtin"):
-        raise fail(f"--engine {engine}: use auto, sglang or builtin")
+    if engine is not None and engine not in ENGINE_NAMES:
+        raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
     if sglang_version is not None:
         from hybridctl.config.sglang_version import VersionError, version_key
 

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from hybridctl.config.atomic_write import write_files
 from hybridctl.config.findings import Finding
 from hybridctl.config.json_schema import SCHEMA_FILE_NAMES, json_schema
-from hybridctl.config.schema import HybridConfig
+from hybridctl.config.schema import EngineName, HybridConfig
 
 CONFIG_FILE = "config.toml"
 SETTINGS_FILE = "settings.json"
@@ -184,8 +184,8 @@ def init_project(opts: InitOptions) -> InitResult:
     existing = [p for p in targets if p.exists()]
     if existing and not opts.force:
         raise WouldOverwriteError(existing)  # before the slow demo build, not after it
-    if opts.engine not in ("auto", "sglang", "builtin"):
-        raise InitError(f"--engine {opts.engine}: expected auto, sglang or builtin.")
+    if opts.engine not in get_args(EngineName):
+        raise InitError(f"--engine {opts.engine}: expected {', '.join(get_args(EngineName))}.")
     cfg = HybridConfig()
     cfg.config.server.engine = opts.engine  # type: ignore[assignment]
     cfg.config.server.tp_size = opts.tp

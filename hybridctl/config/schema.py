@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 ScalarValue = str | int | float | bool
+EngineName = Literal["auto", "sglang", "builtin"]  # server.engine; also what `--engine` accepts
 
 
 class _Section(BaseModel):
@@ -31,7 +32,7 @@ class ServerConfig(_Section):
     )
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; unset: the same as model_path.")
     trust_remote_code: bool = Field(False, description="Allow custom model code from the model directory.")
-    engine: Literal["auto", "sglang", "builtin"] = Field(
+    engine: EngineName = Field(
         "auto", description="Serving engine: sglang on GPU hosts with sglang installed, else the bundled runtime."
     )
     tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel degree (GPUs per model replica).")

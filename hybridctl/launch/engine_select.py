@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import get_args
 
+from hybridctl.config.schema import EngineName
 from hybridctl.host.facts import HostFacts
 from hybridctl.launch.translate import Engine, LaunchError
 
-Requested = Literal["auto", "sglang", "builtin"]
+Requested = EngineName
+ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ def decide_engine(requested: str, facts: HostFacts, source: str = "--engine") ->
     if requested == "sglang":
         return EngineChoice("sglang", f"{source} sglang", sglang_version)
     if requested != "auto":
-        raise LaunchError(f"unknown engine {requested!r}; use auto, sglang or builtin")
+        raise LaunchError(f"unknown engine {requested!r}; use {', '.join(ENGINE_NAMES)}")
     if facts.gpus and sglang_version:
         return EngineChoice(
             "sglang", f"{len(facts.gpus)} GPU(s) and sglang {sglang_version} found", sglang_version
