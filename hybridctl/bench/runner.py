@@ -10,6 +10,7 @@ import asyncio
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import get_args
 
 from hybridctl.bench.datasets import (
     BenchRequest,
@@ -40,6 +41,9 @@ class BenchOptions:
     flush: bool = True
 
     def validate(self) -> None:
+        names = get_args(DatasetName)
+        if self.dataset not in names:
+            raise BenchOptionsError(f"--dataset {self.dataset!r} is not known; use {' or '.join(names)}")
         if self.load.max_concurrency is not None and self.load.max_concurrency < 1:
             raise BenchOptionsError(f"--max-concurrency must be >= 1 (got {self.load.max_concurrency})")
         if not self.load.request_rate > 0:

@@ -71,8 +71,6 @@ def bench(
     from hybridctl.verify.runner import TargetError, load_config, resolve_target
 
     err = Console(stderr=True)
-    if dataset not in ("generated-shared-prefix", "random"):
-        raise fail(f"--dataset {dataset!r} is not known; use generated-shared-prefix or random")
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise fail(
             "--plot needs matplotlib, which is not installed: `pip install matplotlib`, or drop --plot"
