@@ -54,6 +54,12 @@ def _one_device(
     return _row(C, key, flag(flag_name), builtin, **({"when": when} if when else {}))
 
 
+def _always_on_in_sglang(file: str, key: str, sglang_note: str, builtin_flag: str, **kw: Any) -> MappingRow:
+    """A behaviour SGLang always has (no switch, so only true is honoured) that the runtime can turn off."""
+    builtin = flag(builtin_flag, "false", note=kw.pop("builtin_note", ""))
+    return _row(file, key, Target("built-in", accepts=equals(True), note=sglang_note), builtin, **kw)
+
+
 C, S = "config.toml", "settings.json"
 
 ROWS: tuple[MappingRow, ...] = (
@@ -113,15 +119,11 @@ ROWS: tuple[MappingRow, ...] = (
     # --- [cache]
     _both(C, "cache.enable_prefix_caching", "--disable-radix-cache", "false"),
     _both(C, "cache.radix_cache_page_size", "--page-size"),
-    _row(
+    _always_on_in_sglang(
         C,
         "cache.enable_dual_lru_eviction",
-        Target(
-            "built-in",
-            accepts=equals(True),
-            note="the unified radix cache keeps Mamba states on their own LRU list, evicted before KV",
-        ),
-        flag("--disable-dual-lru-eviction", "false"),
+        "the unified radix cache keeps Mamba states on their own LRU list, evicted before KV",
+        "--disable-dual-lru-eviction",
     ),
     _row(
         C,
@@ -170,19 +172,12 @@ ROWS: tuple[MappingRow, ...] = (
         when=_spec_on,
     ),
     _both(C, "speculative.speculative_draft_model_path", "--speculative-draft-model-path", when=_spec_on),
-    _row(
+    _always_on_in_sglang(
         C,
         "speculative.enable_mamba_state_sandbox",
-        Target(
-            "built-in",
-            accepts=equals(True),
-            note="SGLang always gives draft tokens their own intermediate state slots",
-        ),
-        flag(
-            "--disable-mamba-state-sandbox",
-            "false",
-            note="false: the runtime refuses to start (speculative decoding state rollback error)",
-        ),
+        "SGLang always gives draft tokens their own intermediate state slots",
+        "--disable-mamba-state-sandbox",
+        builtin_note="false: the runtime refuses to start (speculative decoding state rollback error)",
         when=_spec_on,
     ),
     # --- [pd]
@@ -249,21 +244,14 @@ ROWS: tuple[MappingRow, ...] = (
     _both(S, "runtime.disable_radix_cache", "--disable-radix-cache", "true"),
     # --- [mamba]
     _both(S, "mamba.state_dtype", "--mamba-ssm-dtype"),
-    _row(
+    _always_on_in_sglang(
         S,
         "mamba.state_snapshot_on_match",
-        Target(
-            "built-in",
-            accepts=equals(True),
-            note="a prefix hit copies the cached state into a fresh slot for the request",
-        ),
-        flag("--disable-state-snapshot-on-match", "false"),
+        "a prefix hit copies the cached state into a fresh slot for the request",
+        "--disable-state-snapshot-on-match",
     ),
-    _row(
-        S,
-        "mamba.state_copy_on_write",
-        Target("built-in", accepts=equals(True), note="cached states are never written in place"),
-        flag("--disable-state-copy-on-write", "false"),
+    _always_on_in_sglang(
+        S, "mamba.state_copy_on_write", "cached states are never written in place", "--disable-state-copy-on-write"
     ),
     # --- [logging]
     _both(S, "logging.level", "--log-level"),
