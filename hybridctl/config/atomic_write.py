@@ -48,10 +48,22 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def _default_mode() -> int:
-    # The umask can only be read by setting it; set it straight back (nothing else runs in between).
-    umask = os.umask(0)
+    """The mode open() would give a new file: 0666 minus the umask."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    # Linux reports the umask in /proc; elsewhere it can only be read by setting it, which is briefly
+    # process-wide, so that is the fallback.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
 
 
 def _write_failed(path: Path, exc: OSError) -> WriteFailed:
