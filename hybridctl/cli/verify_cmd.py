@@ -6,7 +6,7 @@ or the target/config cannot be determined.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -77,40 +77,19 @@ def _execute(
     raise typer.Exit(0 if report.passed else 1)
 
 
-def _options(
-    doc_tokens: int = 2048,
-    question_tokens: int = 24,
-    trials: int = 5,
-    warmup: int = 2,
-    questions: int = 2,
-    repeats: int = 2,
-    max_ratio: float = 0.8,
-    min_cached_fraction: float = 0.9,
-    max_new_tokens: int = 4,
-    seed: int = 0,
-    spec_requests: int = 4,
-    min_accept_length: float = 1.5,
-) -> VerifyOptions:
+def _options(**given: Any) -> VerifyOptions:
+    """VerifyOptions from the flags a command has; the rest keep the library's defaults (the one copy of them)."""
     from hybridctl.verify.prefix_judge import PrefixCacheOptions
     from hybridctl.verify.runner import VerifyOptions
     from hybridctl.verify.spec import SpecOptions
 
-    return VerifyOptions(
-        prefix_cache=PrefixCacheOptions(
-            doc_tokens=doc_tokens,
-            question_tokens=question_tokens,
-            trials=trials,
-            warmup=warmup,
-            questions=questions,
-            repeats=repeats,
-            max_ratio=max_ratio,
-            min_cached_fraction=min_cached_fraction,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-        ),
-        spec=SpecOptions(requests=spec_requests, min_accept_length=min_accept_length),
-    )
+    spec = {SPEC_FLAGS[k]: v for k, v in given.items() if k in SPEC_FLAGS}
+    prefix = {k: v for k, v in given.items() if k not in SPEC_FLAGS}
+    return VerifyOptions(prefix_cache=PrefixCacheOptions(**prefix), spec=SpecOptions(**spec))
 
+
+# Parameter -> SpecOptions field; every other option parameter is a PrefixCacheOptions field of the same name.
+SPEC_FLAGS = {"spec_requests": "requests", "min_accept_length": "min_accept_length"}
 
 _DOC = typer.Option(2048, "--doc-tokens", help="Length of the shared document in tokens.")
 _QTOKENS = typer.Option(24, "--question-tokens", help="Length of each question in tokens.")
