@@ -124,6 +124,7 @@ def doctor(
 
     from hybridctl.config.loader import settings_path_for
     from hybridctl.doctor.run import DoctorOptions, run_doctor, unprobed_host
+    from hybridctl.planner.units import GIB
 
     config_given = config != Path("config.toml") or settings is not None or fix
     settings_path = settings_path_for(config, settings)
@@ -148,7 +149,7 @@ def doctor(
             log_lines=lines,
             log_name="stdin" if log == "-" else str(log),
             peer_config=peer,
-            gpu_mem_bytes=int(gpu_mem_gib * (1 << 30)) if gpu_mem_gib else None,
+            gpu_mem_bytes=int(gpu_mem_gib * GIB) if gpu_mem_gib else None,
         )
         report = run_doctor(options, None if probe else unprobed_host())
     edits = []

@@ -15,10 +15,6 @@ if TYPE_CHECKING:
     from hybridctl.planner.plan import Plan
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.2f} MiB"
-
-
 def _kv_layout(spec: ModelSpec) -> str:
     if spec.attention_kind == "mla":
         return f"MLA latent {spec.kv_lora_rank} + rope {spec.qk_rope_head_dim}, on every GPU"
@@ -31,7 +27,7 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from hybridctl.planner.units import format_gib
+    from hybridctl.planner.units import format_gib, format_mib
 
     p = plan.pools
     table = Table(title=f"{spec.family} ({escape(spec.source)}), TP {spec.tp}", show_header=False)
@@ -50,7 +46,7 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
         ("pool budget", f"{format_gib(plan.pool_bytes, 2)} ({plan.pool_source})"),
         (
             "state per request",
-            f"{_mib(plan.mamba_state_bytes_per_request)} (SSM {plan.ssm_dtype}, conv "
+            f"{format_mib(plan.mamba_state_bytes_per_request)} (SSM {plan.ssm_dtype}, conv "
             f"{spec.conv_dtype}; conv {spec.conv_state_shape}, ssm {spec.ssm_state_shape})",
         ),
         (

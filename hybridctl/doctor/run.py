@@ -15,7 +15,7 @@ from hybridctl.doctor.judge import judge_host, resolve_engine
 from hybridctl.doctor.planning import PlanContext, load_plan_context
 from hybridctl.doctor.report import DoctorReport, failure_mode_checks
 from hybridctl.host.facts import HostFacts
-from hybridctl.planner.units import format_gib
+from hybridctl.planner.units import format_gib, format_mib
 
 
 @dataclass
@@ -128,8 +128,8 @@ def _predict(
         s = ctx.spec
         report.checks.append(Check(
             "Model", "ok",
-            f"{s.family} ({s.architecture}), TP {s.tp}: {s.mamba_state_bytes_per_request / (1 << 20):.2f} "
-            f"MiB of state per request, {s.kv_bytes_per_token} B of KV per token",
+            f"{s.family} ({s.architecture}), TP {s.tp}: {format_mib(s.mamba_state_bytes_per_request)} "
+            f"of state per request, {s.kv_bytes_per_token} B of KV per token",
             (f"{s.num_attn_layers} full-attention + {s.num_linear_layers} {s.linear_kind} layers",
              f"SSM state {s.ssm_dtype} {s.ssm_state_shape}, conv {s.conv_state_shape}"),
         ))  # fmt: skip

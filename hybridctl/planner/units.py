@@ -9,3 +9,8 @@ MIB = 1 << 20
 def format_gib(n_bytes: int | float, digits: int = 1) -> str:
     """`n_bytes` as "12.3 GiB" (`digits` decimals)."""
     return f"{n_bytes / GIB:.{digits}f} GiB"
+
+
+def format_mib(n_bytes: int | float, digits: int = 2) -> str:
+    """`n_bytes` as "1.25 MiB" (`digits` decimals)."""
+    return f"{n_bytes / MIB:.{digits}f} MiB"
