@@ -31,10 +31,6 @@ from report import render_table  # noqa: E402
 from workloads import agreement, build_prompts, measure  # noqa: E402
 
 ALL_ENGINES = ("runtime", "llamacpp", "vllm", "transformers")
-SETUP = {
-    "llamacpp": "python benchmarks/peers/setup_llamacpp.py",
-    "vllm": "python benchmarks/peers/setup_vllm.py",
-}
 
 
 def machine() -> dict[str, Any]:
@@ -60,7 +56,7 @@ def ensure_model(path: Path | None) -> Path:
         if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
             raise SystemExit(
                 f"error: {path}: needs config.json and model.safetensors (one file) to convert for "
-                f"every engine; pass a directory built by python -m runtime.demo_model --out DIR"
+                f"every engine; build one with python benchmarks/peers/peer_model.py --out DIR"
             )
         return path
     model = engines.WORK / "peer-model"
