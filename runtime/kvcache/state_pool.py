@@ -18,6 +18,9 @@ class StateSlotPool:
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._is_free = [True] * num_slots
         self.copies = 0  # state copies done (snapshots on match and checkpoints)
+        # Per-slot tensors [num_slots, ...] another component keeps as part of "the state after n tokens" (the MTP
+        # drafter: the target's last hidden state), so every snapshot, checkpoint and hand-over carries them too.
+        self.extra: list[torch.Tensor] = []
 
     @property
     def num_free(self) -> int:
@@ -40,6 +43,8 @@ class StateSlotPool:
         return list(self._free)
 
     def zero(self, slot: int) -> None:
+        for t in self.extra:
+            t[slot].zero_()
         if self.buffers is None:
             return
         for t in (*self.buffers.conv, *self.buffers.ssm):
@@ -47,6 +52,8 @@ class StateSlotPool:
 
     def copy(self, src: int, dst: int) -> None:
         self.copies += 1
+        for t in self.extra:
+            t[dst].copy_(t[src])
         if self.buffers is None:
             return
         for t in (*self.buffers.conv, *self.buffers.ssm):

@@ -253,6 +253,8 @@ class Scheduler:
                 for _, slot in cps:
                     self.cache.free_slot(slot)
             raise
+        if self.spec is not None:  # before any checkpoint below is cached: the drafter completes what goes with it
+            self.spec.after_prefill(fb)
         done: list[int] = []
         for i, (req, n) in enumerate(batch):
             assert req.mem is not None

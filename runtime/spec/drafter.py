@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from runtime.engine.forward_batch import ForwardBatch
     from runtime.scheduler.request import Req
 
 
@@ -14,6 +15,10 @@ class Drafter(Protocol):
     def propose(self, reqs: list[Req]) -> list[list[int]]:
         """Exactly `num_drafts` draft tokens per request, continuing `req.all_ids` (whose last token the
         target has not run yet)."""
+        ...
+
+    def after_prefill(self, batch: ForwardBatch) -> None:
+        """The target just ran a prefill forward (its checkpoints about to go into the prefix cache)."""
         ...
 
     def release(self, rid: str) -> None:

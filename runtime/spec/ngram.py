@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from runtime.engine.forward_batch import ForwardBatch
     from runtime.scheduler.request import Req
 
 
@@ -43,6 +44,9 @@ class NgramDrafter:
 
     def propose(self, reqs: list[Req]) -> list[list[int]]:
         return [self.propose_one(r.all_ids) for r in reqs]
+
+    def after_prefill(self, batch: ForwardBatch) -> None:
+        """Drafts come from the tokens alone."""
 
     def release(self, rid: str) -> None:
         """Nothing is held per request."""

@@ -105,5 +105,16 @@ def _drafter(
     if reason:
         raise SpecConfigError(reason)
     assert cache is not None, "MTP drafting reads the target's KV token slots"
-    return MtpDrafter(model, config.num_drafts, cache=cache, max_running_requests=max_running_requests,
-                      token_capacity=token_capacity, dtype=dtype, device=args.device)  # fmt: skip
+    mtp = MtpDrafter(model, config.num_drafts, cache=cache, max_running_requests=max_running_requests,
+                     token_capacity=token_capacity, dtype=dtype, device=args.device)  # fmt: skip
+    kv_bytes = sum(t.numel() * t.element_size() for t in (*mtp.buffers.k, *mtp.buffers.v))
+    logger.info(
+        "MTP drafter (outside the target's pool budget): MTP K/V %.2f MB for %d token slots + %d scratch; "
+        "last hidden state per state slot %.2f MB (%d slots)",
+        kv_bytes / 1e6,
+        token_capacity,
+        mtp.buffers.k[0].shape[0] - token_capacity,
+        mtp.state_bytes / 1e6,
+        mtp.last_hidden.shape[0],
+    )
+    return mtp

@@ -64,6 +64,9 @@ class StandaloneDrafter:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self._warned = False
 
+    def after_prefill(self, batch: ForwardBatch) -> None:
+        """The draft model runs its own prefill at the request's first round."""
+
     def release(self, rid: str) -> None:
         seq = self.seqs.pop(rid, None)
         if seq is not None:

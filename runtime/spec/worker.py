@@ -70,6 +70,9 @@ class SpecDecoder:
         """KV tokens a request may hold beyond its own length during a verify forward."""
         return self.config.num_drafts
 
+    def after_prefill(self, batch: ForwardBatch) -> None:
+        self.drafter.after_prefill(batch)
+
     def release(self, rid: str) -> None:
         self.drafter.release(rid)
 
