@@ -61,16 +61,20 @@ def chunk_gated_delta_rule(
     k = k * (cum[..., -1:] - cum).exp()[..., None]
     chunk_decay = cum[..., -1].exp()[..., None, None]
     state = initial_state.float()
-    out = torch.empty(batch, heads, n_chunks, chunk_size, dv, dtype=torch.float32, device=q.device)
+    # The loop carries only the state; each chunk's output needs its start state and corrected values, so it
+    # is one batched matmul pair after the loop instead of two small matmuls per chunk.
+    starts = torch.empty(batch, heads, n_chunks, dk, dv, dtype=torch.float32, device=q.device)
     found: dict[int, torch.Tensor] = {}
     for i in range(n_chunks):
-        v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ state
-        out[:, :, i] = q[:, :, i] @ state + intra[:, :, i] @ v_new
+        starts[:, :, i] = state
+        v_new = new_values[:, :, i]
+        v_new -= k_cumdecay[:, :, i] @ state  # in place: new_values becomes the corrected values
         new_state = state * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
         if checkpoints is not None:
             for m, b, r in checkpoints.in_chunk(i, chunk_size):
                 found[m] = new_state[b] if r == chunk_size else _state_inside_chunk(state, cum, raw_k, v_new, b, i, r)
         state = new_state
+    out = q @ starts + intra @ new_values
     out = out.view(batch, heads, -1, dv)[:, :, :length].transpose(1, 2)
     if checkpoints is not None and captured is not None:
         captured.extend(found[m] for m in range(len(checkpoints.seq)))
