@@ -38,6 +38,19 @@ def test_dense_equals_sparse(tokens: int, num_experts: int, top_k: int, seed: in
     torch.testing.assert_close(dense, sparse, rtol=1e-5, atol=1e-6)
 
 
+@settings(max_examples=20, deadline=None)
+@given(num_experts=st.sampled_from([2, 4, 8, 16]), top_k=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_one_token_path_equals_sparse_bit_for_bit(num_experts: int, top_k: int, seed: int) -> None:
+    top_k = min(top_k, num_experts)
+    experts = _experts(num_experts, 32, 24, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(1, 32, generator=gen)
+    weights, ids = torch.topk(torch.softmax(torch.randn(1, num_experts, generator=gen), dim=-1), top_k, dim=-1)
+    with torch.inference_mode():
+        assert torch.equal(experts.forward_one_token(x, ids, weights), experts.forward_sparse(x, ids, weights))
+        assert torch.equal(experts(x, ids, weights), experts.forward_sparse(x, ids, weights))
+
+
 def test_dense_only_where_cheap() -> None:
     small = _experts(8, 256, 128, 0)  # the demo model's expert shapes
     assert not small.dense_is_cheaper(tokens=1, top_k=2)  # 2 of 8 experts: reading all 8 costs more
