@@ -30,6 +30,8 @@ class Req:
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[float] = field(default_factory=list)
     prefix_hint: int = 0  # lpm: cached-prefix length seen at the last queue ordering
+    # Prompt positions a waiting request sharing this prefix asked to be checkpointed (prefix_sharing.py).
+    share_points: set[int] = field(default_factory=set)
     spec_verify_ct: int = 0  # speculative verify rounds this request took part in
     spec_correct_drafts: int = 0
     spec_proposed_drafts: int = 0

@@ -9,7 +9,9 @@ and at the branch point (where the tree's KV for the prompt ends without a state
 the cache: the model writes those states into spare slots during the prefill forward itself
 (`ForwardBatch.state_checkpoints`), so prefill is never split for them; a model without that support gets
 forwards that end at each checkpoint and a slot copy after it. Finished requests cache prompt + output[:-1]
-with the final state, so a follow-up turn resumes after the whole previous conversation.
+with the final state, so a follow-up turn resumes after the whole previous conversation. A waiting request that
+shares a long uncached prefix with a request in prefill waits until that prefix's state is cached
+(`prefix_sharing.py`), so requests that arrive together compute a shared system prompt once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from runtime.engine.api import EngineStats, GenerateRequest, RequestOutput
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.scheduler.policy import order_waiting
+from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
 from runtime.scheduler.sampling import sample
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
@@ -50,6 +53,9 @@ class SchedulerConfig:
     # checkpoint and the slot is copied after it.
     in_forward_checkpoints: bool = False
     random_seed: int = 0
+    # A waiting request waits for a request in prefill that is about to cache at least this many more tokens of
+    # its prompt than the tree has now (prefix_sharing.py). 0: never.
+    in_batch_prefix_min_tokens: int = DEFAULT_MIN_TOKENS
 
 
 class Scheduler:
@@ -166,6 +172,8 @@ class Scheduler:
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
+            if self._prefix_leader(req) is not None:
+                continue  # admitted once the leader has cached the prefix they share
             total = len(req.prompt_ids) + req.max_new_tokens - 1  # the last token's KV is never computed
             if self.spec is not None:
                 total += self.spec.extra_tokens  # a verify forward runs past the final length
@@ -194,6 +202,23 @@ class Scheduler:
             return 0
         return self.cache.tree.match_prefix(req.prompt_ids[:-1]).length
 
+    def _prefix_leader(self, req: Req) -> Req | None:
+        """The request in prefill about to cache a prefix `req` shares, which `req` should wait for."""
+        if not self.cache.caching:
+            return None
+        return find_leader(
+            req,
+            [r for r in self.running if r.in_prefill],
+            min_tokens=self.config.in_batch_prefix_min_tokens,
+            page_size=self.cache.page_size,
+            cached_len=self._cached_prefix_len,
+            checkpoints_ahead=self._checkpoints_ahead,
+        )
+
+    def _checkpoints_ahead(self, req: Req, end: int) -> list[int]:
+        assert req.mem is not None
+        return self._checkpoints_in(req, req.mem.kv_len, end)
+
     def _chunk_len(self, req: Req, budget: int) -> int:
         assert req.mem is not None
         start = req.mem.kv_len
@@ -205,14 +230,16 @@ class Scheduler:
 
     def _checkpoints_in(self, req: Req, start: int, end: int) -> list[int]:
         """Prompt positions in (start, end] whose state goes into the cache: every checkpoint_interval tokens,
-        and the branch point (where the tree's KV for this prompt ends without a state)."""
+        the branch point (where the tree's KV for this prompt ends without a state), and where the prompts of
+        waiting requests leave this one (share_points)."""
         mem = req.mem
         if mem is None or not self.cache.caching:
             return []
         interval = self.config.checkpoint_interval
         points = list(range((start // interval + 1) * interval, end + 1, interval)) if interval > 0 else []
-        if start < mem.branch_len <= end:
-            points = sorted({*points, mem.branch_len})
+        marks = [p for p in (mem.branch_len, *req.share_points) if start < p <= end]
+        if marks:
+            points = sorted({*points, *marks})
         ps = self.cache.page_size
         # The prompt's last position is left to the end-of-request insert (prompt + output[:-1]).
         return [p for p in points if mem.tree_len < p < len(req.prompt_ids) and p % ps == 0]
