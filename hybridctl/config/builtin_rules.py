@@ -68,25 +68,4 @@ def rule_builtin(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                     f'{toml_set(key, good)}, or set engine = "sglang" in [server] of {CONFIG}',
                 )
             )
-    unimplemented = [
-        ("pd.enable_pd_disaggregation", cfg.config.pd.enable_pd_disaggregation, "PD disaggregation"),
-        (
-            "memory.enable_elastic_memory_pool",
-            cfg.config.memory.enable_elastic_memory_pool,
-            "the elastic pool",
-        ),
-    ]
-    for key, on, what in unimplemented:
-        if on:
-            off = "false"
-            out.append(
-                _f(
-                    "warning",
-                    "BUILTIN_UNSUPPORTED",
-                    CONFIG,
-                    key,
-                    f'{what} is not implemented by the bundled runtime (engine = "builtin"): not run.',
-                    f'{toml_set(key, off)}, or set engine = "sglang" in [server] of {CONFIG}',
-                )
-            )
     return out

@@ -69,6 +69,37 @@ def predict_state_pool(cfg: HybridConfig, ctx: PlanContext) -> Prediction:
     return Prediction(findings, plan)
 
 
+def predict_elastic_builtin(cfg: HybridConfig, plan: Plan | None, engine: str) -> list[DoctorFinding]:
+    """ELASTIC_TIMEOUT on the bundled runtime: its elastic pool must grow a small state side at run time.
+
+    The runtime grows the state pool only from KV chunks with no page in use, so while a running request holds
+    pages the move waits, and past elastic_realloc_timeout_s it is abandoned (runtime/kvcache/elastic_pool.py).
+    A start split with fewer than two requests' worth of slots makes every second request need such a move.
+    """
+    mem = cfg.config.memory
+    if engine != "builtin" or not mem.enable_elastic_memory_pool or plan is None:
+        return []
+    p = plan.pools
+    if p.max_mamba_cache_size >= 2 * p.slots_per_request:
+        return []
+    from hybridctl.doctor.remedies import elastic_off
+
+    fix, changes = elastic_off(RemedyInput(cfg))
+    cause = (
+        f"The elastic pool starts with {p.max_mamba_cache_size} state slots at {p.slots_per_request} per "
+        "request: a second request makes it turn KV chunks into state slots, which it cannot do while a "
+        "running request holds pages in them, so the move is abandoned after elastic_realloc_timeout_s = "
+        f'{mem.elastic_realloc_timeout_s} s ("Elastic memory pool reallocation timeout") and the request '
+        "waits for the first to finish."
+    )
+    fix += " Or give the state pool room for two requests from the start (memory.max_mamba_cache_size)."
+    evidence = (
+        f"config.toml: memory.enable_elastic_memory_pool = true, {p.max_mamba_cache_size} state slots "
+        f"({p.slots_per_request} per request)"
+    )
+    return [DoctorFinding("ELASTIC_TIMEOUT", "warning", cause, fix, changes, evidence=evidence)]
+
+
 def predict_prefix_engine(cfg: HybridConfig, sglang: SglangFacts | None, engine: str) -> list[DoctorFinding]:
     """PREFIX_CACHE_MISS that depends on the engine build rather than on the config alone."""
     out = []

@@ -136,6 +136,9 @@ def _simple(file: str, key: str, value: Any, why: str) -> Callable[[RemedyInput]
     return remedy
 
 
+elastic_off = _simple("config.toml", "memory.enable_elastic_memory_pool", False, " (a fixed split)")
+
+
 def spec_track_interval(inp: RemedyInput) -> Remedy:
     if inp.cfg is None:
         return (
@@ -187,7 +190,7 @@ REMEDIES: dict[str, Callable[[RemedyInput], Remedy]] = {
     "spec_track_interval": spec_track_interval,
     "spec_topk_one": spec_topk_one,
     "spec_sandbox": _simple("config.toml", "speculative.enable_mamba_state_sandbox", True, ""),
-    "elastic_off": _simple("config.toml", "memory.enable_elastic_memory_pool", False, " (a fixed split)"),
+    "elastic_off": elastic_off,
     "pd_match_peer": pd_match_peer,
     "pd_strategy": _simple("config.toml", "cache.mamba_radix_cache_strategy", "extra_buffer", ""),
 }

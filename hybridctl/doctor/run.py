@@ -94,11 +94,12 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
     report.checks[0:0] = host_checks
     report.findings += host_findings
     ctx: PlanContext | None = None
+    peer: HybridConfig | None = None
     if cfg is not None:
-        ctx = _predict(cfg, host, opts, report)
+        ctx, peer = _predict(cfg, host, opts, report)
         _place_config_findings(report.findings, key_lines(opts.config_path, opts.settings_path))
     if opts.log_lines is not None:
-        _read_log(opts, cfg, ctx, report)
+        _read_log(opts, cfg, ctx, report, peer)
     inputs = (("the config", cfg is not None), ("the log", opts.log_lines is not None), ("the host", True))
     used = [name for name, on in inputs if on]
     sources = ", ".join(used[:-1]) + " and " + used[-1] if len(used) > 1 else used[0]
@@ -108,8 +109,10 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
 
 def _predict(
     cfg: HybridConfig, host: HostFacts, opts: DoctorOptions, report: DoctorReport
-) -> PlanContext | None:
+) -> tuple[PlanContext | None, HybridConfig | None]:
+    """The config's findings; returns the planning context and the PD peer's config (for the log's fixes)."""
     from hybridctl.doctor.predict import (
+        predict_elastic_builtin,
         predict_pd_peer,
         predict_prefix_engine,
         predict_spec_engine,
@@ -135,6 +138,7 @@ def _predict(
         ))  # fmt: skip
         prediction = predict_state_pool(cfg, ctx)
         report.findings += prediction.findings
+        report.findings += predict_elastic_builtin(cfg, prediction.plan, engine)
         if prediction.plan is not None:
             p = prediction.plan.pools
             memory = format_gib(ctx.gpu_mem_bytes) if engine == "sglang" else "the bundled runtime's budget"
@@ -148,6 +152,7 @@ def _predict(
             report.checks.append(Check("Pools", "error", f"{engine}: {prediction.plan_error}"))
     report.findings += predict_prefix_engine(cfg, host.sglang, engine)
     report.findings += predict_spec_engine(cfg, engine)
+    peer = None
     if opts.peer_config is not None:
         from hybridctl.config.loader import settings_path_for
 
@@ -155,11 +160,15 @@ def _predict(
         report.checks.append(check)
         if peer is not None:
             report.findings += predict_pd_peer(cfg, peer, str(opts.peer_config))
-    return ctx
+    return ctx, peer
 
 
 def _read_log(
-    opts: DoctorOptions, cfg: HybridConfig | None, ctx: PlanContext | None, report: DoctorReport
+    opts: DoctorOptions,
+    cfg: HybridConfig | None,
+    ctx: PlanContext | None,
+    report: DoctorReport,
+    peer: HybridConfig | None = None,
 ) -> None:
     from hybridctl.doctor.log_findings import log_findings
     from hybridctl.doctor.log_scan import scan_log, startup_summary
@@ -167,7 +176,7 @@ def _read_log(
 
     assert opts.log_lines is not None
     scan = scan_log(opts.log_lines)
-    found: list[DoctorFinding] = log_findings(scan, RemedyInput(cfg, ctx))
+    found: list[DoctorFinding] = log_findings(scan, RemedyInput(cfg, ctx, peer))
     report.findings += found
     report.startup = startup_summary(scan.startup)
     st = report.startup
