@@ -10,6 +10,7 @@ from torch import nn
 
 from runtime.engine.api import EngineArgs
 from runtime.kvcache.cache_manager import CacheManager
+from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 from runtime.spec.config import SpecConfig, SpecConfigError, resolve_spec_config
 from runtime.spec.drafter import Drafter
 from runtime.spec.sandbox import StateSandbox, install_sandbox
@@ -44,12 +45,13 @@ def build_spec_decoder(
     buffers = pools.buffers  # type: ignore[attr-defined]
     first = pools.sandbox_first_slot  # type: ignore[attr-defined]
     groups = pools.sandbox_slots // config.num_draft_tokens  # type: ignore[attr-defined]
-    sandbox = StateSandbox(buffers, first, groups, config.num_draft_tokens)
-    wrapped = install_sandbox(model, sandbox)
+    in_forward = supports_state_checkpoints(model)
+    sandbox = StateSandbox(buffers, first, groups, config.num_draft_tokens, in_forward=in_forward)
+    wrapped = 0 if in_forward else install_sandbox(model, sandbox)
     drafter = _drafter(config, args, model, max_running_requests, token_capacity, dtype, cache)
     logger.info(
         "Speculative decoding: algorithm=%s, num_steps=%d, num_draft_tokens=%d, topk=1, sandbox slots=%d "
-        "(%d groups x %d) after slot %d, sandboxed layers=%d",
+        "(%d groups x %d) after slot %d, states written by %s",
         config.algorithm,
         config.num_steps,
         config.num_draft_tokens,
@@ -57,7 +59,7 @@ def build_spec_decoder(
         groups,
         config.num_draft_tokens,
         first - 1,
-        wrapped,
+        "in-forward checkpoints" if in_forward else f"per-token stepping ({wrapped} wrapped layers)",
     )
     return SpecDecoder(config, drafter, sandbox)
 

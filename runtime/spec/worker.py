@@ -2,7 +2,8 @@
 
 The scheduler calls `SpecDecoder.run_round` in place of a plain decode step. Per request of kv_len L (its last
 emitted token not yet run): the verify forward extends positions L..L+k with [last token, d1..dk] and returns
-logits for all of them; full attention writes their K/V, linear layers write their states into the sandbox.
+logits for all of them; full attention writes their K/V, linear layers write the state after each position
+into the sandbox (runtime/spec/sandbox.py).
 Then, per request, the accepted drafts and the bonus token are emitted one by one (stopping early at EOS, a
 stop string or the length limit), the state after the last kept position is copied into the request's slot,
 and the KV pages of rejected positions go back to the request's reservation.
@@ -108,8 +109,12 @@ class SpecDecoder:
             all_logits=True,
         )
         slots = self.sandbox.slots_for(len(reqs))
-        with self.sandbox.verifying(slots):
+        if self.sandbox.in_forward:
+            fb.state_checkpoints = self.sandbox.checkpoints(slots)
             logits = sched.run_model(fb)
+        else:
+            with self.sandbox.verifying(slots):
+                logits = sched.run_model(fb)
         logits = logits.view(len(reqs), width, -1)
         kept: list[int] = []
         reasons: list[dict | None] = []
