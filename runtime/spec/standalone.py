@@ -3,7 +3,9 @@
 The draft keeps, per request, the KV of tokens [0, m) and the recurrent state after them in a private slot.
 Each round it first catches up with one extend over the tokens accepted since (the last one's logits give
 draft 1), then drafts 2..k with decode steps on a scratch copy of its state and scratch KV slots, which are
-dropped afterwards: whatever the target rejects never reaches the draft's committed state.
+dropped afterwards: whatever the target rejects never reaches the draft's committed state. The scratch copy
+is an in-forward checkpoint of the catch-up extend (the state after all its tokens, written into the scratch
+slot too), not a copy per layer afterwards.
 
 The draft's pools are its own (the target's sizing is untouched): KV for `token_capacity` tokens and two state
 slots per running request. A request the draft pools cannot hold gets padding drafts (verified and rejected
@@ -21,6 +23,7 @@ from runtime.engine.buffers import allocate_pool_buffers
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
+from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 
 if TYPE_CHECKING:
     from runtime.scheduler.request import Req
@@ -62,6 +65,8 @@ class StandaloneDrafter:
         self.slots = StateSlotPool(self.num_slots, self.buffers)
         self.seqs: dict[str, _DraftSeq] = {}
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # A draft whose layers cannot write in-forward checkpoints gets its scratch state by copying slots.
+        self._scratch_in_forward = supports_state_checkpoints(self.model)
         self._warned = False
 
     def after_prefill(self, batch: ForwardBatch) -> None:
@@ -101,17 +106,28 @@ class StandaloneDrafter:
             live.append((i, seq))
         if not live:
             return drafts
-        first = self._catch_up([(sequences[i], seq) for i, seq in live])
-        for (i, _), tok in zip(live, first, strict=True):
-            drafts[i][0] = tok
+        scratch: list[int] = []
         if k > 1:
-            rest = self._draft_on_scratch([seq for _, seq in live], first)
-            for (i, _), toks in zip(live, rest, strict=True):
-                drafts[i][1:] = toks
+            for _ in live:
+                s = self.slots.alloc()
+                assert s is not None  # two slots per running request
+                scratch.append(s)
+        try:
+            first = self._catch_up([(sequences[i], seq) for i, seq in live], scratch)
+            for (i, _), tok in zip(live, first, strict=True):
+                drafts[i][0] = tok
+            if k > 1:
+                rest = self._draft_on_scratch([seq for _, seq in live], first, scratch)
+                for (i, _), toks in zip(live, rest, strict=True):
+                    drafts[i][1:] = toks
+        finally:
+            for s in scratch:
+                self.slots.free(s)
         return drafts
 
-    def _catch_up(self, items: list[tuple[list[int], _DraftSeq]]) -> list[int]:
-        """One extend over each sequence's uncommitted tokens (at least its last one); greedy next tokens."""
+    def _catch_up(self, items: list[tuple[list[int], _DraftSeq]], scratch: list[int]) -> list[int]:
+        """One extend over each sequence's uncommitted tokens (at least its last one); greedy next tokens. The
+        state after them also goes into the sequence's `scratch` slot, if given (where drafts 2..k run)."""
         ids: list[int] = []
         positions: list[int] = []
         out_locs: list[int] = []
@@ -139,18 +155,20 @@ class StandaloneDrafter:
             kv_locs=kv_locs,
             out_locs=torch.tensor(out_locs, dtype=torch.int64),
             state_slots=torch.tensor([seq.slot for _, seq in items], dtype=torch.int64),
+            state_checkpoints=[[(n, s)] for n, s in zip(ext, scratch, strict=True)]
+            if scratch and self._scratch_in_forward
+            else None,
         )
         logits = self.model.forward(fb, self.buffers)
-        return [int(t) for t in torch.argmax(logits, dim=-1)]
-
-    def _draft_on_scratch(self, seqs: list[_DraftSeq], first: list[int]) -> list[list[int]]:
-        scratch = [self.slots.alloc() for _ in seqs]
-        temp: list[int] = []
-        try:
-            for seq, s in zip(seqs, scratch, strict=True):
-                assert s is not None  # two slots per running request
+        if scratch and not self._scratch_in_forward:
+            for (_, seq), s in zip(items, scratch, strict=True):
                 for pool in (*self.buffers.conv, *self.buffers.ssm):
                     pool[s] = pool[seq.slot]
+        return [int(t) for t in torch.argmax(logits, dim=-1)]
+
+    def _draft_on_scratch(self, seqs: list[_DraftSeq], first: list[int], scratch: list[int]) -> list[list[int]]:
+        temp: list[int] = []
+        try:
             slots = torch.tensor(scratch, dtype=torch.int64)
             tokens = list(first)
             out: list[list[int]] = [[] for _ in seqs]
@@ -178,9 +196,6 @@ class StandaloneDrafter:
             return out
         finally:
             self.kv.free(temp)
-            for s in scratch:
-                if s is not None:
-                    self.slots.free(s)
 
     def _warn_full(self, rid: str) -> None:
         if not self._warned:
