@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runtime.engine.api import GenerateRequest
 from runtime.engine.engine_core import EngineCore
@@ -163,6 +165,45 @@ def test_cache_off_never_holds_anyone_back(model_dir: Path) -> None:
     prefill = _count_prefill_tokens(core)
     run_to_completion(core, _group(96, 3), together=True)
     assert prefill == [3 * (96 + SUFFIX)]
+
+
+@pytest.fixture(scope="module")
+def sharing_cores(model_dir: Path) -> dict[str, EngineCore]:
+    """Engines where sharing kicks in from 4 tokens, so short prompts exercise it: chunked, paged, no_buffer."""
+    cores = {
+        "chunked": make_core(model_dir, chunked_prefill_size=7, mamba_track_interval=8),
+        "whole_lpm": make_core(model_dir, chunked_prefill_size=-1, mamba_track_interval=8, schedule_policy="lpm"),
+        "paged": make_core(model_dir, page_size=4, chunked_prefill_size=12, mamba_track_interval=8),
+        "no_buffer": make_core(model_dir, chunked_prefill_size=9, mamba_radix_cache_strategy="no_buffer"),
+    }
+    for core in cores.values():
+        core.scheduler.config.in_batch_prefix_min_tokens = 4
+    return cores
+
+
+_token = st.integers(0, VOCAB - 2)
+_prompts = st.lists(st.lists(_token, min_size=4, max_size=40), min_size=1, max_size=2).flatmap(
+    lambda prefixes: st.lists(
+        st.tuples(st.sampled_from(prefixes), st.lists(_token, min_size=1, max_size=10)).map(lambda t: t[0] + t[1]),
+        min_size=2,
+        max_size=5,
+    )
+)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompts=_prompts)
+def test_sharing_keeps_greedy_outputs_identical(
+    sharing_cores: dict[str, EngineCore], reference: EngineCore, prompts: list[list[int]]
+) -> None:
+    def reqs() -> list[GenerateRequest]:
+        return [GenerateRequest(f"p{i}", p, greedy(3)) for i, p in enumerate(prompts)]
+
+    want = _reference_tokens(reference, reqs())
+    for name, core in sharing_cores.items():
+        core.scheduler.flush_cache()
+        got = run_to_completion(core, reqs(), together=True)
+        assert {r.rid: got.tokens(r.rid) for r in reqs()} == want, name
 
 
 @pytest.mark.parametrize(
