@@ -46,6 +46,9 @@ def chunk_scan(
     dt = dt.float()
     b = b.float().repeat_interleave(heads // groups, dim=2)
     c = c.float().repeat_interleave(heads // groups, dim=2)
+    # A short extend (a speculative verify, a draft's catch-up) need not pay for a whole 128/256-token chunk:
+    # its [chunk x chunk] decay matrices; any chunk size gives the same result.
+    chunk_size = min(chunk_size, 1 << (length - 1).bit_length())
     pad = (chunk_size - length % chunk_size) % chunk_size
     d_residual = d.float()[:, None] * x
     x = x * dt[..., None]
