@@ -7,9 +7,11 @@ what is timed is the scheduler + model hot path and nothing else:
 - 8 concurrent x 128: eight 128-token prompts submitted at once, 128 new tokens each; output tokens / wall
 - cold TTFT: a fresh 2048-token prompt on an empty cache (radix cache and chunked prefill at their defaults)
 
-Medians over --repeats. `--profile` prints cProfile's top functions of a decode-only run (8 x 128 from 8-token prompts).
+Medians over --repeats. `--step-cpu B` prints the engine thread's CPU time per decode step at batch B (robust
+to a busy host, unlike wall time). `--profile` prints cProfile's top functions (CPU time) of a decode-only run
+(8 x 128 from 8-token prompts).
 
-    python benchmarks/runtime_throughput.py [--model DIR] [--threads 2] [--repeats 3] [--profile]
+    python benchmarks/runtime_throughput.py [--model DIR] [--threads 2] [--repeats 3] [--step-cpu B] [--profile]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from runtime.demo_model import build_demo_model
@@ -62,6 +65,22 @@ def run_requests(core: EngineCore, prompts: list[list[int]], max_new: int, tag: 
     }
 
 
+def decode_step_cpu_ms(core: EngineCore, batch: int, prompt: Callable[[int], list[int]]) -> float:
+    """Median over 5 x 20 decode steps of `batch` running requests (16-token prompts, prefilled first)."""
+    params = SamplingParams(temperature=0, max_new_tokens=200, ignore_eos=True)
+    for i in range(batch):
+        core.scheduler.add_request(GenerateRequest(f"cpu-{i}", prompt(16), params), lambda o: None)
+    for _ in range(10):  # prefill and the first decode steps
+        core.step()
+    samples = []
+    for _ in range(5):
+        t = time.thread_time()
+        for _ in range(20):
+            core.step()
+        samples.append((time.thread_time() - t) / 20 * 1000)
+    return statistics.median(samples)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="model directory (default: build the demo model in a temp dir)")
@@ -69,6 +88,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory-budget-gib", type=float, default=0.5, help="pools are zero-filled")
     ap.add_argument("--skip", nargs="*", default=[], choices=["single", "concurrent", "ttft"])
+    ap.add_argument("--step-cpu", type=int, metavar="B", help="CPU ms per decode step at batch B instead")
     ap.add_argument("--profile", action="store_true", help="cProfile an 8 x 128 decode run instead")
     a = ap.parse_args()
     # torch loads after `runtime` (imported above), whose __init__ sets OpenMP's wait policy as in the server.
@@ -83,6 +103,9 @@ def main() -> None:
         return [rng.randrange(VOCAB) for _ in range(n)]
 
     run_requests(core, [prompt(64) for _ in range(8)], 16, "warmup")  # first-call allocations, lazy inits
+    if a.step_cpu:
+        print(f"decode step at batch {a.step_cpu}: {decode_step_cpu_ms(core, a.step_cpu, prompt):.2f} ms CPU")
+        return
     if a.profile:
         prof = cProfile.Profile(time.thread_time)  # CPU time of this thread: robust to a busy host
         prof.enable()
