@@ -149,7 +149,7 @@ class EngineCore:
         threads = torch.get_num_threads()
         if threads == 1 or batch.input_ids.numel() > SERIAL_FORWARD_MAX_TOKENS:
             return self.model.forward(batch, self.pools.buffers)
-        # A few-token forward is ~200 sub-millisecond ops: splitting each across threads costs more in
+        # A few-token forward is thousands of microsecond-sized ops: splitting each across threads costs more in
         # synchronization than it saves, and on a busy host one descheduled worker stalls every op.
         torch.set_num_threads(1)
         try:
