@@ -1,0 +1,67 @@
+"""Thread handling of the hot path: decode-sized forwards on one thread, then the configured count back;
+the same tokens whichever way a step is threaded; `python -m runtime` sleeps its OpenMP workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.engine import engine_core
+from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
+from runtime.engine.engine_core import EngineCore
+
+
+def _generate(core: EngineCore, prompts: list[list[int]], max_new: int) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+
+    def on_output(o: RequestOutput) -> None:
+        out.setdefault(o.rid, []).extend(o.new_token_ids)
+
+    params = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        core.scheduler.add_request(GenerateRequest(f"r{i}", p, params), on_output)
+    while core.scheduler.has_work:
+        core.step()
+    return out
+
+
+def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen: list[int] = []
+    try:
+        core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
+        forward = core.model.forward
+
+        def spy(batch: object, buffers: object) -> torch.Tensor:
+            seen.append(torch.get_num_threads())
+            return forward(batch, buffers)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(core.model, "forward", spy)
+        prompts = [[(7 * i + j) % 3000 + 5 for j in range(80 + 10 * i)] for i in range(3)]
+        serial = _generate(core, prompts, 6)
+        assert torch.get_num_threads() == 2  # restored after every step
+        assert 2 in seen and 1 in seen  # prefills (> 64 tokens) threaded, decode steps serial
+        assert core.scheduler.flush_cache()
+        monkeypatch.setattr(engine_core, "SERIAL_FORWARD_MAX_TOKENS", 0)
+        seen.clear()
+        threaded = _generate(core, prompts, 6)
+        assert set(seen) == {2}
+        assert threaded == serial
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_runtime_import_sets_passive_wait_unless_set() -> None:
+    code = "import runtime, os; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "PASSIVE"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ACTIVE"
