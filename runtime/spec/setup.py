@@ -48,6 +48,15 @@ def build_spec_decoder(
     in_forward = supports_state_checkpoints(model)
     sandbox = StateSandbox(buffers, first, groups, config.num_draft_tokens, in_forward=in_forward)
     wrapped = 0 if in_forward else install_sandbox(model, sandbox)
+    recurrent = sum(1 for m in model.modules() if hasattr(m, "conv_state_shape"))
+    if not in_forward and wrapped < recurrent:
+        # A recurrent layer neither checkpointed nor wrapped would keep a rejected draft's update.
+        raise SpecConfigError(
+            f"speculative decoding: {recurrent - wrapped} recurrent layers of {type(model).__name__} can neither "
+            f"write in-forward state checkpoints nor be stepped by the state sandbox, so rejected drafts could "
+            f"not be rolled back; turn speculative decoding off ([speculative] speculative_algorithm in "
+            f"config.toml)."
+        )
     drafter = _drafter(config, args, model, max_running_requests, token_capacity, dtype, cache)
     logger.info(
         "Speculative decoding: algorithm=%s, num_steps=%d, num_draft_tokens=%d, topk=1, sandbox slots=%d "
