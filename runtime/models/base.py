@@ -70,7 +70,8 @@ class HybridModel(nn.Module):
 
     def checkpoint_aliases(self) -> dict[str, str]:
         """Parameters that may fall back to another tensor when absent (tied embeddings)."""
-        return {}
+        tied = getattr(getattr(self, "config", None), "tie_word_embeddings", False)
+        return {"lm_head.weight": "model.embed_tokens.weight"} if tied else {}
 
     def extra_weight_prefixes(self) -> tuple[str, ...]:
         return ()

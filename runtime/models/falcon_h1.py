@@ -233,9 +233,6 @@ class FalconH1ForCausalLM(HybridModel):
             vocab_size=c.vocab_size,
         )
 
-    def checkpoint_aliases(self) -> dict[str, str]:
-        return {"lm_head.weight": "model.embed_tokens.weight"} if self.config.tie_word_embeddings else {}
-
     def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
         device = self.lm_head.weight.device
         ctx = StepContext.build(batch, buffers, device)

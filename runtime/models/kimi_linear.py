@@ -353,9 +353,6 @@ class KimiLinearForCausalLM(HybridModel):
                 sources[f"{m}.down_proj"] = [f"{m}.{j}.w2.weight" for j in e]
         return sources
 
-    def checkpoint_aliases(self) -> dict[str, str]:
-        return {"lm_head.weight": "model.embed_tokens.weight"} if self.config.tie_word_embeddings else {}
-
     def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
         device = self.lm_head.weight.device
         ctx = StepContext.build(batch, buffers, device)

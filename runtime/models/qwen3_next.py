@@ -235,9 +235,6 @@ class Qwen3NextForCausalLM(HybridModel):
                 sources.update(SparseMoE.checkpoint_sources(f"model.layers.{i}.mlp", self.config.num_experts))
         return sources
 
-    def checkpoint_aliases(self) -> dict[str, str]:
-        return {"lm_head.weight": "model.embed_tokens.weight"} if self.config.tie_word_embeddings else {}
-
     def extra_weight_prefixes(self) -> tuple[str, ...]:
         return ("mtp.",)
 
