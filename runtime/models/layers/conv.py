@@ -47,5 +47,5 @@ def causal_conv1d_decode(
     out = (window * weight[None]).sum(-1)
     if bias is not None:
         out = out + bias
-    conv_pool[state_slots] = window[:, :, 1:].to(conv_pool.dtype)
+    conv_pool.index_copy_(0, state_slots, window[:, :, 1:].to(conv_pool.dtype))
     return F.silu(out).to(x.dtype)
