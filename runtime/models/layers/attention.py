@@ -73,8 +73,9 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; k: [T, Hkv, D]; v: [T, Hkv, Dv] for the new tokens. Returns [T, Hq, Dv] in q's dtype."""
-    k_cache[out_locs] = k.to(k_cache.dtype)
-    v_cache[out_locs] = v.to(v_cache.dtype)
+    # index_copy_: the same write as `cache[out_locs] = k` without advanced indexing's per-call setup.
+    k_cache.index_copy_(0, out_locs, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, out_locs, v.to(v_cache.dtype))
     num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
     if meta.decode:
         assert meta.kv_index is not None
