@@ -14,12 +14,11 @@ from hypothesis import strategies as st
 from runtime.engine.api import GenerateRequest
 from runtime.engine.engine_core import EngineCore
 from tests.runtime.test_engine_support import (
+    FAMILIES,
+    TINY_BUILDERS,
     VOCAB,
-    build_tiny_nemotron_h,
-    build_tiny_qwen3_next,
     greedy,
     make_core,
-    nemotron_available,
     one_torch_thread,
     run_to_completion,
 )
@@ -31,19 +30,9 @@ def _one_thread() -> Iterator[None]:
         yield
 
 
-FAMILIES = [
-    pytest.param("qwen3_next", id="qwen3_next"),
-    pytest.param(
-        "nemotron_h",
-        id="nemotron_h",
-        marks=pytest.mark.skipif(not nemotron_available(), reason="runtime.models.nemotron_h not landed yet"),
-    ),
-]
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def cores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, EngineCore]:
-    build = build_tiny_qwen3_next if request.param == "qwen3_next" else build_tiny_nemotron_h
+    build = TINY_BUILDERS[request.param]
     model_dir = build(Path(tmp_path_factory.mktemp(request.param)) / "model")
     # The model writes checkpoints during one forward (ForwardBatch.state_checkpoints); this engine instead ends
     # each prefill forward at a checkpoint and copies the slot, the path for models without that support.

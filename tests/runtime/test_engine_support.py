@@ -90,12 +90,9 @@ def build_tiny_nemotron_h(out: Path, seed: int = 0) -> Path:
     return out
 
 
-def nemotron_available() -> bool:
-    try:
-        import runtime.models.nemotron_h  # noqa: F401
-    except ImportError:
-        return False
-    return True
+# The two families every engine-level property runs on (one Gated DeltaNet hybrid, one Mamba2 hybrid).
+TINY_BUILDERS = {"qwen3_next": build_tiny_qwen3_next, "nemotron_h": build_tiny_nemotron_h}
+FAMILIES = list(TINY_BUILDERS)
 
 
 def make_core(model_dir: Path, **overrides: object) -> EngineCore:

@@ -17,12 +17,11 @@ from runtime.engine.engine_core import EngineCore
 from runtime.engine.pool_setup import EngineStartupError
 from runtime.spec.ngram import NgramDrafter
 from tests.runtime.test_engine_support import (
+    FAMILIES,
+    TINY_BUILDERS,
     VOCAB,
-    build_tiny_nemotron_h,
-    build_tiny_qwen3_next,
     greedy,
     make_core,
-    nemotron_available,
     one_torch_thread,
     run_to_completion,
 )
@@ -39,19 +38,9 @@ def _one_thread() -> Iterator[None]:
         yield
 
 
-FAMILIES = [
-    pytest.param("qwen3_next", id="qwen3_next"),
-    pytest.param(
-        "nemotron_h",
-        id="nemotron_h",
-        marks=pytest.mark.skipif(not nemotron_available(), reason="runtime.models.nemotron_h not landed yet"),
-    ),
-]
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    build = build_tiny_qwen3_next if request.param == "qwen3_next" else build_tiny_nemotron_h
+    build = TINY_BUILDERS[request.param]
     root = Path(tmp_path_factory.mktemp(request.param))
     target = build(root / "target")
     dirs = {"target": target, "other": _perturbed_copy(target, root / "other")}
