@@ -16,7 +16,7 @@ from runtime.models.layers.packing import SequencePacking
 class StepContext:
     """Per-forward metadata, built once and shared by every layer."""
 
-    batch: ForwardBatch
+    batch: ForwardBatch | None  # None in the compiled decode path (runtime/engine/compiled_decode.py)
     buffers: PoolBuffers
     attn: AttentionMetadata
     packing: SequencePacking | None  # None in decode mode
@@ -39,7 +39,7 @@ class StepContext:
 
     def logit_rows(self) -> torch.Tensor | None:
         """Packed indices of the tokens whose logits are returned; None means all of them."""
-        if self.batch.all_logits or self.packing is None:
+        if self.packing is None or self.batch is None or self.batch.all_logits:
             return None
         return self.packing.last_index
 
@@ -48,7 +48,7 @@ class HybridModel(nn.Module):
     """A causal LM whose layers read and write the engine's pools.
 
     Subclasses set `config` (a plain dataclass of the fields they use), build modules named exactly like
-    the HF checkpoint's tensors, and implement `layout` and `forward`.
+    the HF checkpoint's tensors, and implement `layout` and `forward_tokens`.
     """
 
     config: object
@@ -84,5 +84,11 @@ class HybridModel(nn.Module):
         """Checkpoint tensors this model deliberately does not load (e.g. a vision tower)."""
         return ()
 
-    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:  # pragma: no cover - abstract
+    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
+        device = next(self.parameters()).device
+        ctx = StepContext.build(batch, buffers, device)
+        return self.forward_tokens(batch.input_ids.to(device), ctx)
+
+    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:  # pragma: no cover
+        """Tensors only, from embedding to logits: what the compiled decode path traces."""
         raise NotImplementedError

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.engine.forward_batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.engine.forward_batch import ModelLayout
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
@@ -287,10 +287,8 @@ class GraniteHybridForCausalLM(HybridModel):
             vocab_size=c.vocab_size,
         )
 
-    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
-        device = self.lm_head.weight.device
-        ctx = StepContext.build(batch, buffers, device)
-        x = self.model.embed_tokens(batch.input_ids.to(device)) * self.config.embedding_multiplier
+    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids) * self.config.embedding_multiplier
         cos_sin = self.rotary.cos_sin(ctx.positions, x.dtype) if self.config.use_rope else None
         for layer in self.model.layers:
             x = layer(x, cos_sin, ctx)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.engine.forward_batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.engine.forward_batch import ModelLayout
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
@@ -353,10 +353,8 @@ class KimiLinearForCausalLM(HybridModel):
                 sources[f"{m}.down_proj"] = [f"{m}.{j}.w2.weight" for j in e]
         return sources
 
-    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
-        device = self.lm_head.weight.device
-        ctx = StepContext.build(batch, buffers, device)
-        x = self.model.embed_tokens(batch.input_ids.to(device))
+    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, ctx)
         rows = ctx.logit_rows()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.engine.forward_batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.engine.forward_batch import ModelLayout
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
@@ -258,10 +258,8 @@ class NemotronHForCausalLM(HybridModel):
     def extra_weight_prefixes(self) -> tuple[str, ...]:
         return ("mtp.",)
 
-    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
-        device = self.lm_head.weight.device
-        ctx = StepContext.build(batch, buffers, device)
-        x = self.backbone.embeddings(batch.input_ids.to(device))
+    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = self.backbone.embeddings(input_ids)
         for block in self.backbone.layers:
             x = block(x, ctx)
         rows = ctx.logit_rows()

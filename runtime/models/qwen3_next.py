@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.engine.forward_batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.engine.forward_batch import ModelLayout
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.hf_config import HFConfig
 from runtime.models.layers.attention import paged_attention
@@ -246,10 +246,8 @@ class Qwen3NextForCausalLM(HybridModel):
         # The vision tower of a multimodal checkpoint: the runtime serves text only.
         return ("model.visual.", "visual.") if self.config.split_projections else ()
 
-    def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
-        device = self.lm_head.weight.device
-        ctx = StepContext.build(batch, buffers, device)
-        x = self.model.embed_tokens(batch.input_ids.to(device))
+    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos_sin, ctx)
