@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from typing import NoReturn
 
+from runtime.engine.api import DEFAULT_TORCH_COMPILE_MAX_BS
 from runtime.spec.config import ALGORITHMS
 
 PROG = "python -m runtime"
@@ -73,6 +74,8 @@ class RuntimeArgs:
     served_model_name: str | None = None
     context_length: int | None = None
     disable_overlap_schedule: bool = False
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = DEFAULT_TORCH_COMPILE_MAX_BS
     memory_budget_gib: float | None = None
     disable_state_snapshot_on_match: bool = False
     disable_state_copy_on_write: bool = False
@@ -200,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--disable-overlap-schedule", action="store_true", help="Accepted: the runtime never overlaps."
+    )
+    p.add_argument(
+        "--enable-torch-compile", action="store_true", help="torch.compile the decode forward (compiles at start)."
+    )
+    p.add_argument(
+        "--torch-compile-max-bs", type=_positive_int,
+        default=DEFAULT_TORCH_COMPILE_MAX_BS,
+        help=f"Largest compiled decode batch ({DEFAULT_TORCH_COMPILE_MAX_BS})."
     )
     spec = p.add_argument_group("speculative decoding (runtime/spec)")
     spec.add_argument(

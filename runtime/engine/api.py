@@ -18,6 +18,7 @@ from typing import Any, Literal
 # (docs/runtime-design.md). The price is state memory: one slot per 64 prompt tokens, evicted LRU.
 DEFAULT_MAMBA_TRACK_INTERVAL = 64
 DEFAULT_MEMORY_BUDGET_GIB = 4.0
+DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
 
 
 @dataclass
@@ -168,6 +169,9 @@ class EngineArgs:
     # Elastic pool (runtime/kvcache/elastic_pool.py): pages move between the KV and state pools at run time.
     enable_elastic_memory_pool: bool = False
     elastic_realloc_timeout_s: float = 5.0
+    # runtime/engine/compiled_decode.py: decode batches of up to torch_compile_max_bs run a compiled forward.
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = DEFAULT_TORCH_COMPILE_MAX_BS
 
 
 class EngineClient:

@@ -122,6 +122,12 @@ class EngineCore:
             except SpecConfigError as exc:
                 raise EngineStartupError(str(exc)) from None
             self.scheduler.spec = self.spec
+        self.compiled_decode = None
+        if args.enable_torch_compile:
+            from runtime.engine.compiled_decode import CompiledDecode
+
+            self.compiled_decode = CompiledDecode(self.model, args.torch_compile_max_bs)
+            self.compiled_decode.warm_up(self.pools.buffers)
         logger.info(
             f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={chunk}, "
             f"max_prefill_tokens={self.max_prefill_tokens}, "
@@ -146,6 +152,8 @@ class EngineCore:
 
     @torch.inference_mode()
     def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.compiled_decode is not None and self.compiled_decode.handles(batch):
+            return self.compiled_decode(batch, self.pools.buffers)
         threads = torch.get_num_threads()
         if threads == 1 or batch.input_ids.numel() > SERIAL_FORWARD_MAX_TOKENS:
             return self.model.forward(batch, self.pools.buffers)

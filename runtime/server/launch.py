@@ -63,6 +63,8 @@ def _engine_args(args: RuntimeArgs, device: str) -> Any:
         "enable_mamba_state_sandbox": not args.disable_mamba_state_sandbox,
         "enable_elastic_memory_pool": args.enable_elastic_memory_pool,
         "elastic_realloc_timeout_s": args.elastic_realloc_timeout_s,
+        "enable_torch_compile": args.enable_torch_compile,
+        "torch_compile_max_bs": args.torch_compile_max_bs,
     }
     missing = set(wanted) - {f.name for f in fields(EngineArgs)}
     if missing:  # a flag the engine stopped taking must fail loudly, never be dropped silently

@@ -10,6 +10,9 @@ from runtime.models.layers.mlp import GatedMLP
 
 # Dense expert dispatch (see Experts.dense_is_cheaper) for at most this many token x expert rows.
 _DENSE_MAX_ROWS = 128
+# Traced (torch.compile) batches of several tokens run every expert while there are at most this many; past
+# it, running all experts costs more than gathering the chosen experts' weights.
+_TRACED_DENSE_MAX_EXPERTS = 64
 
 
 class TopKRouter(nn.Module):
@@ -39,6 +42,8 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self.forward_traced(x, ids, weights)
         if x.shape[0] == 1:
             return self.forward_one_token(x, ids, weights)
         if self.dense_is_cheaper(x.shape[0], ids.shape[1]):
@@ -56,6 +61,21 @@ class Experts(nn.Module):
             out = term if out is None else out + term
         assert out is not None
         return out
+
+    def forward_traced(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The compiled decode path (runtime/engine/compiled_decode.py): no host sync (`.tolist()` ends a
+        graph), no Python branch on a traced size (it would add a guard, hence a recompile). One token: only the
+        chosen experts' weights, gathered. Several: every expert, unless there are too many of them."""
+        if x.shape[0] > 1 and self.num_experts <= _TRACED_DENSE_MAX_EXPERTS:
+            return self.forward_dense(x, ids, weights)
+        tokens, top_k = ids.shape
+        flat = ids.reshape(-1)
+        gate_up = self.gate_up_proj.index_select(0, flat)  # [T*k, 2I, H]
+        down = self.down_proj.index_select(0, flat)  # [T*k, H, I]
+        rows = x.repeat_interleave(top_k, dim=0)[:, None, :]  # [T*k, 1, H]
+        gate, up = torch.bmm(rows, gate_up.transpose(1, 2)).chunk(2, dim=-1)
+        h = torch.bmm(F.silu(gate) * up, down.transpose(1, 2))[:, 0]  # [T*k, H]
+        return (h.view(tokens, top_k, -1) * weights[..., None]).sum(1).to(x.dtype)
 
     def dense_is_cheaper(self, tokens: int, top_k: int) -> bool:
         """At a few tokens the sorted dispatch is ~8 tiny ops per hit expert plus a host sync; running every

@@ -1,0 +1,240 @@
+"""`--enable-torch-compile`: decode batches of up to `--torch-compile-max-bs` sequences run a torch.compile'd
+forward (SGLang's flags and meaning; SGLang captures CUDA graphs over the same batch sizes).
+
+An eager decode step of the demo model is ~3200 aten ops, each a few microseconds of dispatch; the compiled
+graph fuses the elementwise work into a few dozen C++ kernels around the matmuls. The compiled function takes
+tensors only (token ids, positions, KV slots, state slots, the gather index of every sequence's KV, the pool
+buffers) and calls the model's `forward_tokens`, so it is generic over the model classes. Extends (prefill,
+speculative verify) and bigger decode batches stay eager.
+
+Two graphs are compiled at engine start, before the first request: batch 1 (torch specializes size 1) and one
+for every batch size 2..max_bs, dynamic in the batch size and in the KV length. Warm-up writes through real
+pool slots, so those slots' contents are saved first and put back afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
+from runtime.models.base import HybridModel, StepContext
+from runtime.models.layers.attention import AttentionMetadata
+
+logger = logging.getLogger("runtime.engine")
+
+# Warm-up shapes: the batch size and the KV length are distinct from each other and from the model's small
+# static dims, so no two dynamic dims are traced as one symbol (duck shaping) and later split by a recompile.
+_WARMUP_KV_LEN = (37, 53)
+
+
+# Intra-op threads of the compiled graphs, by batch size (capped by the process's torch threads). Inductor bakes
+# the count into each graph's C++ kernels at compile time. Batch 1 is weight-bandwidth bound and a second
+# thread only adds synchronization; batches of several sequences split their matmuls usefully.
+# Measured on the demo model (docs/performance.md, "Compiled decode"): batch 1 1 thread 3.1 ms vs 2 threads
+# 3.8 ms; batch 8: 10.4 ms vs 7.7 ms.
+_THREADS_BATCH_1 = 1
+_THREADS_BATCHED = 2
+
+
+@dataclass
+class CompileReport:
+    """What warm-up did, for the start-up log line and for tests."""
+
+    enabled: bool
+    reason: str  # why it is off, "" when on
+    graphs: int = 0
+    elapsed_s: float = 0.0
+
+
+class CompiledDecode:
+    def __init__(self, model: HybridModel, max_bs: int) -> None:
+        self.model = model
+        self.max_bs = max_bs
+        self.device = next(model.parameters()).device
+        available = torch.get_num_threads()
+        self.threads = (min(_THREADS_BATCH_1, available), min(_THREADS_BATCHED, available))
+        self.report = CompileReport(enabled=False, reason="not warmed up")
+        self.steps_by_batch_size: Counter[int] = Counter()  # compiled decode steps served, after warm-up
+
+        def decode(
+            input_ids: torch.Tensor,
+            positions: torch.Tensor,
+            out_locs: torch.Tensor,
+            state_slots: torch.Tensor,
+            kv_index: torch.Tensor,
+            kv_mask: torch.Tensor,
+            buffers: PoolBuffers,
+        ) -> torch.Tensor:
+            ctx = StepContext(
+                batch=None,
+                buffers=buffers,
+                attn=AttentionMetadata(decode=True, kv_index=kv_index, kv_mask=kv_mask),
+                packing=None,
+                state_slots=state_slots,
+                out_locs=out_locs,
+                positions=positions,
+            )
+            return model.forward_tokens(input_ids, ctx)
+
+        self._eager = decode
+        # fullgraph: a decode path that graph-breaks would run as many small graphs plus eager glue; such a
+        # model is reported and kept eager instead.
+        self._compiled: Callable[..., torch.Tensor] = torch.compile(decode, fullgraph=True)
+
+    def handles(self, batch: ForwardBatch) -> bool:
+        return (
+            self.report.enabled
+            and batch.mode == "decode"
+            and batch.batch_size <= self.max_bs
+            and not batch.all_logits
+            and batch.state_checkpoints is None
+        )
+
+    def __call__(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
+        meta = AttentionMetadata.build(batch, self.device)
+        kv_index = meta.kv_index
+        assert kv_index is not None
+        # Always a mask (all True when every sequence has the same length): one graph for both cases.
+        kv_mask = meta.kv_mask
+        if kv_mask is None:
+            kv_mask = torch.ones(kv_index.shape[0], 1, 1, kv_index.shape[1], dtype=torch.bool, device=self.device)
+        inputs = (batch.input_ids, batch.positions, batch.out_locs, batch.state_slots, kv_index, kv_mask)
+        self.steps_by_batch_size[batch.batch_size] += 1
+        return self._run(*(_inference_tensor(t.to(self.device)) for t in inputs), buffers)
+
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_locs: torch.Tensor,
+        state_slots: torch.Tensor,
+        kv_index: torch.Tensor,
+        kv_mask: torch.Tensor,
+        buffers: PoolBuffers,
+    ) -> torch.Tensor:
+        batch = input_ids.shape[0]
+        # Size 1 is specialized by torch (its own graph); from 2 up the batch dim is one symbol. The KV length
+        # is always a symbol. Marking them up front avoids the compile-static-then-recompile-dynamic dance.
+        if batch > 1:
+            for t in (input_ids, positions, out_locs, state_slots, kv_index, kv_mask):
+                torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(kv_index, 1)
+        torch._dynamo.mark_dynamic(kv_mask, 3)
+        wanted = self.threads[0] if batch == 1 else self.threads[1]
+        threads = torch.get_num_threads()
+        if threads != wanted:
+            torch.set_num_threads(wanted)
+        try:
+            return self._compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
+        finally:
+            if threads != wanted:
+                torch.set_num_threads(threads)
+
+    @torch.inference_mode()
+    def warm_up(self, buffers: PoolBuffers) -> CompileReport:
+        """Compile for batch 1 and for batch > 1 now, so no request pays it. On any failure the engine keeps
+        the eager decode and the report (and the log) says why."""
+        name = type(self.model).__name__
+        sizes = [1] + ([min(self.max_bs, 3)] if self.max_bs > 1 else [])
+        need_tokens = max(sizes) * (max(_WARMUP_KV_LEN) + 1)
+        token_slots = min((t.shape[0] for t in (*buffers.k, *buffers.v)), default=need_tokens)
+        state_slots = min((t.shape[0] for t in (*buffers.conv, *buffers.ssm)), default=max(sizes))
+        if token_slots < need_tokens or state_slots < max(sizes):
+            return self._off(name, "the pools are too small for the warm-up batches", 0.0)
+        vocab = self.model.layout().vocab_size
+        t0 = time.perf_counter()
+        before = _graphs_compiled()
+        try:
+            with _restored(buffers, need_tokens, max(sizes)):
+                # One eager step first: modules that fill a lazy cache on first use (e.g. GatedDeltaNet's
+                # de-interleave orders) would otherwise be traced empty, and guarded on being empty.
+                self._eager(*_warmup_inputs(1, _WARMUP_KV_LEN[0], vocab, self.device), buffers)
+                for batch in sizes:
+                    for kv_len in _WARMUP_KV_LEN:
+                        self._run(*_warmup_inputs(batch, kv_len, vocab, self.device), buffers)
+        except Exception as exc:  # noqa: BLE001 - any tracing/compile failure means: stay eager, say why
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return self._off(name, f"{type(exc).__name__}: {first_line}", time.perf_counter() - t0)
+        self.report = CompileReport(
+            enabled=True, reason="", graphs=_graphs_compiled() - before, elapsed_s=time.perf_counter() - t0
+        )
+        logger.info(
+            "Torch compile: %s decode compiled for batch sizes 1..%d (%d graphs; threads %d at batch 1, %d above), "
+            "elapsed=%.1f s",
+            name,
+            self.max_bs,
+            self.report.graphs,
+            *self.threads,
+            self.report.elapsed_s,
+        )
+        return self.report
+
+    def _off(self, name: str, reason: str, elapsed_s: float) -> CompileReport:
+        self.report = CompileReport(enabled=False, reason=reason, elapsed_s=elapsed_s)
+        logger.warning(
+            "Torch compile: %s decode not compiled after %.1f s (%s); decode runs eager.",
+            name,
+            elapsed_s,
+            reason[:300],
+        )
+        return self.report
+
+
+def _inference_tensor(t: torch.Tensor) -> torch.Tensor:
+    """Dynamo guards on a tensor's dispatch keys, which differ between tensors made inside and outside
+    inference mode; the scheduler makes some of a batch's tensors outside it. One kind only: no recompile."""
+    if t.is_inference():
+        return t
+    with torch.inference_mode():
+        return t.clone()
+
+
+def _graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process (each recompile adds one)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _warmup_inputs(batch: int, kv_len: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A decode step of `batch` sequences of `kv_len` tokens, sequence i on token slots i*(kv_len+1)...; the
+    last sequence one token shorter so the mask is exercised."""
+    lens = [kv_len] * batch
+    if batch > 1:
+        lens[-1] = kv_len - 1
+    stride = max(_WARMUP_KV_LEN) + 1
+    kv_index = torch.stack([_row(i * stride, n, kv_len) for i, n in enumerate(lens)])
+    kv_mask = (torch.arange(kv_len)[None, :] < torch.tensor(lens)[:, None])[:, None, None, :]
+    out_locs = torch.tensor([i * stride + n - 1 for i, n in enumerate(lens)])
+    positions = torch.tensor([n - 1 for n in lens])
+    input_ids = torch.arange(batch) % vocab
+    state_slots = torch.arange(batch)
+    return tuple(t.to(device) for t in (input_ids, positions, out_locs, state_slots, kv_index, kv_mask))
+
+
+def _row(start: int, length: int, width: int) -> torch.Tensor:
+    row = torch.full((width,), start)
+    row[:length] = torch.arange(start, start + length)
+    return row
+
+
+class _restored:
+    """Saves the token rows [0, tokens) of every KV buffer and the state slots [0, slots) of every state
+    buffer, and puts them back on exit: warm-up must leave the pools as it found them."""
+
+    def __init__(self, buffers: PoolBuffers, tokens: int, slots: int) -> None:
+        self.saved = [(t, t[:tokens].clone()) for t in (*buffers.k, *buffers.v)]
+        self.saved += [(t, t[:slots].clone()) for t in (*buffers.conv, *buffers.ssm)]
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        for t, rows in self.saved:
+            t[: rows.shape[0]].copy_(rows)

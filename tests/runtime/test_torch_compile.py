@@ -1,0 +1,93 @@
+"""`--enable-torch-compile`: greedy outputs of the compiled decode equal the eager engine's token for token
+(prefix cache on, alone and in concurrent batches, batches above --torch-compile-max-bs falling back to eager),
+and nothing recompiles after the engine's start-up warm-up, whatever the batch size (1..max_bs) or KV length."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.engine.api import EngineArgs, GenerateRequest
+from runtime.engine.compiled_decode import _graphs_compiled
+from runtime.engine.engine_core import EngineCore
+from tests.runtime.test_engine_support import greedy, one_torch_thread, run_to_completion
+
+pytestmark = pytest.mark.slow
+
+MAX_BS = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def _core(model_dir: Path, **kw: object) -> EngineCore:
+    return EngineCore(EngineArgs(model_path=str(model_dir), memory_budget_gib=0.2, **kw))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def cores(demo_model_dir: Path) -> tuple[EngineCore, EngineCore]:
+    # One compiled engine per module: the compile is the expensive part (inductor's cache under /tmp makes
+    # a rerun cheaper).
+    compiled = _core(demo_model_dir, enable_torch_compile=True, torch_compile_max_bs=MAX_BS)
+    return compiled, _core(demo_model_dir)
+
+
+def _requests(tag: str) -> list[GenerateRequest]:
+    shared = [17, 305, 2048, 9, 77, 1200, 3, 64, 980, 4000, 12, 150]
+    prompts = [
+        shared + [5, 6, 7],
+        shared + [5, 6, 8, 9, 10],
+        shared[:5],
+        [42],
+        [1000 + i for i in range(40)],
+        shared + [999] * 30,
+    ]
+    # Different lengths, so the batch shrinks as requests finish and sequences of unequal KV length decode
+    # together (the padded, masked gather).
+    return [
+        GenerateRequest(rid=f"{tag}{i}", input_ids=p, sampling=greedy(max_new_tokens=6 + 5 * i))
+        for i, p in enumerate(prompts)
+    ]
+
+
+def _tokens(core: EngineCore, tag: str, *, together: bool) -> dict[str, list[int]]:
+    reqs = _requests(tag)
+    got = run_to_completion(core, reqs, together=together)
+    return {r.rid.removeprefix(tag): got.tokens(r.rid) for r in reqs}
+
+
+def test_warm_up_compiled_two_graphs(cores: tuple[EngineCore, EngineCore]) -> None:
+    compiled, eager = cores
+    assert compiled.compiled_decode is not None and eager.compiled_decode is None
+    report = compiled.compiled_decode.report
+    assert report.enabled, report.reason
+    assert report.graphs == 2  # batch 1 and one dynamic graph for 2..max_bs
+    assert report.elapsed_s > 0
+
+
+def test_greedy_identical_and_no_recompile(cores: tuple[EngineCore, EngineCore]) -> None:
+    compiled, eager = cores
+    assert compiled.compiled_decode is not None
+    graphs = _graphs_compiled()
+    for together in (False, True, True):  # the second batched round hits the prefix cache everywhere
+        tag = f"t{together}-{compiled.compiled_decode.steps_by_batch_size.total()}-"
+        assert _tokens(compiled, tag, together=together) == _tokens(eager, tag, together=together)
+    steps = compiled.compiled_decode.steps_by_batch_size
+    assert set(steps) == set(range(1, MAX_BS + 1)), steps  # every compiled batch size was exercised
+    assert _graphs_compiled() == graphs, "a decode step recompiled after warm-up"
+    assert compiled.scheduler.stats().cache_hit_rate > 0
+
+
+def test_extends_and_big_batches_stay_eager(cores: tuple[EngineCore, EngineCore]) -> None:
+    compiled, _ = cores
+    assert compiled.compiled_decode is not None
+    before = compiled.compiled_decode.steps_by_batch_size.copy()
+    reqs = [GenerateRequest(rid=f"big{i}", input_ids=[7, i + 1], sampling=greedy(max_new_tokens=3)) for i in range(6)]
+    run_to_completion(compiled, reqs, together=True)
+    new = compiled.compiled_decode.steps_by_batch_size - before
+    assert all(bs <= MAX_BS for bs in new), new  # 6 sequences decode together: eager
