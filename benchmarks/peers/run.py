@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="CPU threads per engine (default 2)")
     p.add_argument("--reps", type=int, default=3, help="cold/warm/repeat repetitions; medians are reported")
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
+    p.add_argument("--runtime-eager", action="store_true", help="run the runtime without --enable-torch-compile")
     args = p.parse_args(argv)
+    engines.RUNTIME_COMPILE = not args.runtime_eager
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALL_ENGINES]
     if unknown or not names:
