@@ -1,0 +1,218 @@
+"""What the HTTP server adds on top of the engine: the same workloads over streamed /generate and in-process.
+
+One run, same prompts, same thread count, one after the other (never at once: the machine has few cores):
+
+1. HTTP: `python -m runtime` on loopback (as benchmarks/peers starts it), driven by the peers harness's
+   `RuntimeClient` (streamed `POST /generate` with token ids, greedy, ignore_eos).
+2. Engine: `EngineCore.step()` in this process, no server (benchmarks/runtime_throughput.py's loop).
+
+Workloads (benchmarks/peers/workloads.py's shapes): single stream = one 128-token prompt, 128 new tokens,
+decode tok/s = (n - 1) / (finish - first token); 8 concurrent = eight 128-token prompts at once, 128 new tokens
+each, output tokens / wall. Prints medians over --repeats and HTTP / engine, and CPU ms per output token: the
+server's event-loop thread ("HTTP loop"), its other threads ("HTTP rest": engine loop, torch workers) and the
+in-process engine (time.process_time); "extra" = loop + rest - engine, what serving costs per token. CPU time,
+unlike tok/s, barely moves when other processes share the cores.
+
+`--py-spy FILE` also samples the server during the HTTP workloads with py-spy (`pip install py-spy`) and writes
+its collapsed stacks to FILE, then prints the top functions by own time, per thread.
+
+    python benchmarks/server_overhead.py [--model DIR] [--threads 2] [--repeats 3] [--py-spy FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+import runtime  # noqa: F401 - before torch: sets OpenMP's wait policy as the server does
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE / "peers"), str(HERE)]
+
+from clients import RuntimeClient  # noqa: E402
+from engines import free_port, runtime_launch, start, stop  # noqa: E402
+
+VOCAB = 4000  # below the demo tokenizer's special tokens
+PROMPT, OUT, CONC = 128, 128, 8
+
+
+def prompts(seed: int) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """(single prompt, concurrent prompts, warm-up prompts); the same in both halves of the run."""
+    rng = random.Random(seed)
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(VOCAB) for _ in range(n)]
+
+    return fresh(PROMPT), [fresh(PROMPT) for _ in range(CONC)], [fresh(64) for _ in range(CONC)]
+
+
+def process_cpu_s(pid: int) -> tuple[float, float]:
+    """(main thread, all other threads) CPU seconds of `pid` so far, from schedstat (ns on CPU).
+
+    The server's main thread runs only the event loop (HTTP, detokenizing, chunk encoding); the engine loop and
+    torch's workers are the other threads. CPU time, unlike tok/s, barely moves when other processes share the
+    cores.
+    """
+    main, rest = 0, 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended in between
+        if task.name == str(pid):
+            main += ns
+        else:
+            rest += ns
+    return main / 1e9, rest / 1e9
+
+
+@dataclass
+class Samples:
+    """Per repeat: tok/s (wall) and CPU ms per output token for each workload (HTTP: main thread, the rest)."""
+
+    single: list[float] = field(default_factory=list)
+    conc: list[float] = field(default_factory=list)
+    single_cpu: list[float] = field(default_factory=list)  # HTTP: threads other than main; engine: process
+    conc_cpu: list[float] = field(default_factory=list)
+    single_main: list[float] = field(default_factory=list)  # HTTP only: the event loop's thread
+    conc_main: list[float] = field(default_factory=list)
+
+
+async def http_run(
+    client: RuntimeClient,
+    pid: int,
+    single: list[int],
+    conc: list[list[int]],
+    warm: list[list[int]],
+    repeats: int,
+) -> tuple[Samples, list[list[int]]]:
+    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+    s, outputs = Samples(), []
+    async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
+        await asyncio.gather(*(client.generate(http, p, 16) for p in warm))
+        for _ in range(repeats):
+            (m0, c0) = process_cpu_s(pid)
+            r = await client.generate(http, single, OUT)
+            m1, c1 = process_cpu_s(pid)
+            s.single_main.append((m1 - m0) * 1000 / len(r.output_ids))
+            s.single_cpu.append((c1 - c0) * 1000 / len(r.output_ids))
+            s.single.append(r.decode_tok_s)
+            outputs.append(r.output_ids)
+            (m0, c0), t0 = process_cpu_s(pid), time.perf_counter()
+            results = await asyncio.gather(*(client.generate(http, p, OUT) for p in conc))
+            n = sum(len(x.output_ids) for x in results)
+            s.conc.append(n / (time.perf_counter() - t0))
+            m1, c1 = process_cpu_s(pid)
+            s.conc_main.append((m1 - m0) * 1000 / n)
+            s.conc_cpu.append((c1 - c0) * 1000 / n)
+    return s, outputs
+
+
+def engine_run(
+    model: Path, threads: int, single: list[int], conc: list[list[int]], warm: list[list[int]], repeats: int
+) -> Samples:
+    import torch
+    from runtime_throughput import run_requests
+
+    from runtime.engine.api import EngineArgs
+    from runtime.engine.engine_core import EngineCore
+
+    torch.set_num_threads(threads)
+    core = EngineCore(EngineArgs(model_path=str(model), memory_budget_gib=2))
+    run_requests(core, warm, 16, "warm")
+    s = Samples()
+    for rep in range(repeats):
+        c0 = time.process_time()
+        r = run_requests(core, [single], OUT, f"s{rep}")
+        s.single_cpu.append((time.process_time() - c0) * 1000 / r["tokens"])
+        s.single.append((r["tokens"] - 1) / (r["last"] - r["first"]))
+        c0 = time.process_time()
+        r = run_requests(core, conc, OUT, f"c{rep}")
+        s.conc_cpu.append((time.process_time() - c0) * 1000 / r["tokens"])
+        s.conc.append(r["tokens"] / r["wall"])
+    return s
+
+
+def top_functions(collapsed: Path, n: int = 25) -> str:
+    """Own-time share per (thread, function) from py-spy's collapsed stacks ("a;b;c count" lines)."""
+    own: collections.Counter[tuple[str, str]] = collections.Counter()
+    per_thread: collections.Counter[str] = collections.Counter()
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        thread = frames[0]
+        per_thread[thread] += int(count)
+        own[(thread, frames[-1])] += int(count)
+    total = sum(per_thread.values()) or 1
+    rows = [f"{c / total:6.1%}  {t[:28]:28}  {f}" for (t, f), c in own.most_common(n)]
+    threads = ", ".join(f"{t}: {c / total:.0%}" for t, c in per_thread.most_common())
+    return f"samples per thread: {threads}\n" + "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, help="model directory (default: build the demo model in a temp dir)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--py-spy", type=Path, metavar="FILE", help="sample the server with py-spy into FILE")
+    ap.add_argument("--skip-engine", action="store_true", help="HTTP half only (e.g. while profiling)")
+    a = ap.parse_args()
+    if a.model is None:
+        from runtime.demo_model import build_demo_model
+
+        a.model = build_demo_model(Path(tempfile.mkdtemp()) / "demo")
+    single, conc, warm = prompts(0)
+
+    launch = runtime_launch(a.model, a.threads, free_port())
+    logs = Path(tempfile.mkdtemp())
+    running = start(launch, logs / "runtime.log", a.threads)
+    spy = None
+    try:
+        if a.py_spy is not None:
+            exe = shutil.which("py-spy")
+            if exe is None:
+                raise SystemExit("error: --py-spy needs py-spy on PATH (pip install py-spy)")
+            spy = subprocess.Popen(
+                [exe, "record", "--pid", str(running.process.pid), "--format", "raw", "--threads",
+                 "--rate", "500", "--gil", "--nonblocking", "-o", str(a.py_spy)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1.0)
+        pid = running.process.pid
+        h, outputs = asyncio.run(http_run(launch.client, pid, single, conc, warm, a.repeats))  # type: ignore[arg-type]
+    finally:
+        if spy is not None:
+            spy.send_signal(2)  # py-spy writes its file on SIGINT
+            spy.wait(timeout=60)
+        stop(running)
+    assert all(o == outputs[0] for o in outputs), "greedy outputs differ between repeats"
+    print(f"model={a.model} threads={a.threads} repeats={a.repeats} (medians)")
+    print(f"{'':22}{'HTTP tok/s':>11}{'engine':>8}{'ratio':>7}  | CPU ms/token: {'HTTP loop':>9}"
+          f"{'HTTP rest':>10}{'engine':>8}{'extra':>7}")  # fmt: skip
+    e = engine_run(a.model, a.threads, single, conc, warm, a.repeats) if not a.skip_engine else Samples()
+    med = statistics.median
+    for name, hw, ew, hm, hc, ec in (
+        ("single stream", h.single, e.single, h.single_main, h.single_cpu, e.single_cpu),
+        (f"{CONC} concurrent x {OUT}", h.conc, e.conc, h.conc_main, h.conc_cpu, e.conc_cpu),
+    ):
+        ratio = f"{med(ew):8.1f}{med(hw) / med(ew):7.2f}" if ew else f"{'':15}"
+        extra = f"{med(ec):8.2f}{med(hm) + med(hc) - med(ec):7.2f}" if ec else ""
+        print(f"{name:22}{med(hw):11.1f}{ratio}  | {'':14}{med(hm):9.3f}{med(hc):10.2f}{extra}")
+    if a.py_spy is not None and a.py_spy.is_file():
+        print(top_functions(a.py_spy))
+
+
+if __name__ == "__main__":
+    main()
