@@ -1,7 +1,9 @@
 """asyncio side of the engine: submit requests, read each one's `RequestOutput`s, abort leftovers.
 
-The engine loop runs in its own thread and calls `on_output` there; each output is handed to the event loop
-with `call_soon_threadsafe`. Whatever ends an HTTP exchange early (client disconnect, error, server shutdown)
+The engine loop runs in its own thread and calls `on_output` there. Waking the event loop costs a self-pipe
+write, and the engine thread then waits for the GIL while the loop handles it; so outputs are queued and the
+loop is woken only when no wake-up is already pending: one wake-up drains everything a step produced (for all
+requests), not one per token. Whatever ends an HTTP exchange early (client disconnect, error, server shutdown)
 goes through `RequestGroup.close()`, which aborts the unfinished requests so their KV pages and state slots go
 back to the pools.
 """
@@ -9,10 +11,14 @@ back to the pools.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from runtime.engine.api import EngineClient, GenerateRequest, RequestOutput
+
+OutputSink = Callable[[RequestOutput], None]
 
 
 class DuplicateRequestId(ValueError):
@@ -25,20 +31,26 @@ class AsyncEngine:
         self.loop = loop
         self.last_output_time = 0.0  # monotonic time of the latest output of any request (health checks)
         self._active: set[str] = set()
+        # Filled by the engine thread (or a PD fetch thread), drained on the event loop.
+        self._inbox: collections.deque[tuple[OutputSink, RequestOutput]] = collections.deque()
+        self._wake_pending = False
 
     @property
     def num_active(self) -> int:
         return len(self._active)
 
-    def submit(self, req: GenerateRequest) -> asyncio.Queue[RequestOutput]:
-        """Hand a request to the engine; its outputs arrive on the queue, the last with finished=True."""
+    def submit(self, req: GenerateRequest, sink: OutputSink) -> None:
+        """Hand a request to the engine; `sink` gets its outputs on the event loop, the last with finished=True."""
         if req.rid in self._active:
             raise DuplicateRequestId(f"Duplicate request ID detected: {req.rid}")
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
-        def on_output(out: RequestOutput) -> None:  # runs in the engine thread
+        def on_output(out: RequestOutput) -> None:  # engine thread
+            self._inbox.append((sink, out))
+            if self._wake_pending:
+                return  # the pending _drain runs after this append (it clears the flag before it reads)
+            self._wake_pending = True
             try:
-                self.loop.call_soon_threadsafe(self._deliver, queue, out)
+                self.loop.call_soon_threadsafe(self._drain)
             except RuntimeError:
                 pass  # the event loop is closed: the server is shutting down and nobody is listening
 
@@ -48,13 +60,18 @@ class AsyncEngine:
         except BaseException:
             self._active.discard(req.rid)
             raise
-        return queue
 
-    def _deliver(self, queue: asyncio.Queue[RequestOutput], out: RequestOutput) -> None:
+    def _drain(self) -> None:
+        self._wake_pending = False  # before reading: an output appended from now on schedules its own drain
+        inbox = self._inbox
+        if not inbox:
+            return
         self.last_output_time = time.monotonic()
-        if out.finished:
-            self._active.discard(out.rid)
-        queue.put_nowait(out)
+        while inbox:
+            sink, out = inbox.popleft()
+            if out.finished:
+                self._active.discard(out.rid)
+            sink(out)
 
     def abort(self, rid: str) -> None:
         """Abort a request that has not finished (a no-op for one that has)."""
@@ -75,44 +92,57 @@ class RequestGroup:
     def __init__(self, engine: AsyncEngine, requests: list[GenerateRequest]) -> None:
         self.engine = engine
         self.rids = [r.rid for r in requests]
-        self._merged: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
-        self._pumps: list[asyncio.Task[None]] = []  # held so the tasks are not garbage-collected mid-run
+        self._ready: list[tuple[int, RequestOutput]] = []
+        self._waiter: asyncio.Future[None] | None = None
         self._unfinished: set[str] = set()
         self._closed = False
-        queues: list[asyncio.Queue[RequestOutput]] = []
         try:
-            for req in requests:
-                queues.append(engine.submit(req))
+            for i, req in enumerate(requests):
+                engine.submit(req, functools.partial(self._deliver, i))
                 self._unfinished.add(req.rid)
         except BaseException:
             self.close()
             raise
-        for i, q in enumerate(queues):
-            self._pumps.append(asyncio.get_running_loop().create_task(self._pump(i, q)))
 
-    async def _pump(self, index: int, queue: asyncio.Queue[RequestOutput]) -> None:
-        while True:
-            out = await queue.get()
-            self._merged.put_nowait((index, out))
-            if out.finished:
-                return
+    def _deliver(self, index: int, out: RequestOutput) -> None:
+        self._ready.append((index, out))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def batches(self) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
+        """Everything that arrived since the last batch, as (index in the group, output), until all finish.
+
+        A reader that falls behind gets several outputs of one request at once and may answer them with one
+        chunk (the text and ids are cumulative).
+        """
+        try:
+            while self._unfinished:
+                if not self._ready:
+                    self._waiter = asyncio.get_running_loop().create_future()
+                    try:
+                        await self._waiter
+                    finally:
+                        self._waiter = None
+                batch, self._ready = self._ready, []
+                for _, out in batch:
+                    if out.finished:
+                        self._unfinished.discard(out.rid)
+                yield batch
+        finally:
+            self.close()
 
     async def updates(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(index in the group, output) until every request has finished."""
-        try:
-            while self._unfinished:
-                index, out = await self._merged.get()
-                if out.finished:
-                    self._unfinished.discard(out.rid)
-                yield index, out
-        finally:
-            self.close()
+        async for batch in self.batches():
+            for item in batch:
+                yield item
 
     def close(self) -> None:
         """Abort what has not finished; idempotent, safe from any exit path.
 
-        The pumps stay alive: the engine answers every abort with a final output, which ends them (and ends
-        `updates()` for a reader still waiting, e.g. a non-streaming request whose client hung up).
+        The engine answers every abort with a final output; it lands in `_ready` and ends `batches()` for a
+        reader still waiting (e.g. a non-streaming request whose client hung up).
         """
         if self._closed:
             return

@@ -19,7 +19,7 @@ from runtime.server.generate_request import (
     parse_generate_body,
 )
 from runtime.server.request_state import RequestState
-from runtime.server.sse import DONE, AbortingStreamingResponse, sse_event
+from runtime.server.sse import DONE, AbortingStreamingResponse
 
 logger = logging.getLogger("runtime.server")
 
@@ -105,12 +105,17 @@ async def generate(request: Request) -> Response:
 async def _stream(
     ctx: ServerContext, group: RequestGroup, states: list[RequestState], single: bool
 ) -> AsyncIterator[bytes]:
-    async for index, out in group.updates():
-        state = states[index]
-        state.update(out)
-        if out.finished:
-            ctx.finish(state, streaming=True)
-        elif not out.new_token_ids:
-            continue
-        yield sse_event(state.to_dict(with_index=not single))
+    async for batch in group.batches():
+        # One chunk per request per batch: outputs that queued up while the loop was busy go out together
+        # (chunks are cumulative, as SGLang's with stream_interval > 1), which is what lets it catch up.
+        changed: dict[int, None] = {}
+        for index, out in batch:
+            state = states[index]
+            state.update(out)
+            if out.finished:
+                ctx.finish(state, streaming=True)
+            if out.finished or out.new_token_ids:
+                changed[index] = None
+        for index in changed:
+            yield states[index].sse_chunk(with_index=not single)
     yield DONE

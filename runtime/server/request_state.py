@@ -8,6 +8,7 @@ from typing import Any
 
 from runtime.engine.api import RequestOutput
 from runtime.server.generate_request import PreparedRequest
+from runtime.server.sse import generate_chunk
 from runtime.server.tokenizer import IncrementalDetokenizer, ServerTokenizer
 
 
@@ -29,6 +30,9 @@ class RequestState:
     output_logprobs: list[float] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # arrival time of each output chunk with tokens
     _detok: IncrementalDetokenizer | None = None
+    # output_ids as JSON array items ("1,2,3"), grown per output: a streamed chunk re-sends the cumulative ids,
+    # and encoding only the new ones keeps a chunk's cost flat instead of growing with the answer.
+    _ids_json: str = ""
 
     def __post_init__(self) -> None:
         self.prompt_tokens = len(self.prepared.request.input_ids)
@@ -49,6 +53,8 @@ class RequestState:
                 self.first_token_time = now
             self.token_times.append(now)
             self.output_ids.extend(out.new_token_ids)
+            new_json = ",".join(map(str, out.new_token_ids))
+            self._ids_json = f"{self._ids_json},{new_json}" if self._ids_json else new_json
             if out.new_token_logprobs is not None:
                 self.output_logprobs.extend(out.new_token_logprobs)
         self.prompt_tokens = out.prompt_tokens
@@ -113,6 +119,11 @@ class RequestState:
         if self.finished:
             meta["e2e_latency"] = self.e2e_latency
         return meta
+
+    def sse_chunk(self, with_index: bool) -> bytes:
+        """`sse_event(self.to_dict(with_index))`, byte for byte, without re-encoding every id each time."""
+        index = self.prepared.index if with_index else None
+        return generate_chunk(self.text(), self._ids_json, self.meta_info(), index)
 
     def to_dict(self, with_index: bool) -> dict[str, Any]:
         out: dict[str, Any] = {

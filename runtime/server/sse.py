@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) quotes strings with
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -12,8 +13,21 @@ from starlette.types import Receive, Scope, Send
 DONE = b"data: [DONE]\n\n"
 
 
+def _dumps(payload: Any) -> str:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
 def sse_event(payload: Any) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _dumps(payload).encode() + b"\n\n"
+
+
+def generate_chunk(text: str, ids_json: str, meta_info: dict[str, Any], index: int | None) -> bytes:
+    """A /generate stream chunk: `sse_event({"text", "output_ids", "meta_info"[, "index"]})` with the ids
+    already JSON-encoded ("1,2,3"), so the cumulative list is not encoded again for every chunk."""
+    body = f'{{"text":{encode_basestring(text)},"output_ids":[{ids_json}],"meta_info":{_dumps(meta_info)}'
+    if index is not None:
+        body += f',"index":{index}'
+    return b"data: " + body.encode() + b"}\n\n"
 
 
 class AbortingStreamingResponse(StreamingResponse):
