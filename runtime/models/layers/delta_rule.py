@@ -12,6 +12,18 @@ import torch.nn.functional as F
 
 from runtime.models.layers.state_checkpoints import StateCheckpoints
 
+# Exponents go through exp clamped to ±80: outside about ±87.3 the result is denormal, 0 or inf and torch's
+# vectorized exp takes a slow path, 4-35x the time per element (1M elements, one thread: 0.9 ms vs 3.8-31 ms).
+# A fast-forgetting head's cumulative gate reaches -1000 within a chunk, and the pairwise differences are
+# positive (masked out afterwards) above the diagonal. exp(-80) = 1.8e-35 then stands in for anything
+# smaller: a term that small vanishes next to any other (fp32 keeps ~7 digits).
+_EXP_LIMIT = 80.0
+
+
+def _decay(log_decay: torch.Tensor) -> torch.Tensor:
+    """exp of a cumulative log-decay, its argument clamped to ±_EXP_LIMIT."""
+    return log_decay.clamp(-_EXP_LIMIT, _EXP_LIMIT).exp_()
+
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
@@ -37,80 +49,120 @@ def chunk_gated_delta_rule(
     """
     batch, length, heads, dk = k.shape
     dv = v.shape[-1]
-    q, k, v, beta, g = (x.transpose(1, 2).float().contiguous() for x in (q, k, v, beta, g))
-    q = q * dk**-0.5
     # A short extend (a speculative verify, a draft's catch-up) padded to a 64-token chunk costs ~15x its
     # own size (demo model, 4 tokens: 3.8 ms vs 0.26 ms per layer); any chunk size gives the same result.
     chunk_size = min(chunk_size, 1 << (length - 1).bit_length())
     pad = (chunk_size - length % chunk_size) % chunk_size
-    if pad:
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-        beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
     n_chunks = (length + pad) // chunk_size
-    v_beta = v * beta[..., None]
-    k_beta = k * beta[..., None]
-    q, k, k_beta, v_beta = (x.view(batch, heads, n_chunks, chunk_size, x.shape[-1]) for x in (q, k, k_beta, v_beta))
-    g = g.view(batch, heads, n_chunks, chunk_size)
+    rows = batch * heads  # (sequence, head) pairs: the batch axis of every matmul below
+
+    def chunked(x: torch.Tensor) -> torch.Tensor:
+        """[B, L, H, ...] → [n_chunks, B*H, chunk, ...] fp32: chunk-major, so each chunk's slice that the loop
+        reads and writes is contiguous (a strided slice makes an in-place baddbmm fall back to one addmm per
+        matrix)."""
+        per_token = x.dim() == 3  # g and beta: one value per (token, head)
+        x = x.float()[..., None] if per_token else x.float()
+        if pad:
+            x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        x = (
+            x.view(batch, n_chunks, chunk_size, heads, -1)
+            .permute(1, 0, 3, 2, 4)
+            .reshape(n_chunks, rows, chunk_size, -1)
+        )
+        x = x.contiguous()  # reshape alone returns a strided view when B == 1
+        return x[..., 0] if per_token else x
+
+    q, k, v, beta, g = (chunked(x) for x in (q, k, v, beta, g))
+    q = q * dk**-0.5
+    cum = g.cumsum(dim=-1)  # [N, R, C]
+    cum_exp = _decay(cum)[..., None]
     upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
-    cum = g.cumsum(dim=-1)
-    pair_decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
-    ut_system = (k_beta @ k.transpose(-1, -2)) * pair_decay
-    intra = (q @ k.transpose(-1, -2)) * pair_decay
-    cum_exp = cum.exp()[..., None]
-    new_values = torch.linalg.solve_triangular(ut_system, v_beta, upper=False, unitriangular=True)
-    k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * cum_exp, upper=False, unitriangular=True)
-    q = q * cum_exp
+    pair_decay = _decay(cum[..., :, None] - cum[..., None, :]).masked_fill_(upper, 0.0)
+    k_beta = k * beta[..., None]
+    ut_system = (k_beta @ k.transpose(-1, -2)).mul_(pair_decay)
+    intra = (q @ k.transpose(-1, -2)).mul_(pair_decay)
+    # Corrected values and decayed keys from one triangular solve with both right-hand sides side by side
+    # (two solves cost twice: the batched solve is per-matrix overhead, not FLOPs).
+    rhs = torch.cat([v * beta[..., None], k_beta * cum_exp], dim=-1)
+    solved = torch.linalg.solve_triangular(ut_system, rhs, upper=False, unitriangular=True)
+    new_values, k_cumdecay = solved[..., :dv].contiguous(), solved[..., dv:].contiguous()
     raw_k = k  # a checkpoint inside a chunk decays the keys to its own position, not the chunk's end
-    k = k * (cum[..., -1:] - cum).exp()[..., None]
-    chunk_decay = cum[..., -1].exp()[..., None, None]
-    state = initial_state.float()
-    # The loop carries only the state; each chunk's output needs its start state and corrected values, so it
-    # is one batched matmul pair after the loop instead of two small matmuls per chunk.
-    starts = torch.empty(batch, heads, n_chunks, dk, dv, dtype=torch.float32, device=q.device)
-    found: dict[int, torch.Tensor] = {}
+    k_to_end = (k * _decay(cum[..., -1:] - cum)[..., None]).transpose(-1, -2)  # [N, R, Dk, C]
+    chunk_decay = _decay(cum[..., -1])[..., None, None]  # [N, R, 1, 1]
+    # states[i]: the state entering chunk i (states[n_chunks]: the final state). The loop carries only the
+    # state; each chunk's output is one batched matmul pair after it.
+    states = torch.empty(n_chunks + 1, rows, dk, dv, dtype=torch.float32, device=q.device)
+    states[0] = initial_state.float().reshape(rows, dk, dv)
     for i in range(n_chunks):
-        starts[:, :, i] = state
-        v_new = new_values[:, :, i]
-        v_new -= k_cumdecay[:, :, i] @ state  # in place: new_values becomes the corrected values
-        new_state = state * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
-        if checkpoints is not None:
-            inside = []
-            for m, b, r in checkpoints.in_chunk(i, chunk_size):
-                if r == chunk_size:
-                    found[m] = new_state[b]
-                else:
-                    inside.append((m, b, r))
-            if inside:
-                states = _states_inside_chunk(state, cum, raw_k, v_new, inside, i)
-                found.update((m, states[j]) for j, (m, _, _) in enumerate(inside))
-        state = new_state
-    out = q @ starts + intra @ new_values
-    out = out.view(batch, heads, -1, dv)[:, :, :length].transpose(1, 2)
+        state = states[i]
+        v_new = new_values[i]
+        v_new.baddbmm_(k_cumdecay[i], state, alpha=-1)  # in place: new_values becomes the corrected values
+        torch.baddbmm(state * chunk_decay[i], k_to_end[i], v_new, out=states[i + 1])
+    out = torch.baddbmm(
+        (intra @ new_values).view(-1, chunk_size, dv),
+        (q * cum_exp).view(-1, chunk_size, dk),
+        states[:n_chunks].view(-1, dk, dv),
+    )
+    out = out.view(n_chunks, batch, heads, chunk_size, dv).permute(1, 0, 3, 2, 4).reshape(batch, -1, heads, dv)
+    out = out[:, :length]
     if checkpoints is not None and captured is not None:
-        captured.extend(found[m] for m in range(len(checkpoints.seq)))
-    return out, state
+        captured.extend(_checkpoint_states(states, cum, raw_k, new_values, checkpoints, batch, heads))
+    return out, states[n_chunks].view(batch, heads, dk, dv)
 
 
-def _states_inside_chunk(
-    start: torch.Tensor,
+def _checkpoint_states(
+    states: torch.Tensor,
     cum: torch.Tensor,
     raw_k: torch.Tensor,
     v_new: torch.Tensor,
-    inside: list[tuple[int, int, int]],
-    i: int,
+    checkpoints: StateCheckpoints,
+    batch: int,
+    heads: int,
+) -> list[torch.Tensor]:
+    """[H, Dk, Dv] per checkpoint, in checkpoint order. On the chunk grid a checkpoint is one of the chunk loop's
+    states; inside a chunk it is that chunk's start state advanced by the chunk's first r tokens."""
+    n_chunks, chunk_size = cum.shape[0], cum.shape[2]
+    per_seq = states.view(n_chunks + 1, batch, heads, *states.shape[-2:])
+    found: list[torch.Tensor | None] = [None] * len(checkpoints.seq)
+    inside: list[tuple[int, int, int, int]] = []
+    for m, (b, n) in enumerate(zip(checkpoints.seq, checkpoints.tokens, strict=True)):
+        chunk, r = divmod(n, chunk_size)
+        if r == 0:
+            found[m] = per_seq[chunk, b]
+        else:
+            inside.append((m, b, chunk, r))
+    if inside:
+        split = (n_chunks, batch, heads, chunk_size)
+        computed = _states_inside_chunks(
+            per_seq, cum.view(split), raw_k.view(*split, -1), v_new.view(*split, -1), inside
+        )
+        for j, (m, _, _, _) in enumerate(inside):
+            found[m] = computed[j]
+    return [s for s in found if s is not None]
+
+
+def _states_inside_chunks(
+    starts: torch.Tensor,
+    cum: torch.Tensor,
+    raw_k: torch.Tensor,
+    v_new: torch.Tensor,
+    inside: list[tuple[int, int, int, int]],
 ) -> torch.Tensor:
-    """[M, H, Dk, Dv]: for each (m, b, r) of `inside`, sequence b's state after the first r tokens of chunk i,
-    i.e. the chunk's end-state formula cut at r (v_new of a token depends only on earlier tokens: the UT system
-    is lower triangular). One batched matmul for all of them: a verify forward wants the state after every
-    token, and one small op chain per checkpoint cost more than the chunk itself."""
-    seqs = torch.tensor([b for _, b, _ in inside], device=start.device)
-    last = torch.tensor([r - 1 for _, _, r in inside], device=start.device)
-    chunk = cum[seqs, :, i]  # [M, H, C]
-    at_r = chunk.gather(-1, last[:, None, None].expand(-1, chunk.shape[1], 1))  # [M, H, 1]
-    after_r = torch.arange(chunk.shape[-1], device=start.device)[None, :] > last[:, None]  # [M, C]
-    decay_to_r = (at_r - chunk).masked_fill(after_r[:, None, :], float("-inf")).exp()[..., None]  # [M, H, C, 1]
-    keys = raw_k[seqs, :, i] * decay_to_r
-    return start[seqs] * at_r.exp()[..., None] + keys.transpose(-1, -2) @ v_new[seqs]
+    """[M, H, Dk, Dv]: for each (m, b, chunk, r) of `inside`, sequence b's state after the first r tokens of
+    that chunk, i.e. the chunk's end-state formula cut at r (v_new of a token depends only on earlier tokens:
+    the UT system is lower triangular). One batched matmul for all of them: a verify forward wants the state
+    after every token, and one small op chain per checkpoint cost more than the chunk itself.
+    starts: [N+1, B, H, Dk, Dv]; cum: [N, B, H, C]; raw_k, v_new: [N, B, H, C, D]."""
+    device = starts.device
+    seqs = torch.tensor([b for _, b, _, _ in inside], device=device)
+    chunks = torch.tensor([c for _, _, c, _ in inside], device=device)
+    last = torch.tensor([r - 1 for _, _, _, r in inside], device=device)
+    window = cum[chunks, seqs]  # [M, H, C]
+    at_r = window.gather(-1, last[:, None, None].expand(-1, window.shape[1], 1))  # [M, H, 1]
+    after_r = torch.arange(window.shape[-1], device=device)[None, :] > last[:, None]  # [M, C]
+    decay_to_r = _decay(at_r - window).masked_fill_(after_r[:, None, :], 0.0)[..., None]  # [M, H, C, 1]
+    keys = raw_k[chunks, seqs] * decay_to_r
+    return starts[chunks, seqs] * _decay(at_r)[..., None] + keys.transpose(-1, -2) @ v_new[chunks, seqs]
 
 
 def recurrent_gated_delta_step(
