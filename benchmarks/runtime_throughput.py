@@ -8,10 +8,13 @@ what is timed is the scheduler + model hot path and nothing else:
 - cold TTFT: a fresh 2048-token prompt on an empty cache (radix cache and chunked prefill at their defaults)
 
 Medians over --repeats. `--step-cpu B` prints the engine thread's CPU time per decode step at batch B (robust
-to a busy host, unlike wall time). `--profile` prints cProfile's top functions (CPU time) of a decode-only run
+to a busy host, unlike wall time; with 2 threads the second thread's CPU is not in it, so the wall time per step
+is printed too). `--torch-compile` runs the engine with --enable-torch-compile (compiled decode). `--profile`
+prints cProfile's top functions (CPU time) of a decode-only run
 (8 x 128 from 8-token prompts).
 
     python benchmarks/runtime_throughput.py [--model DIR] [--threads 2] [--repeats 3] [--step-cpu B] [--profile]
+        [--torch-compile]
 """
 
 from __future__ import annotations
@@ -65,20 +68,23 @@ def run_requests(core: EngineCore, prompts: list[list[int]], max_new: int, tag: 
     }
 
 
-def decode_step_cpu_ms(core: EngineCore, batch: int, prompt: Callable[[int], list[int]]) -> float:
-    """Median over 5 x 20 decode steps of `batch` running requests (16-token prompts, prefilled first)."""
+def decode_step_cpu_ms(core: EngineCore, batch: int, prompt: Callable[[int], list[int]]) -> tuple[float, float]:
+    """Medians over 5 x 20 decode steps of `batch` running requests (16-token prompts, prefilled first): this
+    thread's CPU ms and wall ms per step."""
     params = SamplingParams(temperature=0, max_new_tokens=200, ignore_eos=True)
     for i in range(batch):
         core.scheduler.add_request(GenerateRequest(f"cpu-{i}", prompt(16), params), lambda o: None)
     for _ in range(10):  # prefill and the first decode steps
         core.step()
     samples = []
+    walls = []
     for _ in range(5):
-        t = time.thread_time()
+        t, w = time.thread_time(), time.perf_counter()
         for _ in range(20):
             core.step()
         samples.append((time.thread_time() - t) / 20 * 1000)
-    return statistics.median(samples)
+        walls.append((time.perf_counter() - w) / 20 * 1000)
+    return statistics.median(samples), statistics.median(walls)
 
 
 def main() -> None:
@@ -90,6 +96,7 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=["single", "concurrent", "ttft"])
     ap.add_argument("--step-cpu", type=int, metavar="B", help="CPU ms per decode step at batch B instead")
     ap.add_argument("--profile", action="store_true", help="cProfile an 8 x 128 decode run instead")
+    ap.add_argument("--torch-compile", action="store_true", help="--enable-torch-compile (compiles at start)")
     a = ap.parse_args()
     # torch loads after `runtime` (imported above), whose __init__ sets OpenMP's wait policy as in the server.
     import torch
@@ -97,14 +104,19 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     model = a.model or str(build_demo_model(Path(tempfile.mkdtemp()) / "demo"))
     rng = random.Random(0)
-    core = EngineCore(EngineArgs(model_path=model, memory_budget_gib=a.memory_budget_gib))
+    t0 = time.perf_counter()
+    core = EngineCore(
+        EngineArgs(model_path=model, memory_budget_gib=a.memory_budget_gib, enable_torch_compile=a.torch_compile)
+    )
+    print(f"engine start {time.perf_counter() - t0:.1f} s (torch compile {'on' if a.torch_compile else 'off'})")
 
     def prompt(n: int) -> list[int]:
         return [rng.randrange(VOCAB) for _ in range(n)]
 
     run_requests(core, [prompt(64) for _ in range(8)], 16, "warmup")  # first-call allocations, lazy inits
     if a.step_cpu:
-        print(f"decode step at batch {a.step_cpu}: {decode_step_cpu_ms(core, a.step_cpu, prompt):.2f} ms CPU")
+        cpu, wall = decode_step_cpu_ms(core, a.step_cpu, prompt)
+        print(f"decode step at batch {a.step_cpu}: {cpu:.2f} ms CPU (this thread), {wall:.2f} ms wall")
         return
     if a.profile:
         prof = cProfile.Profile(time.thread_time)  # CPU time of this thread: robust to a busy host

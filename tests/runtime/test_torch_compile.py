@@ -72,14 +72,29 @@ def test_warm_up_compiled_two_graphs(cores: tuple[EngineCore, EngineCore]) -> No
 
 def test_greedy_identical_and_no_recompile(cores: tuple[EngineCore, EngineCore]) -> None:
     compiled, eager = cores
-    assert compiled.compiled_decode is not None
-    graphs = _graphs_compiled()
-    for together in (False, True, True):  # the second batched round hits the prefix cache everywhere
-        tag = f"t{together}-{compiled.compiled_decode.steps_by_batch_size.total()}-"
+    cd = compiled.compiled_decode
+    assert cd is not None
+    cd.skip_guards = False  # every guard evaluated: a step that needs another graph would compile one
+    try:
+        graphs = _graphs_compiled()
+        for together in (False, True):
+            tag = f"guarded-{together}-"
+            assert _tokens(compiled, tag, together=together) == _tokens(eager, tag, together=together)
+        assert _graphs_compiled() == graphs, "a decode step recompiled after warm-up"
+    finally:
+        cd.skip_guards = True
+    assert set(cd.steps_by_batch_size) == set(range(1, MAX_BS + 1)), cd.steps_by_batch_size  # all exercised
+
+
+def test_greedy_identical_with_guards_skipped(cores: tuple[EngineCore, EngineCore]) -> None:
+    compiled, eager = cores
+    cd = compiled.compiled_decode
+    assert cd is not None and cd.skip_guards
+    before = cd.steps_by_batch_size.total()
+    for together in (True, False, True):  # the second batched round hits the prefix cache everywhere
+        tag = f"skipped-{together}-{cd.steps_by_batch_size.total()}-"
         assert _tokens(compiled, tag, together=together) == _tokens(eager, tag, together=together)
-    steps = compiled.compiled_decode.steps_by_batch_size
-    assert set(steps) == set(range(1, MAX_BS + 1)), steps  # every compiled batch size was exercised
-    assert _graphs_compiled() == graphs, "a decode step recompiled after warm-up"
+    assert cd.steps_by_batch_size.total() > before
     assert compiled.scheduler.stats().cache_hit_rate > 0
 
 
