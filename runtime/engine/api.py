@@ -1,7 +1,8 @@
 """The engine's public API: what the HTTP server (and tests) use to drive the engine.
 
 The engine loop runs in its own thread. `EngineClient` methods are thread-safe; `on_output` callbacks are
-called FROM THE ENGINE THREAD (an asyncio server hops back with `loop.call_soon_threadsafe`). Every request
+called FROM THE ENGINE THREAD (an asyncio server hops back with `loop.call_soon_threadsafe`, once per step:
+see `EngineClient.add_step_listener`). Every request
 gets exactly one `RequestOutput` with `finished=True`, whatever happens to it (stop, length, abort, allocation
 failure).
 """
@@ -179,6 +180,13 @@ class EngineClient:
 
     def add_request(self, req: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
         raise NotImplementedError
+
+    def add_step_listener(self, listener: Callable[[], None]) -> bool:
+        """Have `listener` called on the engine thread after every engine step (and the commands before it), once
+        that step's outputs were all passed to their `on_output`; a consumer may then buffer outputs and act once
+        per step. True when every `on_output` call comes from that thread and is followed by such a call; False
+        (this default) when the client makes no such promise: act on each output as it comes."""
+        return False
 
     def abort(self, rid: str) -> None:
         """Free everything the request holds; it finishes with type "abort". Unknown rid: no-op."""

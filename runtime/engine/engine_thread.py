@@ -1,7 +1,8 @@
 """The engine loop in its own thread, behind the thread-safe `EngineClient` the server uses.
 
 Commands (add, abort, flush, stop) go through a queue and are applied between steps, so the scheduler
-and pools are only ever touched by the engine thread. Stats are a snapshot refreshed after every step.
+and pools are only ever touched by the engine thread. Stats are a snapshot refreshed after every step; then
+the step listeners run (the server's bridge wakes its event loop there, once for all of the step's outputs).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class ThreadedEngineClient(EngineClient):
         self._stats = core.stats()
         self._resolved = core.resolved_args()
         self._stopped = False
+        self._step_listeners: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._loop, name="runtime-engine", daemon=True)
 
     @classmethod
@@ -42,6 +44,10 @@ class ThreadedEngineClient(EngineClient):
 
     def add_request(self, req: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
         self._send("add", (req, on_output))
+
+    def add_step_listener(self, listener: Callable[[], None]) -> bool:
+        self._step_listeners = [*self._step_listeners, listener]  # a new list: the engine thread iterates it
+        return True
 
     def abort(self, rid: str) -> None:
         self._send("abort", rid)
@@ -116,6 +122,7 @@ class ThreadedEngineClient(EngineClient):
                     kind, payload, fut = self._commands.get(block=block, timeout=None)
                     if not self._apply(kind, payload, fut):
                         self._refresh_stats()
+                        self._notify_step_listeners()
                         return
                     block = False
             except queue.Empty:
@@ -128,13 +135,22 @@ class ThreadedEngineClient(EngineClient):
                     self.core.scheduler.abort(
                         r.rid, f"Internal engine error: {type(exc).__name__}: {exc}", 500
                     )
+            # Stats first: a reader woken by the step's outputs then sees the step in /metrics too.
             self._refresh_stats()
+            self._notify_step_listeners()
             if (
                 self.core.args.log_mamba_state_stats
                 and time.monotonic() - last_stats_log > _STATS_LOG_INTERVAL_S
             ):
                 last_stats_log = float("-inf")  # the first busy step logs, then every _STATS_LOG_INTERVAL_S
                 self.core.log_state_stats()
+
+    def _notify_step_listeners(self) -> None:
+        for listener in self._step_listeners:
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - a consumer's bug must not stop the engine
+                logger.exception("step listener failed")
 
     def _refresh_stats(self) -> None:
         stats = self.core.stats()

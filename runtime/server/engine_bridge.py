@@ -1,11 +1,12 @@
 """asyncio side of the engine: submit requests, read each one's `RequestOutput`s, abort leftovers.
 
-The engine loop runs in its own thread and calls `on_output` there. Waking the event loop costs a self-pipe
-write, and the engine thread then waits for the GIL while the loop handles it; so outputs are queued and the
-loop is woken only when no wake-up is already pending: one wake-up drains everything a step produced (for all
-requests), not one per token. Whatever ends an HTTP exchange early (client disconnect, error, server shutdown)
-goes through `RequestGroup.close()`, which aborts the unfinished requests so their KV pages and state slots go
-back to the pools.
+The engine loop runs in its own thread and calls `on_output` there. Waking the event loop is a self-pipe write
+during which the engine thread lets go of the GIL, and the woken loop takes it: woken per output, the loop would
+handle each token while the engine thread waits. So outputs are queued, and the loop is woken once per engine
+step (`EngineClient.add_step_listener`) to drain all of them, for every request; a client without step notices
+gets a wake-up per output, coalesced while one is pending. Whatever ends an HTTP exchange early (client
+disconnect, error, server shutdown) goes through `RequestGroup.close()`, which aborts the unfinished requests so
+their KV pages and state slots go back to the pools.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class AsyncEngine:
         # Filled by the engine thread (or a PD fetch thread), drained on the event loop.
         self._inbox: collections.deque[tuple[OutputSink, RequestOutput]] = collections.deque()
         self._wake_pending = False
+        # True: outputs come from the engine thread only, each step followed by _step_done; wake up once per step.
+        self._per_step = client.add_step_listener(self._step_done)
 
     @property
     def num_active(self) -> int:
@@ -44,15 +47,10 @@ class AsyncEngine:
         if req.rid in self._active:
             raise DuplicateRequestId(f"Duplicate request ID detected: {req.rid}")
 
-        def on_output(out: RequestOutput) -> None:  # engine thread
+        def on_output(out: RequestOutput) -> None:  # engine thread (PD decode: also its fetch threads)
             self._inbox.append((sink, out))
-            if self._wake_pending:
-                return  # the pending _drain runs after this append (it clears the flag before it reads)
-            self._wake_pending = True
-            try:
-                self.loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:
-                pass  # the event loop is closed: the server is shutting down and nobody is listening
+            if not self._per_step:
+                self._wake()
 
         self._active.add(req.rid)
         try:
@@ -61,8 +59,21 @@ class AsyncEngine:
             self._active.discard(req.rid)
             raise
 
+    def _step_done(self) -> None:  # engine thread, after a step's outputs
+        if self._inbox:
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._wake_pending:
+            return  # the pending _drain runs after this output was queued (it clears the flag before it reads)
+        self._wake_pending = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            pass  # the event loop is closed: the server is shutting down and nobody is listening
+
     def _drain(self) -> None:
-        self._wake_pending = False  # before reading: an output appended from now on schedules its own drain
+        self._wake_pending = False  # before reading: an output queued from now on schedules its own drain
         inbox = self._inbox
         if not inbox:
             return
