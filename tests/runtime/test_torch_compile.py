@@ -8,10 +8,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.engine.api import EngineArgs, GenerateRequest
 from runtime.engine.compiled_decode import _graphs_compiled
 from runtime.engine.engine_core import EngineCore
+from runtime.models.layers.moe import Experts, swiglu, traced_experts
+from runtime.models.layers.sigmoid_moe import Relu2Experts, relu2
 from tests.runtime.test_engine_support import greedy, one_torch_thread, run_to_completion
 
 pytestmark = pytest.mark.slow
@@ -106,3 +111,36 @@ def test_extends_and_big_batches_stay_eager(cores: tuple[EngineCore, EngineCore]
     run_to_completion(compiled, reqs, together=True)
     new = compiled.compiled_decode.steps_by_batch_size - before
     assert all(bs <= MAX_BS for bs in new), new  # 6 sequences decode together: eager
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    tokens=st.integers(1, 9),
+    num_experts=st.sampled_from([4, 8, 72]),  # 72: above the dense cut, gathered even for several tokens
+    top_k=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_traced_experts_equal_the_eager_dispatch(tokens: int, num_experts: int, top_k: int, seed: int) -> None:
+    """The host-sync-free expert paths the compiled graphs use compute what the eager dispatch computes, for
+    the SwiGLU experts (Qwen3-Next, Kimi, Granite) and the relu² ones (Nemotron-H)."""
+    gen = torch.Generator().manual_seed(seed)
+    swiglu_experts = Experts(num_experts, 16, 12)
+    relu2_experts = Relu2Experts(num_experts, 16, 12)
+    with torch.no_grad():
+        for p in (*swiglu_experts.parameters(), *relu2_experts.parameters()):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    x = torch.randn(tokens, 16, generator=gen)
+    weights, ids = torch.topk(torch.softmax(torch.randn(tokens, num_experts, generator=gen), -1), top_k, dim=-1)
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            traced_experts(x, ids, weights, swiglu_experts.gate_up_proj, swiglu_experts.down_proj, swiglu),
+            swiglu_experts.forward_sparse(x, ids, weights),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+        torch.testing.assert_close(
+            traced_experts(x, ids, weights, relu2_experts.up_proj, relu2_experts.down_proj, relu2),
+            relu2_experts(x, ids, weights),
+            rtol=1e-5,
+            atol=1e-6,
+        )

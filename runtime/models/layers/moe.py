@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,19 +66,7 @@ class Experts(nn.Module):
         return out
 
     def forward_traced(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The compiled decode path (runtime/engine/compiled_decode.py): no host sync (`.tolist()` ends a
-        graph), no Python branch on a traced size (it would add a guard, hence a recompile). One token: only the
-        chosen experts' weights, gathered. Several: every expert, unless there are too many of them."""
-        if x.shape[0] > 1 and self.num_experts <= _TRACED_DENSE_MAX_EXPERTS:
-            return self.forward_dense(x, ids, weights)
-        tokens, top_k = ids.shape
-        flat = ids.reshape(-1)
-        gate_up = self.gate_up_proj.index_select(0, flat)  # [T*k, 2I, H]
-        down = self.down_proj.index_select(0, flat)  # [T*k, H, I]
-        rows = x.repeat_interleave(top_k, dim=0)[:, None, :]  # [T*k, 1, H]
-        gate, up = torch.bmm(rows, gate_up.transpose(1, 2)).chunk(2, dim=-1)
-        h = torch.bmm(F.silu(gate) * up, down.transpose(1, 2))[:, 0]  # [T*k, H]
-        return (h.view(tokens, top_k, -1) * weights[..., None]).sum(1).to(x.dtype)
+        return traced_experts(x, ids, weights, self.gate_up_proj, self.down_proj, swiglu)
 
     def dense_is_cheaper(self, tokens: int, top_k: int) -> bool:
         """At a few tokens the sorted dispatch is ~8 tiny ops per hit expert plus a host sync; running every
@@ -95,24 +86,29 @@ class Experts(nn.Module):
         return (h * dense_w.t()[:, :, None]).sum(0).to(x.dtype)
 
     def forward_sparse(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
+        """Sorted dispatch: the (token, slot) assignments sorted by expert, so each hit expert's rows are one
+        contiguous slice. The gather, the activation, the routing weights and the scatter-add back then run
+        once for all experts and only the two matmuls run per expert (an op per expert each was ~18 thread
+        wake-ups per expert with sleeping OpenMP workers). Each token's terms are added in ascending expert
+        order, as forward_one_token adds them (index_add_ accumulates in index order)."""
+        top_k = ids.shape[1]
         flat_ids = ids.reshape(-1)
-        # Sort the (token, slot) assignments by expert once; each hit expert then runs one matmul on its
-        # tokens.
         order = torch.argsort(flat_ids, stable=True)
         counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
-        token_of = order // ids.shape[1]
-        w_sorted = weights.reshape(-1)[order]
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            tokens = token_of[start : start + count]
-            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.down_proj[expert])
-            out.index_add_(0, tokens, (h * w_sorted[start : start + count, None]).to(out.dtype))
-            start += count
-        return out
+        token_of = order // top_k
+        rows = x.index_select(0, token_of)  # [T*k, H], expert-major
+        gate_up = x.new_empty(rows.shape[0], self.gate_up_proj.shape[1])
+        starts = [0, *itertools.accumulate(counts)]
+        spans = [(e, starts[e], c) for e, c in enumerate(counts) if c]
+        for expert, start, count in spans:
+            torch.mm(rows[start : start + count], self.gate_up_proj[expert].t(), out=gate_up[start : start + count])
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        expert_out = x.new_empty(rows.shape)
+        for expert, start, count in spans:
+            torch.mm(h[start : start + count], self.down_proj[expert].t(), out=expert_out[start : start + count])
+        weighted = (expert_out * weights.reshape(-1)[order, None]).to(x.dtype)
+        return torch.zeros_like(x).index_add_(0, token_of, weighted)
 
 
 class SparseMoE(nn.Module):
@@ -148,3 +144,34 @@ class SparseMoE(nn.Module):
             ],
             f"{prefix}.experts.down_proj": [f"{prefix}.experts.{e}.down_proj.weight" for e in range(num_experts)],
         }
+
+
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def traced_experts(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w_in: torch.Tensor,
+    w_out: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Experts for the compiled decode path (runtime/engine/compiled_decode.py): no host sync (`.tolist()`
+    ends a graph) and no Python branch on a traced size (a guard, hence a recompile). w_in [E, N, H],
+    w_out [E, H, I], `act` maps N to I features. One token: only the chosen experts' weights, gathered.
+    Several: every expert on every token with routing weights 0 for the unchosen, unless there are many
+    experts. Returns x's dtype, accumulated in the promoted dtype of the outputs and `weights`."""
+    tokens, top_k = ids.shape
+    num_experts = w_in.shape[0]
+    if tokens > 1 and num_experts <= _TRACED_DENSE_MAX_EXPERTS:
+        h = torch.bmm(act(torch.bmm(x.expand(num_experts, *x.shape), w_in.transpose(1, 2))), w_out.transpose(1, 2))
+        dense_w = torch.zeros(tokens, num_experts, dtype=weights.dtype, device=x.device).scatter_(1, ids, weights)
+        return (h * dense_w.t()[:, :, None]).sum(0).to(x.dtype)  # h: [E, T, H]
+    flat = ids.reshape(-1)
+    rows = x.repeat_interleave(top_k, dim=0)[:, None, :]  # [T*k, 1, H]
+    w_in, w_out = w_in.index_select(0, flat), w_out.index_select(0, flat)  # the chosen experts only
+    h = torch.bmm(act(torch.bmm(rows, w_in.transpose(1, 2))), w_out.transpose(1, 2))
+    return (h[:, 0].view(tokens, top_k, -1) * weights[..., None]).sum(1).to(x.dtype)
