@@ -54,9 +54,10 @@ class StateCheckpoints:
         return out
 
     def conv_windows(self, padded_input: torch.Tensor, width: int) -> torch.Tensor:
-        """[M, C, width]: the last `width` conv inputs after each checkpoint, from the [B, C, width + Lmax]
-        input (the old window followed by the new tokens)."""
-        return torch.stack([padded_input[b, :, n : n + width] for b, n in zip(self.seq, self.tokens, strict=True)])
+        """[M, C, width]: the last `width` conv inputs after each checkpoint, from the time-major
+        [B, width + Lmax, C] input (the old window followed by the new tokens)."""
+        windows = [padded_input[b, n : n + width] for b, n in zip(self.seq, self.tokens, strict=True)]
+        return torch.stack(windows).transpose(1, 2)
 
 
 def supports_state_checkpoints(model: torch.nn.Module) -> bool:
