@@ -152,6 +152,13 @@ class RuntimeSettings(_Section):
         "fcfs", description="Queue order: fcfs (arrival) or lpm (longest cached prefix first), ..."
     )
     disable_radix_cache: bool = Field(False, description="Turn the prefix cache off (overrides [cache]).")
+    enable_torch_compile: bool = Field(
+        False,
+        description="Compile the decode forward with torch.compile (start-up pays the compile; decode gets faster).",
+    )
+    torch_compile_max_bs: int = Field(
+        32, ge=1, le=1024, description="Largest decode batch that runs the compiled forward; bigger ones run eager."
+    )
 
 
 class MambaSettings(_Section):

@@ -26,13 +26,13 @@ _VALUE_FLAGS = (
     "--served-model-name", "--context-length", "--memory-budget-gib", "--num-threads",
     "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
     "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--disaggregation-mode",
-    "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s",
+    "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s", "--torch-compile-max-bs",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
     "--disable-overlap-schedule", "--disable-state-snapshot-on-match", "--disable-state-copy-on-write",
     "--disable-dual-lru-eviction", "--log-mamba-state-stats", "--disable-mamba-state-sandbox",
-    "--enable-elastic-memory-pool",
+    "--enable-elastic-memory-pool", "--enable-torch-compile",
 )  # fmt: skip
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),

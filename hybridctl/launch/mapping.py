@@ -29,6 +29,10 @@ def _elastic_on(cfg: HybridConfig) -> bool:
     return cfg.config.memory.enable_elastic_memory_pool
 
 
+def _compile_on(cfg: HybridConfig) -> bool:
+    return cfg.settings.runtime.enable_torch_compile
+
+
 CLIENT = Target("client-side", note="read by hybridctl, not passed to the engine")
 ONE_DEVICE = "the bundled runtime serves on one device"
 _UNIFIED = "0.5.15"  # first release with --enable-unified-memory (bisected over published wheels)
@@ -242,6 +246,8 @@ ROWS: tuple[MappingRow, ...] = (
         ),
     ),
     _both(S, "runtime.disable_radix_cache", "--disable-radix-cache", "true"),
+    _both(S, "runtime.enable_torch_compile", "--enable-torch-compile", "true"),
+    _both(S, "runtime.torch_compile_max_bs", "--torch-compile-max-bs", when=_compile_on),
     # --- [mamba]
     _both(S, "mamba.state_dtype", "--mamba-ssm-dtype"),
     _always_on_in_sglang(
