@@ -8,13 +8,17 @@ One run, same prompts, same thread count, one after the other (never at once: th
 
 Workloads (benchmarks/peers/workloads.py's shapes): single stream = one 128-token prompt, 128 new tokens,
 decode tok/s = (n - 1) / (finish - first token); 8 concurrent = eight 128-token prompts at once, 128 new tokens
-each, output tokens / wall. Prints medians over --repeats and HTTP / engine, and CPU ms per output token: the
-server's event-loop thread ("HTTP loop"), its other threads ("HTTP rest": engine loop, torch workers) and the
-in-process engine (time.process_time); "extra" = loop + rest - engine, what serving costs per token. CPU time,
-unlike tok/s, barely moves when other processes share the cores.
+each, output tokens / wall. Prints medians over --repeats and HTTP / engine, and ms per output token: CPU of the
+server's event-loop thread ("loop CPU") and of its other threads ("rest CPU": engine loop, torch workers), the
+in-process engine's CPU (time.process_time), "extra" = loop + rest - engine (what serving costs in CPU), and
+the server's engine thread waiting for a core ("eng. runq": the cores are shared with the event loop, the client
+and whatever else runs) and neither running nor waiting for a core ("eng. blocked": waiting for the GIL the event
+loop holds), from /proc/PID/task/*/schedstat. CPU and blocked time, unlike tok/s, barely move when other
+processes share the cores.
 
-`--py-spy FILE` also samples the server during the HTTP workloads with py-spy (`pip install py-spy`) and writes
-its collapsed stacks to FILE, then prints the top functions by own time, per thread.
+`--py-spy FILE` also samples the server during the HTTP workloads with py-spy (`pip install py-spy`; `--gil`:
+only the thread holding the GIL) and writes its collapsed stacks to FILE, then prints the top functions by own
+time, per thread.
 
     python benchmarks/server_overhead.py [--model DIR] [--threads 2] [--repeats 3] [--py-spy FILE]
 """
@@ -58,29 +62,42 @@ def prompts(seed: int) -> tuple[list[int], list[list[int]], list[list[int]]]:
     return fresh(PROMPT), [fresh(PROMPT) for _ in range(CONC)], [fresh(64) for _ in range(CONC)]
 
 
-def process_cpu_s(pid: int) -> tuple[float, float]:
-    """(main thread, all other threads) CPU seconds of `pid` so far, from schedstat (ns on CPU).
+@dataclass
+class ThreadTimes:
+    """Per thread of a process: (ns on CPU, ns runnable but waiting for a CPU), from /proc/PID/task/*/schedstat."""
+
+    pid: int
+    wall: float = field(default_factory=time.perf_counter)
+    tasks: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            try:
+                cpu, runq = (task / "schedstat").read_text().split()[:2]
+            except (OSError, ValueError):
+                continue  # a thread that ended in between
+            self.tasks[task.name] = (int(cpu), int(runq))
+
+
+def thread_costs(a: ThreadTimes, b: ThreadTimes, tokens: int) -> tuple[float, float, float, float]:
+    """ms per token between two snapshots: (main thread CPU, other threads' CPU, engine thread waiting for a
+    core, engine thread blocked).
 
     The server's main thread runs only the event loop (HTTP, detokenizing, chunk encoding); the engine loop and
-    torch's workers are the other threads. CPU time, unlike tok/s, barely moves when other processes share the
-    cores.
+    torch's workers are the other threads. The engine thread is the busiest of those; "blocked" is its wall time
+    neither on a CPU nor waiting for one: while requests stream, that is waiting for the GIL.
     """
-    main, rest = 0, 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            ns = int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended in between
-        if task.name == str(pid):
-            main += ns
-        else:
-            rest += ns
-    return main / 1e9, rest / 1e9
+    deltas = {t: (b.tasks[t][0] - c, b.tasks[t][1] - q) for t, (c, q) in a.tasks.items() if t in b.tasks}
+    main = deltas.pop(str(a.pid), (0, 0))[0]
+    rest = sum(c for c, _ in deltas.values())
+    cpu, runq = max(deltas.values(), default=(0, 0))
+    blocked = max(0.0, (b.wall - a.wall) * 1e9 - cpu - runq)
+    return main / 1e6 / tokens, rest / 1e6 / tokens, runq / 1e6 / tokens, blocked / 1e6 / tokens
 
 
 @dataclass
 class Samples:
-    """Per repeat: tok/s (wall) and CPU ms per output token for each workload (HTTP: main thread, the rest)."""
+    """Per repeat, for each workload: tok/s (wall) and ms per output token (see `thread_costs`)."""
 
     single: list[float] = field(default_factory=list)
     conc: list[float] = field(default_factory=list)
@@ -88,6 +105,10 @@ class Samples:
     conc_cpu: list[float] = field(default_factory=list)
     single_main: list[float] = field(default_factory=list)  # HTTP only: the event loop's thread
     conc_main: list[float] = field(default_factory=list)
+    single_blocked: list[float] = field(default_factory=list)  # HTTP only: the engine thread waiting (GIL)
+    conc_blocked: list[float] = field(default_factory=list)
+    single_runq: list[float] = field(default_factory=list)  # HTTP only: the engine thread waiting for a core
+    conc_runq: list[float] = field(default_factory=list)
 
 
 async def http_run(
@@ -103,20 +124,25 @@ async def http_run(
     async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
         await asyncio.gather(*(client.generate(http, p, 16) for p in warm))
         for _ in range(repeats):
-            (m0, c0) = process_cpu_s(pid)
+            t0 = ThreadTimes(pid)
             r = await client.generate(http, single, OUT)
-            m1, c1 = process_cpu_s(pid)
-            s.single_main.append((m1 - m0) * 1000 / len(r.output_ids))
-            s.single_cpu.append((c1 - c0) * 1000 / len(r.output_ids))
+            main, rest, runq, blocked = thread_costs(t0, ThreadTimes(pid), len(r.output_ids))
+            s.single_runq.append(runq)
+            s.single_main.append(main)
+            s.single_cpu.append(rest)
+            s.single_blocked.append(blocked)
             s.single.append(r.decode_tok_s)
             outputs.append(r.output_ids)
-            (m0, c0), t0 = process_cpu_s(pid), time.perf_counter()
+            t0 = ThreadTimes(pid)
             results = await asyncio.gather(*(client.generate(http, p, OUT) for p in conc))
             n = sum(len(x.output_ids) for x in results)
-            s.conc.append(n / (time.perf_counter() - t0))
-            m1, c1 = process_cpu_s(pid)
-            s.conc_main.append((m1 - m0) * 1000 / n)
-            s.conc_cpu.append((c1 - c0) * 1000 / n)
+            t1 = ThreadTimes(pid)
+            s.conc.append(n / (t1.wall - t0.wall))
+            main, rest, runq, blocked = thread_costs(t0, t1, n)
+            s.conc_runq.append(runq)
+            s.conc_main.append(main)
+            s.conc_cpu.append(rest)
+            s.conc_blocked.append(blocked)
     return s, outputs
 
 
@@ -199,17 +225,20 @@ def main() -> None:
         stop(running)
     assert all(o == outputs[0] for o in outputs), "greedy outputs differ between repeats"
     print(f"model={a.model} threads={a.threads} repeats={a.repeats} (medians)")
-    print(f"{'':22}{'HTTP tok/s':>11}{'engine':>8}{'ratio':>7}  | CPU ms/token: {'HTTP loop':>9}"
-          f"{'HTTP rest':>10}{'engine':>8}{'extra':>7}")  # fmt: skip
+    print(f"{'':22}{'HTTP tok/s':>11}{'engine':>8}{'ratio':>7}  | ms/token: {'loop CPU':>9}{'rest CPU':>9}"
+          f"{'engine CPU':>11}{'extra':>7}{'eng. runq':>10}{'eng. blocked':>13}")  # fmt: skip
     e = engine_run(a.model, a.threads, single, conc, warm, a.repeats) if not a.skip_engine else Samples()
     med = statistics.median
-    for name, hw, ew, hm, hc, ec in (
-        ("single stream", h.single, e.single, h.single_main, h.single_cpu, e.single_cpu),
-        (f"{CONC} concurrent x {OUT}", h.conc, e.conc, h.conc_main, h.conc_cpu, e.conc_cpu),
-    ):
+    for name, hw, ew, hm, hc, ec, hq, hb in (
+        ("single stream", h.single, e.single, h.single_main, h.single_cpu, e.single_cpu, h.single_runq,
+         h.single_blocked),
+        (f"{CONC} concurrent x {OUT}", h.conc, e.conc, h.conc_main, h.conc_cpu, e.conc_cpu, h.conc_runq,
+         h.conc_blocked),
+    ):  # fmt: skip
         ratio = f"{med(ew):8.1f}{med(hw) / med(ew):7.2f}" if ew else f"{'':15}"
-        extra = f"{med(ec):8.2f}{med(hm) + med(hc) - med(ec):7.2f}" if ec else ""
-        print(f"{name:22}{med(hw):11.1f}{ratio}  | {'':14}{med(hm):9.3f}{med(hc):10.2f}{extra}")
+        extra = f"{med(ec):11.2f}{med(hm) + med(hc) - med(ec):7.2f}" if ec else f"{'':18}"
+        waits = f"{med(hq):10.3f}{med(hb):13.3f}"
+        print(f"{name:22}{med(hw):11.1f}{ratio}  | {'':10}{med(hm):9.3f}{med(hc):9.2f}{extra}{waits}")
     if a.py_spy is not None and a.py_spy.is_file():
         print(top_functions(a.py_spy))
 
