@@ -18,6 +18,11 @@ from runtime.models.layers.state_checkpoints import StateCheckpoints
 # positive (masked out afterwards) above the diagonal. exp(-80) = 1.8e-35 then stands in for anything
 # smaller: a term that small vanishes next to any other (fp32 keeps ~7 digits).
 _EXP_LIMIT = 80.0
+# Tokens per chunk. The intra-chunk work grows with the chunk (L x C), the sequential loop with L / C; with the
+# inverse in matmuls, 32 is the faster side for head dims 32-64 (6 captured demo-model GDN layers, 2048 tokens,
+# one thread: 91 ms at 32 vs 109 ms at 64; the peer model's 64-dim heads: 82 vs 101 ms). A divisor of the
+# scheduler's default checkpoint interval (64), so those checkpoints stay on the chunk grid.
+DEFAULT_CHUNK = 32
 # The chunk loop runs on one thread when a chunk's two matmuls are at most this many multiply-adds.
 _SERIAL_LOOP_MAX_MACS = 1 << 23
 
@@ -38,7 +43,7 @@ def chunk_gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     initial_state: torch.Tensor,
-    chunk_size: int = 64,
+    chunk_size: int = DEFAULT_CHUNK,
     checkpoints: StateCheckpoints | None = None,
     captured: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +56,7 @@ def chunk_gated_delta_rule(
     """
     batch, length, heads, dk = k.shape
     dv = v.shape[-1]
-    # A short extend (a speculative verify, a draft's catch-up) padded to a 64-token chunk costs ~15x its
+    # A short extend (a speculative verify, a draft's catch-up) padded to a full chunk costs ~15x its
     # own size (demo model, 4 tokens: 3.8 ms vs 0.26 ms per layer); any chunk size gives the same result.
     chunk_size = min(chunk_size, 1 << (length - 1).bit_length())
     pad = (chunk_size - length % chunk_size) % chunk_size
