@@ -34,13 +34,11 @@ logger = logging.getLogger("runtime.engine")
 _WARMUP_KV_LEN = (37, 53)
 
 
-# Intra-op threads of the compiled graphs, by batch size (capped by the process's torch threads). Inductor bakes
-# the count into each graph's C++ kernels at compile time. Batch 1 is weight-bandwidth bound and a second
-# thread only adds synchronization; batches of several sequences split their matmuls usefully.
-# Measured on the demo model (docs/performance.md, "Compiled decode"): batch 1 1 thread 3.1 ms vs 2 threads
-# 3.8 ms; batch 8: 10.4 ms vs 7.7 ms.
-_THREADS_BATCH_1 = 1
-_THREADS_BATCHED = 2
+# Intra-op threads of the compiled graphs (inductor bakes the count into each graph's C++ kernels at compile
+# time). One: on a quiet 2-core host 2 threads cut batch 8 from ~10 to ~7 ms a step, but on a busy one they
+# took 70-88 ms (the second thread waits on a descheduled peer in every kernel); batch 1 is no faster with 2.
+# The eager engine runs decode-sized forwards on one thread for the same reason (engine_core.py).
+COMPILED_DECODE_THREADS = 1
 
 
 # Every CompiledDecode of this process (they share one compiled code object, hence one cache of graphs).
@@ -62,8 +60,6 @@ class CompiledDecode:
         self.model = model
         self.max_bs = max_bs
         self.device = next(model.parameters()).device
-        available = torch.get_num_threads()
-        self.threads = (min(_THREADS_BATCH_1, available), min(_THREADS_BATCHED, available))
         self.report = CompileReport(enabled=False, reason="not warmed up")
         self.steps_by_batch_size: Counter[int] = Counter()  # compiled decode steps served, after warm-up
         # After warm-up, check only the guards that tell the compiled graphs apart (batch 1 or not), not the
@@ -141,17 +137,16 @@ class CompiledDecode:
                 torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(kv_index, 1)
         torch._dynamo.mark_dynamic(kv_mask, 3)
-        wanted = self.threads[0] if batch == 1 else self.threads[1]
         threads = torch.get_num_threads()
-        if threads != wanted:
-            torch.set_num_threads(wanted)
+        if threads != COMPILED_DECODE_THREADS:
+            torch.set_num_threads(COMPILED_DECODE_THREADS)
         try:
             if self.skip_guards and len(_INSTANCES) == 1:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                     return self._compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
             return self._compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
         finally:
-            if threads != wanted:
+            if threads != COMPILED_DECODE_THREADS:
                 torch.set_num_threads(threads)
 
     @torch.inference_mode()
@@ -184,12 +179,11 @@ class CompiledDecode:
         )
         self.skip_guards = True
         logger.info(
-            "Torch compile: %s decode compiled for batch sizes 1..%d (%d graphs; threads %d at batch 1, %d above), "
-            "elapsed=%.1f s",
+            "Torch compile: %s decode compiled for batch sizes 1..%d (%d graphs, %d thread), elapsed=%.1f s",
             name,
             self.max_bs,
             self.report.graphs,
-            *self.threads,
+            COMPILED_DECODE_THREADS,
             self.report.elapsed_s,
         )
         return self.report
