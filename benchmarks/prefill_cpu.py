@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--profile", action="store_true", help="per-op self CPU, min over the runs")
+    ap.add_argument("--top", type=int, default=30, help="ops listed by --profile")
     a = ap.parse_args()
     import torch  # after `runtime` (imported above), whose __init__ sets OpenMP's wait policy and malloc tuning
 
@@ -87,7 +88,7 @@ def main() -> None:
         f"engine-thread CPU  {cpu * 1e3:8.1f} ms  [{min(r[1] for r in runs) * 1e3:.1f}]\n"
         f"voluntary context switches {switches:8.0f}"
     )
-    for (name, shapes), ms in sorted(best.items(), key=lambda kv: -kv[1])[:30]:
+    for (name, shapes), ms in sorted(best.items(), key=lambda kv: -kv[1])[: a.top]:
         print(f"{ms:8.2f} ms  {name:45s} {shapes}")
 
 
