@@ -10,17 +10,19 @@ Workloads (benchmarks/peers/workloads.py's shapes): single stream = one 128-toke
 decode tok/s = (n - 1) / (finish - first token); 8 concurrent = eight 128-token prompts at once, 128 new tokens
 each, output tokens / wall. Prints medians over --repeats and HTTP / engine, and ms per output token: CPU of the
 server's event-loop thread ("loop CPU") and of its other threads ("rest CPU": engine loop, torch workers), the
-in-process engine's CPU (time.process_time), "extra" = loop + rest - engine (what serving costs in CPU), and
-the server's engine thread waiting for a core ("eng. runq": the cores are shared with the event loop, the client
-and whatever else runs) and neither running nor waiting for a core ("eng. blocked": waiting for the GIL the event
-loop holds), from /proc/PID/task/*/schedstat. CPU and blocked time, unlike tok/s, barely move when other
-processes share the cores.
+in-process engine's CPU (time.process_time), "extra" = loop + rest - engine (what serving costs in CPU), the
+server's engine thread waiting for a core ("eng. runq"; the cores are shared with the event loop, the client and
+whatever else runs; "(in-proc)": the same for the in-process engine), and the engine thread neither running nor
+waiting for a core ("eng. blocked": waiting for the GIL the event loop holds), from /proc/PID/task/*/schedstat.
+CPU and blocked time, unlike tok/s, barely move when other processes share the cores.
 
 `--py-spy FILE` also samples the server during the HTTP workloads with py-spy (`pip install py-spy`; `--gil`:
 only the thread holding the GIL) and writes its collapsed stacks to FILE, then prints the top functions by own
 time, per thread.
 
-    python benchmarks/server_overhead.py [--model DIR] [--threads 2] [--repeats 3] [--py-spy FILE]
+Both halves run with --enable-torch-compile when the peers harness does (its default), or eager with --eager.
+
+    python benchmarks/server_overhead.py [--model DIR] [--threads 2] [--repeats 3] [--eager] [--py-spy FILE]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import os
 import random
 import shutil
 import statistics
@@ -45,6 +48,7 @@ import runtime  # noqa: F401 - before torch: sets OpenMP's wait policy as the se
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "peers"), str(HERE)]
 
+import engines  # noqa: E402
 from clients import RuntimeClient  # noqa: E402
 from engines import free_port, runtime_launch, start, stop  # noqa: E402
 
@@ -79,18 +83,22 @@ class ThreadTimes:
             self.tasks[task.name] = (int(cpu), int(runq))
 
 
-def thread_costs(a: ThreadTimes, b: ThreadTimes, tokens: int) -> tuple[float, float, float, float]:
+def thread_costs(
+    a: ThreadTimes, b: ThreadTimes, tokens: int, main_is_engine: bool = False
+) -> tuple[float, float, float, float]:
     """ms per token between two snapshots: (main thread CPU, other threads' CPU, engine thread waiting for a
     core, engine thread blocked).
 
-    The server's main thread runs only the event loop (HTTP, detokenizing, chunk encoding); the engine loop and
+    In the server, the main thread runs only the event loop (HTTP, detokenizing, chunk encoding); the engine loop and
     torch's workers are the other threads. The engine thread is the busiest of those; "blocked" is its wall time
     neither on a CPU nor waiting for one: while requests stream, that is waiting for the GIL.
     """
     deltas = {t: (b.tasks[t][0] - c, b.tasks[t][1] - q) for t, (c, q) in a.tasks.items() if t in b.tasks}
-    main = deltas.pop(str(a.pid), (0, 0))[0]
+    main_cpu, main_runq = deltas.pop(str(a.pid), (0, 0))
     rest = sum(c for c, _ in deltas.values())
-    cpu, runq = max(deltas.values(), default=(0, 0))
+    # In-process (main_is_engine) the steps run on the main thread itself.
+    cpu, runq = (main_cpu, main_runq) if main_is_engine else max(deltas.values(), default=(0, 0))
+    main = main_cpu
     blocked = max(0.0, (b.wall - a.wall) * 1e9 - cpu - runq)
     return main / 1e6 / tokens, rest / 1e6 / tokens, runq / 1e6 / tokens, blocked / 1e6 / tokens
 
@@ -107,7 +115,7 @@ class Samples:
     conc_main: list[float] = field(default_factory=list)
     single_blocked: list[float] = field(default_factory=list)  # HTTP only: the engine thread waiting (GIL)
     conc_blocked: list[float] = field(default_factory=list)
-    single_runq: list[float] = field(default_factory=list)  # HTTP only: the engine thread waiting for a core
+    single_runq: list[float] = field(default_factory=list)  # the engine's thread waiting for a core
     conc_runq: list[float] = field(default_factory=list)
 
 
@@ -147,7 +155,13 @@ async def http_run(
 
 
 def engine_run(
-    model: Path, threads: int, single: list[int], conc: list[list[int]], warm: list[list[int]], repeats: int
+    model: Path,
+    threads: int,
+    single: list[int],
+    conc: list[list[int]],
+    warm: list[list[int]],
+    repeats: int,
+    compile_decode: bool,
 ) -> Samples:
     import torch
     from runtime_throughput import run_requests
@@ -156,16 +170,19 @@ def engine_run(
     from runtime.engine.engine_core import EngineCore
 
     torch.set_num_threads(threads)
-    core = EngineCore(EngineArgs(model_path=str(model), memory_budget_gib=2))
+    extra = {"enable_torch_compile": True} if compile_decode else {}  # as the server was started
+    core = EngineCore(EngineArgs(model_path=str(model), memory_budget_gib=2, **extra))
     run_requests(core, warm, 16, "warm")
     s = Samples()
     for rep in range(repeats):
-        c0 = time.process_time()
+        c0, t0 = time.process_time(), ThreadTimes(os.getpid())
         r = run_requests(core, [single], OUT, f"s{rep}")
+        s.single_runq.append(thread_costs(t0, ThreadTimes(os.getpid()), int(r["tokens"]), main_is_engine=True)[2])
         s.single_cpu.append((time.process_time() - c0) * 1000 / r["tokens"])
         s.single.append((r["tokens"] - 1) / (r["last"] - r["first"]))
-        c0 = time.process_time()
+        c0, t0 = time.process_time(), ThreadTimes(os.getpid())
         r = run_requests(core, conc, OUT, f"c{rep}")
+        s.conc_runq.append(thread_costs(t0, ThreadTimes(os.getpid()), int(r["tokens"]), main_is_engine=True)[2])
         s.conc_cpu.append((time.process_time() - c0) * 1000 / r["tokens"])
         s.conc.append(r["tokens"] / r["wall"])
     return s
@@ -194,7 +211,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--py-spy", type=Path, metavar="FILE", help="sample the server with py-spy into FILE")
     ap.add_argument("--skip-engine", action="store_true", help="HTTP half only (e.g. while profiling)")
+    ap.add_argument(
+        "--eager", action="store_true", help="no --enable-torch-compile (the peers harness compiles by default)"
+    )
     a = ap.parse_args()
+    engines.RUNTIME_COMPILE = engines.RUNTIME_COMPILE and not a.eager
     if a.model is None:
         from runtime.demo_model import build_demo_model
 
@@ -224,20 +245,21 @@ def main() -> None:
             spy.wait(timeout=60)
         stop(running)
     assert all(o == outputs[0] for o in outputs), "greedy outputs differ between repeats"
-    print(f"model={a.model} threads={a.threads} repeats={a.repeats} (medians)")
+    print(f"model={a.model} threads={a.threads} repeats={a.repeats} compile={engines.RUNTIME_COMPILE} (medians)")
     print(f"{'':22}{'HTTP tok/s':>11}{'engine':>8}{'ratio':>7}  | ms/token: {'loop CPU':>9}{'rest CPU':>9}"
-          f"{'engine CPU':>11}{'extra':>7}{'eng. runq':>10}{'eng. blocked':>13}")  # fmt: skip
-    e = engine_run(a.model, a.threads, single, conc, warm, a.repeats) if not a.skip_engine else Samples()
+          f"{'engine CPU':>11}{'extra':>7}{'eng. runq':>10}{'(in-proc)':>10}{'eng. blocked':>13}")  # fmt: skip
+    compiled = engines.RUNTIME_COMPILE
+    e = Samples() if a.skip_engine else engine_run(a.model, a.threads, single, conc, warm, a.repeats, compiled)
     med = statistics.median
-    for name, hw, ew, hm, hc, ec, hq, hb in (
+    for name, hw, ew, hm, hc, ec, hq, eq, hb in (
         ("single stream", h.single, e.single, h.single_main, h.single_cpu, e.single_cpu, h.single_runq,
-         h.single_blocked),
+         e.single_runq, h.single_blocked),
         (f"{CONC} concurrent x {OUT}", h.conc, e.conc, h.conc_main, h.conc_cpu, e.conc_cpu, h.conc_runq,
-         h.conc_blocked),
+         e.conc_runq, h.conc_blocked),
     ):  # fmt: skip
         ratio = f"{med(ew):8.1f}{med(hw) / med(ew):7.2f}" if ew else f"{'':15}"
         extra = f"{med(ec):11.2f}{med(hm) + med(hc) - med(ec):7.2f}" if ec else f"{'':18}"
-        waits = f"{med(hq):10.3f}{med(hb):13.3f}"
+        waits = f"{med(hq):10.3f}{med(eq) if eq else float('nan'):10.3f}{med(hb):13.3f}"
         print(f"{name:22}{med(hw):11.1f}{ratio}  | {'':10}{med(hm):9.3f}{med(hc):9.2f}{extra}{waits}")
     if a.py_spy is not None and a.py_spy.is_file():
         print(top_functions(a.py_spy))
