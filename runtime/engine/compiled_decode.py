@@ -160,6 +160,11 @@ class CompiledDecode:
         state_slots = min((t.shape[0] for t in (*buffers.conv, *buffers.ssm)), default=max(sizes))
         if token_slots < need_tokens or state_slots < max(sizes):
             return self._off(name, "the pools are too small for the warm-up batches", 0.0)
+        tensors = (*buffers.k, *buffers.v, *buffers.conv, *buffers.ssm)
+        if len({t.untyped_storage().data_ptr() for t in tensors}) < len(tensors):
+            # aot_autograd refuses in-place writes to views of one storage with different bases.
+            reason = "the pool buffers are views of one storage (--enable-elastic-memory-pool); torch.compile cannot"
+            return self._off(name, reason + " trace writes to them", 0.0)
         vocab = self.model.layout().vocab_size
         t0 = time.perf_counter()
         before = _graphs_compiled()
@@ -172,8 +177,7 @@ class CompiledDecode:
                     for kv_len in _WARMUP_KV_LEN:
                         self._run(*_warmup_inputs(batch, kv_len, vocab, self.device), buffers)
         except Exception as exc:  # noqa: BLE001 - any tracing/compile failure means: stay eager, say why
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return self._off(name, f"{type(exc).__name__}: {first_line}", time.perf_counter() - t0)
+            return self._off(name, _reason(exc), time.perf_counter() - t0)
         self.report = CompileReport(
             enabled=True, reason="", graphs=_graphs_compiled() - before, elapsed_s=time.perf_counter() - t0
         )
@@ -197,6 +201,17 @@ class CompiledDecode:
             reason[:300],
         )
         return self.report
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost error's type and first line: dynamo wraps the real one (BackendCompilerFailed and such)."""
+    while True:
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _as_traced(t: torch.Tensor) -> torch.Tensor:

@@ -144,3 +144,14 @@ def test_traced_experts_equal_the_eager_dispatch(tokens: int, num_experts: int, 
             rtol=1e-5,
             atol=1e-6,
         )
+
+
+def test_elastic_pool_keeps_decode_eager_and_says_why(demo_model_dir: Path) -> None:
+    core = _core(demo_model_dir, enable_torch_compile=True, enable_elastic_memory_pool=True)
+    assert core.compiled_decode is not None
+    report = core.compiled_decode.report
+    assert not report.enabled and "--enable-elastic-memory-pool" in report.reason
+    reqs = [GenerateRequest(rid="e", input_ids=[5, 6, 7], sampling=greedy(max_new_tokens=4))]
+    # check=False: the fixed-split slot invariant does not describe the elastic pool's chunks.
+    assert len(run_to_completion(core, reqs, together=True, check=False).tokens("e")) == 4
+    assert not core.compiled_decode.steps_by_batch_size
