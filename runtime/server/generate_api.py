@@ -105,6 +105,7 @@ async def generate(request: Request) -> Response:
 async def _stream(
     ctx: ServerContext, group: RequestGroup, states: list[RequestState], single: bool
 ) -> AsyncIterator[bytes]:
+    sent = [0] * len(states)  # tokens each request's chunks have carried so far
     async for batch in group.batches():
         # One chunk per request per batch: outputs that queued up while the loop was busy go out together
         # (chunks are cumulative, as SGLang's with stream_interval > 1), which is what lets it catch up.
@@ -117,5 +118,16 @@ async def _stream(
             if out.finished or out.new_token_ids:
                 changed[index] = None
         for index in changed:
-            yield states[index].sse_chunk(with_index=not single)
+            state = states[index]
+            if state.finished or _chunk_due(state, sent[index]):
+                sent[index] = len(state.output_ids)
+                yield state.sse_chunk(with_index=not single)
     yield DONE
+
+
+def _chunk_due(state: RequestState, sent: int) -> bool:
+    """SGLang's rule (scheduler_components/output_streamer.py): every step at stream_interval 1; otherwise the
+    first token at once, then whenever at least stream_interval tokens are unsent."""
+    unsent = len(state.output_ids) - sent
+    interval = state.prepared.stream_interval
+    return unsent > 0 and (interval == 1 or unsent >= interval or sent == 0)

@@ -136,6 +136,7 @@ class ParsedSampling:
     max_new_tokens_given: bool  # False: SGLang's default 128 (or the context budget if smaller)
     skip_special_tokens: bool
     no_stop_trim: bool
+    stream_interval: int = 1
 
 
 def parse_sampling_params(raw: Any) -> ParsedSampling:
@@ -175,7 +176,7 @@ def parse_sampling_params(raw: Any) -> ParsedSampling:
     p.stop_token_ids = _token_ids("stop_token_ids", raw.get("stop_token_ids"))
     p.ignore_eos = bool(_boolean("ignore_eos", raw.get("ignore_eos")))
     p.seed = _integer("sampling_seed", raw.get("sampling_seed"))
-    _integer("stream_interval", raw.get("stream_interval"))  # accepted; every token is streamed
+    interval = _integer("stream_interval", raw.get("stream_interval"))
     _boolean("spaces_between_special_tokens", raw.get("spaces_between_special_tokens"))
     skip = _boolean("skip_special_tokens", raw.get("skip_special_tokens"))
     no_trim = _boolean("no_stop_trim", raw.get("no_stop_trim"))
@@ -187,6 +188,8 @@ def parse_sampling_params(raw: Any) -> ParsedSampling:
         max_new_tokens_given="max_new_tokens" in raw and raw["max_new_tokens"] is not None,
         skip_special_tokens=True if skip is None else skip,
         no_stop_trim=bool(no_trim),
+        # As SGLang: unset or 0 takes the server default (1); a negative one streams every step too.
+        stream_interval=interval if interval is not None and interval > 0 else 1,
     )
 
 
@@ -198,6 +201,7 @@ class PreparedRequest:
     request: GenerateRequest
     skip_special_tokens: bool
     no_stop_trim: bool
+    stream_interval: int = 1  # streamed: a chunk at the first token, then once this many tokens are unsent
 
 
 def _prompts(body: dict[str, Any], encode: Any) -> tuple[list[list[int]], bool]:
@@ -311,4 +315,4 @@ def prepare_request(
             )
         sampling.max_new_tokens = budget
     request = GenerateRequest(rid=rid, input_ids=ids, sampling=sampling, stream=stream)
-    return PreparedRequest(index, request, ps.skip_special_tokens, ps.no_stop_trim)
+    return PreparedRequest(index, request, ps.skip_special_tokens, ps.no_stop_trim, ps.stream_interval)

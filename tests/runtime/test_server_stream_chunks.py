@@ -1,10 +1,14 @@
-"""The streamed /generate chunk is built from pre-encoded ids (RequestState.sse_chunk); it must stay byte-identical
-to encoding the whole chunk dict with json.dumps, whatever the tokens, text, finish reason and options."""
+"""Streamed /generate chunks: built from pre-encoded ids (RequestState.sse_chunk), they must stay byte-identical
+to encoding the whole chunk dict with json.dumps, whatever the tokens, text, finish reason and options; and they
+come at SGLang's cadence for `stream_interval` (first token at once, then every `stream_interval` tokens)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -76,3 +80,30 @@ def test_chunk_equals_json_dumps_of_the_dict(
         # The chunk renders the detokenizer's state, so both encodings read one text() each, in turn.
         fast = state.sse_chunk(with_index)
         assert fast == sse_event(state.to_dict(with_index)), (fast, state.to_dict(with_index))
+
+
+def _stream_token_counts(url: str, sampling: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    body = {"input_ids": [11, 12, 13, 14], "stream": True, "sampling_params": sampling}
+    counts, last = [], {}
+    with httpx.Client(base_url=url, timeout=120, trust_env=False) as http:
+        with http.stream("POST", "/generate", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    last = json.loads(line[6:])
+                    counts.append(len(last["output_ids"]))
+    return counts, last
+
+
+@pytest.mark.parametrize("interval", [1, 4])
+def test_stream_interval_sets_the_chunk_cadence(runtime_server: Any, interval: int) -> None:
+    greedy = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+    _, whole = _stream_token_counts(runtime_server.url, greedy)
+    counts, last = _stream_token_counts(runtime_server.url, {**greedy, "stream_interval": interval})
+    assert last["output_ids"] == whole["output_ids"] and last["text"] == whole["text"]
+    assert counts[-1] == 10 and counts[0] >= 1
+    # Each chunk carries at least `interval` new tokens (a reader that fell behind may merge more), except the
+    # first and the final one; with interval 4: [1, 5, 9, 10] when the reader keeps up.
+    gaps = [b - a for a, b in zip(counts, counts[1:-1], strict=False)]
+    assert all(g >= interval for g in gaps), counts
+    assert len(counts) <= (2 + (10 - 1) // interval if interval > 1 else 10), counts
