@@ -172,6 +172,13 @@ class EngineCore:
 
     def check_invariants(self) -> None:
         """Pool accounting (free + cached + in-use == total, nothing in two places); raises AssertionError."""
+        if self.elastic is not None:
+            # Under the elastic pool, page and slot ids live in movable chunks, not 0..n-1: its own check (every
+            # chunk KV or state, every page/slot of a chunk free, cached or held exactly once) replaces the
+            # fixed split's.
+            self.cache.tree.check_invariants()
+            self.elastic.check_invariants()
+            return
         self.scheduler.check_invariants()
 
     def stats(self) -> EngineStats:

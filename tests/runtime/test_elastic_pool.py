@@ -35,7 +35,7 @@ def run(core: EngineCore, reqs: list[GenerateRequest], outs: dict[str, list[int]
     while core.scheduler.has_work:
         core.step()
         assert core.elastic is not None
-        core.elastic.check_invariants()
+        core.check_invariants()  # the engine's check: the radix tree's and the elastic pool's
         peak = max(peak, len(core.scheduler.running))
     return peak
 
