@@ -22,7 +22,8 @@ time, per thread.
 
 Both halves run with --enable-torch-compile when the peers harness does (its default), or eager with --eager.
 
-    python benchmarks/server_overhead.py [--model DIR] [--threads 2] [--repeats 3] [--eager] [--py-spy FILE]
+    python benchmarks/server_overhead.py [--model DIR] [--threads 2] [--repeats 3] [--eager] [--stream-interval N]
+        [--skip-engine] [--py-spy FILE]
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ def main() -> None:
     ap.add_argument(
         "--eager", action="store_true", help="no --enable-torch-compile (the peers harness compiles by default)"
     )
+    ap.add_argument("--stream-interval", type=int, default=1, help="sampling_params.stream_interval of the HTTP half")
     a = ap.parse_args()
     engines.RUNTIME_COMPILE = engines.RUNTIME_COMPILE and not a.eager
     if a.model is None:
@@ -223,6 +225,8 @@ def main() -> None:
     single, conc, warm = prompts(0)
 
     launch = runtime_launch(a.model, a.threads, free_port())
+    if a.stream_interval != 1:
+        launch.client.extra_sampling["stream_interval"] = a.stream_interval  # type: ignore[attr-defined]
     logs = Path(tempfile.mkdtemp())
     running = start(launch, logs / "runtime.log", a.threads)
     spy = None

@@ -88,13 +88,16 @@ class _Timer:
 class RuntimeClient:
     url: str
     name: str = "runtime"
+    extra_sampling: dict[str, Any] = field(default_factory=dict)  # e.g. stream_interval (server_overhead.py)
 
     async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult:
         body = {
             "input_ids": ids,
             "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True},
-        }
+            "sampling_params": {
+                "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **self.extra_sampling
+            },
+        }  # fmt: skip
         timer, out, cached = _Timer(), [], None
         async for chunk in _sse(http, self.url + "/generate", body):
             new = chunk.get("output_ids") or []
