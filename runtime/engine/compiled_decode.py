@@ -15,7 +15,9 @@ pool slots, so those slots' contents are saved first and put back afterwards.
 from __future__ import annotations
 
 import logging
+import os
 import time
+import types
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.layers.attention import AttentionMetadata
@@ -34,11 +37,12 @@ logger = logging.getLogger("runtime.engine")
 _WARMUP_KV_LEN = (37, 53)
 
 
-# Intra-op threads of the compiled graphs (inductor bakes the count into each graph's C++ kernels at compile
-# time). One: on a quiet 2-core host 2 threads cut batch 8 from ~10 to ~7 ms a step, but on a busy one they
-# took 70-88 ms (the second thread waits on a descheduled peer in every kernel); batch 1 is no faster with 2.
-# The eager engine runs decode-sized forwards on one thread for the same reason (engine_core.py).
-COMPILED_DECODE_THREADS = 1
+# Intra-op threads of the compiled graphs: inductor bakes the count into each graph's C++ kernels at compile
+# time (`#pragma omp parallel num_threads(N)`, or no parallel region at all for 1), so every thread count the
+# decode may run with gets its own graphs, compiled at warm-up. Which one runs is chosen per step from measured
+# wall time (runtime/engine/decode_threads.py: two threads pay on a quiet host at batch >= 4, and cost 10x on
+# a busy one). This variable pins a count instead ("1", "2", ...).
+THREADS_ENV = "RUNTIME_COMPILED_DECODE_THREADS"
 
 
 # Every CompiledDecode of this process (they share one compiled code object, hence one cache of graphs).
@@ -56,7 +60,9 @@ class CompileReport:
 
 
 class CompiledDecode:
-    def __init__(self, model: HybridModel, max_bs: int) -> None:
+    def __init__(self, model: HybridModel, max_bs: int, threads: int | None = None) -> None:
+        """`threads`: pin the compiled decode to that many intra-op threads; default: the THREADS_ENV
+        variable, else adaptive between 1 and the process's torch thread count now."""
         self.model = model
         self.max_bs = max_bs
         self.device = next(model.parameters()).device
@@ -91,9 +97,17 @@ class CompiledDecode:
             return model.forward_tokens(input_ids, ctx)
 
         self._eager = decode
-        # fullgraph: a decode path that graph-breaks would run as many small graphs plus eager glue; such a
-        # model is reported and kept eager instead.
-        self._compiled: Callable[..., torch.Tensor] = torch.compile(decode, fullgraph=True)
+        pinned = threads if threads is not None else _pinned_from_env()
+        options = (pinned,) if pinned is not None else (1, torch.get_num_threads())
+        self.threads = DecodeThreadChooser(options, pinned)
+        # One compiled function per thread count, each over its own copy of the code object: dynamo keeps its
+        # graphs on the code object and does not guard on the thread count, so one code object would serve the
+        # graphs compiled for one count to the other. fullgraph: a decode path that graph-breaks would run as
+        # many small graphs plus eager glue; such a model is reported and kept eager instead.
+        self._compiled: dict[int, Callable[..., torch.Tensor]] = {
+            n: torch.compile(_copy_function(decode, f"decode_{n}_threads"), fullgraph=True)
+            for n in self.threads.options
+        }
 
     def handles(self, batch: ForwardBatch) -> bool:
         return (
@@ -117,7 +131,11 @@ class CompiledDecode:
         ids = (batch.input_ids, batch.positions, batch.out_locs, batch.state_slots, kv_index)
         inputs = [_as_traced(t.to(self.device, torch.int64)) for t in ids]
         self.steps_by_batch_size[batch.batch_size] += 1
-        return self._run(*inputs, _as_traced(kv_mask), buffers)
+        threads = self.threads.choose(batch.batch_size)
+        t0 = time.perf_counter()
+        out = self._run(*inputs, _as_traced(kv_mask), buffers, threads=threads)
+        self.threads.record(batch.batch_size, threads, time.perf_counter() - t0)
+        return out
 
     def _run(
         self,
@@ -128,7 +146,10 @@ class CompiledDecode:
         kv_index: torch.Tensor,
         kv_mask: torch.Tensor,
         buffers: PoolBuffers,
+        *,
+        threads: int | None = None,
     ) -> torch.Tensor:
+        """One compiled decode step on `threads` intra-op threads (default: the fewest compiled for)."""
         batch = input_ids.shape[0]
         # Size 1 is specialized by torch (its own graph); from 2 up the batch dim is one symbol. The KV length
         # is always a symbol. Marking them up front avoids the compile-static-then-recompile-dynamic dance.
@@ -137,17 +158,19 @@ class CompiledDecode:
                 torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(kv_index, 1)
         torch._dynamo.mark_dynamic(kv_mask, 3)
-        threads = torch.get_num_threads()
-        if threads != COMPILED_DECODE_THREADS:
-            torch.set_num_threads(COMPILED_DECODE_THREADS)
+        threads = self.threads.options[0] if threads is None else threads
+        compiled = self._compiled[threads]
+        before = torch.get_num_threads()
+        if before != threads:
+            torch.set_num_threads(threads)
         try:
             if self.skip_guards and len(_INSTANCES) == 1:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return self._compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
-            return self._compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
+                    return compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
+            return compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
         finally:
-            if threads != COMPILED_DECODE_THREADS:
-                torch.set_num_threads(threads)
+            if before != threads:
+                torch.set_num_threads(before)
 
     @torch.inference_mode()
     def warm_up(self, buffers: PoolBuffers) -> CompileReport:
@@ -173,9 +196,11 @@ class CompiledDecode:
                 # One eager step first: modules that fill a lazy cache on first use (e.g. GatedDeltaNet's
                 # de-interleave orders) would otherwise be traced empty, and guarded on being empty.
                 self._eager(*_warmup_inputs(1, _WARMUP_KV_LEN[0], vocab, self.device), buffers)
-                for batch in sizes:
-                    for kv_len in _WARMUP_KV_LEN:
-                        self._run(*_warmup_inputs(batch, kv_len, vocab, self.device), buffers)
+                for threads in self.threads.options:
+                    for batch in sizes:
+                        for kv_len in _WARMUP_KV_LEN:
+                            inputs = _warmup_inputs(batch, kv_len, vocab, self.device)
+                            self._run(*inputs, buffers, threads=threads)
         except Exception as exc:  # noqa: BLE001 - any tracing/compile failure means: stay eager, say why
             return self._off(name, _reason(exc), time.perf_counter() - t0)
         self.report = CompileReport(
@@ -183,11 +208,11 @@ class CompiledDecode:
         )
         self.skip_guards = True
         logger.info(
-            "Torch compile: %s decode compiled for batch sizes 1..%d (%d graphs, %d thread), elapsed=%.1f s",
+            "Torch compile: %s decode compiled for batch sizes 1..%d (%d graphs, threads %s), elapsed=%.1f s",
             name,
             self.max_bs,
             self.report.graphs,
-            COMPILED_DECODE_THREADS,
+            self.threads.describe(),
             self.report.elapsed_s,
         )
         return self.report
@@ -201,6 +226,20 @@ class CompiledDecode:
             reason[:300],
         )
         return self.report
+
+
+def _pinned_from_env() -> int | None:
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{THREADS_ENV}={raw!r}: expected a positive thread count (e.g. 1 or 2), or unset it")
+    return int(raw)
+
+
+def _copy_function(fn: types.FunctionType, name: str) -> types.FunctionType:
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,0 +1,95 @@
+"""The compiled decode's thread chooser (runtime/engine/decode_threads.py) on simulated hosts: per-step wall
+times come from a cost table that the test changes mid-run (quiet host, then busy, then quiet again)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.engine.decode_threads import MAX_EXPLORE_EVERY, DecodeThreadChooser, bucket_of
+
+
+def _run(chooser: DecodeThreadChooser, cost_ms: dict[int, float], steps: int, batch: int = 8) -> list[int]:
+    """`steps` decode steps of `batch` sequences; returns the thread count each step ran with."""
+    used = []
+    for _ in range(steps):
+        n = chooser.choose(batch)
+        chooser.record(batch, n, cost_ms[n] / 1000)
+        used.append(n)
+    return used
+
+
+def test_quiet_host_settles_on_two_threads_where_they_pay() -> None:
+    chooser = DecodeThreadChooser((1, 2))
+    used = _run(chooser, {1: 10.0, 2: 7.0}, 500)
+    assert chooser.in_use() == {8: 2}
+    assert used[2:].count(1) <= 0.03 * 500  # only the periodic probes of the other setting
+
+
+def test_busy_host_falls_back_within_two_steps_and_probes_rarely() -> None:
+    chooser = DecodeThreadChooser((1, 2))
+    _run(chooser, {1: 10.0, 2: 7.0}, 200)
+    assert chooser.in_use() == {8: 2}
+    busy = {1: 14.0, 2: 80.0}  # a descheduled OpenMP peer stalls every kernel
+    first = _run(chooser, busy, 2)
+    assert first[-1] == 1 and chooser.in_use() == {8: 1}
+    later = _run(chooser, busy, 3000)
+    # Each probe stops after one slow step and doubles the interval: a handful of 80 ms steps in 3000.
+    assert later.count(2) <= 8, later.count(2)
+
+
+def test_back_to_two_threads_when_the_host_quiets_down() -> None:
+    chooser = DecodeThreadChooser((1, 2))
+    _run(chooser, {1: 10.0, 2: 7.0}, 100)
+    _run(chooser, {1: 14.0, 2: 80.0}, 3000)
+    assert chooser.in_use() == {8: 1}
+    _run(chooser, {1: 10.0, 2: 7.0}, MAX_EXPLORE_EVERY + 10)
+    assert chooser.in_use() == {8: 2}
+
+
+def test_no_flapping_when_two_threads_do_not_pay() -> None:
+    chooser = DecodeThreadChooser((1, 2))
+    rng = random.Random(0)
+    for _ in range(2000):  # batch 1: 2 threads ~5% slower, 10% noise on every step
+        n = chooser.choose(1)
+        chooser.record(1, n, (1.0 if n == 1 else 1.05) * rng.uniform(0.95, 1.05) / 1000)
+    assert chooser.in_use() == {1: 1}
+    assert chooser.switches <= 2
+
+
+def test_buckets_are_independent() -> None:
+    chooser = DecodeThreadChooser((1, 2))
+    for _ in range(300):
+        for batch, cost in ((1, {1: 3.0, 2: 3.5}), (8, {1: 10.0, 2: 7.0})):
+            n = chooser.choose(batch)
+            chooser.record(batch, n, cost[n] / 1000)
+    assert chooser.in_use() == {1: 1, 8: 2}
+    assert [bucket_of(b) for b in (1, 2, 3, 4, 7, 8, 31, 32)] == [1, 2, 2, 4, 4, 8, 16, 32]
+
+
+def test_pinned_and_single_option_never_change() -> None:
+    pinned = DecodeThreadChooser((2,), pinned=2)
+    assert set(_run(pinned, {2: 50.0}, 50)) == {2} and pinned.describe() == "2 (pinned)"
+    single = DecodeThreadChooser((1, 1))
+    assert set(_run(single, {1: 5.0}, 50)) == {1} and single.describe() == "1" and not single.adaptive
+    assert DecodeThreadChooser((1, 2)).describe() == "adaptive 1|2"
+
+
+@settings(max_examples=30, deadline=None)
+@given(fast=st.floats(1.0, 50.0), ratio=st.floats(1.3, 10.0), seed=st.integers(0, 2**16), two_faster=st.booleans())
+def test_long_run_picks_the_faster_setting(fast: float, ratio: float, seed: int, two_faster: bool) -> None:
+    """Whichever setting is >= 30% faster (10% noise per step) is the one in use after a while, and most
+    steps ran on it."""
+    rng = random.Random(seed)
+    best, worst = (2, 1) if two_faster else (1, 2)
+    cost = {best: fast, worst: fast * ratio}
+    chooser = DecodeThreadChooser((1, 2))
+    used = []
+    for _ in range(400):
+        n = chooser.choose(4)
+        chooser.record(4, n, cost[n] * rng.uniform(0.95, 1.05) / 1000)
+        used.append(n)
+    assert chooser.in_use() == {4: best}
+    assert used.count(best) >= 0.9 * len(used)
