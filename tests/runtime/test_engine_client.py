@@ -128,7 +128,9 @@ def test_concurrent_requests_abort_flush_and_shutdown(model_dir: Path) -> None:
             assert w.thread_names == {"runtime-engine"}
         again = Waiter()  # the same document again, now that the first four have checkpointed it
         client.add_request(GenerateRequest("again", [i % 200 for i in range(30)] + [9], greedy(2)), again)
-        assert again.done.wait(60) and again.outputs[-1].cached_tokens == 24  # interval 8: 24 <= 30
+        # Interval 8 puts a checkpoint at 24 <= 30. Whether the four also left a branch point at 30 (their shared
+        # document) depends on whether they were admitted in one wave or one after another: both are right.
+        assert again.done.wait(60) and again.outputs[-1].cached_tokens in (24, 30)
         assert not client.flush_cache()  # "long" is still running
         client.abort("long")
         assert long.done.wait(60) and long.outputs[-1].finish_reason["type"] == "abort"
