@@ -38,14 +38,14 @@ _WARMUP_KV_LEN = (37, 53)
 
 
 # Intra-op threads of the compiled graphs: inductor bakes the count into each graph's C++ kernels at compile
-# time (`#pragma omp parallel num_threads(N)`, or no parallel region at all for 1), so every thread count the
-# decode may run with gets its own graphs, compiled at warm-up. Which one runs is chosen per step from measured
-# wall time (runtime/engine/decode_threads.py: two threads pay on a quiet host at batch >= 4, and cost 10x on
-# a busy one). This variable pins a count instead ("1", "2", ...).
+# time (no parallel region at all for 1; for N, which loops split and N per-thread reduction buffers), so every
+# thread count the decode may run with gets its own graphs, compiled at warm-up. Which one runs is chosen per
+# step from measured wall time (runtime/engine/decode_threads.py: two threads pay on a quiet host at batch >= 4,
+# and cost up to 10x on a busy one). This variable pins a count instead ("1", "2", ...).
 THREADS_ENV = "RUNTIME_COMPILED_DECODE_THREADS"
 
 
-# Every CompiledDecode of this process (they share one compiled code object, hence one cache of graphs).
+# Every CompiledDecode of this process (while two live, the guards of every compiled call are evaluated).
 _INSTANCES: weakref.WeakSet[CompiledDecode] = weakref.WeakSet()
 
 

@@ -11,7 +11,8 @@ the step time per sequence under each setting, runs the faster one, and now and 
   if that step is over twice the current EWMA: a busy host is not probed for long). An exploration that does
   not switch doubles the interval (up to MAX_EXPLORE_EVERY), so a busy host pays one slow step rarely.
 
-Thread count never changes tokens: the kernels reduce in the same order whatever the count (tested).
+A parallel reduction may sum in another order under another count; greedy tokens equal the eager engine's under
+either (tests/runtime/test_torch_compile.py pins each).
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ class DecodeThreadChooser:
         fresh = old is None or (threads == other and b.exploring == EXPLORE_STEPS)
         b.ewma[threads] = per_seq if fresh else ALPHA * per_seq + (1 - ALPHA) * (old or 0.0)
         if len(b.ewma) < len(self.options):
+            return
+        if old is None:  # the first measurement of the last untried setting: compare, no probe to end
+            self._maybe_switch(b)
             return
         if threads == other:
             b.exploring -= 1

@@ -1,10 +1,13 @@
 """`--enable-torch-compile`: greedy outputs of the compiled decode equal the eager engine's token for token
 (prefix cache on, alone and in concurrent batches, batches above --torch-compile-max-bs falling back to eager),
-and nothing recompiles after the engine's start-up warm-up, whatever the batch size (1..max_bs) or KV length."""
+with the graphs compiled for 1 and for 2 intra-op threads alike, and nothing recompiles after the engine's start-up
+warm-up, whatever the batch size (1..max_bs), KV length or thread count."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.engine.api import EngineArgs, GenerateRequest
-from runtime.engine.compiled_decode import _graphs_compiled
+from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode, _graphs_compiled
 from runtime.engine.engine_core import EngineCore
 from runtime.models.layers.moe import Experts, swiglu, traced_experts
 from runtime.models.layers.sigmoid_moe import Relu2Experts, relu2
@@ -37,9 +40,24 @@ def _core(model_dir: Path, **kw: object) -> EngineCore:
 @pytest.fixture(scope="module")
 def cores(demo_model_dir: Path) -> tuple[EngineCore, EngineCore]:
     # One compiled engine per module: the compile is the expensive part (inductor's cache under /tmp makes
-    # a rerun cheaper).
-    compiled = _core(demo_model_dir, enable_torch_compile=True, torch_compile_max_bs=MAX_BS)
+    # a rerun cheaper). Built under 2 torch threads, so it compiles graphs for 1 and for 2 threads.
+    torch.set_num_threads(2)
+    try:
+        compiled = _core(demo_model_dir, enable_torch_compile=True, torch_compile_max_bs=MAX_BS)
+    finally:
+        torch.set_num_threads(1)
     return compiled, _core(demo_model_dir)
+
+
+@contextmanager
+def _pinned(cd: CompiledDecode, threads: int | None) -> Iterator[None]:
+    """Run the compiled decode on `threads` threads only (None: adaptive)."""
+    before = cd.threads.pinned
+    cd.threads.pinned = threads
+    try:
+        yield
+    finally:
+        cd.threads.pinned = before
 
 
 def _requests(tag: str) -> list[GenerateRequest]:
@@ -71,24 +89,39 @@ def test_warm_up_compiled_two_graphs(cores: tuple[EngineCore, EngineCore]) -> No
     assert compiled.compiled_decode is not None and eager.compiled_decode is None
     report = compiled.compiled_decode.report
     assert report.enabled, report.reason
-    assert report.graphs == 2  # batch 1 and one dynamic graph for 2..max_bs
+    assert report.graphs == 4  # batch 1 and one dynamic graph for 2..max_bs, for 1 and for 2 threads
     assert report.elapsed_s > 0
+    assert compiled.compiled_decode.threads.describe() == "adaptive 1|2"
 
 
-def test_greedy_identical_and_no_recompile(cores: tuple[EngineCore, EngineCore]) -> None:
+def test_thread_count_pinned_by_env(monkeypatch: pytest.MonkeyPatch, cores: tuple[EngineCore, EngineCore]) -> None:
+    model = cores[1].model
+    monkeypatch.setenv(THREADS_ENV, "2")
+    assert CompiledDecode(model, MAX_BS).threads.describe() == "2 (pinned)"
+    monkeypatch.setenv(THREADS_ENV, "two")
+    with pytest.raises(ValueError, match=THREADS_ENV):
+        CompiledDecode(model, MAX_BS)
+    gc.collect()  # a second live CompiledDecode would make the engine's evaluate every guard again
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_greedy_identical_and_no_recompile(cores: tuple[EngineCore, EngineCore], threads: int) -> None:
     compiled, eager = cores
     cd = compiled.compiled_decode
     assert cd is not None
     cd.skip_guards = False  # every guard evaluated: a step that needs another graph would compile one
+    before = cd.steps_by_batch_size.copy()
     try:
         graphs = _graphs_compiled()
-        for together in (False, True):
-            tag = f"guarded-{together}-"
-            assert _tokens(compiled, tag, together=together) == _tokens(eager, tag, together=together)
+        with _pinned(cd, threads):
+            for together in (False, True):
+                tag = f"guarded-{threads}-{together}-"
+                assert _tokens(compiled, tag, together=together) == _tokens(eager, tag, together=together)
         assert _graphs_compiled() == graphs, "a decode step recompiled after warm-up"
     finally:
         cd.skip_guards = True
-    assert set(cd.steps_by_batch_size) == set(range(1, MAX_BS + 1)), cd.steps_by_batch_size  # all exercised
+    new = cd.steps_by_batch_size - before
+    assert set(new) == set(range(1, MAX_BS + 1)), new  # all exercised
 
 
 def test_greedy_identical_with_guards_skipped(cores: tuple[EngineCore, EngineCore]) -> None:
@@ -96,10 +129,12 @@ def test_greedy_identical_with_guards_skipped(cores: tuple[EngineCore, EngineCor
     cd = compiled.compiled_decode
     assert cd is not None and cd.skip_guards
     before = cd.steps_by_batch_size.total()
+    # Adaptive: whichever thread count the chooser runs, the tokens are the eager engine's.
     for together in (True, False, True):  # the second batched round hits the prefix cache everywhere
         tag = f"skipped-{together}-{cd.steps_by_batch_size.total()}-"
         assert _tokens(compiled, tag, together=together) == _tokens(eager, tag, together=together)
     assert cd.steps_by_batch_size.total() > before
+    assert cd.threads.in_use() and set(cd.threads.in_use().values()) <= {1, 2}
     assert compiled.scheduler.stats().cache_hit_rate > 0
 
 
