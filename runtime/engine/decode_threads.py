@@ -5,11 +5,13 @@ other processes hold the cores every fused kernel waits on a descheduled OpenMP 
 70-88 ms. Neither fixed choice is right on a host whose load changes, so each batch-size bucket keeps an EWMA of
 the step time per sequence under each setting, runs the faster one, and now and then tries the other:
 
-- exploit: run the bucket's current setting; if the other's EWMA is faster by MARGIN, switch (a host that turns
-  busy raises the current EWMA within one or two steps, so the fall-back is that fast);
-- explore: every `explore_every` steps run the other setting for EXPLORE_STEPS steps (stopped after one step
-  if that step is over twice the current EWMA: a busy host is not probed for long). An exploration that does
-  not switch doubles the interval (up to MAX_EXPLORE_EVERY), so a busy host pays one slow step rarely.
+- exploit: run the bucket's current setting;
+- explore: every `explore_every` steps, or at once when the current setting's EWMA rises above the other's by
+  MARGIN (a host that turns busy does that within a step or two), run the other setting for EXPLORE_STEPS steps
+  with a fresh estimate (the old one is from before the change), then switch if it is faster by MARGIN. A probe
+  step over twice the current EWMA ends the probe (a busy host is not probed for long); one under half of it
+  switches at once. A probe that does not switch doubles the interval (up to MAX_EXPLORE_EVERY), so a busy
+  host pays one slow step rarely.
 
 A parallel reduction may sum in another order under another count; greedy tokens equal the eager engine's under
 either (tests/runtime/test_torch_compile.py pins each).
@@ -49,6 +51,7 @@ class DecodeThreadChooser:
         self.pinned = pinned
         self._buckets: dict[int, _Bucket] = {}
         self.switches = 0
+        self.last_used: int | None = None  # the thread count of the last recorded step
 
     @property
     def adaptive(self) -> bool:
@@ -77,6 +80,7 @@ class DecodeThreadChooser:
         return self._other(b) if b.exploring else b.current
 
     def record(self, batch_size: int, threads: int, seconds: float) -> None:
+        self.last_used = threads
         if not self.adaptive:
             return
         b = self._bucket(batch_size)
@@ -93,17 +97,17 @@ class DecodeThreadChooser:
             return
         if threads == other:
             b.exploring -= 1
-            if per_seq > 2 * b.ewma[b.current]:
-                b.exploring = 0  # clearly worse: stop paying for the probe now
+            if per_seq > 2 * b.ewma[b.current] or 2 * per_seq < b.ewma[b.current]:
+                b.exploring = 0  # clearly worse (stop paying for the probe) or clearly better (take it now)
             if b.exploring <= 0:
                 b.exploring = 0
                 if not self._maybe_switch(b):
                     b.explore_every = min(2 * b.explore_every, MAX_EXPLORE_EVERY)
             return
-        if self._maybe_switch(b):
-            return
         b.since_explore += 1
-        if b.since_explore >= b.explore_every:
+        # The current setting got slower than the other's estimate; that estimate is from before the change
+        # (a busy host slows both), so probe the other now rather than switch on it.
+        if b.since_explore >= b.explore_every or b.ewma[other] < (1 - MARGIN) * b.ewma[b.current]:
             b.since_explore = 0
             b.exploring = EXPLORE_STEPS
 

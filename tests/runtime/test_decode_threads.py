@@ -33,8 +33,8 @@ def test_busy_host_falls_back_within_two_steps_and_probes_rarely() -> None:
     _run(chooser, {1: 10.0, 2: 7.0}, 200)
     assert chooser.in_use() == {8: 2}
     busy = {1: 14.0, 2: 80.0}  # a descheduled OpenMP peer stalls every kernel
-    first = _run(chooser, busy, 2)
-    assert first[-1] == 1 and chooser.in_use() == {8: 1}
+    first = _run(chooser, busy, 2)  # one slow step on 2 threads, one probe step on 1: clearly better, taken
+    assert first == [2, 1] and chooser.in_use() == {8: 1}
     later = _run(chooser, busy, 3000)
     # Each probe stops after one slow step and doubles the interval: a handful of 80 ms steps in 3000.
     assert later.count(2) <= 8, later.count(2)
@@ -93,3 +93,15 @@ def test_long_run_picks_the_faster_setting(fast: float, ratio: float, seed: int,
         used.append(n)
     assert chooser.in_use() == {4: best}
     assert used.count(best) >= 0.9 * len(used)
+
+
+def test_a_uniform_slowdown_does_not_switch_on_a_stale_estimate() -> None:
+    """Both settings get 50% slower (another process shares the core): the current one's rise must not make
+    the chooser trust the other's estimate from before; it probes it and stays."""
+    chooser = DecodeThreadChooser((1, 2))
+    _run(chooser, {1: 10.0, 2: 12.0}, 200)
+    assert chooser.in_use() == {8: 1}
+    switches = chooser.switches
+    used = _run(chooser, {1: 15.0, 2: 18.0}, 200)
+    assert chooser.in_use() == {8: 1} and chooser.switches == switches
+    assert used.count(2) <= 6
