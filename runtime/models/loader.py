@@ -97,7 +97,9 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
     files = _tensor_files(model_path)
     _fill_parameters(model, files, dtype, torch.device(device))
     model.eos_token_ids = _eos_ids(model_path, cfg)
-    return model.eval()
+    # Serving only: no forward should record an autograd graph, whether or not its caller is in inference mode
+    # (the kernels write into preallocated outputs, which autograd refuses).
+    return model.eval().requires_grad_(False)
 
 
 def _checkpoint_names(model: HybridModel, files: dict[str, Path]) -> dict[str, tuple[str, Path]]:
