@@ -43,10 +43,10 @@ def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, m
             return forward(batch, buffers)  # type: ignore[arg-type]
 
         monkeypatch.setattr(core.model, "forward", spy)
-        prompts = [[(7 * i + j) % 3000 + 5 for j in range(80 + 10 * i)] for i in range(3)]
+        prompts = [[(7 * i + j) % 3000 + 5 for j in range(600 + 10 * i)] for i in range(3)]
         serial = _generate(core, prompts, 6)
         assert torch.get_num_threads() == 2  # restored after every step
-        assert 2 in seen and 1 in seen  # prefills (> 64 tokens) threaded, decode steps serial
+        assert 2 in seen and 1 in seen  # prefills (> 512 tokens) threaded, decode steps serial
         assert core.scheduler.flush_cache()
         monkeypatch.setattr(engine_core, "SERIAL_FORWARD_MAX_TOKENS", 0)
         seen.clear()

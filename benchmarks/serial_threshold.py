@@ -1,0 +1,62 @@
+"""Cold prefill TTFT on one thread vs the process's threads, by prompt length: where `SERIAL_FORWARD_MAX_TOKENS`
+(runtime/engine/engine_core.py) should sit. In-process `EngineCore`, demo model, radix cache on, each prompt fresh.
+
+    python benchmarks/serial_threshold.py [--model DIR] [--threads 2] [--lengths 128 256 512 1024 2048] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from runtime.demo_model import build_demo_model
+from runtime.engine import engine_core
+from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
+from runtime.engine.engine_core import EngineCore
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="model directory (default: build the demo model in a temp dir)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    ap.add_argument("--repeats", type=int, default=7)
+    a = ap.parse_args()
+    import torch  # after `runtime`, whose import sets OpenMP's wait policy as in the server
+
+    torch.set_num_threads(a.threads)
+    model = a.model or str(build_demo_model(Path(tempfile.mkdtemp()) / "demo"))
+    core = EngineCore(EngineArgs(model_path=model, memory_budget_gib=1))
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
+
+    def ttft_ms(n: int) -> float:
+        first: list[float] = []
+
+        def on_output(o: RequestOutput) -> None:
+            if o.new_token_ids and not first:
+                first.append(time.perf_counter())
+
+        prompt = [rng.randrange(4000) for _ in range(n)]
+        core.scheduler.add_request(GenerateRequest(f"p{rng.random()}", prompt, params), on_output)
+        t0 = time.perf_counter()
+        while core.scheduler.has_work:
+            core.step()
+        return (first[0] - t0) * 1000
+
+    ttft_ms(64)  # first-call allocations
+    print(f"threads={a.threads}, median of {a.repeats} (ms): one thread vs {a.threads}")
+    for n in a.lengths:
+        row = []
+        for bound in (1 << 30, 0):  # every forward serial, then none
+            engine_core.SERIAL_FORWARD_MAX_TOKENS = bound
+            row.append(statistics.median(ttft_ms(n) for _ in range(a.repeats)))
+        print(f"{n:6d} tokens: {row[0]:8.1f} vs {row[1]:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
