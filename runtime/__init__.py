@@ -3,10 +3,18 @@
 import ctypes
 import os
 
-# OpenMP workers that spin between parallel regions wreck a shared or oversubscribed CPU: measured on a busy
-# 2-core host, a 2048-token prefill on 2 threads took 33 s spinning vs 1.6 s sleeping (1 thread: 1.8 s).
-# libgomp reads this once, when torch loads, so it only takes effect when `runtime` is imported first (as in
-# `python -m runtime`); an explicit OMP_WAIT_POLICY in the environment wins.
+# OpenMP workers that spin without bound between parallel regions wreck a shared or oversubscribed CPU: measured
+# on a busy 2-core host, a 2048-token prefill on 2 threads took 33 s spinning vs 1.6 s sleeping (1 thread: 1.8 s).
+# Workers that sleep at once pay a futex wake-up per region instead, which made two threads lose to one below
+# ~1000 prompt tokens. A short spin (GOMP_SPINCOUNT 10000, then sleep) keeps a worker awake across the
+# back-to-back regions of one forward and asleep between steps: cold TTFT on the demo model, 2 threads, quiet
+# host, sleep-at-once vs short spin: 2048 tokens 321 vs 267 ms, 128 tokens 65 vs 29 ms; compiled batch-8 decode
+# step 19.3 vs 6.8 ms; with two busy loops on the 2 cores, 2048 tokens 768 vs 690 ms (benchmarks/
+# serial_threshold.py, docs/performance.md). libgomp reads these once, when torch loads, so they only take
+# effect when `runtime` is imported first (as in `python -m runtime`); an explicit OMP_WAIT_POLICY or
+# GOMP_SPINCOUNT in the environment wins (OMP_WAIT_POLICY=PASSIVE alone: no spin at all).
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "10000"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)

@@ -26,12 +26,10 @@ from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 logger = logging.getLogger("runtime.engine")
 
 DEFAULT_MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
-# Forwards of at most this many tokens (decode batches, short prefills) run on one thread; see
-# EngineCore._run_model. With OpenMP's passive wait every parallel region wakes a sleeping worker, which costs
-# more than a second core saves until the prompt is long: cold TTFT on the demo model, 2 threads, quiet host,
-# median of 7 (one thread vs two): 128 tokens 34 vs 80 ms, 256: 56 vs 84, 512: 103 vs 114, 1024: 200 vs 185,
-# 2048: 451 vs 303.
-SERIAL_FORWARD_MAX_TOKENS = 512
+# Forwards of at most this many tokens (decode batches) run on one thread; see EngineCore._run_model. Prefills
+# above it run on every thread: with the short OpenMP spin (runtime/__init__.py) two threads win from 128 tokens
+# on (benchmarks/serial_threshold.py: 128 tokens 36 vs 29 ms, 512: 108 vs 65, 2048: 452 vs 267; one thread vs two).
+SERIAL_FORWARD_MAX_TOKENS = 64
 
 
 def load_tokenizer(path: str) -> Any | None:

@@ -43,10 +43,10 @@ def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, m
             return forward(batch, buffers)  # type: ignore[arg-type]
 
         monkeypatch.setattr(core.model, "forward", spy)
-        prompts = [[(7 * i + j) % 3000 + 5 for j in range(600 + 10 * i)] for i in range(3)]
+        prompts = [[(7 * i + j) % 3000 + 5 for j in range(80 + 10 * i)] for i in range(3)]
         serial = _generate(core, prompts, 6)
         assert torch.get_num_threads() == 2  # restored after every step
-        assert 2 in seen and 1 in seen  # prefills (> 512 tokens) threaded, decode steps serial
+        assert 2 in seen and 1 in seen  # prefills (> 64 tokens) threaded, decode steps serial
         assert core.scheduler.flush_cache()
         monkeypatch.setattr(engine_core, "SERIAL_FORWARD_MAX_TOKENS", 0)
         seen.clear()
@@ -57,11 +57,17 @@ def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, m
         torch.set_num_threads(before)
 
 
-def test_runtime_import_sets_passive_wait_unless_set() -> None:
-    code = "import runtime, os; print(os.environ['OMP_WAIT_POLICY'])"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "PASSIVE"
-    env["OMP_WAIT_POLICY"] = "ACTIVE"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "ACTIVE"
+def test_runtime_import_sets_a_short_spin_unless_set() -> None:
+    code = "import runtime, os; print(os.environ['OMP_WAIT_POLICY'], os.environ.get('GOMP_SPINCOUNT'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+
+    def seen(**extra: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True, check=True
+        )
+        return run.stdout.strip()
+
+    assert seen() == "PASSIVE 10000"  # sleep after a short spin
+    assert seen(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE None"  # the user's policy, libgomp's own spin count
+    assert seen(OMP_WAIT_POLICY="PASSIVE") == "PASSIVE None"  # no spin at all
+    assert seen(GOMP_SPINCOUNT="500") == "PASSIVE 500"
