@@ -182,3 +182,24 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir: Pat
         assert client.call_in_engine(lambda core: core.check_invariants()) is None
     finally:
         client.shutdown()
+
+
+def test_the_engine_is_built_on_its_own_thread_with_the_callers_thread_count(model_dir: Path) -> None:
+    """The model is loaded (and any compile warm-up run) on the engine thread, so only that thread ever holds an
+    OpenMP worker pool; the caller's torch thread count (--num-threads) carries over to it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        client = _start(model_dir)
+    finally:
+        torch.set_num_threads(before)
+    try:
+        assert isinstance(client, ThreadedEngineClient)
+        seen = client.call_in_engine(lambda core: (threading.current_thread().name, torch.get_num_threads()))
+        assert seen == ("runtime-engine", 1)
+        assert client._thread is not threading.current_thread() and client._thread.name == "runtime-engine"
+    finally:
+        client.shutdown()
+    assert not client._thread.is_alive()
