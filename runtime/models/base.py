@@ -37,11 +37,12 @@ class StepContext:
             positions=batch.positions.to(device),
         )
 
-    def logit_rows(self) -> torch.Tensor | None:
-        """Packed indices of the tokens whose logits are returned; None means all of them."""
+    def logit_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The rows of `hidden` [T, H] whose logits are returned: each sequence's last new token in extend
+        mode, every token in decode mode or when the batch asks for all logits."""
         if self.packing is None or self.batch is None or self.batch.all_logits:
-            return None
-        return self.packing.last_index
+            return hidden
+        return hidden[self.packing.last_index]
 
 
 class HybridModel(nn.Module):

@@ -238,7 +238,5 @@ class FalconH1ForCausalLM(HybridModel):
         cos_sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos_sin, ctx)
-        rows = ctx.logit_rows()
-        if rows is not None:
-            x = x[rows]
+        x = ctx.logit_rows(x)
         return (self.lm_head(self.model.final_layernorm(x)) * self.config.lm_head_multiplier).float()

@@ -295,7 +295,5 @@ class GraniteHybridForCausalLM(HybridModel):
         cos_sin = self.rotary.cos_sin(ctx.positions, x.dtype) if self.config.use_rope else None
         for layer in self.model.layers:
             x = layer(x, cos_sin, ctx)
-        rows = ctx.logit_rows()
-        if rows is not None:
-            x = x[rows]
+        x = ctx.logit_rows(x)
         return (self.lm_head(self.model.norm(x)) / self.config.logits_scaling).float()

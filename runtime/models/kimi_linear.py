@@ -357,7 +357,5 @@ class KimiLinearForCausalLM(HybridModel):
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, ctx)
-        rows = ctx.logit_rows()
-        if rows is not None:
-            x = x[rows]
+        x = ctx.logit_rows(x)
         return self.lm_head(self.model.norm(x)).float()

@@ -262,7 +262,5 @@ class NemotronHForCausalLM(HybridModel):
         x = self.backbone.embeddings(input_ids)
         for block in self.backbone.layers:
             x = block(x, ctx)
-        rows = ctx.logit_rows()
-        if rows is not None:
-            x = x[rows]
+        x = ctx.logit_rows(x)
         return self.lm_head(self.backbone.norm_f(x)).float()
