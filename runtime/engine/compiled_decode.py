@@ -29,6 +29,7 @@ from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.layers.attention import AttentionMetadata
+from runtime.threads import intra_op_threads
 
 logger = logging.getLogger("runtime.engine")
 
@@ -160,17 +161,11 @@ class CompiledDecode:
         torch._dynamo.mark_dynamic(kv_mask, 3)
         threads = self.threads.options[0] if threads is None else threads
         compiled = self._compiled[threads]
-        before = torch.get_num_threads()
-        if before != threads:
-            torch.set_num_threads(threads)
-        try:
+        with intra_op_threads(threads):
             if self.skip_guards and len(_INSTANCES) == 1:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                     return compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
             return compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
-        finally:
-            if before != threads:
-                torch.set_num_threads(before)
 
     @torch.inference_mode()
     def warm_up(self, buffers: PoolBuffers) -> CompileReport:

@@ -22,6 +22,7 @@ from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from runtime.threads import intra_op_threads
 
 logger = logging.getLogger("runtime.engine")
 
@@ -156,16 +157,12 @@ class EngineCore:
     def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
             return self.compiled_decode(batch, self.pools.buffers)
-        threads = torch.get_num_threads()
-        if threads == 1 or batch.input_ids.numel() > SERIAL_FORWARD_MAX_TOKENS:
+        if batch.input_ids.numel() > SERIAL_FORWARD_MAX_TOKENS:
             return self.model.forward(batch, self.pools.buffers)
         # A few-token forward is thousands of microsecond-sized ops: splitting each across threads costs more in
         # synchronization than it saves, and on a busy host one descheduled worker stalls every op.
-        torch.set_num_threads(1)
-        try:
+        with intra_op_threads(1):
             return self.model.forward(batch, self.pools.buffers)
-        finally:
-            torch.set_num_threads(threads)
 
     def step(self) -> bool:
         if self.elastic is not None:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.models.layers.state_checkpoints import StateCheckpoints
+from runtime.threads import intra_op_threads
 
 # Exponents go through exp clamped to ±80: outside about ±87.3 the result is denormal, 0 or inf and torch's
 # vectorized exp takes a slow path, 4-35x the time per element (1M elements, one thread: 0.9 ms vs 3.8-31 ms).
@@ -100,17 +101,13 @@ def chunk_gated_delta_rule(
     states[0] = initial_state.float().reshape(rows, dk, dv)
     # Each chunk is two small batched matmuls; below ~8M multiply-adds a chunk (the demo model: 1M) waking a
     # sleeping OpenMP worker for each costs more than the second thread saves.
-    threads = torch.get_num_threads()
-    if 2 * rows * chunk_size * dk * dv <= _SERIAL_LOOP_MAX_MACS:
-        torch.set_num_threads(1)
-    try:
+    serial = 2 * rows * chunk_size * dk * dv <= _SERIAL_LOOP_MAX_MACS
+    with intra_op_threads(1 if serial else torch.get_num_threads()):
         for i in range(n_chunks):
             state = states[i]
             v_new = new_values[i]
             v_new.baddbmm_(k_cumdecay[i], state, alpha=-1)  # in place: new_values becomes the corrected values
             torch.baddbmm(state * chunk_decay[i], k_to_end[i], v_new, out=states[i + 1])
-    finally:
-        torch.set_num_threads(threads)
     out = torch.baddbmm(
         (intra @ new_values).view(-1, chunk_size, dv),
         (q * cum_exp).view(-1, chunk_size, dk),
