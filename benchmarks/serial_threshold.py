@@ -10,12 +10,13 @@ import argparse
 import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from prefill_cpu import VOCAB, cold_prefill  # benchmarks/ is this script's directory
 
 from runtime.demo_model import build_demo_model
 from runtime.engine import engine_core
-from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
+from runtime.engine.api import EngineArgs
 from runtime.engine.engine_core import EngineCore
 
 
@@ -32,21 +33,9 @@ def main() -> None:
     model = a.model or str(build_demo_model(Path(tempfile.mkdtemp()) / "demo"))
     core = EngineCore(EngineArgs(model_path=model, memory_budget_gib=1))
     rng = random.Random(0)
-    params = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
 
     def ttft_ms(n: int) -> float:
-        first: list[float] = []
-
-        def on_output(o: RequestOutput) -> None:
-            if o.new_token_ids and not first:
-                first.append(time.perf_counter())
-
-        prompt = [rng.randrange(4000) for _ in range(n)]
-        core.scheduler.add_request(GenerateRequest(f"p{rng.random()}", prompt, params), on_output)
-        t0 = time.perf_counter()
-        while core.scheduler.has_work:
-            core.step()
-        return (first[0] - t0) * 1000
+        return cold_prefill(core, [rng.randrange(VOCAB) for _ in range(n)], f"p{rng.random()}")[0] * 1000
 
     ttft_ms(64)  # first-call allocations
     print(f"threads={a.threads}, median of {a.repeats} (ms): one thread vs {a.threads}")
