@@ -25,7 +25,10 @@ import torch
 
 from hybridctl.model.spec import load_model_spec
 from runtime.engine.api import EngineArgs, GenerateRequest, SamplingParams
+from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
+
+flush_denormals_on_this_thread()  # as the server's engine thread does (runtime/engine/denormals.py)
 
 
 @dataclass

@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 
 from runtime.engine.api import EngineArgs, GenerateRequest, SamplingParams
+from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
+
+flush_denormals_on_this_thread()  # as the server's engine thread does (runtime/engine/denormals.py)
 
 VOCAB = 4000  # below the demo tokenizer's special tokens
 

@@ -23,7 +23,10 @@ from pathlib import Path
 import torch
 
 from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
+from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
+
+flush_denormals_on_this_thread()  # as the server's engine thread does (runtime/engine/denormals.py)
 
 
 def ttft(core: EngineCore, rid: str, prompt: list[int]) -> tuple[float, int]:

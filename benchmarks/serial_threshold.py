@@ -17,7 +17,10 @@ from prefill_cpu import VOCAB, cold_prefill  # benchmarks/ is this script's dire
 from runtime.demo_model import build_demo_model
 from runtime.engine import engine_core
 from runtime.engine.api import EngineArgs
+from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
+
+flush_denormals_on_this_thread()  # as the server's engine thread does (runtime/engine/denormals.py)
 
 
 def main() -> None:

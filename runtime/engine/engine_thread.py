@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from runtime.engine.api import EngineArgs, EngineClient, EngineStats, GenerateRequest, RequestOutput
+from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 
 logger = logging.getLogger("runtime.engine")
@@ -49,6 +50,7 @@ class ThreadedEngineClient(EngineClient):
         built: Future[ThreadedEngineClient] = Future()
 
         def boot() -> None:
+            flush_denormals_on_this_thread()  # before the first parallel region: its OpenMP workers inherit it
             torch.set_num_threads(threads)
             try:
                 client = cls(EngineCore(args))
