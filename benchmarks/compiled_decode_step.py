@@ -3,9 +3,10 @@
 Times `CompiledDecode`'s compiled function (or the same function eager) on a synthetic decode batch of B
 sequences with 100 cached tokens each, 7 rounds x 30 calls, one thread. Prints median wall ms, min wall ms and
 median process CPU ms per call for batch 1 and 8. Options try the knobs issue 9 asked about: guards evaluated
-on every call (--no-skip-guards), inductor's `freezing` and `cpp_wrapper`.
+on every call (--no-skip-guards), inductor's `freezing`, and the generated Python wrapper instead of the shipped
+C++ one (--python-wrapper).
 
-    python benchmarks/compiled_decode_step.py [--model DIR] [--eager] [--no-skip-guards] [--freezing] [--cpp-wrapper]
+    python benchmarks/compiled_decode_step.py [--model DIR] [--eager] [--no-skip-guards] [--freezing] [--python-wrapper]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true", help="time the same function without compiling it")
     ap.add_argument("--no-skip-guards", action="store_true", help="evaluate every dynamo guard on each call")
     ap.add_argument("--freezing", action="store_true", help="torch._inductor.config.freezing = True")
-    ap.add_argument("--cpp-wrapper", action="store_true", help="torch._inductor.config.cpp_wrapper = True")
+    ap.add_argument("--python-wrapper", action="store_true", help="inductor's Python wrapper (cpp_wrapper off)")
     a = ap.parse_args()
     import torch
     import torch._inductor.config as inductor_config
@@ -38,7 +39,8 @@ def main() -> None:
     from runtime.engine import compiled_decode
 
     inductor_config.freezing = a.freezing
-    inductor_config.cpp_wrapper = a.cpp_wrapper
+    if a.python_wrapper:
+        compiled_decode._INDUCTOR_OPTIONS["cpp_wrapper"] = False
     torch.set_num_threads(1)
     model = a.model or str(build_demo_model(Path(tempfile.mkdtemp()) / "demo"))
     core = EngineCore(EngineArgs(model_path=model, memory_budget_gib=0.3))

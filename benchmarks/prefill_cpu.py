@@ -60,11 +60,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--profile", action="store_true", help="per-op self CPU, min over the runs")
     ap.add_argument("--top", type=int, default=30, help="ops listed by --profile")
+    ap.add_argument("--dtype", default="auto", help="the engine's --dtype (auto: the model's, fp32 here)")
     a = ap.parse_args()
     import torch  # after `runtime` (imported above), whose __init__ sets OpenMP's wait policy and malloc tuning
 
     torch.set_num_threads(a.threads)
-    core = EngineCore(EngineArgs(model_path=a.model, memory_budget_gib=0.5))
+    core = EngineCore(EngineArgs(model_path=a.model, memory_budget_gib=0.5, dtype=a.dtype))
     rng = random.Random(0)
 
     def prompt(n: int) -> list[int]:

@@ -46,6 +46,14 @@ _WARMUP_KV_LEN = (37, 53)
 THREADS_ENV = "RUNTIME_COMPILED_DECODE_THREADS"
 
 
+# cpp_wrapper: the graph's wrapper (the code between kernels: input size/stride asserts, buffer allocation, the
+# extern matmul calls) in C++ instead of generated Python. The Python wrapper ran ~180 size/stride asserts and
+# ~170 tensor reinterpretations per call, ~0.45 ms of a 1.4 ms batch-1 step of the peer model; with it, single
+# stream in-process 645 -> 716 tok/s (benchmarks/compiled_decode_step.py, docs/performance.md). The cost: a
+# cold-cache compile takes ~50 s instead of ~6 s (once per machine: inductor caches the built code).
+_INDUCTOR_OPTIONS = {"cpp_wrapper": True}
+
+
 # Every CompiledDecode of this process (while two live, the guards of every compiled call are evaluated).
 _INSTANCES: weakref.WeakSet[CompiledDecode] = weakref.WeakSet()
 
@@ -106,7 +114,7 @@ class CompiledDecode:
         # graphs compiled for one count to the other. fullgraph: a decode path that graph-breaks would run as
         # many small graphs plus eager glue; such a model is reported and kept eager instead.
         self._compiled: dict[int, Callable[..., torch.Tensor]] = {
-            n: torch.compile(_copy_function(decode, f"decode_{n}_threads"), fullgraph=True)
+            n: torch.compile(_copy_function(decode, f"decode_{n}_threads"), fullgraph=True, options=_INDUCTOR_OPTIONS)
             for n in self.threads.options
         }
 
