@@ -143,7 +143,12 @@ class CompiledDecode:
         threads = self.threads.choose(batch.batch_size)
         t0 = time.perf_counter()
         out = self._run(*inputs, _as_traced(kv_mask), buffers, threads=threads)
+        switches = self.threads.switches
         self.threads.record(batch.batch_size, threads, time.perf_counter() - t0)
+        if self.threads.switches != switches:
+            logger.info(
+                "Decode threads: batch %d now on %s", batch.batch_size, self.threads.describe_bucket(batch.batch_size)
+            )
         return out
 
     def _run(

@@ -2,16 +2,23 @@
 
 Why adaptive: on a quiet 2-core host two threads cut a batch-8 compiled decode step from ~10 to ~7 ms, but when
 other processes hold the cores every fused kernel waits on a descheduled OpenMP peer and the same step takes
-70-88 ms. Neither fixed choice is right on a host whose load changes, so each batch-size bucket keeps an EWMA of
-the step time per sequence under each setting, runs the faster one, and now and then tries the other:
+70-88 ms. Neither fixed choice is right on a host whose load changes, so each batch-size bucket estimates the step
+time per sequence under each setting (the median of its last WINDOW steps), runs the faster one, and now and then
+tries the other:
 
 - exploit: run the bucket's current setting;
-- explore: every `explore_every` steps, or at once when the current setting's EWMA rises above the other's by
-  MARGIN (a host that turns busy does that within a step or two), run the other setting for EXPLORE_STEPS steps
+- explore: every `explore_every` steps, or at once when the current setting's estimate rises above the other's by
+  MARGIN (a host that turns busy does that within three steps), run the other setting for EXPLORE_STEPS steps
   with a fresh estimate (the old one is from before the change), then switch if it is faster by MARGIN. A probe
-  step over twice the current EWMA ends the probe (a busy host is not probed for long); one under half of it
+  step over twice the current estimate ends the probe (a busy host is not probed for long); one under half of it
   switches at once. A probe that does not switch doubles the interval (up to MAX_EXPLORE_EVERY), so a busy
   host pays one slow step rarely.
+
+Why a median and not a mean: behind an HTTP server the event loop and the clients share the cores, and now and
+then one of them preempts an OpenMP worker mid-step: a single 2-thread step of 4-7 ms among 1.3 ms ones. An EWMA
+(weight 0.5) switched on each such spike and ran on one thread until the next probe: 8 x 128 over HTTP 1371 vs
+1558 tok/s with two threads pinned (peer model, quiet 2-core host). A median of five ignores isolated spikes and
+still follows a load change within three steps.
 
 A parallel reduction may sum in another order under another count; greedy tokens equal the eager engine's under
 either (tests/runtime/test_torch_compile.py pins each).
@@ -19,9 +26,11 @@ either (tests/runtime/test_torch_compile.py pins each).
 
 from __future__ import annotations
 
+import collections
+import statistics
 from dataclasses import dataclass, field
 
-ALPHA = 0.5  # EWMA weight of a new sample: the current setting's estimate follows a load change in 1-2 steps
+WINDOW = 5  # steps per setting whose median is its estimate: a load change shows after WINDOW // 2 + 1 steps
 MARGIN = 0.1  # switch only when the other setting is >= 10% faster: no flapping on noise
 EXPLORE_EVERY = 64
 EXPLORE_STEPS = 3
@@ -36,7 +45,7 @@ def bucket_of(batch_size: int) -> int:
 @dataclass
 class _Bucket:
     current: int
-    ewma: dict[int, float] = field(default_factory=dict)  # seconds per sequence per step, by thread count
+    recent: dict[int, collections.deque[float]] = field(default_factory=dict)  # s per sequence per step, by count
     since_explore: int = 0
     explore_every: int = EXPLORE_EVERY
     exploring: int = 0  # steps left on the other setting
@@ -64,6 +73,12 @@ class DecodeThreadChooser:
             return str(self.options[0])
         return "adaptive " + "|".join(map(str, self.options))
 
+    def describe_bucket(self, batch_size: int) -> str:
+        """The bucket's setting and its per-sequence step-time estimates, for the log line of a switch."""
+        b = self._bucket(batch_size)
+        est = ", ".join(f"{t}: {1e3 * _estimate(b, t):.3f} ms" for t in sorted(b.recent))
+        return f"{b.current} thread(s) (bucket {bucket_of(batch_size)}, per-sequence step {est})"
+
     def in_use(self) -> dict[int, int]:
         """The current setting of every bucket seen so far."""
         return {b: s.current for b, s in sorted(self._buckets.items())}
@@ -74,7 +89,7 @@ class DecodeThreadChooser:
         if not self.adaptive:
             return self.options[0]
         b = self._bucket(batch_size)
-        untried = [t for t in self.options if t not in b.ewma]
+        untried = [t for t in self.options if t not in b.recent]
         if untried:
             return untried[0]
         return self._other(b) if b.exploring else b.current
@@ -86,18 +101,20 @@ class DecodeThreadChooser:
         b = self._bucket(batch_size)
         per_seq = seconds / max(batch_size, 1)
         other = self._other(b)
-        old = b.ewma.get(threads)
-        # A probe's first step starts the other setting's estimate afresh: the old one is from another load.
-        fresh = old is None or (threads == other and b.exploring == EXPLORE_STEPS)
-        b.ewma[threads] = per_seq if fresh else ALPHA * per_seq + (1 - ALPHA) * (old or 0.0)
-        if len(b.ewma) < len(self.options):
+        first = threads not in b.recent
+        samples = b.recent.setdefault(threads, collections.deque(maxlen=WINDOW))
+        if threads == other and b.exploring == EXPLORE_STEPS:
+            samples.clear()  # a probe's first step starts the other setting's estimate afresh (another load)
+        samples.append(per_seq)
+        if len(b.recent) < len(self.options):
             return
-        if old is None:  # the first measurement of the last untried setting: compare, no probe to end
+        if first:  # the first measurement of the last untried setting: compare, no probe to end
             self._maybe_switch(b)
             return
+        current = _estimate(b, b.current)
         if threads == other:
             b.exploring -= 1
-            if per_seq > 2 * b.ewma[b.current] or 2 * per_seq < b.ewma[b.current]:
+            if per_seq > 2 * current or 2 * per_seq < current:
                 b.exploring = 0  # clearly worse (stop paying for the probe) or clearly better (take it now)
             if b.exploring <= 0:
                 b.exploring = 0
@@ -107,13 +124,13 @@ class DecodeThreadChooser:
         b.since_explore += 1
         # The current setting got slower than the other's estimate; that estimate is from before the change
         # (a busy host slows both), so probe the other now rather than switch on it.
-        if b.since_explore >= b.explore_every or b.ewma[other] < (1 - MARGIN) * b.ewma[b.current]:
+        if b.since_explore >= b.explore_every or _estimate(b, other) < (1 - MARGIN) * current:
             b.since_explore = 0
             b.exploring = EXPLORE_STEPS
 
     def _maybe_switch(self, b: _Bucket) -> bool:
         other = self._other(b)
-        if b.ewma[other] < (1 - MARGIN) * b.ewma[b.current]:
+        if _estimate(b, other) < (1 - MARGIN) * _estimate(b, b.current):
             b.current = other
             b.since_explore = 0
             b.explore_every = EXPLORE_EVERY
@@ -129,3 +146,7 @@ class DecodeThreadChooser:
 
     def _other(self, b: _Bucket) -> int:
         return self.options[-1] if b.current == self.options[0] else self.options[0]
+
+
+def _estimate(b: _Bucket, threads: int) -> float:
+    return statistics.median(b.recent[threads])
