@@ -17,6 +17,7 @@ from prefill_cpu import VOCAB, cold_prefill  # benchmarks/ is this script's dire
 from runtime.demo_model import build_demo_model
 from runtime.engine import engine_core
 from runtime.engine.api import EngineArgs
+from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 
@@ -44,8 +45,9 @@ def main() -> None:
     print(f"threads={a.threads}, median of {a.repeats} (ms): one thread vs {a.threads}")
     for n in a.lengths:
         row = []
-        for bound in (1 << 30, 0):  # every forward serial, then none
+        for bound, threads in ((1 << 30, 1), (0, a.threads)):  # every forward on one thread, then on all
             engine_core.SERIAL_FORWARD_MAX_TOKENS = bound
+            core.small_forward_threads = {m: DecodeThreadChooser((threads,), threads) for m in ("extend", "decode")}
             row.append(statistics.median(ttft_ms(n) for _ in range(a.repeats)))
         print(f"{n:6d} tokens: {row[0]:8.1f} vs {row[1]:8.1f}")
 

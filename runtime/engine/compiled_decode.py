@@ -15,7 +15,6 @@ pool slots, so those slots' contents are saved first and put back afterwards.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import types
 import weakref
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.engine.decode_threads import DecodeThreadChooser
+from runtime.engine.decode_threads import DecodeThreadChooser, pinned_from_env
 from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.layers.attention import AttentionMetadata
@@ -106,7 +105,7 @@ class CompiledDecode:
             return model.forward_tokens(input_ids, ctx)
 
         self._eager = decode
-        pinned = threads if threads is not None else _pinned_from_env()
+        pinned = threads if threads is not None else pinned_from_env(THREADS_ENV)
         options = (pinned,) if pinned is not None else (1, torch.get_num_threads())
         self.threads = DecodeThreadChooser(options, pinned)
         # One compiled function per thread count, each over its own copy of the code object: dynamo keeps its
@@ -234,15 +233,6 @@ class CompiledDecode:
             reason[:300],
         )
         return self.report
-
-
-def _pinned_from_env() -> int | None:
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{THREADS_ENV}={raw!r}: expected a positive thread count (e.g. 1 or 2), or unset it")
-    return int(raw)
 
 
 def _copy_function(fn: types.FunctionType, name: str) -> types.FunctionType:

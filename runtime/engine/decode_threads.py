@@ -1,4 +1,6 @@
-"""Intra-op threads of the compiled decode, chosen per step from measured wall time (no torch here).
+"""Intra-op threads of the compiled decode and of the engine's small eager forwards (decode batches and extends
+of at most SERIAL_FORWARD_MAX_TOKENS tokens, runtime/engine/engine_core.py), chosen per step from measured wall
+time (no torch here).
 
 Why adaptive: on a quiet 2-core host two threads cut a batch-8 compiled decode step from ~10 to ~7 ms, but when
 other processes hold the cores every fused kernel waits on a descheduled OpenMP peer and the same step takes
@@ -27,14 +29,25 @@ either (tests/runtime/test_torch_compile.py pins each).
 from __future__ import annotations
 
 import collections
+import os
 import statistics
 from dataclasses import dataclass, field
 
 WINDOW = 5  # steps per setting whose median is its estimate: a load change shows after WINDOW // 2 + 1 steps
 MARGIN = 0.1  # switch only when the other setting is >= 10% faster: no flapping on noise
-EXPLORE_EVERY = 64
+EXPLORE_EVERY = 16
 EXPLORE_STEPS = 3
 MAX_EXPLORE_EVERY = 1024
+
+
+def pinned_from_env(name: str) -> int | None:
+    """A thread count pinned by the environment variable `name` ("1", "2", ...), None when unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r}: expected a positive thread count (e.g. 1 or 2), or unset it")
+    return int(raw)
 
 
 def bucket_of(batch_size: int) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from runtime.engine.api import EngineArgs, EngineStats
+from runtime.engine.decode_threads import DecodeThreadChooser, pinned_from_env
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_dtype, size_and_allocate
 from runtime.kvcache.cache_manager import CacheManager
@@ -27,10 +28,13 @@ from runtime.threads import intra_op_threads
 logger = logging.getLogger("runtime.engine")
 
 DEFAULT_MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
-# Forwards of at most this many tokens (decode batches) run on one thread; see EngineCore._run_model. Prefills
-# above it run on every thread: with the short OpenMP spin (runtime/__init__.py) two threads win from 128 tokens
-# on (benchmarks/serial_threshold.py: 128 tokens 36 vs 29 ms, 512: 108 vs 65, 2048: 452 vs 267; one thread vs two).
+# Eager forwards of at most this many tokens (decode batches, short extends) choose one thread or all of them per
+# step from measured time (see EngineCore._run_model); longer prefills run on every thread: with the short OpenMP
+# spin (runtime/__init__.py) two threads win from 128 tokens on even on a busy host (benchmarks/
+# serial_threshold.py: 128 tokens 36 vs 29 ms, 512: 108 vs 65, 2048: 452 vs 267; one thread vs two).
 SERIAL_FORWARD_MAX_TOKENS = 64
+# Pins the thread count of those small forwards ("1", "2", ...) instead of choosing it per step.
+SMALL_FORWARD_THREADS_ENV = "RUNTIME_SMALL_FORWARD_THREADS"
 
 
 def load_tokenizer(path: str) -> Any | None:
@@ -125,6 +129,9 @@ class EngineCore:
             except SpecConfigError as exc:
                 raise EngineStartupError(str(exc)) from None
             self.scheduler.spec = self.spec
+        pinned = pinned_from_env(SMALL_FORWARD_THREADS_ENV)
+        options = (pinned,) if pinned is not None else (1, torch.get_num_threads())
+        self.small_forward_threads = {mode: DecodeThreadChooser(options, pinned) for mode in ("extend", "decode")}
         self.compiled_decode = None
         if args.enable_torch_compile:
             from runtime.engine.compiled_decode import CompiledDecode
@@ -157,12 +164,20 @@ class EngineCore:
     def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
             return self.compiled_decode(batch, self.pools.buffers)
-        if batch.input_ids.numel() > SERIAL_FORWARD_MAX_TOKENS:
+        tokens = batch.input_ids.numel()
+        if tokens > SERIAL_FORWARD_MAX_TOKENS:
             return self.model.forward(batch, self.pools.buffers)
-        # A few-token forward is thousands of microsecond-sized ops: splitting each across threads costs more in
-        # synchronization than it saves, and on a busy host one descheduled worker stalls every op.
-        with intra_op_threads(1):
-            return self.model.forward(batch, self.pools.buffers)
+        # A few-token forward is thousands of microsecond-sized ops. On a quiet host two threads still win (peer
+        # model, Xeon: a 64-token extend over 2048 cached tokens 27 vs 22 ms, an 8-token prefill 12.1 vs 9.9 ms);
+        # on a busy one a descheduled worker stalls every op. So the count is chosen per step, per mode and
+        # token-count bucket, from measured time, as the compiled decode's is.
+        chooser = self.small_forward_threads[batch.mode]
+        threads = chooser.choose(tokens)
+        t0 = time.perf_counter()
+        with intra_op_threads(threads):
+            out = self.model.forward(batch, self.pools.buffers)
+        chooser.record(tokens, threads, time.perf_counter() - t0)
+        return out
 
     def step(self) -> bool:
         if self.elastic is not None:
@@ -260,8 +275,7 @@ def _validate(args: EngineArgs) -> None:
         )
     if args.schedule_policy not in ("fcfs", "lpm"):
         raise EngineStartupError(
-            f"schedule_policy {args.schedule_policy!r} is not implemented by the bundled runtime; "
-            "use fcfs or lpm."
+            f"schedule_policy {args.schedule_policy!r} is not implemented by the bundled runtime; use fcfs or lpm."
         )
 
 

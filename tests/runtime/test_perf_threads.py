@@ -1,5 +1,5 @@
-"""Thread handling of the hot path: decode-sized forwards on one thread, then the configured count back;
-the same tokens whichever way a step is threaded; `python -m runtime` sleeps its OpenMP workers."""
+"""Thread handling of the hot path: decode-sized forwards on a chosen (or pinned) count, then the configured count
+back; the same tokens whichever way a step is threaded; `python -m runtime` sleeps its OpenMP workers."""
 
 from __future__ import annotations
 
@@ -46,13 +46,37 @@ def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, m
         prompts = [[(7 * i + j) % 3000 + 5 for j in range(80 + 10 * i)] for i in range(3)]
         serial = _generate(core, prompts, 6)
         assert torch.get_num_threads() == 2  # restored after every step
-        assert 2 in seen and 1 in seen  # prefills (> 64 tokens) threaded, decode steps serial
+        assert 2 in seen and 1 in seen  # prefills (> 64 tokens) threaded, decode steps on either (both tried)
         assert core.scheduler.flush_cache()
         monkeypatch.setattr(engine_core, "SERIAL_FORWARD_MAX_TOKENS", 0)
         seen.clear()
         threaded = _generate(core, prompts, 6)
         assert set(seen) == {2}
         assert threaded == serial
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_small_forward_threads_pinned_by_env(demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setenv(engine_core.SMALL_FORWARD_THREADS_ENV, "1")
+        core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
+        seen: list[tuple[int, int]] = []
+        forward = core.model.forward
+
+        def spy(batch: object, buffers: object) -> torch.Tensor:
+            seen.append((batch.input_ids.numel(), torch.get_num_threads()))  # type: ignore[attr-defined]
+            return forward(batch, buffers)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(core.model, "forward", spy)
+        _generate(core, [[(5 * j) % 3000 + 5 for j in range(n)] for n in (20, 90)], 12)
+        assert {t for n, t in seen if n <= engine_core.SERIAL_FORWARD_MAX_TOKENS} == {1}
+        assert {t for n, t in seen if n > engine_core.SERIAL_FORWARD_MAX_TOKENS} == {2}
+        monkeypatch.setenv(engine_core.SMALL_FORWARD_THREADS_ENV, "one")
+        with pytest.raises(ValueError, match=engine_core.SMALL_FORWARD_THREADS_ENV):
+            EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
     finally:
         torch.set_num_threads(before)
 
