@@ -61,8 +61,8 @@ def measure_hf(model_dir: Path, prompts: Prompts, threads: int) -> dict[str, Any
     for cold_ids, warm_ids in zip(prompts.cold[:1], prompts.warm[:1], strict=True):
         cold.append(run([cold_ids], REPEAT_OUT)[0])
         warm.append(run([warm_ids], REPEAT_OUT)[0])
-    _, conc_wall, conc_out = run(prompts.concurrent, CONC_OUT)
-    ttft, e2e, single_out = run([prompts.single], SINGLE_OUT)
+    _, conc_wall, conc_out = run(prompts.concurrent[0], CONC_OUT)
+    ttft, e2e, single_out = run([prompts.single[0]], SINGLE_OUT)
     gsp_ttft, gsp_tokens, gsp_start = [], 0, time.perf_counter()
     for i in range(0, len(prompts.gsp), GSP_CONCURRENCY):
         batch = prompts.gsp[i : i + GSP_CONCURRENCY]

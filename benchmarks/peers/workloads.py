@@ -7,8 +7,10 @@ requests. A prefix cache can only hit where a workload means it to: each cold pr
 - warm: the cold prompt's first 2000 tokens + 48 fresh ones (right after the cold one); TTFT, and warm / cold.
 - repeat: the cold prompt again, exactly; TTFT. Its output must equal the cold one's (cache-consistency).
 - concurrent: 8 requests at once, 128-token prompts, 128 output tokens each; output tokens / wall time.
-- single: one 128-token prompt, 128 output tokens; decode tok/s ((n - 1) / (E2E - TTFT)). Its output is
-  compared with transformers' fp32 greedy output (the reference row) token by token.
+- single: one 128-token prompt, 128 output tokens; decode tok/s ((n - 1) / (E2E - TTFT)). The first
+  repetition's output is compared with transformers' fp32 greedy output (the reference row) token by token.
+- concurrent and single run once per repetition too, each time on fresh prompts, and report the median: one
+  sample of either swung by 1.3x between back-to-back runs of the same server.
 - generated-shared-prefix: SGLang's shape (hybridctl bench's defaults: 4 groups x 4 prompts, 512-token system
   prompt + 64-token question, 32 output tokens) shuffled, 8 in flight; output tok/s, mean TTFT, hit rate.
 """
@@ -38,8 +40,8 @@ GSP_CONCURRENCY = 8
 class Prompts:
     cold: list[list[int]]  # one per repetition
     warm: list[list[int]]
-    concurrent: list[list[int]]
-    single: list[int]
+    concurrent: list[list[list[int]]]  # per repetition: CONC_N prompts
+    single: list[list[int]]  # one per repetition
     gsp: list[list[int]]
     warmup: list[int]
 
@@ -61,8 +63,8 @@ def build_prompts(vocab_size: int, first_id: int, reps: int, seed: int = 0) -> P
     return Prompts(
         cold=cold,
         warm=warm,
-        concurrent=[fresh(CONC_PROMPT) for _ in range(CONC_N)],
-        single=fresh(SINGLE_PROMPT),
+        concurrent=[[fresh(CONC_PROMPT) for _ in range(CONC_N)] for _ in range(reps)],
+        single=[fresh(SINGLE_PROMPT) for _ in range(reps)],
         gsp=gsp,
         warmup=fresh(COLD_LEN),
     )
@@ -92,7 +94,7 @@ async def measure(client: EngineClient, prompts: Prompts) -> dict[str, Any]:
     async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
         # Warm-up: lazy initialisation, first-shape compilation and allocator growth stay out of the numbers.
         await client.generate(http, prompts.warmup, 4)
-        await _bounded(client, http, [p[:32] for p in prompts.concurrent], 4, CONC_N)
+        await _bounded(client, http, [p[:32] for p in prompts.concurrent[0]], 4, CONC_N)
 
         cold, warm, repeat, consistent = [], [], [], True
         warm_cached: list[int | None] = []
@@ -108,8 +110,11 @@ async def measure(client: EngineClient, prompts: Prompts) -> dict[str, Any]:
             repeat_cached.append(r.cached_tokens)
             consistent &= c.output_ids == r.output_ids
 
-        conc, conc_wall = await _bounded(client, http, prompts.concurrent, CONC_OUT, CONC_N)
-        single = await client.generate(http, prompts.single, SINGLE_OUT)
+        conc_rates, singles = [], []
+        for conc_prompts, single_prompt in zip(prompts.concurrent, prompts.single, strict=True):
+            conc, conc_wall = await _bounded(client, http, conc_prompts, CONC_OUT, CONC_N)
+            conc_rates.append(sum(len(r.output_ids) for r in conc) / conc_wall)
+            singles.append(await client.generate(http, single_prompt, SINGLE_OUT))
         gsp, gsp_wall = await _bounded(client, http, prompts.gsp, GSP_SHAPE.output_len, GSP_CONCURRENCY)
 
     gsp_cached = [r.cached_tokens for r in gsp]
@@ -126,10 +131,10 @@ async def measure(client: EngineClient, prompts: Prompts) -> dict[str, Any]:
         "repeat_ttft_ms": _ms(repeat),
         "repeat_cached_tokens": repeat_cached,
         "repeat_output_matches_cold": consistent,
-        "concurrent_out_tok_s": sum(len(r.output_ids) for r in conc) / conc_wall,
-        "single_decode_tok_s": single.decode_tok_s,
-        "single_ttft_ms": 1000.0 * single.ttft_s,
-        "single_output_ids": single.output_ids,
+        "concurrent_out_tok_s": statistics.median(conc_rates),
+        "single_decode_tok_s": statistics.median(r.decode_tok_s for r in singles),
+        "single_ttft_ms": 1000.0 * statistics.median(r.ttft_s for r in singles),
+        "single_output_ids": singles[0].output_ids,
         "gsp_out_tok_s": sum(len(r.output_ids) for r in gsp) / gsp_wall,
         "gsp_mean_ttft_ms": 1000.0 * statistics.mean(r.ttft_s for r in gsp),
         "gsp_cache_hit_rate": gsp_hit,
@@ -138,6 +143,8 @@ async def measure(client: EngineClient, prompts: Prompts) -> dict[str, Any]:
             "warm": [1000 * s for s in warm],
             "repeat": [1000 * s for s in repeat],
         },
+        "raw_concurrent_out_tok_s": conc_rates,
+        "raw_single_decode_tok_s": [r.decode_tok_s for r in singles],
     }
 
 
