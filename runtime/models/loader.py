@@ -96,6 +96,10 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
     model = model.to(dtype).to_empty(device=device)
     files = _tensor_files(model_path)
     _fill_parameters(model, files, dtype, torch.device(device))
+    for module in model.modules():  # layers that re-lay their weights for serving once they hold real values
+        hook = getattr(module, "after_weights_loaded", None)
+        if callable(hook):
+            hook()
     model.eos_token_ids = _eos_ids(model_path, cfg)
     # Serving only: no forward should record an autograd graph, whether or not its caller is in inference mode
     # (the kernels write into preallocated outputs, which autograd refuses).

@@ -48,9 +48,11 @@ def test_loads_every_parameter_from_the_checkpoint(demo_dir: Path) -> None:
     tensors = load_file(str(demo_dir / "model.safetensors"))
     params = dict(model.named_parameters())
     assert torch.equal(params["model.embed_tokens.weight"], tensors["model.embed_tokens.weight"])
+    # The fused DeltaNet projection is re-laid at load: its rows in [q | k | v | z] order (one gather, done once).
+    qkvz_order, _ = model.model.layers[0].linear_attn._deinterleave_orders(torch.device("cpu"))
     assert torch.equal(
         params["model.layers.0.linear_attn.in_proj_qkvz.weight"],
-        tensors["model.layers.0.linear_attn.in_proj_qkvz.weight"],
+        tensors["model.layers.0.linear_attn.in_proj_qkvz.weight"][qkvz_order],
     )
     # Per-expert tensors are stacked into one parameter: expert 5's gate then up rows.
     gate_up = params["model.layers.3.mlp.experts.gate_up_proj"][5]
