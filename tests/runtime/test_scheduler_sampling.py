@@ -10,7 +10,7 @@ import torch
 
 from runtime.engine.api import GenerateRequest, SamplingParams
 from runtime.engine.engine_core import EngineCore
-from runtime.scheduler.sampling import sample_row
+from runtime.scheduler.sampling import sample, sample_row
 from tests.runtime.test_engine_support import (
     VOCAB,
     Collected,
@@ -140,3 +140,13 @@ def test_lpm_admits_the_longest_cached_prefix_first(tmp_path: Path) -> None:
         core.step()
     assert order == ["hit", "cold"]
     assert got.final("hit").cached_tokens == 32
+
+
+def test_greedy_batch_picks_each_rows_first_maximum() -> None:
+    """The batched greedy path (max's indices) agrees with argmax, ties and -inf rows included."""
+    gen = torch.Generator().manual_seed(0)
+    params = [SamplingParams(temperature=0)] * 8
+    for _ in range(50):
+        logits = torch.randint(0, 4, (8, 64), generator=gen).float()  # many ties
+        logits[3] = float("-inf")
+        assert sample(logits, params, [None] * 8) == torch.argmax(logits, dim=-1).tolist()
