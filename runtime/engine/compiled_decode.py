@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.engine.decode_threads import DecodeThreadChooser, pinned_from_env
+from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.layers.attention import AttentionMetadata
@@ -105,9 +105,7 @@ class CompiledDecode:
             return model.forward_tokens(input_ids, ctx)
 
         self._eager = decode
-        pinned = threads if threads is not None else pinned_from_env(THREADS_ENV)
-        options = (pinned,) if pinned is not None else (1, torch.get_num_threads())
-        self.threads = DecodeThreadChooser(options, pinned)
+        self.threads = DecodeThreadChooser.up_to(torch.get_num_threads(), THREADS_ENV, pinned=threads)
         # One compiled function per thread count, each over its own copy of the code object: dynamo keeps its
         # graphs on the code object and does not guard on the thread count, so one code object would serve the
         # graphs compiled for one count to the other. fullgraph: a decode path that graph-breaks would run as
@@ -139,16 +137,9 @@ class CompiledDecode:
         ids = (batch.input_ids, batch.positions, batch.out_locs, batch.state_slots, kv_index)
         inputs = [_as_traced(t.to(self.device, torch.int64)) for t in ids]
         self.steps_by_batch_size[batch.batch_size] += 1
-        threads = self.threads.choose(batch.batch_size)
-        t0 = time.perf_counter()
-        out = self._run(*inputs, _as_traced(kv_mask), buffers, threads=threads)
-        switches = self.threads.switches
-        self.threads.record(batch.batch_size, threads, time.perf_counter() - t0)
-        if self.threads.switches != switches:
-            logger.info(
-                "Decode threads: batch %d now on %s", batch.batch_size, self.threads.describe_bucket(batch.batch_size)
-            )
-        return out
+        return self.threads.timed(
+            batch.batch_size, lambda n: self._run(*inputs, _as_traced(kv_mask), buffers, threads=n)
+        )
 
     def _run(
         self,

@@ -29,9 +29,16 @@ either (tests/runtime/test_torch_compile.py pins each).
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+logger = logging.getLogger("runtime.engine")
+T = TypeVar("T")
 
 WINDOW = 5  # steps per setting whose median is its estimate: a load change shows after WINDOW // 2 + 1 steps
 MARGIN = 0.1  # switch only when the other setting is >= 10% faster: no flapping on noise
@@ -68,12 +75,31 @@ class DecodeThreadChooser:
     """`options`: the thread counts to choose between (1 and the process's torch thread count); `pinned`: use
     that count always (tests, or an operator who knows the host)."""
 
-    def __init__(self, options: tuple[int, ...], pinned: int | None = None) -> None:
+    def __init__(self, options: tuple[int, ...], pinned: int | None = None, label: str = "Decode") -> None:
         self.options = tuple(sorted(set(options)))
         self.pinned = pinned
+        self.label = label  # names the chooser in the log line of a switch
         self._buckets: dict[int, _Bucket] = {}
         self.switches = 0
         self.last_used: int | None = None  # the thread count of the last recorded step
+
+    @classmethod
+    def up_to(cls, threads: int, env: str, pinned: int | None = None, label: str = "Decode") -> DecodeThreadChooser:
+        """Between 1 and `threads` (the process's torch thread count), unless `pinned` or the environment
+        variable `env` pins a count."""
+        pinned = pinned if pinned is not None else pinned_from_env(env)
+        return cls((pinned,) if pinned is not None else (1, threads), pinned, label)
+
+    def timed(self, batch_size: int, run: Callable[[int], T]) -> T:
+        """`run(threads)` on the chosen count, its wall time recorded; a bucket that switches is logged."""
+        threads = self.choose(batch_size)
+        switches = self.switches
+        t0 = time.perf_counter()
+        out = run(threads)
+        self.record(batch_size, threads, time.perf_counter() - t0)
+        if self.switches != switches:
+            logger.info("%s threads: batch %d now on %s", self.label, batch_size, self.describe_bucket(batch_size))
+        return out
 
     @property
     def adaptive(self) -> bool:

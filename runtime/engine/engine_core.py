@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from runtime.engine.api import EngineArgs, EngineStats
-from runtime.engine.decode_threads import DecodeThreadChooser, pinned_from_env
+from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_dtype, size_and_allocate
 from runtime.kvcache.cache_manager import CacheManager
@@ -129,9 +129,10 @@ class EngineCore:
             except SpecConfigError as exc:
                 raise EngineStartupError(str(exc)) from None
             self.scheduler.spec = self.spec
-        pinned = pinned_from_env(SMALL_FORWARD_THREADS_ENV)
-        options = (pinned,) if pinned is not None else (1, torch.get_num_threads())
-        self.small_forward_threads = {mode: DecodeThreadChooser(options, pinned) for mode in ("extend", "decode")}
+        self.small_forward_threads = {
+            mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
+            for mode in ("extend", "decode")
+        }
         self.compiled_decode = None
         if args.enable_torch_compile:
             from runtime.engine.compiled_decode import CompiledDecode
@@ -171,13 +172,11 @@ class EngineCore:
         # model, Xeon: a 64-token extend over 2048 cached tokens 27 vs 22 ms, an 8-token prefill 12.1 vs 9.9 ms);
         # on a busy one a descheduled worker stalls every op. So the count is chosen per step, per mode and
         # token-count bucket, from measured time, as the compiled decode's is.
-        chooser = self.small_forward_threads[batch.mode]
-        threads = chooser.choose(tokens)
-        t0 = time.perf_counter()
+        return self.small_forward_threads[batch.mode].timed(tokens, lambda n: self._forward_on(n, batch))
+
+    def _forward_on(self, threads: int, batch: ForwardBatch) -> torch.Tensor:
         with intra_op_threads(threads):
-            out = self.model.forward(batch, self.pools.buffers)
-        chooser.record(tokens, threads, time.perf_counter() - t0)
-        return out
+            return self.model.forward(batch, self.pools.buffers)
 
     def step(self) -> bool:
         if self.elastic is not None:

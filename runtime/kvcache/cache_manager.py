@@ -164,6 +164,21 @@ class CacheManager:
             self.reserved_pages -= missing
         return [mem.pages[t // ps] * ps + t % ps for t in range(mem.kv_len, end)]
 
+    def grow_for_decode(self, mems: list[ReqMemory]) -> tuple[list[int], list[torch.Tensor]]:
+        """One decode step's memory: a slot for each sequence's next token (allocated), and each sequence's KV
+        slots including it, as int64 tensors (views of one tensor for the batch when a page is a token: a tensor
+        per sequence and a cat with its new slot were 3 ops each, ~15% of the non-model time of a batch-8 step)."""
+        news = [self.grow(mem, 1) for mem in mems]
+        out_locs = [slot for new in news for slot in new]
+        if self.page_size == 1:  # a token's slot is its page
+            rows = [mem.pages[: mem.kv_len] + new for mem, new in zip(mems, news, strict=True)]
+            flat = torch.tensor([slot for row in rows for slot in row], dtype=torch.int64)
+            return out_locs, list(torch.split(flat, [len(row) for row in rows]))
+        return out_locs, [
+            torch.cat([self.token_slots(mem, mem.kv_len), torch.tensor(new, dtype=torch.int64)])
+            for mem, new in zip(mems, news, strict=True)
+        ]
+
     def token_slots(self, mem: ReqMemory, upto: int) -> torch.Tensor:
         """KV token slots of tokens [0, upto) as an int64 tensor (vectorised: contexts are long)."""
         ps = self.page_size

@@ -315,30 +315,8 @@ class Scheduler:
         return planned
 
     def _run_decode(self, reqs: list[Req]) -> None:
-        out_locs: list[int] = []
-        if self.cache.page_size == 1:
-            # A token's slot is its page: every sequence's slots as one Python list, one tensor for the batch, then
-            # views of it (a tensor per sequence and a cat with its new slot were 3 ops each, ~15% of the
-            # non-model time of a batch-8 step).
-            rows: list[list[int]] = []
-            for req in reqs:
-                assert req.mem is not None
-                new = self.cache.grow(req.mem, 1)
-                out_locs.extend(new)
-                rows.append(req.mem.pages[: req.mem.kv_len] + new)
-            flat = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.int64)
-            kv_locs = list(torch.split(flat, [len(r) for r in rows]))
-        else:
-            kv_locs = []
-            for req in reqs:
-                assert req.mem is not None
-                new = self.cache.grow(req.mem, 1)
-                out_locs.extend(new)
-                kv_locs.append(
-                    torch.cat(
-                        [self.cache.token_slots(req.mem, req.mem.kv_len), torch.tensor(new, dtype=torch.int64)]
-                    )
-                )
+        mems = [r.mem for r in reqs if r.mem is not None]
+        out_locs, kv_locs = self.cache.grow_for_decode(mems)
         fb = ForwardBatch(
             mode="decode",
             input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
