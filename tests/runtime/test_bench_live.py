@@ -32,14 +32,14 @@ def test_shared_prefix_bench_holds_8_streams_and_agrees_with_server_metrics(
 ) -> None:
     result = bench_json(
         runtime_server.url, "--num-groups", "2", "--prompts-per-group", "8", "--system-prompt-len", "256",
-        "--question-len", "32", "--output-len", "16", "--max-concurrency", "8",
+        "--question-len", "32", "--output-len", "48", "--max-concurrency", "8",
     )  # fmt: skip
     assert result["completed"] == 16 and result["failed"] == 0
     assert result["concurrency"]["client_max_in_flight"] == 8
     assert result["concurrency"]["server_max_running"] >= 8  # the server really ran 8 at once
     lat = result["latency_ms"]
     assert lat["ttft"]["count"] == 16 and lat["e2e"]["count"] == 16
-    assert lat["itl"]["count"] == 16 * 15  # ignore_eos: exactly 16 tokens each, 15 gaps
+    assert lat["itl"]["count"] == 16 * 47  # ignore_eos: exactly 48 tokens each, 47 gaps
     for name in ("ttft", "tpot", "itl", "e2e"):
         s = lat[name]
         assert 0 < s["min"] <= s["median"] <= s["p90"] <= s["p99"] <= s["max"]
@@ -48,7 +48,7 @@ def test_shared_prefix_bench_holds_8_streams_and_agrees_with_server_metrics(
     # 2 groups x 8 prompts sharing a 256-token system prompt: later prompts of a group reuse it.
     assert result["cache"]["hit_rate"] > 0.2
     server = result["server"]
-    assert server["ttft_observations"] == 16 and server["output_tokens"] == 16 * 16
+    assert server["ttft_observations"] == 16 and server["output_tokens"] == 16 * 48
     assert server["ttft_relative_diff"] <= 0.10, server
     assert server["throughput_relative_diff"] <= 0.10, server
     assert abs(server["cache_hit_rate"] - result["cache"]["hit_rate"]) < 0.02
