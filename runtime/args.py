@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from typing import NoReturn
 
-from runtime.engine.api import DEFAULT_TORCH_COMPILE_MAX_BS
+from runtime.engine.api import DEFAULT_TORCH_COMPILE_MAX_BS, DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS
 from runtime.spec.config import ALGORITHMS
 
 PROG = "python -m runtime"
@@ -38,6 +38,7 @@ RUNTIME_ONLY_FLAGS = (
     "--disable-mamba-state-sandbox",
     "--enable-elastic-memory-pool",
     "--elastic-realloc-timeout-s",
+    "--torch-compile-max-extend-tokens",
 )
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 
@@ -76,6 +77,7 @@ class RuntimeArgs:
     disable_overlap_schedule: bool = False
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = DEFAULT_TORCH_COMPILE_MAX_BS
+    torch_compile_max_extend_tokens: int = DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS
     memory_budget_gib: float | None = None
     disable_state_snapshot_on_match: bool = False
     disable_state_copy_on_write: bool = False
@@ -133,6 +135,13 @@ def _positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
     return number
 
 
@@ -205,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--disable-overlap-schedule", action="store_true", help="Accepted: the runtime never overlaps."
     )
     p.add_argument(
-        "--enable-torch-compile", action="store_true", help="torch.compile the decode forward (compiles at start)."
+        "--enable-torch-compile",
+        action="store_true",
+        help="torch.compile the decode forward and short extends (compiles at start).",
     )
     p.add_argument(
         "--torch-compile-max-bs", type=_positive_int,
@@ -263,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     own.add_argument(
         "--elastic-realloc-timeout-s", type=_positive_float, default=5.0, help="Deadline of one move (5)."
+    )
+    own.add_argument(
+        "--torch-compile-max-extend-tokens",
+        type=_non_negative_int,
+        default=DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
+        help=f"With --enable-torch-compile: longest one-sequence extend run compiled "
+        f"({DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS}; 0: extends stay eager).",
     )
     return p
 

@@ -12,7 +12,11 @@ import torch
 @contextmanager
 def intra_op_threads(threads: int) -> Iterator[None]:
     """Run the block on `threads` torch intra-op threads and restore the caller's count afterwards. Nothing is
-    set when the count already matches: `torch.set_num_threads` also reconfigures OpenMP and MKL."""
+    set when the count already matches: `torch.set_num_threads` also reconfigures OpenMP and MKL. Inside a
+    torch.compile trace it sets nothing: a compiled graph's kernels have their thread count built in."""
+    if torch.compiler.is_compiling():
+        yield
+        return
     before = torch.get_num_threads()
     if before == threads:
         yield

@@ -20,6 +20,7 @@ from typing import Any, Literal
 DEFAULT_MAMBA_TRACK_INTERVAL = 64
 DEFAULT_MEMORY_BUDGET_GIB = 4.0
 DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
+DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 64  # the runtime's own (compiled_extend.py)
 
 
 @dataclass
@@ -173,6 +174,9 @@ class EngineArgs:
     # runtime/engine/compiled_decode.py: decode batches of up to torch_compile_max_bs run a compiled forward.
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = DEFAULT_TORCH_COMPILE_MAX_BS
+    # runtime/engine/compiled_extend.py: with enable_torch_compile, one-sequence extends of up to this many new
+    # tokens run a compiled forward (0: extends stay eager).
+    torch_compile_max_extend_tokens: int = DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS
 
 
 class EngineClient:

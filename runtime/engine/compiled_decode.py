@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import logging
 import time
-import types
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from runtime.engine.compile_support import (
+    CompileReport,
+    as_traced,
+    copy_function,
+    failure_reason,
+    graphs_compiled,
+    pools_traceable,
+    restored,
+)
 from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.models.base import HybridModel, StepContext
@@ -55,16 +62,6 @@ _INDUCTOR_OPTIONS = {"cpp_wrapper": True}
 
 # Every CompiledDecode of this process (while two live, the guards of every compiled call are evaluated).
 _INSTANCES: weakref.WeakSet[CompiledDecode] = weakref.WeakSet()
-
-
-@dataclass
-class CompileReport:
-    """What warm-up did, for the start-up log line and for tests."""
-
-    enabled: bool
-    reason: str  # why it is off, "" when on
-    graphs: int = 0
-    elapsed_s: float = 0.0
 
 
 class CompiledDecode:
@@ -111,7 +108,7 @@ class CompiledDecode:
         # graphs compiled for one count to the other. fullgraph: a decode path that graph-breaks would run as
         # many small graphs plus eager glue; such a model is reported and kept eager instead.
         self._compiled: dict[int, Callable[..., torch.Tensor]] = {
-            n: torch.compile(_copy_function(decode, f"decode_{n}_threads"), fullgraph=True, options=_INDUCTOR_OPTIONS)
+            n: torch.compile(copy_function(decode, f"decode_{n}_threads"), fullgraph=True, options=_INDUCTOR_OPTIONS)
             for n in self.threads.options
         }
 
@@ -135,10 +132,10 @@ class CompiledDecode:
         if kv_mask is None:
             kv_mask = torch.ones(kv_index.shape[0], 1, 1, kv_index.shape[1], dtype=torch.bool, device=self.device)
         ids = (batch.input_ids, batch.positions, batch.out_locs, batch.state_slots, kv_index)
-        inputs = [_as_traced(t.to(self.device, torch.int64)) for t in ids]
+        inputs = [as_traced(t.to(self.device, torch.int64)) for t in ids]
         self.steps_by_batch_size[batch.batch_size] += 1
         return self.threads.timed(
-            batch.batch_size, lambda n: self._run(*inputs, _as_traced(kv_mask), buffers, threads=n)
+            batch.batch_size, lambda n: self._run(*inputs, as_traced(kv_mask), buffers, threads=n)
         )
 
     def _run(
@@ -181,16 +178,13 @@ class CompiledDecode:
         state_slots = min((t.shape[0] for t in (*buffers.conv, *buffers.ssm)), default=max(sizes))
         if token_slots < need_tokens or state_slots < max(sizes):
             return self._off(name, "the pools are too small for the warm-up batches", 0.0)
-        tensors = (*buffers.k, *buffers.v, *buffers.conv, *buffers.ssm)
-        if len({t.untyped_storage().data_ptr() for t in tensors}) < len(tensors):
-            # aot_autograd refuses in-place writes to views of one storage with different bases.
-            reason = "the pool buffers are views of one storage (--enable-elastic-memory-pool); torch.compile cannot"
-            return self._off(name, reason + " trace writes to them", 0.0)
+        if reason := pools_traceable(buffers):
+            return self._off(name, reason, 0.0)
         vocab = self.model.layout().vocab_size
         t0 = time.perf_counter()
-        before = _graphs_compiled()
+        before = graphs_compiled()
         try:
-            with _restored(buffers, need_tokens, max(sizes)):
+            with restored(buffers, need_tokens, max(sizes)):
                 # One eager step first: modules that fill a lazy cache on first use (e.g. GatedDeltaNet's
                 # de-interleave orders) would otherwise be traced empty, and guarded on being empty.
                 self._eager(*_warmup_inputs(1, _WARMUP_KV_LEN[0], vocab, self.device), buffers)
@@ -200,9 +194,9 @@ class CompiledDecode:
                             inputs = _warmup_inputs(batch, kv_len, vocab, self.device)
                             self._run(*inputs, buffers, threads=threads)
         except Exception as exc:  # noqa: BLE001 - any tracing/compile failure means: stay eager, say why
-            return self._off(name, _reason(exc), time.perf_counter() - t0)
+            return self._off(name, failure_reason(exc), time.perf_counter() - t0)
         self.report = CompileReport(
-            enabled=True, reason="", graphs=_graphs_compiled() - before, elapsed_s=time.perf_counter() - t0
+            enabled=True, reason="", graphs=graphs_compiled() - before, elapsed_s=time.perf_counter() - t0
         )
         self.skip_guards = True
         logger.info(
@@ -226,39 +220,6 @@ class CompiledDecode:
         return self.report
 
 
-def _copy_function(fn: types.FunctionType, name: str) -> types.FunctionType:
-    code = fn.__code__.replace(co_name=name)
-    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-def _reason(exc: BaseException) -> str:
-    """The innermost error's type and first line: dynamo wraps the real one (BackendCompilerFailed and such)."""
-    while True:
-        inner = getattr(exc, "inner_exception", None) or exc.__cause__
-        if not isinstance(inner, BaseException):
-            break
-        exc = inner
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-def _as_traced(t: torch.Tensor) -> torch.Tensor:
-    """The input as the graphs were traced with: contiguous and an inference tensor. Dynamo guards on a
-    tensor's dispatch keys, which differ between tensors made inside and outside inference mode (the scheduler
-    makes some of a batch's tensors outside it)."""
-    if t.is_inference() and t.is_contiguous():
-        return t
-    with torch.inference_mode():
-        return t.contiguous().clone()
-
-
-def _graphs_compiled() -> int:
-    """Graphs dynamo has compiled in this process (each recompile adds one)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def _warmup_inputs(batch: int, kv_len: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """A decode step of `batch` sequences of `kv_len` tokens, sequence i on token slots i*(kv_len+1)...; the
     last sequence one token shorter so the mask is exercised."""
@@ -279,19 +240,3 @@ def _row(start: int, length: int, width: int) -> torch.Tensor:
     row = torch.full((width,), start)
     row[:length] = torch.arange(start, start + length)
     return row
-
-
-class _restored:
-    """Saves the token rows [0, tokens) of every KV buffer and the state slots [0, slots) of every state
-    buffer, and puts them back on exit: warm-up must leave the pools as it found them."""
-
-    def __init__(self, buffers: PoolBuffers, tokens: int, slots: int) -> None:
-        self.saved = [(t, t[:tokens].clone()) for t in (*buffers.k, *buffers.v)]
-        self.saved += [(t, t[:slots].clone()) for t in (*buffers.conv, *buffers.ssm)]
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        for t, rows in self.saved:
-            t[: rows.shape[0]].copy_(rows)

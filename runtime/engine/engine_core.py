@@ -134,11 +134,13 @@ class EngineCore:
             for mode in ("extend", "decode")
         }
         self.compiled_decode = None
+        self.compiled_extend = None
         if args.enable_torch_compile:
             from runtime.engine.compiled_decode import CompiledDecode
 
             self.compiled_decode = CompiledDecode(self.model, args.torch_compile_max_bs)
             self.compiled_decode.warm_up(self.pools.buffers)
+            self.compiled_extend = self._compiled_extend(args)
         logger.info(
             f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={chunk}, "
             f"max_prefill_tokens={self.max_prefill_tokens}, "
@@ -161,10 +163,30 @@ class EngineCore:
             args.dual_lru_eviction,
         )
 
+    def _compiled_extend(self, args: EngineArgs) -> Any:
+        """The compiled short extends (runtime/engine/compiled_extend.py), warmed up; None when off."""
+        if args.torch_compile_max_extend_tokens <= 0:
+            return None
+        if self.spec is not None:
+            # The drafters read the target's hidden states from its eager forwards (runtime/spec).
+            logger.info("Torch compile: extends stay eager with speculative decoding.")
+            return None
+        from runtime.engine.compiled_extend import CompiledExtend
+
+        compiled = CompiledExtend(
+            self.model,
+            args.torch_compile_max_extend_tokens,
+            self.cache.state_pool.copy,
+            padding_slot=self.pools.num_state_slots,  # the pool's K + 1st slot, which no request gets
+        )
+        return compiled if compiled.warm_up(self.pools.buffers).enabled else None
+
     @torch.inference_mode()
     def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
             return self.compiled_decode(batch, self.pools.buffers)
+        if self.compiled_extend is not None and self.compiled_extend.handles(batch):
+            return self.compiled_extend(batch, self.pools.buffers)
         tokens = batch.input_ids.numel()
         if tokens > SERIAL_FORWARD_MAX_TOKENS:
             return self.model.forward(batch, self.pools.buffers)

@@ -16,7 +16,7 @@ from runtime.models.layers.packing import SequencePacking
 class StepContext:
     """Per-forward metadata, built once and shared by every layer."""
 
-    batch: ForwardBatch | None  # None in the compiled decode path (runtime/engine/compiled_decode.py)
+    batch: ForwardBatch | None  # None in the compiled paths (runtime/engine/compiled_decode.py, compiled_extend.py)
     buffers: PoolBuffers
     attn: AttentionMetadata
     packing: SequencePacking | None  # None in decode mode
@@ -39,8 +39,9 @@ class StepContext:
 
     def logit_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         """The rows of `hidden` [T, H] whose logits are returned: each sequence's last new token in extend
-        mode, every token in decode mode or when the batch asks for all logits."""
-        if self.packing is None or self.batch is None or self.batch.all_logits:
+        mode (compiled extends included: they have no batch), every token in decode mode or when the batch asks
+        for all logits."""
+        if self.packing is None or (self.batch is not None and self.batch.all_logits):
             return hidden
         return hidden[self.packing.last_index]
 

@@ -237,9 +237,9 @@ class KimiMLA(nn.Module):
         latent, k_rot = self.kv_a_proj_with_mqa(x).split([self.lora, self.rope], dim=-1)
         latent = self.kv_a_layernorm(latent)
         k_cache, v_cache = ctx.buffers.k[ordinal], ctx.buffers.v[ordinal]
-        k_cache[ctx.out_locs] = latent[:, None, :].to(k_cache.dtype)
-        v_cache[ctx.out_locs] = k_rot[:, None, :].to(v_cache.dtype)
         meta = ctx.attn
+        k_cache[ctx.out_locs] = meta.rows_to_write(latent)[:, None, :].to(k_cache.dtype)
+        v_cache[ctx.out_locs] = meta.rows_to_write(k_rot)[:, None, :].to(v_cache.dtype)
         if meta.decode:
             assert meta.kv_index is not None
             keys, values = self._expand(

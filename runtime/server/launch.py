@@ -65,6 +65,7 @@ def _engine_args(args: RuntimeArgs, device: str) -> Any:
         "elastic_realloc_timeout_s": args.elastic_realloc_timeout_s,
         "enable_torch_compile": args.enable_torch_compile,
         "torch_compile_max_bs": args.torch_compile_max_bs,
+        "torch_compile_max_extend_tokens": args.torch_compile_max_extend_tokens,
     }
     missing = set(wanted) - {f.name for f in fields(EngineArgs)}
     if missing:  # a flag the engine stopped taking must fail loudly, never be dropped silently

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.engine.api import EngineArgs, GenerateRequest
-from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode, _graphs_compiled
+from runtime.engine.compile_support import graphs_compiled as _graphs_compiled
+from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode
 from runtime.engine.engine_core import EngineCore
 from runtime.models.layers.moe import Experts, swiglu, traced_experts
 from runtime.models.layers.sigmoid_moe import Relu2Experts, relu2
@@ -43,7 +44,9 @@ def cores(demo_model_dir: Path) -> tuple[EngineCore, EngineCore]:
     # a rerun cheaper). Built under 2 torch threads, so it compiles graphs for 1 and for 2 threads.
     torch.set_num_threads(2)
     try:
-        compiled = _core(demo_model_dir, enable_torch_compile=True, torch_compile_max_bs=MAX_BS)
+        compiled = _core(
+            demo_model_dir, enable_torch_compile=True, torch_compile_max_bs=MAX_BS, torch_compile_max_extend_tokens=16
+        )
     finally:
         torch.set_num_threads(1)
     return compiled, _core(demo_model_dir)
@@ -186,6 +189,7 @@ def test_elastic_pool_keeps_decode_eager_and_says_why(demo_model_dir: Path) -> N
     assert core.compiled_decode is not None
     report = core.compiled_decode.report
     assert not report.enabled and "--enable-elastic-memory-pool" in report.reason
+    assert core.compiled_extend is None  # the same reason keeps extends eager
     reqs = [GenerateRequest(rid="e", input_ids=[5, 6, 7], sampling=greedy(max_new_tokens=4))]
     # check=False: the fixed-split slot invariant does not describe the elastic pool's chunks.
     assert len(run_to_completion(core, reqs, together=True, check=False).tokens("e")) == 4

@@ -22,6 +22,9 @@ class AttentionMetadata:
     `kv_mask` [B, 1, 1, Lmax], None when all sequences have the same length).
     extend: per sequence, the KV slots (`seq_kv`), the span of its queries in the packed batch, and its mask
     (None when there is no cached prefix, so SDPA's own causal path is used).
+    `write_rows` (a compiled extend padded to its bucket, runtime/engine/compiled_extend.py): the row of the new
+    tokens' K/V each out_loc gets; padded rows repeat the last real token's slot and row, so that slot gets one
+    value, never a padded token's.
     """
 
     decode: bool
@@ -30,6 +33,11 @@ class AttentionMetadata:
     seq_kv: list[torch.Tensor] | None = None
     q_spans: list[tuple[int, int]] | None = None
     seq_masks: list[torch.Tensor | None] | None = None
+    write_rows: torch.Tensor | None = None
+
+    def rows_to_write(self, x: torch.Tensor) -> torch.Tensor:
+        """The new tokens' K or V rows to store at out_locs (see `write_rows`)."""
+        return x if self.write_rows is None else x.index_select(0, self.write_rows)
 
     @classmethod
     def build(cls, batch: ForwardBatch, device: torch.device) -> AttentionMetadata:
@@ -74,8 +82,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [T, Hq, D]; k: [T, Hkv, D]; v: [T, Hkv, Dv] for the new tokens. Returns [T, Hq, Dv] in q's dtype."""
     # index_copy_: the same write as `cache[out_locs] = k` without advanced indexing's per-call setup.
-    k_cache.index_copy_(0, out_locs, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, out_locs, v.to(v_cache.dtype))
+    k_cache.index_copy_(0, out_locs, meta.rows_to_write(k).to(k_cache.dtype))
+    v_cache.index_copy_(0, out_locs, meta.rows_to_write(v).to(v_cache.dtype))
     num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
     if meta.decode:
         assert meta.kv_index is not None

@@ -172,6 +172,15 @@ def _checkpoint_states(
     states; inside a chunk it is that chunk's start state advanced by the chunk's first r tokens."""
     n_chunks, chunk_size = cum.shape[0], cum.shape[2]
     per_seq = states.view(n_chunks + 1, batch, heads, *states.shape[-2:])
+    split = (n_chunks, batch, heads, chunk_size)
+    if checkpoints.traced_tokens is not None:  # one sequence, counts as a tensor: every one by the formula
+        n = checkpoints.traced_tokens
+        chunks = torch.div(n - 1, chunk_size, rounding_mode="floor")
+        last = n - 1 - chunks * chunk_size
+        at = _states_at(
+            per_seq, cum.view(split), raw_k.view(*split, -1), v_new.view(*split, -1), torch.zeros_like(n), chunks, last
+        )
+        return list(at.unbind(0))
     found: list[torch.Tensor | None] = [None] * len(checkpoints.seq)
     inside: list[tuple[int, int, int, int]] = []
     for m, (b, n) in enumerate(zip(checkpoints.seq, checkpoints.tokens, strict=True)):
@@ -181,7 +190,6 @@ def _checkpoint_states(
         else:
             inside.append((m, b, chunk, r))
     if inside:
-        split = (n_chunks, batch, heads, chunk_size)
         computed = _states_inside_chunks(
             per_seq, cum.view(split), raw_k.view(*split, -1), v_new.view(*split, -1), inside
         )
@@ -206,6 +214,20 @@ def _states_inside_chunks(
     seqs = torch.tensor([b for _, b, _, _ in inside], device=device)
     chunks = torch.tensor([c for _, _, c, _ in inside], device=device)
     last = torch.tensor([r - 1 for _, _, _, r in inside], device=device)
+    return _states_at(starts, cum, raw_k, v_new, seqs, chunks, last)
+
+
+def _states_at(
+    starts: torch.Tensor,
+    cum: torch.Tensor,
+    raw_k: torch.Tensor,
+    v_new: torch.Tensor,
+    seqs: torch.Tensor,
+    chunks: torch.Tensor,
+    last: torch.Tensor,
+) -> torch.Tensor:
+    """[M, H, Dk, Dv]: sequence seqs[m]'s state after token last[m] (0-based) of chunk chunks[m]."""
+    device = starts.device
     window = cum[chunks, seqs]  # [M, H, C]
     at_r = window.gather(-1, last[:, None, None].expand(-1, window.shape[1], 1))  # [M, H, 1]
     after_r = torch.arange(window.shape[-1], device=device)[None, :] > last[:, None]  # [M, C]

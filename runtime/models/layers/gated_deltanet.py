@@ -17,6 +17,7 @@ class GatedDeltaNet(nn.Module):
     `split_projections=True`: Qwen3.5's separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`."""
 
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (see state_checkpoints.py)
+    writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
 
     def __init__(
         self,

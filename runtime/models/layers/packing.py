@@ -26,6 +26,9 @@ class SequencePacking:
     last_index: torch.Tensor  # [B] packed index of each sequence's last new token
     uniform: bool  # every sequence has max_len tokens (no padding)
     checkpoints: StateCheckpoints | None = None  # states to write mid-forward (ForwardBatch.state_checkpoints)
+    # One sequence laid out as uniform (pad and unpad are views) whose steps from `lens` on are padding: a
+    # compiled extend padded to its bucket's length (runtime/engine/compiled_extend.py).
+    padded_tail: bool = False
 
     @classmethod
     def build(cls, batch: ForwardBatch, device: torch.device) -> SequencePacking:
@@ -63,7 +66,7 @@ class SequencePacking:
 
     def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
         """Zero the padded steps of a [B, Lmax, ...] tensor."""
-        if self.uniform:
+        if self.uniform and not self.padded_tail:
             return x
         mask = self.valid.view(*self.valid.shape, *([1] * (x.dim() - 2)))
         return x * mask.to(x.dtype)

@@ -22,6 +22,13 @@ class StateCheckpoints:
     seq: list[int]  # sequence index in the batch
     tokens: list[int]  # new tokens of that sequence already consumed when the state is taken, 1..extend_len
     slots: torch.Tensor  # [M] int64 destination state slots
+    # Inside a compiled graph (runtime/engine/compiled_extend.py) the token counts are a tensor [M] of one
+    # sequence's checkpoints and `seq` / `tokens` are empty: Python ints there would be baked into the graph.
+    traced_tokens: torch.Tensor | None = None
+
+    @classmethod
+    def traced(cls, tokens: torch.Tensor, slots: torch.Tensor) -> StateCheckpoints:
+        return cls([], [], slots, traced_tokens=tokens)
 
     @classmethod
     def build(
@@ -56,8 +63,18 @@ class StateCheckpoints:
     def conv_windows(self, padded_input: torch.Tensor, width: int) -> torch.Tensor:
         """[M, C, width]: the last `width` conv inputs after each checkpoint, from the time-major
         [B, width + Lmax, C] input (the old window followed by the new tokens)."""
+        if self.traced_tokens is not None:  # one sequence
+            index = self.traced_tokens[:, None] + torch.arange(width, device=padded_input.device)
+            rows = padded_input[0].index_select(0, index.reshape(-1))
+            return rows.view(*index.shape, -1).transpose(1, 2)
         windows = [padded_input[b, n : n + width] for b, n in zip(self.seq, self.tokens, strict=True)]
         return torch.stack(windows).transpose(1, 2)
+
+
+def supports_traced_state_checkpoints(model: torch.nn.Module) -> bool:
+    """True when every recurrent layer also takes StateCheckpoints.traced (token counts as a tensor)."""
+    mixers = [m for m in model.modules() if hasattr(m, "conv_state_shape")]
+    return bool(mixers) and all(getattr(m, "writes_traced_state_checkpoints", False) for m in mixers)
 
 
 def supports_state_checkpoints(model: torch.nn.Module) -> bool:
