@@ -154,10 +154,18 @@ class RuntimeSettings(_Section):
     disable_radix_cache: bool = Field(False, description="Turn the prefix cache off (overrides [cache]).")
     enable_torch_compile: bool = Field(
         False,
-        description="Compile the decode forward with torch.compile (start-up pays the compile; decode gets faster).",
+        description="Compile the decode forward with torch.compile (start-up pays the compile; decode gets faster; "
+        "the bundled runtime also compiles short extends).",
     )
     torch_compile_max_bs: int = Field(
         32, ge=1, le=1024, description="Largest decode batch that runs the compiled forward; bigger ones run eager."
+    )
+    torch_compile_max_extend_tokens: int = Field(
+        64,
+        ge=0,
+        le=1024,
+        description="Bundled runtime with enable_torch_compile: longest one-request extend (a short prompt, the "
+        "uncached tail after a prefix hit) that runs a compiled forward; 0 keeps extends eager.",
     )
 
 

@@ -248,6 +248,17 @@ ROWS: tuple[MappingRow, ...] = (
     _both(S, "runtime.disable_radix_cache", "--disable-radix-cache", "true"),
     _both(S, "runtime.enable_torch_compile", "--enable-torch-compile", "true"),
     _both(S, "runtime.torch_compile_max_bs", "--torch-compile-max-bs", when=_compile_on),
+    _row(
+        S,
+        "runtime.torch_compile_max_extend_tokens",
+        Target(
+            "not-supported",
+            accepts=lambda v, cfg: not _compile_on(cfg) or v == 64,
+            note="bundled runtime only: SGLang's torch.compile covers decode",
+        ),
+        flag("--torch-compile-max-extend-tokens"),
+        when=_compile_on,
+    ),
     # --- [mamba]
     _both(S, "mamba.state_dtype", "--mamba-ssm-dtype"),
     _always_on_in_sglang(

@@ -169,6 +169,17 @@ MATRIX = [
     ),
     pytest.param(
         {
+            "settings__runtime": {
+                "enable_torch_compile": True,
+                "torch_compile_max_bs": 8,
+                "torch_compile_max_extend_tokens": 16,
+            }
+        },
+        {"enable_torch_compile": True, "torch_compile_max_bs": 8, "torch_compile_max_extend_tokens": 16},
+        id="torch-compile",
+    ),
+    pytest.param(
+        {
             "config__extra_engine_args": {
                 "enable-metrics": True,
                 "num_threads": 2,
