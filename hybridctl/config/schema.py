@@ -161,7 +161,7 @@ class RuntimeSettings(_Section):
         32, ge=1, le=1024, description="Largest decode batch that runs the compiled forward; bigger ones run eager."
     )
     torch_compile_max_extend_tokens: int = Field(
-        64,
+        128,
         ge=0,
         le=1024,
         description="Bundled runtime with enable_torch_compile: longest one-request extend (a short prompt, the "

@@ -253,7 +253,7 @@ ROWS: tuple[MappingRow, ...] = (
         "runtime.torch_compile_max_extend_tokens",
         Target(
             "not-supported",
-            accepts=lambda v, cfg: not _compile_on(cfg) or v == 64,
+            accepts=lambda v, cfg: not _compile_on(cfg) or v == 128,
             note="bundled runtime only: SGLang's torch.compile covers decode",
         ),
         flag("--torch-compile-max-extend-tokens"),

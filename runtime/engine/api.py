@@ -20,7 +20,7 @@ from typing import Any, Literal
 DEFAULT_MAMBA_TRACK_INTERVAL = 64
 DEFAULT_MEMORY_BUDGET_GIB = 4.0
 DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
-DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 64  # the runtime's own (compiled_extend.py)
+DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (compiled_extend.py)
 
 
 @dataclass

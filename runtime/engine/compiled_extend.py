@@ -1,4 +1,4 @@
-"""`--enable-torch-compile` with `--torch-compile-max-extend-tokens N` (default 64): an extend of one sequence
+"""`--enable-torch-compile` with `--torch-compile-max-extend-tokens N` (default 128): an extend of one sequence
 of at most N new tokens runs a torch.compile'd forward (the runtime's counterpart of SGLang's prefill CUDA
 graphs for short prefills; longer extends and batches of several sequences stay eager).
 
@@ -52,7 +52,6 @@ from runtime.threads import intra_op_threads
 
 logger = logging.getLogger("runtime.engine")
 
-DEFAULT_MAX_EXTEND_TOKENS = 64
 SMALLEST_BUCKET = 8
 # Warm-up prefix lengths: distinct from each other and from every bucket size, so the prefix dim is traced
 # as its own symbol (see compiled_decode._WARMUP_KV_LEN).
