@@ -8,7 +8,7 @@ the document's end ("branch"). Also times the cold prompt with the cache off (on
 to show what checkpointing costs a cold prefill; the engines take the cold prompt in a rotating order.
 Run for several intervals:
 
-    python benchmarks/runtime_prefix_ttft.py [--model DIR] [--intervals 64 128 256] [--repeats 3]
+    python benchmarks/runtime_prefix_ttft.py [--model DIR] [--intervals 64 128 256] [--repeats 3] [--torch-compile]
 """
 
 from __future__ import annotations
@@ -57,6 +57,11 @@ def main() -> None:
     ap.add_argument("--doc-len", type=int, default=2000)
     ap.add_argument("--total-len", type=int, default=2048)
     ap.add_argument("--memory-budget-gib", type=float, default=0.5, help="pools are zero-filled")
+    ap.add_argument(
+        "--torch-compile",
+        action="store_true",
+        help="the cached engines run --enable-torch-compile (compiled decode and short extends)",
+    )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model = a.model
@@ -67,12 +72,16 @@ def main() -> None:
     rng = random.Random(0)
     vocab = 4000
     q_len = a.total_len - a.doc_len
-    print(f"model={model} doc={a.doc_len} total={a.total_len} threads={a.threads}")
+    print(f"model={model} doc={a.doc_len} total={a.total_len} threads={a.threads} torch_compile={a.torch_compile}")
     budget = a.memory_budget_gib
     # All engines live at once and take turns on the same prompts, so a busy host slows them alike.
     off = EngineCore(EngineArgs(model_path=model, disable_radix_cache=True, memory_budget_gib=budget))
     cores = {
-        n: EngineCore(EngineArgs(model_path=model, mamba_track_interval=n, memory_budget_gib=budget))
+        n: EngineCore(
+            EngineArgs(
+                model_path=model, mamba_track_interval=n, memory_budget_gib=budget, enable_torch_compile=a.torch_compile
+            )
+        )
         for n in a.intervals
     }
     off_times: list[float] = []
