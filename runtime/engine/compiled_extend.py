@@ -90,6 +90,7 @@ class CompiledExtend:
         self.forwards_by_bucket: Counter[int] = Counter()  # compiled forwards run, after warm-up
         self.skip_guards = False
         _INSTANCES.add(self)
+        traced_checkpoints = self.traced_checkpoints  # what the graphs are built with, whatever changes later
 
         def extend(
             input_ids: torch.Tensor,  # [Tb] new tokens, padded
@@ -117,9 +118,7 @@ class CompiledExtend:
                 last_index=lens - 1,
                 uniform=True,
                 padded_tail=True,
-                checkpoints=StateCheckpoints.traced(checkpoint_tokens, checkpoint_slot)
-                if self.traced_checkpoints
-                else None,
+                checkpoints=StateCheckpoints.traced(checkpoint_tokens, checkpoint_slot) if traced_checkpoints else None,
             )
             attn = AttentionMetadata(
                 decode=False, seq_kv=[kv_index], q_spans=[(0, bucket)], seq_masks=[mask], write_rows=write_rows
