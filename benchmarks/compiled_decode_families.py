@@ -2,9 +2,11 @@
 
 For each tiny architecture of tests/runtime/test_model_reference.py (random HF weights saved locally), one
 process per architecture (they would share the compiled code object's cache): an engine with
---enable-torch-compile --torch-compile-max-bs 4 and an eager one decode the same 5 prompts of different
-lengths together (batch 5 → 1, so batch 5 runs eager and 4..1 compiled). Prints the warm-up report, the
-compiled steps by batch size and whether the greedy tokens are identical.
+--enable-torch-compile --torch-compile-max-bs 4 --torch-compile-max-extend-tokens 16 and an eager one decode
+the same 5 prompts of different lengths together (batch 5 → 1, so batch 5 runs eager and 4..1 compiled), then
+one after another a document + three questions (prefix-cache hits whose short extends cross a state checkpoint)
+and two fresh short prompts (compiled extends). Prints both warm-up reports, the compiled decode steps by batch
+size and compiled extends by bucket, and whether the greedy tokens are identical.
 
     python benchmarks/compiled_decode_families.py [ARCH ...]
 """
@@ -42,6 +44,8 @@ def check(arch: str) -> None:
                 max_mamba_cache_size=64,
                 enable_torch_compile=compile_on,
                 torch_compile_max_bs=4,
+                torch_compile_max_extend_tokens=16,
+                mamba_track_interval=16,
             )
         )
         got: dict[str, list[int]] = {}
@@ -55,11 +59,28 @@ def check(arch: str) -> None:
             core.scheduler.add_request(GenerateRequest(f"r{i}", prompt, params), on_output)
         while core.scheduler.has_work:
             core.step()
+        doc = [(11 * j + 5) % 150 for j in range(40)]
+        one_by_one = [doc + [20 + q, 30 + q, 40 + q][: q + 1] for q in range(3)] + [[9, 8, 7], [3] * 12]
+        for i, prompt in enumerate(one_by_one):
+            params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+            core.scheduler.add_request(GenerateRequest(f"s{i}", prompt, params), on_output)
+            while core.scheduler.has_work:
+                core.step()
         tokens[compile_on] = got
         if core.compiled_decode is not None:
             r = core.compiled_decode.report
             steps = dict(sorted(core.compiled_decode.steps_by_batch_size.items()))
             print(f"{arch}: compiled={r.enabled} graphs={r.graphs} compile={r.elapsed_s:.1f}s steps={steps} {r.reason}")
+        if compile_on:
+            ce = core.compiled_extend
+            if ce is None:
+                print(f"{arch}: extends eager (see the warm-up warning above)")
+            else:
+                buckets = dict(sorted(ce.forwards_by_bucket.items()))
+                print(
+                    f"{arch}: extends compiled graphs={ce.report.graphs} compile={ce.report.elapsed_s:.1f}s "
+                    f"forwards by bucket={buckets} checkpoints {'traced' if ce.traced_checkpoints else 'split'}"
+                )
     print(f"{arch}: greedy identical to eager: {tokens[True] == tokens[False]}", flush=True)
 
 

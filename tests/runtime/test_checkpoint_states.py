@@ -203,3 +203,44 @@ def test_kernels_alone_match_within_1e6() -> None:
     for n, state in zip(counts, got, strict=True):
         _, want = chunk_scan(x[:, :n], dt[:, :n], a, b[:, :n], c[:, :n], d, init, 16)
         assert (state - want[0]).abs().max().item() <= 1e-6, f"SSD scan after {n}"
+
+
+def test_traced_checkpoints_match_the_truncated_runs() -> None:
+    """StateCheckpoints.traced (token counts as a tensor, what a compiled extend passes): the delta rule and the
+    SSD scan give the truncated run's state at every count, chunk ends included, and the conv window of a
+    checkpoint is the same slice as with Python counts."""
+    from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm
+    from runtime.models.layers.ssd import chunk_scan
+    from runtime.models.layers.state_checkpoints import StateCheckpoints
+
+    g = torch.Generator().manual_seed(1)
+    length, heads, dim = 70, 2, 8
+    counts = [1, 7, 32, 33, 64, 70]
+    traced = StateCheckpoints.traced(torch.tensor(counts), torch.arange(len(counts)))
+    listed = StateCheckpoints([0] * len(counts), counts, torch.arange(len(counts)))
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    q, k = l2norm(rnd(1, length, heads, dim)), l2norm(rnd(1, length, heads, dim))
+    v, gate, beta = rnd(1, length, heads, dim), -rnd(1, length, heads).abs() * 0.1, rnd(1, length, heads).sigmoid()
+    init = rnd(1, heads, dim, dim)
+    got: list[torch.Tensor] = []
+    chunk_gated_delta_rule(q, k, v, gate, beta, init, checkpoints=traced, captured=got)
+    assert len(got) == len(counts)
+    for n, state in zip(counts, got, strict=True):
+        _, want = chunk_gated_delta_rule(q[:, :n], k[:, :n], v[:, :n], gate[:, :n], beta[:, :n], init)
+        assert (state - want[0]).abs().max().item() <= 1e-6, f"delta rule after {n}"
+
+    x, dt = rnd(1, length, heads, dim), rnd(1, length, heads).abs() * 0.1
+    b, c = rnd(1, length, 1, 4), rnd(1, length, 1, 4)
+    a, d, init = -torch.ones(heads), torch.ones(heads), rnd(1, heads, dim, 4)
+    got = []
+    chunk_scan(x, dt, a, b, c, d, init, 16, checkpoints=traced, captured=got)
+    assert len(got) == len(counts)
+    for n, state in zip(counts, got, strict=True):
+        _, want = chunk_scan(x[:, :n], dt[:, :n], a, b[:, :n], c[:, :n], d, init, 16)
+        assert (state - want[0]).abs().max().item() <= 1e-6, f"SSD scan after {n}"
+
+    padded_input = rnd(1, 3 + length, 5)  # [B, width + L, C], width 3
+    assert torch.equal(traced.conv_windows(padded_input, 3), listed.conv_windows(padded_input, 3))

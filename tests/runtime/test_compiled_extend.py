@@ -17,7 +17,7 @@ from runtime.engine.api import EngineArgs, GenerateRequest
 from runtime.engine.compile_support import graphs_compiled
 from runtime.engine.compiled_extend import extend_buckets
 from runtime.engine.engine_core import EngineCore
-from tests.runtime.test_engine_support import greedy, one_torch_thread, run_to_completion
+from tests.runtime.test_engine_support import build_tiny_nemotron_h, greedy, one_torch_thread, run_to_completion
 
 pytestmark = pytest.mark.slow
 
@@ -145,3 +145,34 @@ def test_off_with_zero_max_tokens(demo_model_dir: Path) -> None:
     core = _core(demo_model_dir, enable_torch_compile=True, torch_compile_max_bs=4, torch_compile_max_extend_tokens=0)
     assert core.compiled_decode is not None and core.compiled_extend is None
     assert torch.get_num_threads() == 1
+
+
+def test_mamba2_layers_write_the_checkpoint_in_the_graph(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Nemotron-H (Mamba2 layers, the SSD scan's traced checkpoints) compiled and eager agree on a document's
+    hits, the branch-point resume and fresh prompts."""
+    model_dir = build_tiny_nemotron_h(tmp_path_factory.mktemp("nemotron") / "model")
+    compiled = _core(
+        model_dir, enable_torch_compile=True, torch_compile_max_bs=2, torch_compile_max_extend_tokens=MAX_EXTEND
+    )
+    eager = _core(model_dir)
+    ce = compiled.compiled_extend
+    assert ce is not None and ce.traced_checkpoints, ce and ce.report.reason
+    doc = [(13 * j + 5) % 200 + 3 for j in range(40)]
+    prompts = [doc + [7, 8, 9], doc + [11, 12, 13, 14], doc + [21, 22], [5, 6, 7], [9] * 14]
+    runs = {}
+    for name, core in (("compiled", compiled), ("eager", eager)):
+        reqs = [
+            GenerateRequest(rid=f"{name}{i}", input_ids=p, sampling=greedy(4), return_logprob=True)
+            for i, p in enumerate(prompts)
+        ]
+        runs[name] = (run_to_completion(core, reqs, together=False), [r.rid for r in reqs])
+    (got, c_ids), (want, e_ids) = runs["compiled"], runs["eager"]
+    assert [got.tokens(r) for r in c_ids] == [want.tokens(r) for r in e_ids]
+    assert [got.final(r).cached_tokens for r in c_ids] == [0, 32, 40, 0, 0]
+    # Logprobs too: a wrong state at the branch point (the third prompt resumes from it) shows there before it
+    # flips a greedy token of this tiny model.
+    for c, e in zip(c_ids, e_ids, strict=True):
+        lp_c = [x for o in got.outputs[c] for x in o.new_token_logprobs or []]
+        lp_e = [x for o in want.outputs[e] for x in o.new_token_logprobs or []]
+        assert lp_c == pytest.approx(lp_e, abs=1e-4), c
+    assert ce.forwards_by_bucket.total() == 4  # the two hits and the two fresh prompts, one forward each

@@ -20,6 +20,7 @@ GatedNorm = Literal["mamba2", "norm_then_gate", "gate_then_norm", "gate_only"]
 
 class Mamba2Mixer(nn.Module):
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (see state_checkpoints.py)
+    writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
 
     def __init__(
         self,

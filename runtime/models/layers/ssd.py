@@ -72,7 +72,9 @@ def chunk_scan(
     decay_chunk = torch.exp(_segment_sum(F.pad(a_cum[:, :, :, -1], (1, 0)))).transpose(1, 3)
     new_states = torch.einsum("bzch,bzhpn->bchpn", decay_chunk, states)
     states, final_state = new_states[:, :-1], new_states[:, -1]
-    if checkpoints is not None and captured is not None:
+    if checkpoints is not None and captured is not None and checkpoints.traced_tokens is not None:
+        captured.extend(_traced_checkpoints(new_states, a_cum, b, x, checkpoints.traced_tokens).unbind(0))
+    elif checkpoints is not None and captured is not None:
         for seq, n in zip(checkpoints.seq, checkpoints.tokens, strict=True):
             i, r = (n - 1) // chunk_size, (n - 1) % chunk_size + 1
             if r == chunk_size:  # the recurrence already holds it: the start state of chunk i + 1
@@ -86,6 +88,24 @@ def chunk_scan(
     y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", c, states, torch.exp(a_cum))
     y = (y_diag + y_off).reshape(batch, -1, heads, x.shape[-1])[:, :length]
     return y + d_residual, final_state
+
+
+def _traced_checkpoints(
+    new_states: torch.Tensor, a_cum: torch.Tensor, b: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    """[M, H, P, N]: one sequence's state after tokens[m] new tokens, the counts a tensor (a compiled graph):
+    every one by the inside-a-chunk formula, chunk ends included. new_states: [1, C+1, H, P, N]; a_cum:
+    [1, H, C, l]; b: [1, C, l, H, N]; x (dt-scaled): [1, C, l, H, P]."""
+    chunk_size = a_cum.shape[-1]
+    chunk = torch.div(tokens - 1, chunk_size, rounding_mode="floor")  # [M]
+    last = tokens - 1 - chunk * chunk_size  # [M]: the last token's index in its chunk
+    cum = a_cum[0].index_select(1, chunk).transpose(0, 1)  # [M, H, l]
+    at_last = cum.gather(-1, last[:, None, None].expand(-1, cum.shape[1], 1))  # [M, H, 1]
+    upto = torch.arange(chunk_size, device=tokens.device)[None, :] <= last[:, None]  # [M, l]
+    # Masked before exp: past the last token the exponent is positive and could overflow to inf (inf * 0 = nan).
+    weights = torch.exp(torch.where(upto[:, None, :], at_last - cum, float("-inf")))  # [M, H, l]
+    writes = torch.einsum("mlhn,mhl,mlhp->mhpn", b[0, chunk], weights, x[0, chunk])
+    return new_states[0, chunk] * torch.exp(at_last)[..., None] + writes
 
 
 def recurrent_step(
