@@ -17,11 +17,11 @@ so there is one graph per bucket, dynamic only in the cached-prefix length. A pa
 The delta rule pads a chunk to a power of two anyway, so a padded bucket runs the same chunk grid as eager.
 
 A state checkpoint inside the extend (the prefix cache's branch point): when every recurrent layer takes
-checkpoint token counts as a tensor (StateCheckpoints.traced: Gated DeltaNet, Mamba2), the graph always writes
-one checkpoint, into the pool's padding slot when none is wanted, so there is still one graph per bucket. Other
-models (Kimi's KDA) split the extend in two compiled forwards with a state copy between them (the state after
-the first part is exactly the one wanted). More than one checkpoint, and speculative decoding's verify forwards
-(every token's logits), run eager.
+checkpoint token counts as a tensor (StateCheckpoints.traced: the delta rule, KDA and the SSD scan do), the graph
+always writes one checkpoint, into the pool's padding slot when none is wanted, so there is still one graph per
+bucket. A model with a layer that does not splits the extend in two compiled forwards with a state copy between
+them (the state after the first part is exactly the one wanted). More than one checkpoint, and speculative
+decoding's verify forwards (every token's logits), run eager.
 """
 
 from __future__ import annotations

@@ -121,6 +121,7 @@ class KimiLinearConfig:
 
 class KimiDeltaAttention(nn.Module):
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (layers/state_checkpoints.py)
+    writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
 
     def __init__(self, c: KimiLinearConfig) -> None:
         super().__init__()

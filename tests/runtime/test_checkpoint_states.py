@@ -206,9 +206,9 @@ def test_kernels_alone_match_within_1e6() -> None:
 
 
 def test_traced_checkpoints_match_the_truncated_runs() -> None:
-    """StateCheckpoints.traced (token counts as a tensor, what a compiled extend passes): the delta rule and the
-    SSD scan give the truncated run's state at every count, chunk ends included, and the conv window of a
-    checkpoint is the same slice as with Python counts."""
+    """StateCheckpoints.traced (token counts as a tensor, what a compiled extend passes): the delta rule, KDA
+    and the SSD scan give the truncated run's state at every count, chunk ends included, and the conv window of
+    a checkpoint is the same slice as with Python counts."""
     from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm
     from runtime.models.layers.ssd import chunk_scan
     from runtime.models.layers.state_checkpoints import StateCheckpoints
@@ -231,6 +231,16 @@ def test_traced_checkpoints_match_the_truncated_runs() -> None:
     for n, state in zip(counts, got, strict=True):
         _, want = chunk_gated_delta_rule(q[:, :n], k[:, :n], v[:, :n], gate[:, :n], beta[:, :n], init)
         assert (state - want[0]).abs().max().item() <= 1e-6, f"delta rule after {n}"
+
+    from runtime.models.layers.kda import chunk_kda
+
+    channel_gate = -rnd(1, length, heads, dim).abs() * 0.1
+    got = []
+    chunk_kda(q, k, v, channel_gate, beta, init, chunk_size=32, checkpoints=traced, captured=got)
+    assert len(got) == len(counts)
+    for n, state in zip(counts, got, strict=True):
+        _, want = chunk_kda(q[:, :n], k[:, :n], v[:, :n], channel_gate[:, :n], beta[:, :n], init, chunk_size=32)
+        assert (state - want[0]).abs().max().item() <= 1e-6, f"KDA after {n}"
 
     x, dt = rnd(1, length, heads, dim), rnd(1, length, heads).abs() * 0.1
     b, c = rnd(1, length, 1, 4), rnd(1, length, 1, 4)

@@ -89,7 +89,8 @@ def test_greedy_identical_to_eager(
 def test_branch_point_checkpoint_caches_the_right_state(cores: tuple[EngineCore, EngineCore], traced: bool) -> None:
     """A hit that resumes at the document's last checkpoint (32) and extends past the branch point (40): the
     compiled forward writes the state after 8 of its 12 tokens into the checkpoint slot (traced: inside the
-    graph, as for Gated DeltaNet; split: two forwards and a state copy, as for the other layer kinds). A third
+    graph, as every shipped layer kind does; split: two forwards and a state copy, the fallback for a layer kind
+    without traced checkpoints). A third
     prompt then resumes exactly at the branch point, from that state."""
     compiled, eager = cores
     ce = compiled.compiled_extend

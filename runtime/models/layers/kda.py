@@ -40,6 +40,9 @@ def chunk_kda(
     state = initial_state.float()
     out = torch.empty(batch, heads, n, chunk_size, dv, dtype=torch.float32, device=q.device)
     found: dict[int, torch.Tensor] = {}
+    traced = checkpoints is not None and checkpoints.traced_tokens is not None
+    starts: list[torch.Tensor] = []  # traced checkpoints: each chunk's start state and corrected values
+    corrected: list[torch.Tensor] = []
     # One chunk at a time: the per-channel pairwise decay is [C, C, K] per head, too big to hold for a whole prompt.
     for i in range(n):
         q_i, k_i, g_i, kb_i = q[:, :, i], k[:, :, i], g[:, :, i], k_beta[:, :, i]
@@ -53,7 +56,10 @@ def chunk_kda(
         out[:, :, i] = (q_i * g_i.exp()) @ state + intra @ v_new
         last = g_i[:, :, -1:]
         new_state = state * last.exp().transpose(-1, -2) + (k_i * (last - g_i).exp()).transpose(-1, -2) @ v_new
-        if checkpoints is not None:
+        if traced:
+            starts.append(state)
+            corrected.append(v_new)
+        elif checkpoints is not None:
             for m, b, r in checkpoints.in_chunk(i, chunk_size):
                 if r == chunk_size:
                     found[m] = new_state[b]
@@ -64,9 +70,33 @@ def chunk_kda(
                 found[m] = state[b] * at_r.exp().transpose(-1, -2) + keys.transpose(-1, -2) @ v_new[b, :, :r]
         state = new_state
     out = out.view(batch, heads, -1, dv)[:, :, :length].transpose(1, 2)
-    if checkpoints is not None and captured is not None:
+    if traced and captured is not None:
+        assert checkpoints is not None and checkpoints.traced_tokens is not None
+        per_chunk = torch.stack(starts, 1)[0], torch.stack(corrected, 2)[0]
+        at = _traced_states(*per_chunk, g[0], k[0], checkpoints.traced_tokens)
+        captured.extend(at.unbind(0))
+    elif checkpoints is not None and captured is not None:
         captured.extend(found[m] for m in range(len(checkpoints.seq)))
     return out, state
+
+
+def _traced_states(
+    starts: torch.Tensor, v_new: torch.Tensor, g: torch.Tensor, k: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    """[M, H, K, V]: one sequence's state after tokens[m] new tokens, the counts a tensor (a compiled graph): the
+    end-state formula of the token's chunk cut at it. starts: [N, H, K, V] each chunk's start state; v_new: [H, N,
+    C, V]; g (cumulative within each chunk), k: [H, N, C, K]."""
+    chunk_size = g.shape[2]
+    chunk = torch.div(tokens - 1, chunk_size, rounding_mode="floor")  # [M]
+    last = tokens - 1 - chunk * chunk_size
+    g_m = g.index_select(1, chunk).transpose(0, 1)  # [M, H, C, K]
+    at_r = g_m.gather(2, last[:, None, None, None].expand(-1, g_m.shape[1], 1, g_m.shape[3]))  # [M, H, 1, K]
+    upto = torch.arange(chunk_size, device=tokens.device)[None, :] <= last[:, None]  # [M, C]
+    # Masked before exp: past the token the exponent is positive and could overflow to inf (inf * 0 = nan).
+    decay = torch.exp(torch.where(upto[:, None, :, None], at_r - g_m, float("-inf")))
+    keys = k.index_select(1, chunk).transpose(0, 1) * decay  # [M, H, C, K]
+    values = v_new.index_select(1, chunk).transpose(0, 1)  # [M, H, C, V]
+    return starts.index_select(0, chunk) * at_r.exp().transpose(-1, -2) + keys.transpose(-1, -2) @ values
 
 
 def recurrent_kda_step(
