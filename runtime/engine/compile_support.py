@@ -3,12 +3,16 @@ normalized, how warm-up leaves the pools as it found them, and how a compile fai
 
 from __future__ import annotations
 
+import logging
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from runtime.engine.forward_batch import PoolBuffers
+
+logger = logging.getLogger("runtime.engine")
 
 
 @dataclass
@@ -19,6 +23,27 @@ class CompileReport:
     reason: str  # why it is off, "" when on
     graphs: int = 0
     elapsed_s: float = 0.0
+
+
+def stays_eager(model_name: str, path: str, reason: str, elapsed_s: float) -> CompileReport:
+    """The report of a compiled path (`path`: "decode", "extends") that stays eager, said once in the log."""
+    logger.warning(
+        "Torch compile: %s %s not compiled after %.1f s (%s); eager instead.",
+        model_name,
+        path,
+        elapsed_s,
+        reason[:300],
+    )
+    return CompileReport(enabled=False, reason=reason, elapsed_s=elapsed_s)
+
+
+def run_compiled(compiled: Callable[..., torch.Tensor], *inputs: object, skip_guards: bool) -> torch.Tensor:
+    """Call a compiled function, with only the guards that tell its graphs apart when `skip_guards` (safe while
+    its inputs are normalized and nothing else shares its code objects: the callers' _INSTANCES checks)."""
+    if skip_guards:
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return compiled(*inputs)
+    return compiled(*inputs)
 
 
 def copy_function(fn: types.FunctionType, name: str) -> types.FunctionType:

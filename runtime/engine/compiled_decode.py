@@ -30,6 +30,8 @@ from runtime.engine.compile_support import (
     graphs_compiled,
     pools_traceable,
     restored,
+    run_compiled,
+    stays_eager,
 )
 from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
@@ -161,11 +163,9 @@ class CompiledDecode:
         torch._dynamo.mark_dynamic(kv_mask, 3)
         threads = self.threads.options[0] if threads is None else threads
         compiled = self._compiled[threads]
+        inputs = (input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
         with intra_op_threads(threads):
-            if self.skip_guards and len(_INSTANCES) == 1:
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
-            return compiled(input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)
+            return run_compiled(compiled, *inputs, skip_guards=self.skip_guards and len(_INSTANCES) == 1)
 
     @torch.inference_mode()
     def warm_up(self, buffers: PoolBuffers) -> CompileReport:
@@ -210,13 +210,7 @@ class CompiledDecode:
         return self.report
 
     def _off(self, name: str, reason: str, elapsed_s: float) -> CompileReport:
-        self.report = CompileReport(enabled=False, reason=reason, elapsed_s=elapsed_s)
-        logger.warning(
-            "Torch compile: %s decode not compiled after %.1f s (%s); decode runs eager.",
-            name,
-            elapsed_s,
-            reason[:300],
-        )
+        self.report = stays_eager(name, "decode", reason, elapsed_s)
         return self.report
 
 

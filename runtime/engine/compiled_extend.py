@@ -42,6 +42,8 @@ from runtime.engine.compile_support import (
     graphs_compiled,
     pools_traceable,
     restored,
+    run_compiled,
+    stays_eager,
 )
 from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.models.base import HybridModel, StepContext
@@ -215,10 +217,7 @@ class CompiledExtend:
         torch._dynamo.mark_dynamic(mask, 1)
         compiled = self._compiled[int(mask.shape[0])]
         with intra_op_threads(self.threads):
-            if self.skip_guards and len(_INSTANCES) == 1:
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return compiled(*inputs)
-            return compiled(*inputs)
+            return run_compiled(compiled, *inputs, skip_guards=self.skip_guards and len(_INSTANCES) == 1)
 
     @torch.inference_mode()
     def warm_up(self, buffers: PoolBuffers) -> CompileReport:
@@ -271,13 +270,7 @@ class CompiledExtend:
             self._compiled = compiled
 
     def _off(self, name: str, reason: str, elapsed_s: float) -> CompileReport:
-        self.report = CompileReport(enabled=False, reason=reason, elapsed_s=elapsed_s)
-        logger.warning(
-            "Torch compile: %s extends not compiled after %.1f s (%s); extends run eager.",
-            name,
-            elapsed_s,
-            reason[:300],
-        )
+        self.report = stays_eager(name, "extends", reason, elapsed_s)
         return self.report
 
 
