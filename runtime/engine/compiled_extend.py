@@ -193,31 +193,31 @@ class CompiledExtend:
         new = rows + start
         kv_index = kv_locs[: cached + real].index_select(0, torch.arange(cached + bucket).clamp_(max=cached + real - 1))
         mask = torch.arange(cached + bucket)[None, :] <= (rows + cached)[:, None]
-        inputs = (
-            batch.input_ids.index_select(0, new),
-            batch.positions.index_select(0, new),
-            batch.out_locs.index_select(0, new),
-            rows,
-            torch.tensor([slot]),
-            torch.tensor([cached > 0]),
-            torch.tensor([real]),
-            (torch.arange(bucket) < real)[None],
-            kv_index,
-            mask,
-            torch.tensor([checkpoint[0]]),
-            torch.tensor([checkpoint[1]]),
-        )
-        self.forwards_by_bucket[bucket] += 1
-        return self._run(*(as_traced(t.to(self.device)) for t in inputs), buffers)
-
-    def _run(self, *inputs: torch.Tensor | PoolBuffers) -> torch.Tensor:
-        kv_index, mask = inputs[8], inputs[9]
-        assert isinstance(kv_index, torch.Tensor) and isinstance(mask, torch.Tensor)
+        # The prefix length is the one dynamic size: the KV index [prefix + Tb] and the mask [Tb, prefix + Tb].
+        kv_index, mask = as_traced(kv_index.to(self.device)), as_traced(mask.to(self.device))
         torch._dynamo.mark_dynamic(kv_index, 0)
         torch._dynamo.mark_dynamic(mask, 1)
-        compiled = self._compiled[int(mask.shape[0])]
+        inputs = [
+            as_traced(t.to(self.device))
+            for t in (
+                batch.input_ids.index_select(0, new),
+                batch.positions.index_select(0, new),
+                batch.out_locs.index_select(0, new),
+                rows,
+                torch.tensor([slot]),
+                torch.tensor([cached > 0]),
+                torch.tensor([real]),
+                (torch.arange(bucket) < real)[None],
+                kv_index,
+                mask,
+                torch.tensor([checkpoint[0]]),
+                torch.tensor([checkpoint[1]]),
+            )
+        ]
+        self.forwards_by_bucket[bucket] += 1
         with intra_op_threads(self.threads):
-            return run_compiled(compiled, *inputs, skip_guards=self.skip_guards and len(_INSTANCES) == 1)
+            skip_guards = self.skip_guards and len(_INSTANCES) == 1
+            return run_compiled(self._compiled[bucket], *inputs, buffers, skip_guards=skip_guards)
 
     @torch.inference_mode()
     def warm_up(self, buffers: PoolBuffers) -> CompileReport:
@@ -226,7 +226,8 @@ class CompiledExtend:
         name = type(self.model).__name__
         need_tokens = max(_WARMUP_PREFIX) + max(self.buckets)
         token_slots = min((t.shape[0] for t in (*buffers.k, *buffers.v)), default=need_tokens)
-        if token_slots < need_tokens or min((t.shape[0] for t in buffers.conv), default=1) < 1:
+        state_slots = min((t.shape[0] for t in (*buffers.conv, *buffers.ssm)), default=self.padding_slot + 1)
+        if token_slots < need_tokens or state_slots <= self.padding_slot:
             return self._off(name, "the pools are too small for the warm-up extends", 0.0)
         if reason := pools_traceable(buffers):
             return self._off(name, reason, 0.0)

@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from runtime.kvcache.state_pool import StateSlotPool
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from runtime.threads import intra_op_threads
+
+if TYPE_CHECKING:
+    from runtime.engine.compiled_extend import CompiledExtend
 
 logger = logging.getLogger("runtime.engine")
 
@@ -134,7 +137,7 @@ class EngineCore:
             for mode in ("extend", "decode")
         }
         self.compiled_decode = None
-        self.compiled_extend = None
+        self.compiled_extend: CompiledExtend | None = None
         if args.enable_torch_compile:
             from runtime.engine.compiled_decode import CompiledDecode
 
@@ -163,7 +166,7 @@ class EngineCore:
             args.dual_lru_eviction,
         )
 
-    def _compiled_extend(self, args: EngineArgs) -> Any:
+    def _compiled_extend(self, args: EngineArgs) -> CompiledExtend | None:
         """The compiled short extends (runtime/engine/compiled_extend.py), warmed up; None when off."""
         if args.torch_compile_max_extend_tokens <= 0:
             return None

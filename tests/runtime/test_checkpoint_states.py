@@ -159,8 +159,11 @@ def test_a_checkpoint_past_the_extend_is_refused(model: HybridModel) -> None:
         _extend(model, buffers, [(_tokens(10, seed=5), 0, 1, 0)], [[(11, 5)]])
 
 
-def test_kernels_alone_match_within_1e6() -> None:
-    """The three chunked kernels on identical inputs: a checkpoint anywhere equals the truncated run's state."""
+@pytest.mark.parametrize("traced", [False, True])
+def test_kernels_alone_match_within_1e6(traced: bool) -> None:
+    """The three chunked kernels on identical inputs: a checkpoint anywhere equals the truncated run's state,
+    with Python token counts and with traced ones (a tensor, what a compiled extend passes; every count then
+    goes through the inside-a-chunk formula, chunk ends included)."""
     from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm
     from runtime.models.layers.ssd import chunk_scan
     from runtime.models.layers.state_checkpoints import StateCheckpoints
@@ -168,7 +171,10 @@ def test_kernels_alone_match_within_1e6() -> None:
     g = torch.Generator().manual_seed(0)
     length, heads, dim = 150, 2, 8
     counts = [1, 7, 64, 90, 128, 150]
-    cps = StateCheckpoints([0] * len(counts), counts, torch.arange(len(counts)))
+    if traced:
+        cps = StateCheckpoints.traced(torch.tensor(counts), torch.arange(len(counts)))
+    else:
+        cps = StateCheckpoints([0] * len(counts), counts, torch.arange(len(counts)))
 
     def rnd(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g)
@@ -205,52 +211,13 @@ def test_kernels_alone_match_within_1e6() -> None:
         assert (state - want[0]).abs().max().item() <= 1e-6, f"SSD scan after {n}"
 
 
-def test_traced_checkpoints_match_the_truncated_runs() -> None:
-    """StateCheckpoints.traced (token counts as a tensor, what a compiled extend passes): the delta rule, KDA
-    and the SSD scan give the truncated run's state at every count, chunk ends included, and the conv window of
-    a checkpoint is the same slice as with Python counts."""
-    from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm
-    from runtime.models.layers.ssd import chunk_scan
+
+def test_traced_conv_windows_equal_the_listed_ones() -> None:
+    """A checkpoint's conv window is the same slice whether its token count is a Python int or a tensor."""
     from runtime.models.layers.state_checkpoints import StateCheckpoints
 
-    g = torch.Generator().manual_seed(1)
-    length, heads, dim = 70, 2, 8
     counts = [1, 7, 32, 33, 64, 70]
     traced = StateCheckpoints.traced(torch.tensor(counts), torch.arange(len(counts)))
     listed = StateCheckpoints([0] * len(counts), counts, torch.arange(len(counts)))
-
-    def rnd(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g)
-
-    q, k = l2norm(rnd(1, length, heads, dim)), l2norm(rnd(1, length, heads, dim))
-    v, gate, beta = rnd(1, length, heads, dim), -rnd(1, length, heads).abs() * 0.1, rnd(1, length, heads).sigmoid()
-    init = rnd(1, heads, dim, dim)
-    got: list[torch.Tensor] = []
-    chunk_gated_delta_rule(q, k, v, gate, beta, init, checkpoints=traced, captured=got)
-    assert len(got) == len(counts)
-    for n, state in zip(counts, got, strict=True):
-        _, want = chunk_gated_delta_rule(q[:, :n], k[:, :n], v[:, :n], gate[:, :n], beta[:, :n], init)
-        assert (state - want[0]).abs().max().item() <= 1e-6, f"delta rule after {n}"
-
-    from runtime.models.layers.kda import chunk_kda
-
-    channel_gate = -rnd(1, length, heads, dim).abs() * 0.1
-    got = []
-    chunk_kda(q, k, v, channel_gate, beta, init, chunk_size=32, checkpoints=traced, captured=got)
-    assert len(got) == len(counts)
-    for n, state in zip(counts, got, strict=True):
-        _, want = chunk_kda(q[:, :n], k[:, :n], v[:, :n], channel_gate[:, :n], beta[:, :n], init, chunk_size=32)
-        assert (state - want[0]).abs().max().item() <= 1e-6, f"KDA after {n}"
-
-    x, dt = rnd(1, length, heads, dim), rnd(1, length, heads).abs() * 0.1
-    b, c = rnd(1, length, 1, 4), rnd(1, length, 1, 4)
-    a, d, init = -torch.ones(heads), torch.ones(heads), rnd(1, heads, dim, 4)
-    got = []
-    chunk_scan(x, dt, a, b, c, d, init, 16, checkpoints=traced, captured=got)
-    assert len(got) == len(counts)
-    for n, state in zip(counts, got, strict=True):
-        _, want = chunk_scan(x[:, :n], dt[:, :n], a, b[:, :n], c[:, :n], d, init, 16)
-        assert (state - want[0]).abs().max().item() <= 1e-6, f"SSD scan after {n}"
-
-    padded_input = rnd(1, 3 + length, 5)  # [B, width + L, C], width 3
+    padded_input = torch.randn(1, 3 + 70, 5, generator=torch.Generator().manual_seed(1))  # [B, width + L, C]
     assert torch.equal(traced.conv_windows(padded_input, 3), listed.conv_windows(padded_input, 3))

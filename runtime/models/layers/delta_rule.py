@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime.models.layers.state_checkpoints import StateCheckpoints
+from runtime.models.layers.state_checkpoints import StateCheckpoints, chunk_positions
 from runtime.threads import intra_op_threads
 
 # Exponents go through exp clamped to ±80: outside about ±87.3 the result is denormal, 0 or inf and torch's
@@ -175,8 +175,7 @@ def _checkpoint_states(
     split = (n_chunks, batch, heads, chunk_size)
     if checkpoints.traced_tokens is not None:  # one sequence, counts as a tensor: every one by the formula
         n = checkpoints.traced_tokens
-        chunks = torch.div(n - 1, chunk_size, rounding_mode="floor")
-        last = n - 1 - chunks * chunk_size
+        chunks, last = chunk_positions(n, chunk_size)
         at = _states_at(
             per_seq, cum.view(split), raw_k.view(*split, -1), v_new.view(*split, -1), torch.zeros_like(n), chunks, last
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime.models.layers.state_checkpoints import StateCheckpoints
+from runtime.models.layers.state_checkpoints import StateCheckpoints, chunk_positions
 
 
 def chunk_kda(
@@ -87,8 +87,7 @@ def _traced_states(
     end-state formula of the token's chunk cut at it. starts: [N, H, K, V] each chunk's start state; v_new: [H, N,
     C, V]; g (cumulative within each chunk), k: [H, N, C, K]."""
     chunk_size = g.shape[2]
-    chunk = torch.div(tokens - 1, chunk_size, rounding_mode="floor")  # [M]
-    last = tokens - 1 - chunk * chunk_size
+    chunk, last = chunk_positions(tokens, chunk_size)  # [M] each
     g_m = g.index_select(1, chunk).transpose(0, 1)  # [M, H, C, K]
     at_r = g_m.gather(2, last[:, None, None, None].expand(-1, g_m.shape[1], 1, g_m.shape[3]))  # [M, H, 1, K]
     upto = torch.arange(chunk_size, device=tokens.device)[None, :] <= last[:, None]  # [M, C]

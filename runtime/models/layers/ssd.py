@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime.models.layers.state_checkpoints import StateCheckpoints
+from runtime.models.layers.state_checkpoints import StateCheckpoints, chunk_positions
 
 
 def _segment_sum(x: torch.Tensor) -> torch.Tensor:
@@ -97,8 +97,7 @@ def _traced_checkpoints(
     every one by the inside-a-chunk formula, chunk ends included. new_states: [1, C+1, H, P, N]; a_cum:
     [1, H, C, l]; b: [1, C, l, H, N]; x (dt-scaled): [1, C, l, H, P]."""
     chunk_size = a_cum.shape[-1]
-    chunk = torch.div(tokens - 1, chunk_size, rounding_mode="floor")  # [M]
-    last = tokens - 1 - chunk * chunk_size  # [M]: the last token's index in its chunk
+    chunk, last = chunk_positions(tokens, chunk_size)  # [M] each
     cum = a_cum[0].index_select(1, chunk).transpose(0, 1)  # [M, H, l]
     at_last = cum.gather(-1, last[:, None, None].expand(-1, cum.shape[1], 1))  # [M, H, 1]
     upto = torch.arange(chunk_size, device=tokens.device)[None, :] <= last[:, None]  # [M, l]

@@ -71,6 +71,13 @@ class StateCheckpoints:
         return torch.stack(windows).transpose(1, 2)
 
 
+def chunk_positions(tokens: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For traced token counts [M]: the chunk holding each one's last token, and that token's index in it
+    (what the chunked kernels cut their end-state formula at)."""
+    chunk = torch.div(tokens - 1, chunk_size, rounding_mode="floor")
+    return chunk, tokens - 1 - chunk * chunk_size
+
+
 def supports_traced_state_checkpoints(model: torch.nn.Module) -> bool:
     """True when every recurrent layer also takes StateCheckpoints.traced (token counts as a tensor)."""
     mixers = [m for m in model.modules() if hasattr(m, "conv_state_shape")]
