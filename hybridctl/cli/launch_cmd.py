@@ -1,11 +1,14 @@
 """`hybridctl launch`, `status`, `stop`: serve a config with SGLang or the bundled runtime.
 
-Exit codes: launch 0 served (or dry run), 1 the server failed to start, 2 the config cannot be launched as asked; status
-0 running and healthy, 1 running but /health fails, 3 not running; stop 0 (stopped, or nothing to stop).
+Exit codes: launch 0 served (or dry run), 1 the server failed to start or exited on its own, 2 the config cannot be
+launched as asked, 143/130/129 stopped by SIGTERM/SIGINT/SIGHUP (forwarded to the server, which was waited for);
+status 0 running and healthy, 1 running but /health fails, 2 corrupt state file, 3 not running (stale state file too);
+stop 0 (stopped, or nothing to stop), 2 corrupt or stale state file (nothing signalled, the file kept).
 """
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,31 +23,6 @@ if TYPE_CHECKING:
     from hybridctl.config.schema import HybridConfig
     from hybridctl.launch.plan import LaunchPlan
     from hybridctl.launch.process import ServerHandle
-
-
-def _follow(console: Console, handle: ServerHandle) -> bool:
-    """Print the log as it grows until the server exits (returns False) or Ctrl-C (True); then stop it."""
-    import time
-
-    path = handle.log_path
-    offset = path.stat().st_size if path.exists() else 0
-    console.print("[dim]following the log; Ctrl-C stops the server[/]")
-    try:
-        while handle.alive():
-            with open(path, "rb") as log:
-                log.seek(offset)
-                chunk = log.read()
-            if chunk:
-                offset += len(chunk)
-                typer.echo(chunk.decode(errors="replace"), nl=False)
-            time.sleep(0.5)
-        console.print(f"[red]the server exited on its own[/]; see {handle.log_path}")
-        return False
-    except KeyboardInterrupt:
-        console.print("stopping ...")
-        return True
-    finally:
-        handle.stop()
 
 
 @app.command("launch")
@@ -175,44 +153,64 @@ def _serve(
 
     from rich.markup import escape
 
-    from hybridctl.launch.process import StartupFailed, start_server
-    from hybridctl.launch.render import render_plan, render_startup
+    from hybridctl.launch.foreground import follow, forwarded_signals
+    from hybridctl.launch.process import StartupFailed, StopSignal, start_server
+    from hybridctl.launch.render import render_plan
     from hybridctl.launch.translate import LaunchError
 
     render_plan(console, plan)
-    with console.status("starting ...") as status:
-
-        def progress(role: str, waited: float, line: str) -> None:
-            status.update(f"[bold]{role}[/] starting, {waited:.0f}s: [dim]{escape(line[-120:])}[/]")
-
+    handle = None
+    # SIGTERM, SIGINT and SIGHUP reach the servers too (they run in their own session), during start-up as well.
+    with forwarded_signals():
         try:
-            handle = start_server(
-                config, settings, plan=plan, startup_timeout_s=timeout, on_progress=progress
-            )
-        except StartupFailed as exc:
-            raise fail(str(exc), 1) from None
-        except LaunchError as exc:
-            raise fail(str(exc), 2) from None
+            with console.status("starting ...") as status:
+
+                def progress(role: str, waited: float, line: str) -> None:
+                    status.update(f"[bold]{role}[/] starting, {waited:.0f}s: [dim]{escape(line[-120:])}[/]")
+
+                try:
+                    handle = start_server(
+                        config, settings, plan=plan, startup_timeout_s=timeout, on_progress=progress
+                    )
+                except StartupFailed as exc:
+                    raise fail(str(exc), 1) from None
+                except LaunchError as exc:
+                    raise fail(str(exc), 2) from None
+            _render_ready(console, handle, as_json)
+            if detach:
+                if not as_json:
+                    console.print(
+                        f"detached; state in {escape(str(handle.state_path))}; stop with `hybridctl stop {config}`"
+                    )
+                return
+            console.print("[dim]following the log; Ctrl-C (or SIGTERM) stops the server[/]")
+            code = follow(handle, lambda chunk: typer.echo(chunk.decode(errors="replace"), nl=False))
+        except StopSignal as exc:
+            if handle is not None:
+                handle.stop(sig=exc.signal)
+            code = exc.exit_code
+    if code == 1:
+        console.print(f"[red]the server exited on its own[/]; see {escape(str(handle.log_path if handle else ''))}")
+    else:
+        console.print(f"stopped the server on {signal.Signals(code - 128).name}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _render_ready(console: Console, handle: ServerHandle, as_json: bool) -> None:
+    from rich.markup import escape
+
+    from hybridctl.launch.render import render_startup
+
     if as_json:
         print_json({
             "url": handle.url, "pid": handle.pid, "log": str(handle.log_path),
             "state": str(handle.state_path),
             "startup": {role: info.to_dict() for role, info in handle.startup.items()},
         })  # fmt: skip
-    else:
-        for role, info in handle.startup.items():
-            render_startup(console, role, info)
-        console.print(
-            f"[green]ready[/] at {handle.url} (pid {handle.pid}); log {escape(str(handle.log_path))}"
-        )
-    if detach:
-        if not as_json:
-            console.print(
-                f"detached; state in {escape(str(handle.state_path))}; stop with `hybridctl stop {config}`"
-            )
         return
-    if not _follow(console, handle):
-        raise typer.Exit(1)
+    for role, info in handle.startup.items():
+        render_startup(console, role, info)
+    console.print(f"[green]ready[/] at {handle.url} (pid {handle.pid}); log {escape(str(handle.log_path))}")
 
 
 @app.command("status")
@@ -225,7 +223,7 @@ def status(
     from rich.console import Console
     from rich.markup import escape
 
-    from hybridctl.launch.process import server_status
+    from hybridctl.launch.recorded import server_status
 
     console = Console(highlight=False, soft_wrap=True)
     try:
@@ -246,7 +244,14 @@ def status(
         for p in st.state.processes:
             alive = "alive" if st.alive.get(p.pid) else "dead"
             console.print(f"  {p.role}: pid {p.pid} {alive}, {p.url}, log {escape(p.log_path)}")
-        if not st.running:
+        for reason in st.stale:
+            console.print(f"  [yellow]stale:[/] {escape(reason)}")
+        if st.stale:
+            console.print(
+                f"stale state file {escape(st.state_path)}: its pids are not the server any more. Fix: make sure "
+                f"no server from this config runs, then remove it (rm {escape(st.state_path)})."
+            )
+        elif not st.running:
             console.print(f"stale state file {escape(st.state_path)}; `hybridctl stop {config}` removes it")
     raise typer.Exit(code)
 
@@ -264,7 +269,7 @@ def stop(
 
     from rich.console import Console
 
-    from hybridctl.launch.process import stop_server
+    from hybridctl.launch.recorded import stop_server
 
     console = Console(highlight=False, soft_wrap=True)
     try:

@@ -10,15 +10,9 @@ Public API (what launch, status, stop and demo use):
 from __future__ import annotations
 
 from hybridctl.launch.plan import LaunchPlan, make_launch_plan
-from hybridctl.launch.process import (
-    ServerHandle,
-    ServerStatus,
-    StartupFailed,
-    StopResult,
-    server_status,
-    start_server,
-    stop_server,
-)
+from hybridctl.launch.process import ServerHandle, StartupFailed, StopResult, start_server
+from hybridctl.launch.recorded import ServerStatus, server_status, stop_server
+from hybridctl.launch.state import StateFileError
 from hybridctl.launch.translate import LaunchError
 
 __all__ = [
@@ -27,6 +21,7 @@ __all__ = [
     "ServerHandle",
     "ServerStatus",
     "StartupFailed",
+    "StateFileError",
     "StopResult",
     "make_launch_plan",
     "server_status",

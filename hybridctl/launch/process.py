@@ -1,8 +1,9 @@
-"""Start, watch and stop served engines: `start_server`, `server_status`, `stop_server`.
+"""Start and stop served engines: `start_server` and the handle it returns.
 
-launch, status, stop and demo call these. Each server runs in its own session (process group) so that stopping
-it also stops the workers SGLang forks; its output goes to a log file next to the config, which the readiness
-wait reads for the start-up pool lines.
+launch and demo call these (status and stop of a recorded server: recorded.py; a foreground launch's signals:
+foreground.py). Each server runs in its own session (process group) so that stopping it also stops the workers
+SGLang forks; its output goes to a log file next to the config, which the readiness wait reads for the start-up
+pool lines.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from hybridctl.launch.plan import LaunchPlan, make_launch_plan
 from hybridctl.launch.state import (
     ProcessEntry,
     ServerState,
+    StateFileError,
     log_path_for,
-    process_alive,
     process_start_ticks,
     read_state,
     remove_state,
@@ -55,6 +56,21 @@ class StartupFailed(LaunchError):
         )
 
 
+class StopSignal(BaseException):
+    """SIGTERM, SIGINT or SIGHUP arrived while hybridctl held a server in the foreground (foreground.py raises it).
+
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signal = signal.Signals(signum)
+        super().__init__(self.signal.name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signal)  # what a shell reports for a process that this signal ended
+
+
 @dataclass
 class ServerHandle:
     """A started server (or PD trio): where it answers, its pids and logs, and what its start-up log said."""
@@ -80,8 +96,9 @@ class ServerHandle:
         self._reap()
         return self.state.any_alive()
 
-    def stop(self, timeout_s: float = 20.0) -> StopResult:
-        result = stop_processes(self.state.processes, timeout_s, self._procs)
+    def stop(self, timeout_s: float = 20.0, sig: signal.Signals = signal.SIGTERM) -> StopResult:
+        """Send `sig` to every process group started (SIGKILL after `timeout_s`), remove the state file."""
+        result = stop_processes(self.state.processes, timeout_s, self._procs, sig)
         remove_state(self.state_path)
         return result
 
@@ -115,7 +132,8 @@ def _tail(path: Path, lines: int = 25) -> list[str]:
         return ["<no log written>"]
 
 
-def _healthy(url: str) -> bool:
+def is_healthy(url: str) -> bool:
+    """`url`/health answers 200 within 2 s."""
     import httpx
 
     try:
@@ -159,7 +177,7 @@ def wait_ready(
         if proc.poll() is not None:
             reason = f"exited with code {proc.returncode} during start-up"
             raise StartupFailed(command.role, reason, log_path, _tail(log_path))
-        if healthy_since is None and _healthy(command.url):
+        if healthy_since is None and is_healthy(command.url):
             healthy_since = now
         if healthy_since is not None:
             info = parse_startup_text(log_path.read_text(errors="replace"))
@@ -175,7 +193,10 @@ def wait_ready(
 
 
 def _refuse_if_running(state_path: Path) -> None:
-    state = read_state(state_path)
+    try:
+        state = read_state(state_path)
+    except StateFileError as exc:
+        raise LaunchError(str(exc)) from None
     if state is not None and state.any_alive():
         pids = ", ".join(str(p.pid) for p in state.processes if p.alive())
         raise LaunchError(
@@ -267,6 +288,9 @@ def start_server(
                 state_path, state
             )  # recorded at once, so `hybridctl stop` works during a long start-up
             handle.startup[role] = wait_ready(proc, command, log_path, startup_timeout_s, on_progress)
+    except StopSignal as exc:
+        handle.stop(sig=exc.signal)  # forwarded as received: the server sees what hybridctl saw
+        raise
     except BaseException:
         handle.stop()
         raise
@@ -278,10 +302,14 @@ def start_server(
 
 
 def stop_processes(
-    entries: list[ProcessEntry], timeout_s: float = 20.0, procs: list[subprocess.Popen[bytes]] | None = None
+    entries: list[ProcessEntry],
+    timeout_s: float = 20.0,
+    procs: list[subprocess.Popen[bytes]] | None = None,
+    sig: signal.Signals = signal.SIGTERM,
 ) -> StopResult:
-    """SIGTERM each process group (newest first: the router before its workers), SIGKILL what is left after
-    `timeout_s`."""
+    """Send `sig` to each process group (newest first: the router before its workers), SIGKILL what is left
+    after `timeout_s`. Only entries that are still the recorded process (start time, command line) are
+    signalled; the caller checks the state file before."""
     result = StopResult([], [], [])
     by_pid = {p.pid: p for p in procs or []}
 
@@ -295,7 +323,7 @@ def stop_processes(
         if not alive(entry):
             result.already_gone.append(entry.pid)
             continue
-        _signal_group(entry.pid, signal.SIGTERM)
+        _signal_group(entry.pid, sig)
         targets.append(entry)
     deadline = time.monotonic() + timeout_s
     while targets and time.monotonic() < deadline:
@@ -323,55 +351,3 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         pass
     except PermissionError:
         os.kill(pid, sig)
-
-
-@dataclass
-class ServerStatus:
-    state_path: str
-    running: bool
-    state: ServerState | None
-    alive: dict[int, bool]  # pid -> alive
-    healthy: bool | None  # /health of the public url; None when nothing runs
-
-    def to_dict(self) -> dict[str, object]:
-        from dataclasses import asdict
-
-        return {
-            "state_path": self.state_path,
-            "running": self.running,
-            "healthy": self.healthy,
-            "url": self.state.url if self.state else None,
-            "engine": self.state.engine if self.state else None,
-            "processes": [
-                {**asdict(p), "alive": self.alive.get(p.pid, False)}
-                for p in (self.state.processes if self.state else [])
-            ],
-        }
-
-
-def server_status(config_path: str | os.PathLike[str]) -> ServerStatus:
-    state_path = state_path_for(config_path)
-    state = read_state(state_path)
-    if state is None:
-        return ServerStatus(str(state_path), False, None, {}, None)
-    alive = {p.pid: p.alive() for p in state.processes}
-    running = any(alive.values())
-    return ServerStatus(str(state_path), running, state, alive, _healthy(state.url) if running else None)
-
-
-def stop_server(config_path: str | os.PathLike[str], timeout_s: float = 20.0) -> StopResult | None:
-    """Stop what the state file next to `config_path` records and remove the file.
-
-    Returns None when there is no state file (nothing to stop).
-    """
-    state_path = state_path_for(config_path)
-    state = read_state(state_path)
-    if state is None:
-        return None
-    result = stop_processes(state.processes, timeout_s)
-    remove_state(state_path)
-    return result
-
-
-def process_is_alive(pid: int) -> bool:
-    return process_alive(pid, None)
