@@ -57,3 +57,50 @@ def test_launch_detach_status_stop_on_the_demo_model(demo_model_dir: Path, tmp_p
     assert not process_alive(pid, None)
     assert not (tmp_path / ".hybridctl" / "server.json").exists()
     assert _hybridctl("status", str(config)).returncode == 3
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_foreground_launch_stops_the_server(demo_model_dir: Path, tmp_path: Path) -> None:
+    # How systemd, `docker stop` and Kubernetes end a foreground process: SIGTERM to hybridctl alone.
+    import signal
+    import socket
+    import time
+
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[server]\nmodel_path = "{demo_model_dir}"\nport = {port}\nengine = "builtin"\n'
+        "[memory]\nmemory_budget_gib = 1.0\n"
+    )
+    launch = subprocess.Popen([sys.executable, "-m", "hybridctl", "launch", str(config), "--timeout", "240"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    state = tmp_path / ".hybridctl" / "server.json"
+    pid = 0
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and launch.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200 and state.exists():
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert launch.poll() is None, launch.communicate()
+        pid = json.loads(state.read_text())["processes"][0]["pid"]
+        launch.send_signal(signal.SIGTERM)
+        out, err = launch.communicate(timeout=60)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        if pid and process_alive(pid, None):  # what a launch that ignores SIGTERM would leave behind
+            import os
+
+            os.killpg(pid, signal.SIGKILL)
+    assert launch.returncode == 143, out + err
+    assert "Traceback" not in err
+    assert not process_alive(pid, None)
+    assert not state.exists()
+    with socket.socket() as sock:  # nothing listens there any more
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+    assert _hybridctl("status", str(config)).returncode == 3
