@@ -13,7 +13,7 @@ from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
 from hybridctl.launch.command import EngineCommand, add_extra_args, flags_to_argv, require_model_path
 from hybridctl.launch.pd import PDPlan
-from hybridctl.launch.translate import LaunchError, refuse_ignored, translate
+from hybridctl.launch.translate import Flags, LaunchError, refuse_ignored, translate
 
 ROUTER_MODULE = "hybridctl.launch.pd_router"
 
@@ -38,7 +38,7 @@ def builtin_pd_plan(cfg: HybridConfig, python: str | None = None, allow_ignored:
             )
     exe = python or sys.executable
 
-    def worker(role: str, port: int, extra: dict[str, str]) -> EngineCommand:
+    def worker(role: str, port: int, extra: Flags) -> EngineCommand:
         flags = {k: v for k, v in translation.flags.items() if k != "--port"}
         flags.update({"--port": str(port), **extra})
         argv = [exe, "-m", "runtime", *flags_to_argv(flags)]

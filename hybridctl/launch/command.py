@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hybridctl.config.schema import HybridConfig, ScalarValue
-from hybridctl.launch.translate import Engine, IgnoredKey, LaunchError, Translation, render_value
+from hybridctl.launch.translate import SWITCH, Engine, Flags, IgnoredKey, LaunchError, Translation, render_value
 
 Role = Literal["server", "prefill", "decode", "router"]
 
@@ -102,7 +102,7 @@ def add_extra_args(
                     f"write true or false, not {value!r}."
                 )
             if value:
-                translation.flags[name] = ""
+                translation.flags[name] = SWITCH
                 translation.sources[name] = f"{where} {raw_name}"
             continue
         text = render_value(value)
@@ -114,11 +114,12 @@ def add_extra_args(
         translation.sources[name] = f"{where} {raw_name}"
 
 
-def flags_to_argv(flags: Mapping[str, str]) -> list[str]:
+def flags_to_argv(flags: Flags) -> list[str]:
+    """The flags as argv: a switch alone, every other flag followed by its value (an empty one too)."""
     argv: list[str] = []
     for name, value in flags.items():
         argv.append(name)
-        if value != "":
+        if value is not None:  # SWITCH
             argv.append(value)
     return argv
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.command import EngineCommand
 from hybridctl.launch.sglang_command import check_multinode, sglang_argv, sglang_translation
-from hybridctl.launch.translate import LaunchError
+from hybridctl.launch.translate import Flags, LaunchError
 
 ROUTER_MODULE = "sglang_router.launch_router"
 
@@ -29,7 +29,7 @@ class PDPlan:
         return [self.prefill, self.decode, self.router]
 
 
-def _role_flags(base: dict[str, str], updates: dict[str, str]) -> dict[str, str]:
+def _role_flags(base: Flags, updates: Flags) -> Flags:
     flags = {k: v for k, v in base.items() if k != "--port"}
     flags.update(updates)
     return flags
@@ -64,7 +64,7 @@ def pd_plan(
         "--disaggregation-mode": "prefill",
         "--disaggregation-bootstrap-port": str(pd.bootstrap_port),
     })  # fmt: skip
-    decode_updates = {"--port": str(pd.decode_port), "--disaggregation-mode": "decode"}
+    decode_updates: Flags = {"--port": str(pd.decode_port), "--disaggregation-mode": "decode"}
     if server.nnodes == 1 and "--base-gpu-id" not in base.flags:
         # On one node the decode server takes the GPUs after the prefill server's (tp * dp of them).
         decode_updates["--base-gpu-id"] = str(server.tp_size * server.dp_size)
@@ -78,7 +78,7 @@ def pd_plan(
         "--host", host, "--port", str(server.port),
     ]  # fmt: skip
 
-    def worker(role: str, flags: dict[str, str], port: int) -> EngineCommand:
+    def worker(role: str, flags: Flags, port: int) -> EngineCommand:
         return EngineCommand(
             engine="sglang", role=role, argv=sglang_argv(flags, python), host=host, port=port,  # type: ignore[arg-type]
             version=version, ignored=base.ignored,

@@ -19,7 +19,7 @@ from hybridctl.launch.command import (
     flags_to_argv,
     require_model_path,
 )
-from hybridctl.launch.translate import LaunchError, Translation, refuse_ignored, translate
+from hybridctl.launch.translate import Flags, LaunchError, Translation, refuse_ignored, translate
 
 SGLANG_MODULE = "sglang.launch_server"
 
@@ -61,7 +61,7 @@ def check_multinode(cfg: HybridConfig) -> None:
         )
 
 
-def sglang_argv(flags: dict[str, str], python: str | None = None) -> list[str]:
+def sglang_argv(flags: Flags, python: str | None = None) -> list[str]:
     return [python or sys.executable, "-m", SGLANG_MODULE, *flags_to_argv(flags)]
 
 
@@ -88,7 +88,7 @@ def _yaml_scalar(value: str, flag_type: str | None) -> str:
     return json.dumps(value)  # a JSON string is a valid YAML double-quoted scalar
 
 
-def to_config_yaml(flags: dict[str, str], version: str) -> tuple[str, list[str]]:
+def to_config_yaml(flags: Flags, version: str) -> tuple[str, list[str]]:
     """SGLang's `--config` file for `flags`, and the flags that must stay on the command line.
 
     Keys are the flag names without the leading dashes (dashed, as SGLang requires); switches are `true`;
@@ -99,7 +99,7 @@ def to_config_yaml(flags: dict[str, str], version: str) -> tuple[str, list[str]]
     lines = [
         f"# SGLang {version} server config written by hybridctl; run: python -m {SGLANG_MODULE} --config FILE"
     ]
-    leftover: dict[str, str] = {}
+    leftover: Flags = {}
     for name, value in flags.items():
         info = by_option.get(name)
         if info is not None and info.action == "BooleanOptionalAction":
@@ -107,6 +107,6 @@ def to_config_yaml(flags: dict[str, str], version: str) -> tuple[str, list[str]]
             continue
         key = name[2:]
         lines.append(
-            f"{key}: true" if value == "" else f"{key}: {_yaml_scalar(value, info.type if info else None)}"
+            f"{key}: true" if value is None else f"{key}: {_yaml_scalar(value, info.type if info else None)}"
         )
     return "\n".join(lines) + "\n", flags_to_argv(leftover)

@@ -13,6 +13,10 @@ from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_row import MappingRow, Target, config_value
 
 Engine = Literal["sglang", "builtin"]
+# A flag's value on the command line; SWITCH (None) for a flag without one. Not "": an empty value such as
+# `host = ""` is still a value, and must stay an (empty) argument instead of vanishing from the command.
+Flags = dict[str, str | None]
+SWITCH = None
 
 
 @dataclass(frozen=True)
@@ -33,8 +37,8 @@ class IgnoredKey:
 class Translation:
     engine: Engine
     version: str | None  # SGLang version the flags are written for; None for the bundled runtime
-    # flag -> value ("" for a switch); insertion order is the order on the command line
-    flags: dict[str, str] = field(default_factory=dict)
+    # flag -> value (SWITCH for a switch); insertion order is the order on the command line
+    flags: Flags = field(default_factory=dict)
     ignored: list[IgnoredKey] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)  # flag -> the config key it came from
 
@@ -58,7 +62,7 @@ def _emit(out: Translation, row: MappingRow, target: Target, value: Any) -> None
             return
         out.flags[target.flag] = render_value(value)
     elif (target.kind == "true" and value) or (target.kind == "false" and not value):
-        out.flags[target.flag] = ""
+        out.flags[target.flag] = SWITCH
     else:
         return
     out.sources.setdefault(target.flag, row.qualified)
@@ -108,7 +112,7 @@ def _no_buffer_needs_no_overlap(cfg: HybridConfig, out: Translation) -> None:
     # SGLang asserts no_buffer runs without overlap scheduling instead of turning overlap off for an explicit
     # no_buffer (arg_groups/mamba_hook.py validate_mamba_no_buffer); the runtime accepts the flag as a no-op.
     if cfg.config.cache.mamba_radix_cache_strategy == "no_buffer" and cfg.prefix_cache_enabled:
-        out.flags["--disable-overlap-schedule"] = ""
+        out.flags["--disable-overlap-schedule"] = SWITCH
         out.sources["--disable-overlap-schedule"] = "config.toml:cache.mamba_radix_cache_strategy"
 
 
