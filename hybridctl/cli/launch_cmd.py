@@ -35,7 +35,7 @@ def launch(
         help="auto | sglang | builtin (default: [server] engine; auto = sglang on a GPU host).",
     ),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the command(s); the last line is the command."
+        False, "--dry-run", help="Print the command(s) and what the engine would ignore; the last line is the command."
     ),
     write_yaml: Path | None = typer.Option(
         None, "--write-yaml", help="Write the equivalent SGLang --config YAML to this file."
@@ -85,11 +85,12 @@ def launch(
         raise typer.Exit(2)
     cfg = report.config
     try:
+        # A dry run shows the command whatever the engine would ignore, and lists those keys; a launch refuses.
         plan = make_launch_plan(
             cfg,
-            engine,
+            engine,  # type: ignore[arg-type]
             sglang_version=sglang_version,
-            allow_ignored=allow_ignored,  # type: ignore[arg-type]
+            allow_ignored=allow_ignored or dry_run,
         )
         written = _write_files(cfg, plan, write_yaml, k8s, k8s_image, force, allow_ignored)
     except (LaunchError, OSError) as exc:  # OSError: WouldOverwriteError, WriteFailed
@@ -98,9 +99,9 @@ def launch(
         console.print(f"wrote {path}")
     if dry_run:
         if as_json:
-            print_json(plan.to_dict())
+            print_json({**plan.to_dict(), "launch_refuses_ignored": bool(plan.ignored) and not allow_ignored})
             return
-        render_plan(console, plan)
+        render_plan(console, plan, allowed=allow_ignored)
         for command in plan.commands[:-1]:
             console.print(f"# {command.role} server ({command.url}):")
             typer.echo(command.shell())

@@ -34,6 +34,9 @@ class LaunchPlan:
             "url": self.url,
             "commands": [c.to_dict() for c in self.commands],
             "ignored": [i.describe() for i in self.ignored],
+            "ignored_keys": [
+                {"file": i.file, "key": i.key, "value": i.value, "reason": i.reason} for i in self.ignored
+            ],
         }
 
 

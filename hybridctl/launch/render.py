@@ -13,10 +13,22 @@ from hybridctl.launch.plan import LaunchPlan
 from hybridctl.logs.startup import StartupInfo
 
 
-def render_plan(console: Console, plan: LaunchPlan) -> None:
-    """The engine line (and why that engine), then each setting the engine will ignore."""
+def render_plan(console: Console, plan: LaunchPlan, allowed: bool = True) -> None:
+    """The engine line (and why that engine), then each setting the engine will ignore.
+
+    `allowed` False is a dry run without --allow-ignored: the list says that a launch would refuse them.
+    """
     version = f" {plan.version}" if plan.version else ""
     console.print(f"engine: [bold]{plan.engine}{version}[/] ({escape(plan.engine_reason)})")
+    if plan.ignored and not allowed:
+        engine = f"SGLang{version}" if plan.engine == "sglang" else "the bundled runtime"
+        console.print(
+            f"[yellow]{engine} would ignore {len(plan.ignored)} setting(s)[/]; `hybridctl launch` refuses to start "
+            "until they are back at their defaults, or with --allow-ignored:"
+        )
+        for item in plan.ignored:
+            console.print(f"  [yellow]would be ignored:[/] {escape(item.describe())}")
+        return
     for item in plan.ignored:
         console.print(f"[yellow]ignored (--allow-ignored):[/] {escape(item.describe())}")
 

@@ -63,10 +63,13 @@ def test_dry_run_pd_prints_three_commands_router_last(tmp_path: Path) -> None:
 
 def test_ignored_keys_exit_2_unless_allowed(tmp_path: Path) -> None:
     config = _write_config(tmp_path, "\n[cache]\nenable_dual_lru_eviction = false\n")
-    result = runner.invoke(app, ["launch", str(config), "--engine", "sglang", "--dry-run"])
+    result = runner.invoke(app, ["launch", str(config), "--engine", "sglang"])
     assert result.exit_code == 2
     assert "cache.enable_dual_lru_eviction" in result.output and "--allow-ignored" in result.output
     assert "Traceback" not in result.output
+    # A dry run still shows the command, and what a launch would refuse (tests/control/test_launch_dry_run_ignored.py).
+    result = runner.invoke(app, ["launch", str(config), "--engine", "sglang", "--dry-run"])
+    assert result.exit_code == 0 and "would be ignored: config.toml cache.enable_dual_lru_eviction" in result.output
     result = runner.invoke(app, ["launch", str(config), "--engine", "sglang", "--dry-run", "--allow-ignored"])
     assert result.exit_code == 0 and "ignored (--allow-ignored)" in result.output
 
