@@ -10,4 +10,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: Rich markup would eat every "[...]" in them ("[server] engine", "[len*ratio, len]").
+    rich_markup_mode=None,
 )

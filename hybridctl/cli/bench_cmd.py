@@ -6,11 +6,13 @@ Exit codes: 0 every request succeeded, 1 some failed, 2 the server cannot be rea
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, SETTINGS_ARG, SETTINGS_OPT, config_files
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -25,12 +27,10 @@ if TYPE_CHECKING:
 @app.command("bench")
 def bench(
     url: str | None = typer.Option(None, "--url", help="Server URL (default: from config.toml [server])."),
-    config: str | None = typer.Option(
-        None, "--config", help="config.toml (default: ./config.toml if present)."
-    ),
-    settings: str | None = typer.Option(
-        None, "--settings", help="settings.json (default: beside config.toml)."
-    ),
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="Env variable holding the API key."),
     dataset: str = typer.Option(
         "generated-shared-prefix", "--dataset", help="generated-shared-prefix (SGLang's shape) or random."
@@ -70,6 +70,7 @@ def bench(
     from hybridctl.verify.client import ServerError, ServerUnreachable
     from hybridctl.verify.runner import TargetError, load_config, resolve_target
 
+    config_path, settings_path = config_files(config, settings, config_opt, settings_opt)  # None: ./config.toml
     err = Console(stderr=True)
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise fail(
@@ -86,7 +87,7 @@ def bench(
     )
     try:
         options.validate()
-        cfg = load_config(config, settings)
+        cfg = load_config(str(config_path) if config_path else None, str(settings_path) if settings_path else None)
         target = resolve_target(url, cfg, api_key_env)
     except (ConfigError, TargetError, BenchOptionsError) as exc:
         raise fail(str(exc)) from None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, DEFAULT_CONFIG, SETTINGS_ARG, SETTINGS_OPT, config_files
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -92,10 +93,10 @@ def _apply_fixes(
 
 @app.command("doctor")
 def doctor(
-    config: Path = typer.Option(Path("config.toml"), "--config", "-c", help="config.toml to predict from."),
-    settings: Path | None = typer.Option(
-        None, "--settings", "-s", help="settings.json (default: the one beside config.toml)."
-    ),
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     log: str | None = typer.Option(None, "--log", "-l", help="Server log to diagnose; - reads stdin."),
     peer: Path | None = typer.Option(
         None, "--peer", help="The other PD server's config.toml: compare recurrent-state shapes and dtypes."
@@ -126,7 +127,9 @@ def doctor(
     from hybridctl.doctor.run import DoctorOptions, run_doctor, unprobed_host
     from hybridctl.planner.units import GIB
 
-    config_given = config != Path("config.toml") or settings is not None or fix
+    given, settings = config_files(config, settings, config_opt, settings_opt)
+    config = given or DEFAULT_CONFIG
+    config_given = given is not None or settings is not None or fix
     settings_path = settings_path_for(config, settings)
     if fix and not config.exists():
         raise fail(f"--fix edits {config}, which does not exist; pass --config PATH.")

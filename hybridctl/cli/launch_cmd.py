@@ -15,6 +15,15 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.config_args import (
+    CONFIG_ARG,
+    CONFIG_OPT,
+    DEFAULT_CONFIG,
+    SETTINGS_ARG,
+    SETTINGS_OPT,
+    UNUSED_SETTINGS_OPT,
+    config_files,
+)
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -27,8 +36,10 @@ if TYPE_CHECKING:
 
 @app.command("launch")
 def launch(
-    config: Path = typer.Argument(Path("config.toml"), help="config.toml to serve."),
-    settings: Path | None = typer.Argument(None, help="settings.json (default: next to config.toml)."),
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     engine: str | None = typer.Option(
         None,
         "--engine",
@@ -69,6 +80,8 @@ def launch(
     from hybridctl.launch.translate import LaunchError
 
     console = Console(highlight=False, soft_wrap=True)
+    given, settings = config_files(config, settings, config_opt, settings_opt)
+    config = given or DEFAULT_CONFIG
     settings = settings_path_for(config, settings)
     if engine is not None and engine not in ENGINE_NAMES:
         raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
@@ -216,7 +229,9 @@ def _render_ready(console: Console, handle: ServerHandle, as_json: bool) -> None
 
 @app.command("status")
 def status(
-    config: Path = typer.Argument(Path("config.toml"), help="config.toml whose server to check."),
+    config: Path | None = CONFIG_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    _settings: Path | None = UNUSED_SETTINGS_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Is the server launched from CONFIG alive and healthy? Exit 0 healthy, 1 unhealthy, 3 not running."""
@@ -226,6 +241,7 @@ def status(
 
     from hybridctl.launch.recorded import server_status
 
+    config = config_files(config, None, config_opt, None)[0] or DEFAULT_CONFIG
     console = Console(highlight=False, soft_wrap=True)
     try:
         st = server_status(config)
@@ -259,7 +275,9 @@ def status(
 
 @app.command("stop")
 def stop(
-    config: Path = typer.Argument(Path("config.toml"), help="config.toml whose server to stop."),
+    config: Path | None = CONFIG_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    _settings: Path | None = UNUSED_SETTINGS_OPT,
     timeout: float = typer.Option(
         20.0, "--timeout", min=0.0, help="Seconds between SIGTERM and SIGKILL."
     ),
@@ -272,6 +290,7 @@ def stop(
 
     from hybridctl.launch.recorded import stop_server
 
+    config = config_files(config, None, config_opt, None)[0] or DEFAULT_CONFIG
     console = Console(highlight=False, soft_wrap=True)
     try:
         result = stop_server(config, timeout_s=timeout)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, SETTINGS_ARG, SETTINGS_OPT, config_files
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -76,10 +77,10 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
 
 @app.command("plan")
 def plan(
-    config: Path | None = typer.Argument(
-        None, help="config.toml (optional; default ./config.toml if present)."
-    ),
-    settings: Path | None = typer.Argument(None, help="settings.json (optional; default beside CONFIG)."),
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     model: str | None = typer.Option(None, "--model", help="Model directory or its config.json."),
     tp: int | None = typer.Option(None, "--tp", min=1, max=64, help="Tensor-parallel degree."),
     gpu_mem_gib: float | None = typer.Option(
@@ -124,6 +125,7 @@ def plan(
     from hybridctl.planner.plan_request import PlanRequest, PlanRequestError, run_plan
     from hybridctl.planner.pool_sizing import PoolSizingError
 
+    config, settings = config_files(config, settings, config_opt, settings_opt)  # None: ./config.toml if present
     req = PlanRequest(
         config_path=config,
         settings_path=settings,

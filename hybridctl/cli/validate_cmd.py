@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, DEFAULT_CONFIG, SETTINGS_ARG, SETTINGS_OPT, config_files
 from hybridctl.cli.output import print_json
 
 if TYPE_CHECKING:
@@ -39,10 +40,10 @@ def render_report(report: ValidationReport) -> None:
 
 @app.command("validate")
 def validate(
-    config: Path = typer.Argument(Path("config.toml"), help="config.toml to check."),
-    settings: Path | None = typer.Argument(
-        None, help="settings.json to check (optional file; default: the one beside config.toml)."
-    ),
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     engine_version: str | None = typer.Option(
         None,
         "--engine-version",
@@ -61,6 +62,8 @@ def validate(
 
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules).
     version = engine_version or installed_sglang_version()
+    given, settings = config_files(config, settings, config_opt, settings_opt)
+    config = given or DEFAULT_CONFIG
     report = check_files(config, settings_path_for(config, settings), engine_version=version)
     if as_json:
         print_json(report.to_dict())

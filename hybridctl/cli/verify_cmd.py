@@ -6,11 +6,13 @@ or the target/config cannot be determined.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, SETTINGS_ARG, SETTINGS_OPT, config_files
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -19,12 +21,11 @@ if TYPE_CHECKING:
 verify_app = typer.Typer(
     help="Check a running server: it answers, prefix caching works, speculative decoding accepts drafts.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # as the main app: help texts are plain text
 )
 app.add_typer(verify_app, name="verify")
 
 _URL = typer.Option(None, "--url", help="Server URL (default: from config.toml [server] host/port).")
-_CONFIG = typer.Option(None, "--config", help="config.toml (default: ./config.toml when present).")
-_SETTINGS = typer.Option(None, "--settings", help="settings.json (default: beside config.toml).")
 _KEY_ENV = typer.Option(None, "--api-key-env", help="Environment variable that holds the server's API key.")
 _JSON = typer.Option(False, "--json", help="Print the report as JSON.")
 
@@ -32,8 +33,7 @@ _JSON = typer.Option(False, "--json", help="Print the report as JSON.")
 def _execute(
     names: tuple[str, ...],
     url: str | None,
-    config_path: str | None,
-    settings_path: str | None,
+    files: tuple[Path | None, Path | None, Path | None, Path | None],
     api_key_env: str | None,
     as_json: bool,
     options: VerifyOptions,
@@ -47,10 +47,11 @@ def _execute(
     from hybridctl.verify.report import unreachable_report
     from hybridctl.verify.runner import TargetError, load_config, resolve_target, run_checks
 
+    config_path, settings_path = config_files(*files)  # None: ./config.toml when present
     err = Console(stderr=True)
     try:
         options.prefix_cache.validate()
-        config = load_config(config_path, settings_path)
+        config = load_config(str(config_path) if config_path else None, str(settings_path) if settings_path else None)
         target = resolve_target(url, config, api_key_env)
     except (ConfigError, TargetError, OptionsError) as exc:
         raise fail(str(exc)) from None
@@ -112,8 +113,10 @@ _MIN_ACCEPT = typer.Option(
 @verify_app.command("all")
 def verify_all(
     url: str | None = _URL,
-    config: str | None = _CONFIG,
-    settings: str | None = _SETTINGS,
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     api_key_env: str | None = _KEY_ENV,
     as_json: bool = _JSON,
     doc_tokens: int = _DOC,
@@ -132,26 +135,31 @@ def verify_all(
         min_cached_fraction=min_cached_fraction,
         min_accept_length=min_accept_length,
     )
-    _execute(("basic", "prefix-cache", "spec"), url, config, settings, api_key_env, as_json, opts)
+    files = (config, settings, config_opt, settings_opt)
+    _execute(("basic", "prefix-cache", "spec"), url, files, api_key_env, as_json, opts)
 
 
 @verify_app.command("basic")
 def verify_basic(
     url: str | None = _URL,
-    config: str | None = _CONFIG,
-    settings: str | None = _SETTINGS,
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     api_key_env: str | None = _KEY_ENV,
     as_json: bool = _JSON,
 ) -> None:
     """The server answers, streaming works, /model_info and /server_info match the config."""
-    _execute(("basic",), url, config, settings, api_key_env, as_json, _options())
+    _execute(("basic",), url, (config, settings, config_opt, settings_opt), api_key_env, as_json, _options())
 
 
 @verify_app.command("prefix-cache")
 def verify_prefix_cache(
     url: str | None = _URL,
-    config: str | None = _CONFIG,
-    settings: str | None = _SETTINGS,
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     api_key_env: str | None = _KEY_ENV,
     as_json: bool = _JSON,
     doc_tokens: int = _DOC,
@@ -178,14 +186,16 @@ def verify_prefix_cache(
         max_new_tokens=max_new_tokens,
         seed=seed,
     )
-    _execute(("prefix-cache",), url, config, settings, api_key_env, as_json, opts)
+    _execute(("prefix-cache",), url, (config, settings, config_opt, settings_opt), api_key_env, as_json, opts)
 
 
 @verify_app.command("spec")
 def verify_spec(
     url: str | None = _URL,
-    config: str | None = _CONFIG,
-    settings: str | None = _SETTINGS,
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
     api_key_env: str | None = _KEY_ENV,
     as_json: bool = _JSON,
     spec_requests: int = _SPEC_REQ,
@@ -195,8 +205,7 @@ def verify_spec(
     _execute(
         ("spec",),
         url,
-        config,
-        settings,
+        (config, settings, config_opt, settings_opt),
         api_key_env,
         as_json,
         _options(spec_requests=spec_requests, min_accept_length=min_accept_length),

@@ -11,7 +11,7 @@ from hybridctl.cli.verify_cmd import SPEC_FLAGS, _options
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.spec import SpecOptions
 
-_TARGET_PARAMS = {"url", "config", "settings", "api_key_env", "as_json"}
+_TARGET_PARAMS = {"url", "config", "settings", "config_opt", "settings_opt", "api_key_env", "as_json"}
 
 
 def _verify_params() -> dict[str, dict[str, object]]:
