@@ -8,6 +8,7 @@ stop 0 (stopped, or nothing to stop), 2 corrupt or stale state file (nothing sig
 
 from __future__ import annotations
 
+import shlex
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -144,7 +145,7 @@ def _write_files(
         version = plan.version or target_version()
         text, leftover = to_config_yaml(sglang_translation(cfg, version, allow_ignored).flags, version)
         if leftover:
-            text += "# pass on the command line too (not allowed in the file): " + " ".join(leftover) + "\n"
+            text += "# pass on the command line too (not allowed in the file): " + shlex.join(leftover) + "\n"
         files[write_yaml] = text
     if k8s is not None:
         from hybridctl.launch.k8s import k8s_manifests
@@ -194,7 +195,7 @@ def _serve(
             if detach:
                 if not as_json:
                     console.print(
-                        f"detached; state in {escape(str(handle.state_path))}; stop with `hybridctl stop {config}`"
+                        f"detached; state in {escape(str(handle.state_path))}; stop with `{_stop_command(config)}`"
                     )
                 return
             console.print("[dim]following the log; Ctrl-C (or SIGTERM) stops the server[/]")
@@ -225,6 +226,12 @@ def _render_ready(console: Console, handle: ServerHandle, as_json: bool) -> None
     for role, info in handle.startup.items():
         render_startup(console, role, info)
     console.print(f"[green]ready[/] at {handle.url} (pid {handle.pid}); log {escape(str(handle.log_path))}")
+
+
+def _stop_command(config: Path) -> str:
+    from rich.markup import escape
+
+    return escape(shlex.join(["hybridctl", "stop", str(config)]))
 
 
 @app.command("status")
@@ -266,10 +273,10 @@ def status(
         if st.stale:
             console.print(
                 f"stale state file {escape(st.state_path)}: its pids are not the server any more. Fix: make sure "
-                f"no server from this config runs, then remove it (rm {escape(st.state_path)})."
+                f"no server from this config runs, then remove it ({escape(shlex.join(['rm', st.state_path]))})."
             )
         elif not st.running:
-            console.print(f"stale state file {escape(st.state_path)}; `hybridctl stop {config}` removes it")
+            console.print(f"stale state file {escape(st.state_path)}; `{_stop_command(config)}` removes it")
     raise typer.Exit(code)
 
 

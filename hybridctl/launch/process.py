@@ -9,6 +9,7 @@ pool lines.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -52,7 +53,8 @@ class StartupFailed(LaunchError):
         super().__init__(
             f"the {_server_name(role)} {reason}. Last log lines ({log_path}):\n"
             + "\n".join(f"  {line}" for line in tail)
-            + f"\nFix: read the log, or run `hybridctl doctor --log {log_path}` for a diagnosis."
+            + f"\nFix: read the log, or run `{shlex.join(['hybridctl', 'doctor', '--log', str(log_path)])}` "
+            "for a diagnosis."
         )
 
 

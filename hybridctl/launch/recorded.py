@@ -7,6 +7,7 @@ recorded pid that is now another process (reused pid, other command line) makes 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 from dataclasses import asdict, dataclass
 
@@ -71,7 +72,7 @@ def stop_server(
     if others:
         raise StateFileError(
             f"{state_path} is stale: {'; '.join(others)}. Nothing was signalled. Fix: make sure no server from "
-            f"this config still runs, then remove {state_path} (rm {state_path})."
+            f"this config still runs, then remove {state_path} ({shlex.join(['rm', str(state_path)])})."
         )
     result = stop_processes(state.processes, timeout_s, sig=sig)
     remove_state(state_path)

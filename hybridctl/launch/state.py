@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -84,7 +85,7 @@ class ServerState:
 def _corrupt(path: Path | str, what: str) -> StateFileError:
     return StateFileError(
         f"{path} is corrupt: {what}; nothing was signalled. Fix: if a server from this config still runs, stop "
-        f"it by hand (its log says its pid), then remove {path} (rm {path})."
+        f"it by hand (its log says its pid), then remove {path} ({shlex.join(['rm', str(path)])})."
     )
 
 
