@@ -69,7 +69,11 @@ def launch(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan / result as JSON."),
 ) -> None:
-    """Serve CONFIG with SGLang or the bundled runtime; wait until ready and show the pools it allocated."""
+    """Serve CONFIG with SGLang or the bundled runtime; wait until ready and show the pools it allocated.
+
+    Without --detach it stays in the foreground: SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop the server too, and launch
+    exits 128 + the signal number once it is gone.
+    """
 
     from rich.console import Console
 

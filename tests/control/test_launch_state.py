@@ -154,3 +154,16 @@ def test_a_state_file_of_exited_processes_is_removed_by_stop(tmp_path: Path) -> 
     stopped = _hybridctl("stop", str(config), "--json")
     assert stopped.returncode == 0 and json.loads(stopped.stdout)["already_gone"] == [done.pid]
     assert not path.exists()
+
+
+def test_launch_refuses_beside_a_corrupt_state_file(tmp_path: Path) -> None:
+    # It could be a server this config started: launch names the file instead of starting a second one over it.
+    from hybridctl.launch import LaunchError, start_server
+    from hybridctl.launch.command import EngineCommand
+    from hybridctl.launch.plan import LaunchPlan
+
+    config, path = _write(tmp_path, _state(None, 1, ["x"]))
+    plan = LaunchPlan("builtin", "test", [EngineCommand("builtin", "server", ["true"], "127.0.0.1", 9)])
+    with pytest.raises(LaunchError, match="corrupt.*remove"):
+        start_server(config, plan=plan)
+    assert path.exists() and not (tmp_path / "hybridctl-server.log").exists()
