@@ -94,7 +94,15 @@ def _int(text: str | None) -> int | None:
 
 
 def _explained(tb: Traceback, found: list[DoctorFinding]) -> bool:
-    return any(f.line is not None and tb.start - _NEAR <= f.line <= tb.end + _NEAR for f in found)
+    """A finding inside the traceback, or an error logged right beside it, already says what it is."""
+    for f in found:
+        if f.line is None:
+            continue
+        if tb.start <= f.line <= tb.end:
+            return True
+        if f.severity == "error" and tb.start - _NEAR <= f.line <= tb.end + _NEAR:
+            return True
+    return False
 
 
 def _traceback_findings(scan: LogScan, inp: RemedyInput, found: list[DoctorFinding]) -> list[DoctorFinding]:

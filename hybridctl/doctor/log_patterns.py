@@ -70,7 +70,8 @@ PATTERNS: tuple[LogPattern, ...] = (
        "pd_match_peer", "runtime/ (bundled runtime); the article's message"),
     # --- SPEC_ROLLBACK ----------------------------------------------------------------------------
     _p("sglang_track_interval_assert", "SPEC_ROLLBACK", "error",
-       r"mamba_track_interval\s*>=\s*[\w.]*speculative_num_draft_tokens",
+       r"mamba_track_interval\s*>=\s*[\w.]*speculative_num_draft_tokens"
+       r"|mamba_track_interval \S+ must be (?:greater than or equal to|>=|at least) speculative_num_draft_tokens",
        "extra_buffer checkpoints the state every mamba_track_interval tokens; a verify round of more draft "
        "tokens than that cannot be rolled back to a checkpoint.",
        "spec_track_interval", "sglang/srt/arg_groups/mamba_hook.py (validate_mamba_extra_buffer)"),
@@ -133,7 +134,8 @@ PATTERNS: tuple[LogPattern, ...] = (
        "The kvcached elastic KV allocator failed to map or share its pages for this model's pools.",
        "elastic_off", "kvcached (ovg-project) integration"),
     _p("sglang_vmm_timeout", "ELASTIC_TIMEOUT", "error",
-       r"\b(?:VMM|IPC handle|file descriptors?|shareable handles?|fd exchange)\b.{0,80}\b(?:timed out|timeout)",
+       r"\b(?:VMM|IPC handle|file descriptors?|shareable handles?|fd exchange)\b.{0,80}\b(?:timed out|timeout)"
+       r"|\b(?:timed out|timeout)\b.{0,80}\b(?:VMM|IPC handles?|file descriptors?|shareable handles?)\b",
        "The TP ranks did not finish exchanging the elastic pool's VMM handles (file descriptors) in time.",
        "elastic_off", "sglang/srt/utils/cuda_vmm_utils.py (handle exchange under TP)"),
     _p("sglang_unified_too_small", "ELASTIC_TIMEOUT", "error",
@@ -160,12 +162,13 @@ PATTERNS: tuple[LogPattern, ...] = (
        "prefix_page_size", "sglang/srt/arg_groups/mamba_hook.py; mem_cache/mamba_radix_cache.py (0.5.4-)"),
     _p("sglang_mamba_page_assert", "PREFIX_CACHE_MISS", "error",
        r"(?:mamba|ssm|recurrent)[\w ]{0,30}\bpages?[_ ]?(?:size)?\b.{0,60}\b(?:must|only supports?|"
-       r"not supported|requires?|expected|mismatch|are single slots)",
+       r"not supported|requires?|expected|mismatch|are single slots)"
+       r"|mamba_track_interval \S+ must be divisible by page_size|FLA_CHUNK_SIZE or page_size must be divisible",
        "A mamba cache component refuses this page size (decode context parallelism or a backend's default "
        "page): its states cannot be cached at page granularity.",
        "prefix_page_size", "sglang/srt/mem_cache/unified_memory_pool.py; mem_cache/unified_cache/"),
     _p("sglang_extra_buffer_unsupported", "PREFIX_CACHE_MISS", "error",
-       r"extra_buffer(?!_lazy) (?:is not supported|unsupported|requires platform support)",
+       r"extra_buffer(?!_lazy) (?:is (?:not|only) supported|unsupported|requires platform support)",
        "This architecture or platform cannot take extra_buffer checkpoints (KDA before 0.5.2x); only "
        "no_buffer (page size 1) caches its states.",
        "prefix_page_size", "sglang/srt/arg_groups/mamba_hook.py (validate_mamba_extra_buffer)"),

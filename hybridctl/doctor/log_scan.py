@@ -25,6 +25,9 @@ _MAX_EVIDENCE = 400
 # One pass over a healthy line instead of one per pattern: most lines of a long log match nothing.
 _ANY_PATTERN = re.compile("|".join(f"(?:{p.regex.pattern})" for p in PATTERNS), re.IGNORECASE)
 # Substrings of the lines hybridctl/logs/startup.py parses.
+# A line that calls itself harmless (torch_memory_saver: "cuMemCreate CUDA_ERROR_OUT_OF_MEMORY (may not be an
+# issue e.g. torch allocator will free cache and retry)") is not evidence of a failure by itself.
+_BENIGN = re.compile(r"may not be an issue|can (?:safely )?be ignored|safe to ignore|is harmless", re.IGNORECASE)
 _STARTUP_KEYS = ("Cache is allocated", "max_total_num_tokens=", "Tree cache initialized", "fired up and")
 
 _PREFILL = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (\d+)")
@@ -101,7 +104,7 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
             rank = ranks
         tracebacks.feed(number, message, prefixed, rank)
         # One line, one failure: the first (most specific) pattern that matches claims it.
-        for pattern in PATTERNS if _ANY_PATTERN.search(message) else ():
+        for pattern in PATTERNS if _ANY_PATTERN.search(message) and not _BENIGN.search(message) else ():
             if pattern.regex.search(message):
                 _record(seen, pattern, number, line, rank, weak=in_source)
                 break

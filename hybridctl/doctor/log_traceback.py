@@ -103,10 +103,14 @@ class TracebackReader:
         self._open: Traceback | None = None
         self._last_frame: Frame | None = None
         self._alive_after: int = 0  # last line that showed the server serving
+        self._bare: Traceback | None = None  # the last exception line seen outside any traceback
+        self._last_line = 0
 
     def feed(self, number: int, message: str, prefixed: bool, rank: str) -> None:
         text = strip_launcher(message)
         stripped = text.strip()
+        if stripped:
+            self._last_line = number
         if _DEATH.search(stripped):
             self.deaths.append(Death(number, stripped[:300]))
         if _ALIVE.search(stripped):
@@ -116,6 +120,8 @@ class TracebackReader:
             self._open = Traceback(start=number, end=number, rank=rank)
             return
         tb = self._open
+        if tb is None and (bare := _EXC.match(stripped)) and bare.group("msg") is not None:
+            self._bare = Traceback(number, number, bare.group("type"), bare.group("msg").strip(), rank=rank)
         frame = _FRAME.search(stripped)
         if frame:
             if tb is None:  # a pasted traceback without its header
@@ -164,6 +170,9 @@ class TracebackReader:
 
     def finish(self) -> list[Traceback]:
         self._close()
+        bare = self._bare
+        if bare is not None and bare.end >= self._last_line - 2 and all(t.end < bare.start for t in self.tracebacks):
+            self.tracebacks.append(bare)  # a log that ends on an exception line, without its traceback
         for tb in self.tracebacks:
             died = any(d.line >= tb.start - 3 for d in self.deaths)
             tb.fatal = died or self._alive_after < tb.start
