@@ -142,7 +142,7 @@ def _unexplained_death(scan: LogScan, found: list[DoctorFinding]) -> list[Doctor
     out: list[DoctorFinding] = []
     done: set[tuple[str, str]] = set()
     for tb in scan.tracebacks:
-        if not tb.fatal or tb.key() in done or not tb.exc_type:
+        if not tb.fatal or tb.key() in done or not tb.exc_type or _explained(tb, found):
             continue
         done.add(tb.key())
         near = nearest_code(tb)
@@ -158,7 +158,7 @@ def _unexplained_death(scan: LogScan, found: list[DoctorFinding]) -> list[Doctor
         if near:
             fix += f" For {near}: " + REMEDIES[_NEAR_REMEDY[near]](RemedyInput(None))[0]
         out.append(DoctorFinding(UNKNOWN_FAILURE, "error", cause, fix, (), "log", tb.end, _exception_line(tb)))
-    if not out and scan.deaths and not scan.startup.ready or not out and _died_at_end(scan):
+    if not out and not found and (scan.deaths and not scan.startup.ready or _died_at_end(scan)):
         death = scan.deaths[-1]
         out.append(DoctorFinding(
             UNKNOWN_FAILURE, "error",

@@ -35,6 +35,13 @@ def _p(id: str, code: str, severity: Severity, regex: str, cause: str, remedy: s
 
 
 PATTERNS: tuple[LogPattern, ...] = (
+    # First: "Spec decoding ... incompatible with no_buffer on ROCm; disabling radix cache." is SGLang resolving
+    # the conflict by dropping the prefix cache, a warning about the cache, not a speculative-decoding crash.
+    _p("sglang_radix_auto_off", "PREFIX_CACHE_MISS", "warning",
+       r"disabling (?:the )?radix cache\b",
+       "SGLang turned the radix cache off by itself for this combination of options: no request reuses a "
+       "cached prefix.",
+       "enable_prefix_cache", "sglang/srt/server_args.py (_handle_mamba_radix_cache)"),
     # --- PD_STATE_MISMATCH ------------------------------------------------------------------------
     _p("sglang_pd_slot_size", "PD_STATE_MISMATCH", "error",
        r"(?:Prefill/Decode|prefill and decode) (?:Mamba|state) slot sizes? (?:mismatch|differ)",
@@ -183,11 +190,6 @@ PATTERNS: tuple[LogPattern, ...] = (
        "The external / hierarchical KV store does not save recurrent state, so its hits cannot be used by a "
        "hybrid model (the radix cache is unverified with it).",
        "enable_prefix_cache", "sglang/srt/mem_cache/registry.py; storage connectors"),
-    _p("sglang_radix_auto_off", "PREFIX_CACHE_MISS", "warning",
-       r"disabling (?:the )?radix cache\b",
-       "SGLang turned the radix cache off by itself for this combination of options: no request reuses a "
-       "cached prefix.",
-       "enable_prefix_cache", "sglang/srt/server_args.py (_handle_mamba_radix_cache)"),
     _p("runtime_prefix_miss", "PREFIX_CACHE_MISS", "warning",
        r"prefix cache miss\b.{0,40}\b(?:mamba|ssm|recurrent|state)",
        "The KV prefix matched but the recurrent state at that point was not cached, so the whole prompt is "

@@ -77,7 +77,8 @@ def test_every_code_is_covered_by_a_log_excerpt() -> None:
 
 
 def test_every_pattern_matches_an_excerpt() -> None:
-    text = "\n".join(p.read_text(encoding="utf-8") for p in LOGS.glob("*.log"))
+    paths = [*LOGS.glob("*.log"), *(LOGS.parent / "doctor_logs").glob("*.log")]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in paths)
     plain = "\n".join(clean_line(line)[1] for line in text.splitlines())
     assert [p.id for p in PATTERNS if not p.regex.search(plain)] == []
 
