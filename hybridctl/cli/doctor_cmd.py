@@ -97,6 +97,9 @@ def doctor(
         None, "--settings", "-s", help="settings.json (default: the one beside config.toml)."
     ),
     log: str | None = typer.Option(None, "--log", "-l", help="Server log to diagnose; - reads stdin."),
+    url: str | None = typer.Option(
+        None, "--url", help="A running server (http://HOST:PORT) to judge from /server_info and /metrics."
+    ),
     peer: Path | None = typer.Option(
         None, "--peer", help="The other PD server's config.toml: compare recurrent-state shapes and dtypes."
     ),
@@ -150,6 +153,7 @@ def doctor(
             log_name="stdin" if log == "-" else str(log),
             peer_config=peer,
             gpu_mem_bytes=int(gpu_mem_gib * GIB) if gpu_mem_gib else None,
+            url=url,
         )
         report = run_doctor(options, None if probe else unprobed_host())
     edits = []
