@@ -72,9 +72,17 @@ PATTERNS: tuple[LogPattern, ...] = (
        "pd_match_peer", "sglang/srt/disaggregation/nixl/conn.py (_send_mamba_state*)"),
     _p("runtime_pd_size", "PD_STATE_MISMATCH", "error",
        r"PD transfer (?:of )?(?:the )?(?:mamba|recurrent|ssm) state size mismatch"
-       r"|(?:mamba|recurrent|ssm) state size mismatch\b.{0,60}\b(?:prefill|decode|PD|transfer)",
+       r"|(?:mamba|recurrent|ssm) state size mismatch\b.{0,60}\b(?:prefill|decode|PD|transfer)"
+       r"|(?:conv_state|ssm_state|temporal_state|mamba state|recurrent state)\b.{0,30}\b(?:shape|size|dim|dtype|"
+       r"layout)s? (?:mismatch|differ)\w*\b.{0,80}\b(?:prefill|decode)",
        "The decode side received a state whose size differs from its own slots (the article's error 5).",
        "pd_match_peer", "runtime/ (bundled runtime); the article's message"),
+    # Before the speculative patterns: "--enable-unified-memory + EAGLE3 requires ..." is about the unified pool.
+    _p("sglang_unified_constraint", "ELASTIC_TIMEOUT", "error",
+       r"--enable-unified-memory\b.{0,80}\b(?:requires?|needs|not supported|unsupported|incompatible|"
+       r"does not support|is not (?:yet )?compatible|supports only|only supports|must)",
+       "--enable-unified-memory is refused in combination with another option (see the message).",
+       "elastic_off", "sglang/srt/arg_groups/kv_cache_hook.py"),
     # --- SPEC_ROLLBACK ----------------------------------------------------------------------------
     _p("sglang_track_interval_assert", "SPEC_ROLLBACK", "error",
        r"mamba_track_interval\s*>=\s*[\w.]*speculative_num_draft_tokens"
@@ -99,7 +107,9 @@ PATTERNS: tuple[LogPattern, ...] = (
        "spec_sandbox", "sglang/srt/speculative/base_spec_worker.py"),
     _p("sglang_spec_no_buffer", "SPEC_ROLLBACK", "error",
        r"Spec(?:ulative)? decoding\b.{0,80}\b(?:not compatible|incompatible)\b.{0,60}"
-       r"\b(?:radix cache|no_buffer)",
+       r"\b(?:radix cache|no_buffer)"
+       r"|(?:spec(?:ulative)?(?: decoding)?|eagle\d?|mtp|nextn|draft model)\b.{0,60}\b(?:is not supported|"
+       r"not supported|unsupported|incompatible)\b.{0,40}\b(?:mamba|hybrid|linear[- ]attention|ssm)",
        "no_buffer keeps no state checkpoints to roll a rejected draft back to, so SGLang refuses speculative "
        "decoding with the radix cache on (0.5.x spells the flag --mamba-scheduler-strategy).",
        "spec_extra_buffer", "sglang/srt/server_args.py (_handle_mamba_radix_cache, 0.5.5-0.5.1x)"),
@@ -150,14 +160,9 @@ PATTERNS: tuple[LogPattern, ...] = (
        r"|unified (?:memory|kv)? ?pool\b.{0,60}\b(?:too small|below (?:the )?(?:floor|minimum))",
        "The unified (elastic) pool's buffer is too small to hold a page of one of its sub-pools.",
        "elastic_off", "sglang/srt/mem_cache/unified_memory_pool.py"),
-    _p("sglang_unified_constraint", "ELASTIC_TIMEOUT", "error",
-       r"--enable-unified-memory\b.{0,80}\b(?:requires?|needs|not supported|unsupported|incompatible|"
-       r"does not support|is not (?:yet )?compatible|supports only|only supports|must)",
-       "--enable-unified-memory is refused in combination with another option (see the message).",
-       "elastic_off", "sglang/srt/arg_groups/kv_cache_hook.py"),
     _p("runtime_elastic_timeout", "ELASTIC_TIMEOUT", "error",
        r"elastic (?:memory )?pool\b.{0,40}\b(?:realloc\w*|resiz\w*|mov\w*|grow\w*|shrink\w*)?\s*"
-       r"(?:timeout|timed out|failed)",
+       r"(?:timeout|timed out|failed)|(?:timeout|timed out)\b.{0,60}\belastic (?:memory )?(?:pool|realloc)",
        "Moving pages between the KV and state pools did not finish in time (the article's error 4).",
        "elastic_off", "runtime/ (bundled runtime); the article's message"),
     # --- PREFIX_CACHE_MISS ------------------------------------------------------------------------
@@ -184,9 +189,13 @@ PATTERNS: tuple[LogPattern, ...] = (
        "The mamba radix tree's bookkeeping broke (cached states and LRU lists disagree).",
        "enable_prefix_cache", "sglang/srt/mem_cache/mamba_radix_cache.py"),
     _p("sglang_external_cache_hybrid", "PREFIX_CACHE_MISS", "error",
-       r"(?:hicache|hierarchical cache|host[- ]pool|lmcache|storage backend|external (?:kv|cache)|radix cache)"
-       r"\b.{0,80}\b(?:does not support|doesn't support|not supported for|unverified for|not verified for)"
-       r"\b.{0,40}\b(?:mamba|hybrid|linear)",
+       r"(?:hicache|hierarchical[- _]cache|host[- ]pool|lmcache|mooncake[- ]store|storage backend|"
+       r"external (?:kv|cache)|radix[- _]cache)"
+       r"\b.{0,80}\b(?:does not support|doesn't support|(?:is )?not (?:yet )?supported (?:for|with)|"
+       r"unverified (?:for|with)|not verified (?:for|with))\b.{0,40}\b(?:mamba|hybrid|linear|ssm)"
+       r"|(?:mamba|hybrid|linear[- ]attention|ssm)\b.{0,60}\b(?:does not support|doesn't support|"
+       r"(?:is )?not (?:yet )?supported (?:with|by))\b.{0,30}\b(?:hicache|hierarchical[- _]cache|lmcache|"
+       r"storage|host[- ]pool|radix[- _]cache|prefix cach)",
        "The external / hierarchical KV store does not save recurrent state, so its hits cannot be used by a "
        "hybrid model (the radix cache is unverified with it).",
        "enable_prefix_cache", "sglang/srt/mem_cache/registry.py; storage connectors"),
@@ -209,7 +218,9 @@ PATTERNS: tuple[LogPattern, ...] = (
     _p("sglang_mamba_alloc", "MAMBA_POOL_ALLOC", "error",
        r"Not enough (?:space|slots?|room) (?:for|in) (?:the )?(?:mamba|ssm|recurrent|state)"
        r"|can ?not alloc(?:ate)? (?:a )?mamba|exceeds (?:the )?available mamba cache"
-       r"|mamba (?:state )?(?:pool|cache) (?:is )?(?:full|exhausted|out of (?:slots|space))",
+       r"|mamba (?:state )?(?:pool|cache) (?:is )?(?:full|exhausted|out of (?:slots|space))"
+       r"|failed to alloc\w* (?:a |the )?(?:mamba|ssm|recurrent|linear[- ]attention) (?:state|cache|slot)"
+       r"|no free (?:mamba|ssm|recurrent|state) (?:state )?(?:slots?|cache)",
        "The recurrent-state pool had no free slot for a request being scheduled: it holds fewer slots than "
        "the running requests need (one each, plus tracking slots with extra_buffer).",
        "grow_state_pool", "sglang/srt/mem_cache/memory_pool.py (HybridReqToTokenPool.alloc; 0.5.2+)"),

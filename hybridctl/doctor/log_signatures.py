@@ -85,10 +85,10 @@ def state_pool_oom(tb: Traceback) -> bool:
         return False
     for frame in reversed(tb.frames):
         text = frame.text()
-        if _STATE_FRAME.search(text):
-            return True
         if _KV_FRAME.search(text):
             return False
+        if _STATE_FRAME.search(text) and _POOL_FRAME.search(text):
+            return True  # a pool/cache frame of the state (not a mamba layer's forward, whose OOM is activations)
     return False
 
 
