@@ -68,7 +68,7 @@ class LiveSnapshot:
 
 
 def read_live(url: str, timeout_s: float = 60.0, probe: bool = True) -> LiveSnapshot:
-    from hybridctl.verify.client import SGLangClient, ServerError, ServerUnreachable
+    from hybridctl.verify.client import ServerError, ServerUnreachable, SGLangClient
     from hybridctl.verify.prometheus import MetricsParseError
     from hybridctl.verify.runner import TargetError, resolve_target
 

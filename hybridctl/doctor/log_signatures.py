@@ -37,7 +37,9 @@ class Signature:
     remedy: str
 
 
-def _s(id: str, code: str, exc: str | None, frames: str | None, message: str | None, cause: str, remedy: str) -> Signature:
+def _s(
+    id: str, code: str, exc: str | None, frames: str | None, message: str | None, cause: str, remedy: str
+) -> Signature:
     def c(p: str | None) -> re.Pattern[str] | None:
         return re.compile(p, re.IGNORECASE) if p else None
 
@@ -48,34 +50,54 @@ _OOM_TYPES = r"OutOfMemory|MemoryError|RuntimeError|CudaError|AcceleratorError|A
 _OOM_WORDS = r"out of memory|\bOOM\b|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|not enough memory"
 
 SIGNATURES: tuple[Signature, ...] = (
-    _s("tb_spec_track_index", "SPEC_ROLLBACK", r"TypeError|AttributeError|AssertionError|IndexError",
-       r"set_mamba_track_indices|mamba_track|update_mamba_state_after_(?:mtp_)?verify|prepare_for_v2_verify",
-       None,
-       "The speculative verify step could not find the recurrent state to roll back to (a request without its "
-       "mamba track slot on the spec-v2 / extra_buffer path).",
-       "spec_extra_buffer"),
-    _s("tb_pd_state", "PD_STATE_MISMATCH", None,
-       r"disaggregation\.|_send_mamba_state|send_state|maybe_send_extra|KVArgsRegisterInfo",
-       r"mamba|state|TP size|tp_size|slice|dst_state",
-       "The PD transfer of a request's recurrent state failed between prefill and decode (different TP sizes "
-       "or state layouts on the two sides).",
-       "pd_match_peer"),
-    _s("tb_elastic_plugin", "ELASTIC_TIMEOUT", None,
-       r"kvcached|torch_memory_saver|cuda_vmm|unified_memory_pool|elastic|memory_saver|vmm",
-       None,
-       "An elastic / virtual-memory pool (kvcached, torch_memory_saver, unified memory) failed to map, resize "
-       "or resume its pages.",
-       "elastic_off"),
-    _s("tb_prefix_radix", "PREFIX_CACHE_MISS", r"AssertionError|ValueError|RuntimeError|KeyError|IndexError",
-       r"mamba_radix_cache|MambaRadixCache|match_prefix.*mamba|mamba.*match_prefix|hybrid_cache_controller",
-       None,
-       "The mamba radix (prefix) cache failed while matching, inserting or evicting a cached state.",
-       "enable_prefix_cache"),
-    _s("tb_state_alloc", "MAMBA_POOL_ALLOC", r"AssertionError|TypeError|RuntimeError",
-       r"_alloc_ping_pong|mamba_pool\.alloc|alloc_mamba|HybridReqToTokenPool",
-       r"alloc|space|None|slot",
-       "A request found no free recurrent-state slot while being scheduled.",
-       "grow_state_pool"),
+    _s(
+        "tb_spec_track_index",
+        "SPEC_ROLLBACK",
+        r"TypeError|AttributeError|AssertionError|IndexError",
+        r"set_mamba_track_indices|mamba_track|update_mamba_state_after_(?:mtp_)?verify|prepare_for_v2_verify",
+        None,
+        "The speculative verify step could not find the recurrent state to roll back to (a request without its "
+        "mamba track slot on the spec-v2 / extra_buffer path).",
+        "spec_extra_buffer",
+    ),
+    _s(
+        "tb_pd_state",
+        "PD_STATE_MISMATCH",
+        None,
+        r"disaggregation\.|_send_mamba_state|send_state|maybe_send_extra|KVArgsRegisterInfo",
+        r"mamba|state|TP size|tp_size|slice|dst_state",
+        "The PD transfer of a request's recurrent state failed between prefill and decode (different TP sizes "
+        "or state layouts on the two sides).",
+        "pd_match_peer",
+    ),
+    _s(
+        "tb_elastic_plugin",
+        "ELASTIC_TIMEOUT",
+        None,
+        r"kvcached|torch_memory_saver|cuda_vmm|unified_memory_pool|elastic|memory_saver|vmm",
+        None,
+        "An elastic / virtual-memory pool (kvcached, torch_memory_saver, unified memory) failed to map, resize "
+        "or resume its pages.",
+        "elastic_off",
+    ),
+    _s(
+        "tb_prefix_radix",
+        "PREFIX_CACHE_MISS",
+        r"AssertionError|ValueError|RuntimeError|KeyError|IndexError",
+        r"mamba_radix_cache|MambaRadixCache|match_prefix.*mamba|mamba.*match_prefix|hybrid_cache_controller",
+        None,
+        "The mamba radix (prefix) cache failed while matching, inserting or evicting a cached state.",
+        "enable_prefix_cache",
+    ),
+    _s(
+        "tb_state_alloc",
+        "MAMBA_POOL_ALLOC",
+        r"AssertionError|TypeError|RuntimeError",
+        r"_alloc_ping_pong|mamba_pool\.alloc|alloc_mamba|HybridReqToTokenPool",
+        r"alloc|space|None|slot",
+        "A request found no free recurrent-state slot while being scheduled.",
+        "grow_state_pool",
+    ),
 )
 
 

@@ -9,11 +9,11 @@ in log order, equal the manifest's list exactly (healthy logs: none of the five 
 from __future__ import annotations
 
 import re
-import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import CODES, DoctorFinding
