@@ -21,6 +21,8 @@ _EXC = re.compile(
     r"(?:\([^)]*\))?(?::\s?(?P<msg>.*))?$"
 )
 _TRACEBACK_START = "Traceback (most recent call last)"
+# A line that starts a new log entry rather than continuing an exception's message.
+_NEW_ENTRY = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\b|\[|\(|During handling|The above exception|#")
 # A launcher's own prefix before the log text: "(SGLangHttpServer pid=250977) ", "(EngineCore_DP0 pid=1) ".
 _LAUNCHER = re.compile(r"^\((?:\w+ )?(?:[\w-]+ )?pid=\d+\)\s*")
 # The ways a server process says it died (the scheduler's SIGQUIT, a child's exit code, the kernel's kill).
@@ -123,6 +125,9 @@ class TracebackReader:
         if tb is None and (bare := _EXC.match(stripped)) and bare.group("msg") is not None:
             self._bare = Traceback(number, number, bare.group("type"), bare.group("msg").strip(), rank=rank)
         frame = _FRAME.search(stripped)
+        if frame and tb is not None and tb.exc_type:
+            self._close()  # another rank's traceback, interleaved without its header
+            tb = None
         if frame:
             if tb is None:  # a pasted traceback without its header
                 tb = self._open = Traceback(start=number, end=number, rank=rank)
@@ -146,7 +151,11 @@ class TracebackReader:
             return
         if tb.exc_type:
             # The message goes on over unprefixed lines ("--mamba-full-memory-ratio or ...") until a new entry.
-            if not prefixed and stripped and not stripped.startswith(("During handling", "The above exception")):
+            if exc is not None:  # a second exception line: another rank's (or a bare one)
+                self._close()
+                self.feed(number, message, prefixed, rank)
+                return
+            if not prefixed and stripped and not _NEW_ENTRY.match(stripped):
                 if len(tb.message) < 600:
                     tb.message = f"{tb.message} {stripped}".strip()
                 tb.end = number

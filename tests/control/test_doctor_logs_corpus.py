@@ -199,3 +199,17 @@ def test_without_a_config_the_pool_fix_comes_from_the_logs_numbers() -> None:
     ]
     (f,) = diagnose_lines(lines)
     assert re.search(r"max_running_requests=64 at \d slots per request \(extra_buffer\)", f.fix), f.fix
+
+
+def test_traceback_reader_splits_interleaved_ranks_and_joins_continued_messages() -> None:
+    scan = scan_log((CORPUS / "pool_052_not_enough_space_tp2.log").read_text(encoding="utf-8").splitlines())
+    assert [(tb.short_type, tb.message.startswith("Not enough space for mamba cache")) for tb in scan.tracebacks] == [
+        ("AssertionError", True),
+        ("AssertionError", True),
+    ]
+    unified = scan_log((CORPUS / "pool_unified_8ranks.log").read_text(encoding="utf-8").splitlines())
+    assert {tb.rank for tb in unified.tracebacks} == {"TP0", "TP1", "TP2"}
+    assert all(tb.message.endswith("--mamba-full-memory-ratio or --max-mamba-cache-size") for tb in unified.tracebacks)
+    chain = scan_log((CORPUS / "pool_ping_pong_hicache_chain.log").read_text(encoding="utf-8").splitlines())
+    (tb,) = chain.tracebacks
+    assert [f.func for f in tb.frames][-2:] == ["alloc", "_alloc_ping_pong_buffer"]
