@@ -21,6 +21,14 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PREFIX = re.compile(
     r"^\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z]{1,4}\d+)*)\]\s?"
 )
+# Other prefixes pasted logs carry: docker compose ("sglang-1  | "), vLLM-style ("ERROR 11-13 11:03:06
+# [core.py:708] "), Python logging ("2026-03-02 11:21:07,512 - ERROR - ", "2026-03-02 11:21:07 ERROR ").
+_COMPOSE = re.compile(r"^[\w.-]+\s+\|\s?")
+_OTHER_PREFIX = re.compile(
+    r"^(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s?"
+    r"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\s*(?:-\s*)?(?:[\w.]+\s+-\s+)?"
+    r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s*[-:]?\s)"
+)
 _MAX_EVIDENCE = 400
 # One pass over a healthy line instead of one per pattern: most lines of a long log match nothing.
 _ANY_PATTERN = re.compile("|".join(f"(?:{p.regex.pattern})" for p in PATTERNS), re.IGNORECASE)
@@ -81,10 +89,11 @@ class LogScan:
 
 def clean_line(raw: str) -> tuple[str, str, str]:
     """(line without colours, message without the log prefix, rank tag like "TP0" or "")."""
-    line = strip_launcher(_ANSI.sub("", raw.rstrip("\r\n")))
+    line = _COMPOSE.sub("", strip_launcher(_ANSI.sub("", raw.rstrip("\r\n"))), count=1)
     m = _PREFIX.match(line)
     if not m:
-        return line, line, ""
+        other = _OTHER_PREFIX.match(line)
+        return (line, line[other.end() :], "") if other and other.end() < len(line) else (line, line, "")
     return line, line[m.end():], m.group("ranks").strip()
 
 

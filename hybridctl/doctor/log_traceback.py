@@ -33,6 +33,8 @@ _DEATH = re.compile(
     r"DataParallelController hit an exception|process (?:died|crashed)|Aborted \(core dumped\)",
     re.IGNORECASE,
 )
+# A stop someone asked for (Ctrl-C, a cancelled task at shutdown) is not a crash.
+_DELIBERATE = re.compile(r"KeyboardInterrupt|CancelledError|SystemExit|GeneratorExit")
 # Lines that show the server still serving after a traceback: that traceback was one request's, not fatal.
 _ALIVE = re.compile(r"(?:Prefill|Decode) batch\b|\" 200 OK|HTTP/1\.1\" 200|fired up and ready")
 
@@ -184,5 +186,5 @@ class TracebackReader:
             self.tracebacks.append(bare)  # a log that ends on an exception line, without its traceback
         for tb in self.tracebacks:
             died = any(d.line >= tb.start - 3 for d in self.deaths)
-            tb.fatal = died or self._alive_after < tb.start
+            tb.fatal = (died or self._alive_after < tb.start) and not _DELIBERATE.search(tb.exc_type)
         return self.tracebacks

@@ -100,6 +100,8 @@ FORMS = (
     "(SGLangHttpServer pid=4242) [2026-03-02 11:21:07 TP1] ERROR: {m}",
     "RuntimeError: {m}",
     "2026-03-02 11:21:07,512 - ERROR - {m}.",
+    "sglang-1  | [2026-03-02 11:21:07 TP0] {m}",
+    "ERROR 03-02 11:21:07 [scheduler.py:2187] {m}",
 )
 
 
@@ -163,6 +165,27 @@ def test_a_log_ending_in_a_crash_is_never_silent() -> None:
         ["[2026-01-01 00:00:00 TP0] Load weight begin.", "ValueError: something no one expected"],
     ):
         assert [f.code for f in diagnose_lines(tail)] == [UNKNOWN_FAILURE], tail
+
+
+def test_a_deliberate_stop_is_not_a_crash() -> None:
+    lines = [
+        "[2026-01-01 00:00:00] The server is fired up and ready to roll!",
+        "Traceback (most recent call last):",
+        '  File "/x/sglang/srt/entrypoints/http_server.py", line 1, in launch_server',
+        "KeyboardInterrupt",
+    ]
+    assert diagnose_lines(lines) == []
+
+
+def test_a_crash_in_another_logs_format_is_read_too() -> None:
+    lines = [
+        "(EngineCore_DP0 pid=1) ERROR 11-13 11:03:06 [core.py:708] Traceback (most recent call last):",
+        '(EngineCore_DP0 pid=1) ERROR 11-13 11:03:06 [core.py:708]   File "/x/sglang/srt/disaggregation/nixl/conn.py", '
+        "line 10, in add_transfer_request",
+        "(EngineCore_DP0 pid=1) ERROR 11-13 11:03:06 [core.py:708] KeyError: 'room'",
+    ]
+    (f,) = diagnose_lines(lines)
+    assert f.code == UNKNOWN_FAILURE and "Nearest known failure mode: PD_STATE_MISMATCH" in f.cause
 
 
 def test_a_request_error_the_server_survives_is_not_a_failure() -> None:
