@@ -46,8 +46,9 @@ def _s(
     return Signature(id, code, c(exc), c(frames), c(message), cause, remedy)
 
 
-_OOM_TYPES = r"OutOfMemory|MemoryError|RuntimeError|CudaError|AcceleratorError|AssertionError"
-_OOM_WORDS = r"out of memory|\bOOM\b|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|not enough memory"
+_OOM_TYPES = r"OutOfMemory|MemoryError|RuntimeError|CudaError|AcceleratorError|AssertionError|ValueError"
+# "Not enough host memory available" is HiCache's host pool (pool_host/mamba.py for the state's host copy).
+_OOM_WORDS = r"out of memory|\bOOM\b|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|not enough (?:\w+ )?memory"
 
 SIGNATURES: tuple[Signature, ...] = (
     _s(
