@@ -218,14 +218,15 @@ PATTERNS: tuple[LogPattern, ...] = (
     _p("sglang_mamba_alloc", "MAMBA_POOL_ALLOC", "error",
        r"Not enough (?:space|slots?|room) (?:for|in) (?:the )?(?:mamba|ssm|recurrent|state)"
        r"|can ?not alloc(?:ate)? (?:a )?mamba|exceeds (?:the )?available mamba cache"
-       r"|mamba (?:state )?(?:pool|cache) (?:is )?(?:full|exhausted|out of (?:slots|space))"
+       r"|(?:mamba|ssm|recurrent|state) (?:state )?(?:pool|cache) (?:is )?(?:full|exhausted|out of (?:slots|space))"
        r"|failed to alloc\w* (?:a |the )?(?:mamba|ssm|recurrent|linear[- ]attention) (?:state|cache|slot)"
        r"|no free (?:mamba|ssm|recurrent|state) (?:state )?(?:slots?|cache)",
        "The recurrent-state pool had no free slot for a request being scheduled: it holds fewer slots than "
        "the running requests need (one each, plus tracking slots with extra_buffer).",
        "grow_state_pool", "sglang/srt/mem_cache/memory_pool.py (HybridReqToTokenPool.alloc; 0.5.2+)"),
     _p("sglang_no_state_memory", "MAMBA_POOL_ALLOC", "error",
-       r"Not enough (?:GPU )?memory for (?:the )?hybrid\b.{0,40}state cache",
+       r"Not enough (?:\w+ )?memory (?:for|to allocate) (?:the )?(?:hybrid\b.{0,40}state cache|mamba|ssm|"
+       r"recurrent|linear[- ]attention)",
        "After weights and the reserve, the memory left for the state pool does not hold a single slot "
        "(max_mamba_cache_size came out <= 0).",
        "grow_state_pool", "sglang/srt/mem_cache/kv_cache_configurator.py; hybridctl planner"),
