@@ -98,6 +98,9 @@ def doctor(
     config_opt: Path | None = CONFIG_OPT,
     settings_opt: Path | None = SETTINGS_OPT,
     log: str | None = typer.Option(None, "--log", "-l", help="Server log to diagnose; - reads stdin."),
+    url: str | None = typer.Option(
+        None, "--url", help="A running server (http://HOST:PORT) to judge from /server_info and /metrics."
+    ),
     peer: Path | None = typer.Option(
         None, "--peer", help="The other PD server's config.toml: compare recurrent-state shapes and dtypes."
     ),
@@ -153,6 +156,7 @@ def doctor(
             log_name="stdin" if log == "-" else str(log),
             peer_config=peer,
             gpu_mem_bytes=int(gpu_mem_gib * GIB) if gpu_mem_gib else None,
+            url=url,
         )
         report = run_doctor(options, None if probe else unprobed_host())
     edits = []

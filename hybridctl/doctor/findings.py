@@ -33,7 +33,7 @@ class DoctorFinding:
     cause: str  # what goes wrong, in words
     fix: str  # what to do, in words, naming the key and value
     changes: tuple[Change, ...] = ()  # the same fix as machine-applicable edits (empty: no config edit helps)
-    source: Literal["config", "host", "log", "peer"] = "config"
+    source: Literal["config", "host", "log", "peer", "live"] = "config"
     line: int | None = None  # 1-based line of the evidence in the log (or of the key in the config file)
     evidence: str | None = None  # the log line (cleaned of colours) or the config key = value
     count: int = 1  # log: how many lines said the same thing (ranks, repeats)

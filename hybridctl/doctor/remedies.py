@@ -193,6 +193,9 @@ REMEDIES: dict[str, Callable[[RemedyInput], Remedy]] = {
     "elastic_off": elastic_off,
     "pd_match_peer": pd_match_peer,
     "pd_strategy": _simple("config.toml", "cache.mamba_radix_cache_strategy", "extra_buffer", ""),
+    "spec_extra_buffer": _simple(
+        "config.toml", "cache.mamba_radix_cache_strategy", "extra_buffer", " (state checkpoints to roll drafts back to)"
+    ),
 }
 
 

@@ -26,7 +26,14 @@ class DoctorReport:
     startup: dict[str, int | None] | None = None  # from --log; None without a log
 
     def sorted_findings(self) -> list[DoctorFinding]:
-        return sorted(self.findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.code, f.line or 0))
+        """Config and host findings by severity; then what the log and the server showed, in the order they
+        showed it (first cause first)."""
+        ordered = ("log", "live")
+        first = [f for f in self.findings if f.source not in ordered]
+        first.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.code, f.line or 0))
+        rest = [f for f in self.findings if f.source in ordered]
+        rest.sort(key=lambda f: (ordered.index(f.source), f.line or 0))
+        return first + rest
 
     def _own_checks(self) -> list[Check]:
         # Failure-mode lines only summarise findings; counting them too would count every problem twice.

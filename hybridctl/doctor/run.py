@@ -27,6 +27,7 @@ class DoctorOptions:
     log_name: str = "log"
     peer_config: Path | None = None
     gpu_mem_bytes: int | None = None  # overrides the probed GPU's memory for planning
+    url: str | None = None  # a running server to judge live (doctor --url)
 
 
 def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig | None, Check]:
@@ -100,7 +101,14 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
         _place_config_findings(report.findings, key_lines(opts.config_path, opts.settings_path))
     if opts.log_lines is not None:
         _read_log(opts, cfg, ctx, report, peer)
-    inputs = (("the config", cfg is not None), ("the log", opts.log_lines is not None), ("the host", True))
+    if opts.url is not None:
+        _read_live(opts.url, report)
+    inputs = (
+        ("the config", cfg is not None),
+        ("the log", opts.log_lines is not None),
+        ("the server", opts.url is not None),
+        ("the host", True),
+    )
     used = [name for name, on in inputs if on]
     sources = ", ".join(used[:-1]) + " and " + used[-1] if len(used) > 1 else used[0]
     report.checks += failure_mode_checks(report.findings, sources)
@@ -188,3 +196,21 @@ def _read_log(
     n = len(found)
     summary = f"{opts.log_name}: {scan.lines} lines, {n} finding{'s' if n != 1 else ''}; {numbers}"
     report.checks.append(Check("Log", worst, summary, details))
+
+
+def _read_live(url: str, report: DoctorReport) -> None:
+    from hybridctl.doctor.live import LiveError, live_findings, read_live
+
+    try:
+        snap = read_live(url)
+    except LiveError as exc:
+        report.checks.append(Check("Server", "error", f"{url}: {exc}"))
+        return
+    found = live_findings(snap)
+    report.findings += found
+    metrics = "with /metrics" if snap.metrics is not None else "no /metrics (SGLang: --enable-metrics)"
+    probe = f"probe cached_tokens {snap.probe_cached}" if snap.probe_cached else (snap.probe_error or "no probe")
+    n = len(found)
+    summary = f"{snap.url}: {n} finding{'s' if n != 1 else ''}; {metrics}; {probe}"
+    # "ok": the server was read; what it showed is counted once, through the findings.
+    report.checks.append(Check("Server", "ok", summary))

@@ -198,6 +198,12 @@ class SGLangClient:
     def server_info(self) -> dict[str, Any]:
         return self._json("GET", "/server_info")
 
+    def server_info_any(self) -> dict[str, Any]:
+        """/server_info, or /get_server_info on releases before it was renamed (SGLang < 0.4.7 answers 404)."""
+        if self._request("GET", "/server_info").status_code == 404:
+            return self._json("GET", "/get_server_info")
+        return self.server_info()
+
     def flush_cache(self) -> tuple[bool, str]:
         resp = self._request("POST", "/flush_cache")
         return resp.status_code == 200, resp.text.strip()

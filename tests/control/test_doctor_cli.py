@@ -66,9 +66,15 @@ def test_log_on_stdin_json_shape_and_exit_2() -> None:
 
 
 def test_warning_only_log_exits_1() -> None:
-    res = doctor("--log", str(LOGS / "sglang_radix_disabled.log"))
+    res = doctor("--log", str(LOGS / "runtime_snapshot_off.log"))
     assert res.returncode == 1, res.stdout
     assert "[!] Prefix cache" in res.stdout and "PREFIX_CACHE_MISS" in res.stdout
+
+
+def test_radix_cache_off_by_choice_is_a_note_and_exits_0() -> None:
+    res = doctor("--log", str(LOGS / "sglang_radix_disabled.log"))
+    assert res.returncode == 0, res.stdout
+    assert "RADIX_CACHE_OFF" in res.stdout and "[✓] Prefix cache" in res.stdout
 
 
 def test_missing_log_is_one_clear_line_not_a_traceback() -> None:

@@ -1,0 +1,238 @@
+"""`doctor --log` over the corpus of real-format logs (tests/control/data/doctor_logs, manifest.toml): excerpts of
+public SGLang issues, messages of several releases' source (0.4.10 ... 0.5.23), plugins (kvcached,
+torch_memory_saver, NIXL, Mooncake, HiCache, NPU/ROCm builds) and the seed article's own five messages.
+
+The accuracy test prints a per-code table; a log counts as correct when the distinct failure codes doctor reports,
+in log order, equal the manifest's list exactly (healthy logs: none of the five codes, no UNKNOWN_FAILURE).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from hybridctl.config.schema import HybridConfig
+from hybridctl.doctor.findings import CODES, DoctorFinding
+from hybridctl.doctor.log_findings import RADIX_CACHE_OFF, UNKNOWN_FAILURE, log_findings
+from hybridctl.doctor.log_scan import scan_log
+from hybridctl.doctor.remedies import RemedyInput
+
+CORPUS = Path(__file__).parent / "data" / "doctor_logs"
+MANIFEST: dict[str, dict] = tomllib.loads((CORPUS / "manifest.toml").read_text(encoding="utf-8"))
+REPORTED = (*CODES, UNKNOWN_FAILURE)
+BAR = 0.95
+
+
+def diagnose_lines(lines: list[str], cfg: HybridConfig | None = None) -> list[DoctorFinding]:
+    return log_findings(scan_log(lines), RemedyInput(cfg))
+
+
+def diagnose(name: str) -> list[DoctorFinding]:
+    return diagnose_lines((CORPUS / f"{name}.log").read_text(encoding="utf-8").splitlines())
+
+
+def codes_of(findings: list[DoctorFinding]) -> list[str]:
+    """Distinct reported codes in the order the log first shows them (first cause first)."""
+    return list(dict.fromkeys(f.code for f in findings if f.code in REPORTED))
+
+
+def test_manifest_and_files_agree_and_cover_every_family() -> None:
+    files = {p.stem for p in CORPUS.glob("*.log")}
+    assert files == set(MANIFEST), "every log has a manifest entry and every entry a log"
+    assert len(MANIFEST) >= 60
+    per_code = defaultdict(int)
+    for name, entry in MANIFEST.items():
+        assert entry["provenance"].strip(), name
+        assert set(entry["codes"]) <= set(REPORTED), name
+        for code in entry["codes"]:
+            per_code[code] += 1
+        assert len((CORPUS / f"{name}.log").read_text(encoding="utf-8").splitlines()) <= 30, f"{name}: keep it short"
+    assert {code: n for code, n in per_code.items() if n < 8} == {}
+    assert set(per_code) == set(REPORTED)
+    healthy_or_unrelated = [n for n, e in MANIFEST.items() if set(e["codes"]) <= {UNKNOWN_FAILURE}]
+    assert len(healthy_or_unrelated) >= 15
+
+
+def test_corpus_accuracy_per_code(capsys: pytest.CaptureFixture[str]) -> None:
+    right: dict[str, int] = defaultdict(int)
+    total: dict[str, int] = defaultdict(int)
+    misses = []
+    healthy_with_failure = []
+    for name, entry in sorted(MANIFEST.items()):
+        got = codes_of(diagnose(name))
+        ok = got == entry["codes"]
+        for code in entry["codes"] or ["(healthy)"]:
+            total[code] += 1
+            right[code] += ok
+        if not ok:
+            misses.append(f"{name}: expected {entry['codes']}, got {got}")
+        if not entry["codes"] and set(got) & set(CODES):
+            healthy_with_failure.append(name)
+    with capsys.disabled():
+        print("\ndoctor --log corpus accuracy:")
+        for code in sorted(total):
+            print(f"  {code:20s} {right[code]:3d}/{total[code]:<3d} {right[code] / total[code]:6.1%}")
+        correct = sum(codes_of(diagnose(n)) == e["codes"] for n, e in MANIFEST.items())
+        print(f"  {'all logs':20s} {correct:3d}/{len(MANIFEST):<3d} {correct / len(MANIFEST):6.1%}")
+    assert healthy_with_failure == []
+    assert {c: right[c] / total[c] for c in total if right[c] / total[c] < BAR} == {}, "\n".join(misses)
+
+
+ARTICLE = {
+    "Mamba state pool allocation failed": "MAMBA_POOL_ALLOC",
+    "Prefix cache miss on mamba state": "PREFIX_CACHE_MISS",
+    "Speculative decoding state rollback error": "SPEC_ROLLBACK",
+    "Elastic memory pool reallocation timeout": "ELASTIC_TIMEOUT",
+    "PD transfer mamba state size mismatch": "PD_STATE_MISMATCH",
+}
+FORMS = (
+    "{m}",
+    "WARNING: {m}",
+    "[2026-03-02 11:21:07] {m}",
+    "[2026-03-02 11:21:07 TP0] WARNING: {m}",
+    "[2026-03-02 11:21:07 TP3] ERROR: {m}",
+    "[2026-03-02 11:21:07.512 DP1 TP0] {m}",
+    "\x1b[33m[2026-03-02 11:21:07 TP0] WARNING: {m}\x1b[0m",
+    "(SGLangHttpServer pid=4242) [2026-03-02 11:21:07 TP1] ERROR: {m}",
+    "RuntimeError: {m}",
+    "2026-03-02 11:21:07,512 - ERROR - {m}.",
+    "sglang-1  | [2026-03-02 11:21:07 TP0] {m}",
+    "ERROR 03-02 11:21:07 [scheduler.py:2187] {m}",
+)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("message", sorted(ARTICLE))
+def test_the_articles_five_messages_in_every_form(message: str, form: str) -> None:
+    findings = diagnose_lines([form.format(m=message)])
+    assert codes_of(findings) == [ARTICLE[message]]
+    assert findings[0].line == 1 and message in (findings[0].evidence or "")
+
+
+def test_the_issues_one_line_repro() -> None:
+    (f,) = diagnose_lines(["[2026-03-02 11:21:07 TP0] WARNING: Prefix cache miss on mamba state"])
+    assert (f.code, f.line) == ("PREFIX_CACHE_MISS", 1)
+
+
+def test_interleaved_ranks_are_one_failure_with_their_ranks() -> None:
+    findings = diagnose("pool_article_msg1_ranks")
+    (f,) = [f for f in findings if f.code == "MAMBA_POOL_ALLOC"]
+    assert f.count == 2 and "TP0, TP1" in f.cause
+
+
+def test_two_failures_in_a_row_are_both_reported_first_cause_first() -> None:
+    findings = diagnose("spec_capped_then_crash")
+    assert codes_of(findings) == ["MAMBA_POOL_ALLOC", "SPEC_ROLLBACK"]
+    assert [f.line for f in findings] == sorted(f.line or 0 for f in findings)
+
+
+def test_radix_cache_off_by_choice_is_a_note_never_a_failure() -> None:
+    for name in ("healthy_radix_off_dict", "healthy_radix_off_cmdline_054"):
+        findings = diagnose(name)
+        assert [(f.code, f.severity) for f in findings] == [(RADIX_CACHE_OFF, "info")], name
+
+
+def test_state_pool_oom_is_told_from_kv_pool_oom_by_the_frames() -> None:
+    (pool,) = diagnose("pool_wsl2_oom_init_mamba_pool")
+    assert pool.code == "MAMBA_POOL_ALLOC" and pool.evidence.startswith("torch.OutOfMemoryError")
+    (kv,) = diagnose("crash_kv_pool_oom")
+    assert kv.code == UNKNOWN_FAILURE
+
+
+def test_unknown_failure_names_exception_innermost_sglang_frame_and_nearest_code() -> None:
+    (f,) = diagnose("crash_kv_pool_oom")
+    assert "torch.OutOfMemoryError" in f.evidence
+    assert "sglang.srt.mem_cache.memory_pool._create_buffers" in f.cause
+    (g,) = diagnose("crash_nccl")
+    assert "DistBackendError" in g.cause and "parallel_state.init_distributed_environment" in g.cause
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/opt/sglang/python/sglang/srt/speculative/eagle_worker.py", line 700, in draft_forward',
+        "IndexError: index 9 is out of bounds for dimension 0 with size 8",
+    ]
+    (h,) = diagnose_lines(lines)
+    assert h.code == UNKNOWN_FAILURE and "Nearest known failure mode: SPEC_ROLLBACK" in h.cause
+
+
+def test_a_log_ending_in_a_crash_is_never_silent() -> None:
+    for tail in (
+        ["Traceback (most recent call last):", '  File "x.py", line 1, in f', "ZeroDivisionError: division by zero"],
+        ["[2026-01-01 00:00:00] Child process unexpectedly failed with an exit code 1. pid=7"],
+        ["[2026-01-01 00:00:00 TP0] Load weight begin.", "ValueError: something no one expected"],
+    ):
+        assert [f.code for f in diagnose_lines(tail)] == [UNKNOWN_FAILURE], tail
+
+
+def test_a_deliberate_stop_is_not_a_crash() -> None:
+    lines = [
+        "[2026-01-01 00:00:00] The server is fired up and ready to roll!",
+        "Traceback (most recent call last):",
+        '  File "/x/sglang/srt/entrypoints/http_server.py", line 1, in launch_server',
+        "KeyboardInterrupt",
+    ]
+    assert diagnose_lines(lines) == []
+
+
+def test_a_crash_in_another_logs_format_is_read_too() -> None:
+    lines = [
+        "(EngineCore_DP0 pid=1) ERROR 11-13 11:03:06 [core.py:708] Traceback (most recent call last):",
+        '(EngineCore_DP0 pid=1) ERROR 11-13 11:03:06 [core.py:708]   File "/x/sglang/srt/disaggregation/nixl/conn.py", '
+        "line 10, in add_transfer_request",
+        "(EngineCore_DP0 pid=1) ERROR 11-13 11:03:06 [core.py:708] KeyError: 'room'",
+    ]
+    (f,) = diagnose_lines(lines)
+    assert f.code == UNKNOWN_FAILURE and "Nearest known failure mode: PD_STATE_MISMATCH" in f.cause
+
+
+def test_a_request_error_the_server_survives_is_not_a_failure() -> None:
+    assert diagnose("healthy_request_error_survived") == []
+
+
+def test_old_flag_spelling_is_answered_in_the_logs_own_dialect() -> None:
+    (old,) = diagnose("spec_no_buffer_qwen35")  # the error itself spells --mamba-scheduler-strategy
+    assert "--mamba-scheduler-strategy extra_buffer" in old.fix
+    assert "--mamba-radix-cache-strategy" not in old.fix
+    by_version = diagnose_lines([
+        "[2026-01-05 10:00:00] sglang==0.5.8 starting",
+        "AssertionError: mamba extra_buffer is not supported for FalconH1ForCausalLM model",
+    ])  # fmt: skip
+    assert "SGLang 0.5.8" in by_version[0].fix and "--mamba-scheduler-strategy" in by_version[0].fix
+    (new,) = diagnose("prefix_no_buffer_page64")  # a 0.5.23 launch command
+    assert "--mamba-radix-cache-strategy extra_buffer" in new.fix
+
+
+def test_with_a_config_the_fix_is_a_config_edit() -> None:
+    cfg = HybridConfig()
+    (f,) = diagnose_lines(["ValueError: extra_buffer_lazy unsupported under PD disaggregation"], cfg)
+    assert f.code == "PD_STATE_MISMATCH"
+    assert [(c.file, c.key, c.value) for c in f.changes] == [
+        ("config.toml", "cache.mamba_radix_cache_strategy", "extra_buffer")
+    ]
+
+
+def test_without_a_config_the_pool_fix_comes_from_the_logs_numbers() -> None:
+    lines = [
+        "[2026-01-10 12:00:00] server_args=ServerArgs(tp_size=4, mamba_scheduler_strategy='extra_buffer', "
+        "max_running_requests=64)",
+        "[2026-01-10 12:00:41 TP2] AssertionError: Not enough space for mamba cache",
+    ]
+    (f,) = diagnose_lines(lines)
+    assert re.search(r"max_running_requests=64 at \d slots per request \(extra_buffer\)", f.fix), f.fix
+
+
+def test_traceback_reader_splits_interleaved_ranks_and_joins_continued_messages() -> None:
+    scan = scan_log((CORPUS / "pool_052_not_enough_space_tp2.log").read_text(encoding="utf-8").splitlines())
+    assert [(tb.short_type, tb.message.startswith("Not enough space for mamba cache")) for tb in scan.tracebacks] == [
+        ("AssertionError", True),
+        ("AssertionError", True),
+    ]
+    unified = scan_log((CORPUS / "pool_unified_8ranks.log").read_text(encoding="utf-8").splitlines())
+    assert {tb.rank for tb in unified.tracebacks} == {"TP0", "TP1", "TP2"}
+    assert all(tb.message.endswith("--mamba-full-memory-ratio or --max-mamba-cache-size") for tb in unified.tracebacks)
+    chain = scan_log((CORPUS / "pool_ping_pong_hicache_chain.log").read_text(encoding="utf-8").splitlines())
+    (tb,) = chain.tracebacks
+    assert [f.func for f in tb.frames][-2:] == ["alloc", "_alloc_ping_pong_buffer"]
