@@ -1,0 +1,114 @@
+"""SGLANG_RELEASE_*: what the target SGLang release refuses or silently changes, from its own flag data.
+
+Every flag `launch` would pass for the config is looked up in that release's flag table (hybridctl/data, dumped
+from the release's own parser by scripts/regen_sglang_flags.py): a flag the release lacks or a value outside its
+choices is an error naming the release and the fix (the accepted value, or the first release that has the flag),
+so `validate` refuses before SGLang's parser would. Behaviour the release's server-args post-processing changes
+without an error (recorded per release as facts) is a warning.
+"""
+
+from __future__ import annotations
+
+from hybridctl.config.engine_flags import (
+    DEFAULT_SGLANG_VERSION,
+    available_versions,
+    first_release_with,
+    nearest_version,
+    release_facts,
+    sglang_flags,
+)
+from hybridctl.config.findings import Finding
+from hybridctl.config.rule_findings import CONFIG, json_set, rule_finding, toml_set
+from hybridctl.config.schema import HybridConfig
+from hybridctl.config.sglang_version import VersionError, version_key
+
+
+def release_for(cfg: HybridConfig, engine_version: str | None) -> str:
+    """The release the rules judge: the one asked for (flag or installed sglang), else server.sglang_version."""
+    return engine_version or cfg.config.server.sglang_version or DEFAULT_SGLANG_VERSION
+
+
+def _set(file: str, key: str, value: str) -> str:
+    return toml_set(key, value) if file == CONFIG else json_set(key, value)
+
+
+def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
+    """SGLANG_RELEASE_FLAG / SGLANG_RELEASE_VALUE (errors) and SGLANG_RELEASE_CHANGES (warnings)."""
+    if cfg.config.server.engine == "builtin":
+        return []
+    from hybridctl.launch.translate import LaunchError, translate
+
+    version = release_for(cfg, engine_version)
+    try:
+        version_key(version)
+        translation = translate(cfg, "sglang", version)
+    except (VersionError, LaunchError):
+        return []  # an unreadable version or an untranslatable config: other checks name those
+    table_version = nearest_version(version)
+    if version_key(table_version)[:3] != version_key(version)[:3]:
+        return [_no_table(version, table_version)]
+    table = sglang_flags(table_version)
+    by_option = {opt: info for info in table.values() for opt in (info.name, *info.aliases)}
+    out = []
+    for flag, value in translation.flags.items():
+        file, _, key = translation.sources.get(flag, f"{CONFIG}:").partition(":")
+        info = by_option.get(flag)
+        if info is None:
+            since = first_release_with(flag)
+            need = f"needs SGLang >= {since}" if since else "no held SGLang release has it"
+            out.append(
+                rule_finding(
+                    "error", "SGLANG_RELEASE_FLAG", file, key,
+                    f"SGLang {version} has no {flag} ({need}); its parser would refuse the launch command.",
+                    f"upgrade SGLang to {since} or later (--sglang-version {since}), or leave {key} at its default"
+                    if since else f"leave {key} at its default",
+                )  # fmt: skip
+            )
+        elif info.choices and value not in info.choices:
+            good = next((c for c in info.choices if c != "auto"), info.choices[0])
+            newer = [v for v in available_versions() if value in sglang_flags(v).get(info.name, info).choices]
+            later = f", or SGLang >= {newer[0]}" if newer and version_key(newer[0]) > version_key(version) else ""
+            out.append(
+                rule_finding(
+                    "error", "SGLANG_RELEASE_VALUE", file, key,
+                    f"SGLang {version}'s {flag} accepts {', '.join(info.choices)}, not {value!r}.",
+                    f"{_set(file, key, repr(good).replace(chr(39), chr(34)))}{later}",
+                )  # fmt: skip
+            )
+    out += _silent_changes(cfg, version)
+    return out
+
+
+def _no_table(version: str, table_version: str) -> Finding:
+    return rule_finding(
+        "warning", "SGLANG_RELEASE_UNCHECKED", CONFIG, "server.sglang_version",
+        f"hybridctl holds no flag table for SGLang {version}; its flags and values were checked against "
+        f"{table_version}'s, the nearest older release it holds.",
+        "target a held release (--sglang-version; held: " + ", ".join(available_versions()) + ")",
+    )  # fmt: skip
+
+
+def _silent_changes(cfg: HybridConfig, version: str) -> list[Finding]:
+    facts = release_facts(version)
+    out = []
+    if facts.get("radix_cache_disables_overlap") and cfg.prefix_cache_enabled:
+        out.append(
+            rule_finding(
+                "warning", "SGLANG_RELEASE_CHANGES", CONFIG, "cache.enable_prefix_caching",
+                f"SGLang {version} turns the overlap schedule off for Qwen3-Next and Nemotron-H whenever the "
+                "Mamba radix cache is on (MambaRadixCache was not compatible with it yet); throughput is lower "
+                "than the plan's overlap figures.",
+                "accept it, upgrade SGLang to 0.5.9 or later, or "
+                + toml_set("cache.enable_prefix_caching", "false") + " to keep the overlap schedule",
+            )  # fmt: skip
+        )
+    if facts.get("kimi_linear_radix_cache_disabled") and cfg.prefix_cache_enabled:
+        out.append(
+            rule_finding(
+                "warning", "SGLANG_RELEASE_CHANGES", CONFIG, "cache.enable_prefix_caching",
+                f"SGLang {version} turns the radix cache off for Kimi-Linear (not supported there yet): a "
+                "Kimi-Linear model gets no prefix caching.",
+                "upgrade SGLang to 0.5.9 or later for prefix caching on Kimi-Linear",
+            )  # fmt: skip
+        )
+    return out
