@@ -223,6 +223,7 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
         tokens = kv_budget // inp.kv_bytes_per_token
     else:
         tokens = inp.max_total_tokens or inp.context_len or 0
+    profiled = tokens  # model_runner.py (0.5.6) estimates the request cap from this, before cap and paging
     tokens = tokens // inp.page_size * inp.page_size
     if inp.max_total_tokens is not None:
         tokens = min(tokens, inp.max_total_tokens // inp.page_size * inp.page_size)
@@ -233,7 +234,8 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             f"memory.mem_fraction_static or lower memory.mamba_full_memory_ratio."
         )
 
-    max_reqs, limited_by = _max_running_requests(tokens, k, ratio, inp)
+    estimate_from = profiled if inp.release.request_cap == "as_given" else tokens
+    max_reqs, limited_by = _max_running_requests(tokens, k, ratio, inp, estimate_from)
     return PoolPlan(
         max_mamba_cache_size=k,
         mamba_pool_slots=k + 1,
@@ -250,10 +252,12 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
     )
 
 
-def _max_running_requests(tokens: int, k: int, ratio: int, inp: PoolInputs) -> tuple[int, str]:
+def _max_running_requests(
+    tokens: int, k: int, ratio: int, inp: PoolInputs, estimate_from: int
+) -> tuple[int, str]:
     """kv_cache_configurator.py:3119-3172 (`resolve_max_num_reqs`, one data-parallel worker)."""
     if inp.context_len is not None:
-        estimated = max(min(int(tokens / inp.context_len * 512), 4096), 2048)
+        estimated = max(min(int(estimate_from / inp.context_len * 512), 4096), 2048)
     else:
         estimated = 4096
     requested = inp.max_running_requests
