@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import re
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -71,9 +71,8 @@ def release_rows(version: str, sglang_python: str | None) -> tuple[list[list[str
     import subprocess
 
     from sglang_release_source import (
-        ARG_UTILS,
+        LIFTED_SOURCES,
         REAL_PARSER_PROBE,
-        SERVER_ARGS,
         fetch_wheel,
         lifted_parser,
         parser_rows,
@@ -91,7 +90,7 @@ def release_rows(version: str, sglang_python: str | None) -> tuple[list[list[str
         )  # fmt: skip
         if proc.returncode == 0:
             return [_as_tsv_row(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])], "imported"
-    sources = {path: read_source(wheel, path) for path in (SERVER_ARGS, ARG_UTILS)}
+    sources = {path: read_source(wheel, path) for path in LIFTED_SOURCES}
     rows = parser_rows(lifted_parser(sources))  # type: ignore[arg-type]
     if len(rows) > 100:
         return [_as_tsv_row(r) for r in rows], "lifted"

@@ -11,8 +11,8 @@ reading `sglang/srt/server_args.py` needs no install. Building the parser:
 """
 
 from __future__ import annotations
-
 import __future__
+
 import argparse
 import ast
 import builtins
@@ -29,6 +29,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SERVER_ARGS = "sglang/srt/server_args.py"
 ARG_UTILS = "sglang/srt/arg_groups/arg_utils.py"
+ARGPARSE_ACTIONS = "sglang/srt/arg_groups/argparse_actions.py"  # 0.5.14 on: deprecated aliases' actions
+# What `lifted_parser` reads, in order (a release lacks the later two before 0.5.14).
+LIFTED_SOURCES = (ARGPARSE_ACTIONS, ARG_UTILS, SERVER_ARGS)
 
 
 class WheelUnavailable(RuntimeError):
@@ -122,8 +125,8 @@ class _Namespace(dict):
 def lifted_parser(sources: dict[str, str]) -> argparse.ArgumentParser:
     """The release's own `ServerArgs.add_cli_args(parser)`, run from its source text (see the module doc).
 
-    `sources`: wheel path -> text for sglang/srt/server_args.py and, where the release has it,
-    sglang/srt/arg_groups/arg_utils.py (the dataclass-driven flags of 0.5.14 and later).
+    `sources`: wheel path -> text of each of LIFTED_SOURCES the release has (None where it lacks one):
+    server_args.py, and from 0.5.14 arg_groups/arg_utils.py (dataclass-driven flags) and argparse_actions.py.
     """
     name = "_sglang_release_server_args"
     # dataclasses looks the defining module up in sys.modules (for string annotations); a stand-in suffices.
@@ -132,7 +135,7 @@ def lifted_parser(sources: dict[str, str]) -> argparse.ArgumentParser:
     ns["get_type_hints"] = lambda cls, include_extras=False, **_kw: typing.get_type_hints(
         cls, globalns=ns, localns=ns, include_extras=include_extras
     )
-    for path in (ARG_UTILS, SERVER_ARGS):
+    for path in LIFTED_SOURCES:
         if sources.get(path) is None:
             continue
         tree = ast.parse(sources[path], filename=path)
@@ -191,8 +194,8 @@ def _import(node: ast.Import | ast.ImportFrom, ns: dict[str, Any]) -> None:
     for alias in node.names:
         if alias.name.split(".")[0] in sys.stdlib_module_names:
             top = importlib.import_module(alias.name)
-            ns[alias.asname or alias.name.split(".")[0]] = top if alias.asname else importlib.import_module(
-                alias.name.split(".")[0]
+            ns[alias.asname or alias.name.split(".")[0]] = (
+                top if alias.asname else importlib.import_module(alias.name.split(".")[0])
             )
 
 
@@ -208,9 +211,19 @@ for a in parser._actions:
     if not a.option_strings or "--help" in a.option_strings:
         continue
     rows.append([" ".join(a.option_strings), a.dest, getattr(a.type, "__name__", None) if a.type else None,
-                 repr(a.default), [str(c) for c in a.choices] if a.choices else [], type(a).__name__.lstrip("_")])
+                 repr(a.default), ([str(c) for c in a.choices] if not isinstance(a.choices, (set, frozenset))
+                                   else sorted(str(c) for c in a.choices)) if a.choices else [],
+                 type(a).__name__.lstrip("_")])
 print(json.dumps(rows))
 """
+
+
+def _choices(choices: Any) -> list[str]:
+    """A set's order changes from run to run (string hashing): sorted; a list keeps the release's order."""
+    if not choices:
+        return []
+    out = [str(c) for c in choices]
+    return sorted(out) if isinstance(choices, set | frozenset) else out
 
 
 def parser_rows(parser: argparse.ArgumentParser) -> list[list[Any]]:
@@ -221,6 +234,6 @@ def parser_rows(parser: argparse.ArgumentParser) -> list[list[Any]]:
         type_name = getattr(a.type, "__name__", None) if a.type is not None else None
         rows.append([
             " ".join(a.option_strings), a.dest, type_name, repr(a.default),
-            [str(c) for c in a.choices] if a.choices else [], type(a).__name__.lstrip("_"),
+            _choices(a.choices), type(a).__name__.lstrip("_"),
         ])  # fmt: skip
     return rows

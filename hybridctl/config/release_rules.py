@@ -58,25 +58,76 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
             need = f"needs SGLang >= {since}" if since else "no held SGLang release has it"
             out.append(
                 rule_finding(
-                    "error", "SGLANG_RELEASE_FLAG", file, key,
+                    "error",
+                    "SGLANG_RELEASE_FLAG",
+                    file,
+                    key,
                     f"SGLang {version} has no {flag} ({need}); its parser would refuse the launch command.",
                     f"upgrade SGLang to {since} or later (--sglang-version {since}), or leave {key} at its default"
-                    if since else f"leave {key} at its default",
+                    if since
+                    else f"leave {key} at its default",
                 )  # fmt: skip
             )
         elif info.choices and value not in info.choices:
-            good = next((c for c in info.choices if c != "auto"), info.choices[0])
+            good = _closest(value, info.choices)
             newer = [v for v in available_versions() if value in sglang_flags(v).get(info.name, info).choices]
             later = f", or SGLang >= {newer[0]}" if newer and version_key(newer[0]) > version_key(version) else ""
             out.append(
                 rule_finding(
-                    "error", "SGLANG_RELEASE_VALUE", file, key,
+                    "error",
+                    "SGLANG_RELEASE_VALUE",
+                    file,
+                    key,
                     f"SGLang {version}'s {flag} accepts {', '.join(info.choices)}, not {value!r}.",
                     f"{_set(file, key, repr(good).replace(chr(39), chr(34)))}{later}",
                 )  # fmt: skip
             )
+    out += _gated_keys(translation, version)
     out += _silent_changes(cfg, version)
     return out
+
+
+def _gated_keys(translation: object, version: str) -> list[Finding]:
+    """SGLANG_RELEASE_KEY: a key set to a value only other releases have a flag for (launch would refuse it)."""
+    from hybridctl.launch.mapping import ROWS
+
+    rows = {row.key: row for row in ROWS}
+    out = []
+    for ignored in getattr(translation, "ignored", []):
+        row = rows.get(ignored.key)
+        if row is None:
+            continue
+        newer = sorted(
+            (t.since for t in row.sglang if t.status == "flag" and t.since and t.accepts(ignored.value, None)
+             and version_key(t.since) > version_key(version)),
+            key=version_key,
+        )  # fmt: skip
+        if not newer:
+            continue  # not a matter of the release: the engine has no equivalent at all (other rules say so)
+        out.append(
+            rule_finding(
+                "error",
+                "SGLANG_RELEASE_KEY",
+                ignored.file,
+                ignored.key,
+                f"SGLang {version} has no flag for {ignored.key} = {ignored.value!r} (needs SGLang >= {newer[0]}); "
+                "launch would refuse to start it rather than let SGLang ignore it.",
+                f"leave {ignored.key} at its default, or target SGLang {newer[0]} or later (--sglang-version)",
+            )  # fmt: skip
+        )
+    return out
+
+
+def _closest(value: str, choices: tuple[str, ...]) -> str:
+    """The accepted value most like the refused one (float16 -> bfloat16: the longest shared ending)."""
+
+    def shared_ending(choice: str) -> int:
+        n = 0
+        while n < min(len(choice), len(value)) and choice[-1 - n] == value[-1 - n]:
+            n += 1
+        return n
+
+    return max((c for c in choices if c != "auto"), key=shared_ending, default=choices[0])
 
 
 def _no_table(version: str, table_version: str) -> Finding:
@@ -94,18 +145,25 @@ def _silent_changes(cfg: HybridConfig, version: str) -> list[Finding]:
     if facts.get("radix_cache_disables_overlap") and cfg.prefix_cache_enabled:
         out.append(
             rule_finding(
-                "warning", "SGLANG_RELEASE_CHANGES", CONFIG, "cache.enable_prefix_caching",
+                "warning",
+                "SGLANG_RELEASE_CHANGES",
+                CONFIG,
+                "cache.enable_prefix_caching",
                 f"SGLang {version} turns the overlap schedule off for Qwen3-Next and Nemotron-H whenever the "
                 "Mamba radix cache is on (MambaRadixCache was not compatible with it yet); throughput is lower "
                 "than the plan's overlap figures.",
                 "accept it, upgrade SGLang to 0.5.9 or later, or "
-                + toml_set("cache.enable_prefix_caching", "false") + " to keep the overlap schedule",
+                + toml_set("cache.enable_prefix_caching", "false")
+                + " to keep the overlap schedule",
             )  # fmt: skip
         )
     if facts.get("kimi_linear_radix_cache_disabled") and cfg.prefix_cache_enabled:
         out.append(
             rule_finding(
-                "warning", "SGLANG_RELEASE_CHANGES", CONFIG, "cache.enable_prefix_caching",
+                "warning",
+                "SGLANG_RELEASE_CHANGES",
+                CONFIG,
+                "cache.enable_prefix_caching",
                 f"SGLang {version} turns the radix cache off for Kimi-Linear (not supported there yet): a "
                 "Kimi-Linear model gets no prefix caching.",
                 "upgrade SGLang to 0.5.9 or later for prefix caching on Kimi-Linear",

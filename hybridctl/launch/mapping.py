@@ -74,6 +74,7 @@ ROWS: tuple[MappingRow, ...] = (
     _row(C, "server.port", flag("--port", note="under PD: the router's port"), flag("--port")),
     _both(C, "server.trust_remote_code", "--trust-remote-code", "true"),
     _row(C, "server.engine", CLIENT, CLIENT),
+    _row(C, "server.sglang_version", CLIENT, CLIENT),  # the release the commands are written for
     _one_device("server.tp_size", "--tp-size", 1),
     _one_device("server.dp_size", "--dp-size", 1, lambda cfg: cfg.config.server.dp_size > 1),
     _one_device("server.ep_size", "--ep-size", 1, lambda cfg: cfg.config.server.ep_size > 1),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hybridctl.config.engine_flags import release_facts
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model.spec import ModelSpec
 from hybridctl.planner.memory import pool_bytes_for
@@ -45,6 +46,8 @@ class Plan:
     mamba_state_bytes_per_request: int
     kv_bytes_per_token: int
     pools: PoolPlan
+    sglang_release: str | None = None  # the release whose sizing code was followed (None: the newest)
+    sizing_code: str = "kv_cache_configurator"  # that release's sizing code family (release_sizing.py)
 
     @property
     def tokens_per_request(self) -> float:
@@ -87,6 +90,8 @@ class Plan:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "tokens_per_request": round(self.tokens_per_request, 1),
             "verdict": self.verdict,
+            "sglang_release": self.sglang_release,
+            "sizing_code": self.sizing_code,
         }
         d.update(self.pools.to_dict())
         return d
@@ -210,6 +215,8 @@ def make_plan(
         mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
         kv_bytes_per_token=spec.kv_bytes_per_token,
         pools=pools,
+        sglang_release=sglang_version or cfg.config.server.sglang_version,
+        sizing_code=release.code,
     )
 
 
@@ -220,6 +227,10 @@ def _older_release_strategy(
     name = f"SGLang {version}" if version else f"SGLang's {release.code} releases"
     if radix_off:
         return StrategyResolution("no_buffer", overlap, "radix cache off: no state checkpoints are kept")
+    if version and release_facts(version).get("radix_cache_disables_overlap"):
+        # server_args.py of those releases: "Disabling overlap schedule since MambaRadixCache is not compatible"
+        overlap = False
+        name += ", which turns the overlap schedule off with the radix cache,"
     if not release.strategies:
         return StrategyResolution("no_buffer", overlap, f"{name} has no radix-cache strategies (3 slots/request)")
     strategy = release.auto_strategy if requested == "auto" else requested

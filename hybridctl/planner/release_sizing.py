@@ -39,9 +39,7 @@ class ReleaseSizing:
     ratio_budget_after_scratch: bool  # the r / (1 + r) split applies to the budget left after spec scratch
 
 
-MODEL_RUNNER = ReleaseSizing(
-    "model_runner", "0.5.6", (), "no_buffer", "per_slot", False, 512, "as_given", False
-)
+MODEL_RUNNER = ReleaseSizing("model_runner", "0.5.6", (), "no_buffer", "per_slot", False, 512, "as_given", False)
 KV_CACHE_MIXIN = ReleaseSizing(
     "kv_cache_mixin", "0.5.10", ("no_buffer", "extra_buffer"), "no_buffer", "per_running_request", False, None,
     "clamped_to_estimate", True,

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from sglang_releases import release_srt
 from sglang_source import TEMPLATES, exec_lifted, lift
 
+from hybridctl.config.schema import HybridConfig
 from hybridctl.model import load_model_spec
 from hybridctl.planner.plan import make_plan
-from hybridctl.config.schema import HybridConfig
 from hybridctl.planner.pool_sizing import GIB, PoolInputs, PoolSizingError, size_pools
 from hybridctl.planner.release_sizing import release_sizing
 
@@ -89,7 +89,9 @@ class Release0510:
             "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_OVERLAP",
         }
         exec_lifted(lift(path, consts), path, ns)
-        methods = {"handle_max_mamba_cache", "_calculate_mamba_ratio", "_resolve_token_capacity", "_resolve_max_num_reqs"}
+        methods = {
+            "handle_max_mamba_cache", "_calculate_mamba_ratio", "_resolve_token_capacity", "_resolve_max_num_reqs",
+        }  # fmt: skip
         exec_lifted(lift(path, methods, "ModelRunnerKVCacheMixin"), path, ns)
         self.ns = ns
 
