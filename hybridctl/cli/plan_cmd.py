@@ -40,7 +40,7 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
             f"{spec.num_layers}: {spec.num_attn_layers} full attention, {spec.num_linear_layers} "
             f"{spec.linear_kind}",
         ),
-        ("SGLang release", f"{plan.sglang_release or 'newest'} (sizing code: {plan.sizing_code})"),
+        ("SGLang release", f"{plan.sglang_release} (sizing code: {plan.sizing_code})"),
         ("GPU memory", gpu),
         ("mem_fraction_static", f"{plan.mem_fraction_static}"),
         ("weights per GPU", f"{format_gib(plan.weights_bytes, 2)} ({plan.weights_source})"),

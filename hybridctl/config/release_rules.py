@@ -45,11 +45,11 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
     except (VersionError, LaunchError):
         return []  # an unreadable version or an untranslatable config: other checks name those
     table_version = nearest_version(version)
-    if version_key(table_version)[:3] != version_key(version)[:3]:
-        return [_no_table(version, table_version)]
+    out = []
+    if version not in available_versions() and not cfg.config.extra_engine_args:
+        out.append(_no_table(version, table_version))  # with extra args, ENGINE_VERSION_UNKNOWN says it
     table = sglang_flags(table_version)
     by_option = {opt: info for info in table.values() for opt in (info.name, *info.aliases)}
-    out = []
     for flag, value in translation.flags.items():
         file, _, key = translation.sources.get(flag, f"{CONFIG}:").partition(":")
         info = by_option.get(flag)

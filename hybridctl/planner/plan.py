@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hybridctl.config.engine_flags import release_facts
+from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, release_facts
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model.spec import ModelSpec
 from hybridctl.planner.memory import pool_bytes_for
@@ -46,7 +46,7 @@ class Plan:
     mamba_state_bytes_per_request: int
     kv_bytes_per_token: int
     pools: PoolPlan
-    sglang_release: str | None = None  # the release whose sizing code was followed (None: the newest)
+    sglang_release: str = DEFAULT_SGLANG_VERSION  # the release whose sizing code was followed
     sizing_code: str = "kv_cache_configurator"  # that release's sizing code family (release_sizing.py)
 
     @property
@@ -215,7 +215,7 @@ def make_plan(
         mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
         kv_bytes_per_token=spec.kv_bytes_per_token,
         pools=pools,
-        sglang_release=sglang_version or cfg.config.server.sglang_version,
+        sglang_release=sglang_version or cfg.config.server.sglang_version or DEFAULT_SGLANG_VERSION,
         sizing_code=release.code,
     )
 
