@@ -42,7 +42,8 @@ Every key of `config.toml` and `settings.json`, and what `hybridctl launch` make
 _FOOTER = """
 ## Version gates
 
-- `--mamba-scheduler-strategy` appeared in 0.5.7; 0.5.14 renamed it `--mamba-radix-cache-strategy`
+- `--mamba-scheduler-strategy` appeared in 0.5.7 (extra_buffer_lazy among its choices from 0.5.13); 0.5.14
+  renamed it `--mamba-radix-cache-strategy`
   (the old name stayed as a deprecated alias through 0.5.19; 0.5.20 and later reject it).
 - `--enable-unified-memory` (the elastic pool) exists from 0.5.15.
 - Strategy `no_buffer` also gets `--disable-overlap-schedule`: SGLang asserts that no_buffer runs without

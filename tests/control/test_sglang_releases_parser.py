@@ -105,4 +105,32 @@ def test_a_key_only_newer_releases_have_names_the_first_release_with_it() -> Non
     assert not [f for f in check_rules(cfg, "0.5.10") if f.code == "SGLANG_RELEASE_KEY"]
     lazy = _cfg({"cache": {"mamba_radix_cache_strategy": "extra_buffer_lazy"}})
     found = [f for f in check_rules(lazy, "0.5.10") if f.code == "SGLANG_RELEASE_KEY"]
-    assert found and "needs SGLang >= 0.5.14" in found[0].message
+    assert found and "needs SGLang >= 0.5.13" in found[0].message
+
+
+def test_the_mappings_version_gates_agree_with_every_held_releases_flags() -> None:
+    """A gated flag exists in exactly the held releases its gate names, and a value it accepts is in the
+    release's choices (the gates were bisected by hand; the data was read off each release's parser)."""
+    from hybridctl.config.engine_flags import available_versions
+    from hybridctl.config.sglang_version import version_key
+    from hybridctl.launch.mapping import ROWS
+
+    for row in ROWS:
+        for target in row.sglang:
+            if target.status != "flag" or not target.flag or not (target.since or target.until):
+                continue
+            for version in available_versions():
+                options = {o: i for i in sglang_flags(version).values() for o in (i.name, *i.aliases)}
+                if not target.applies_to(version):
+                    # before `since` the flag is absent (after `until` a newer name took over), unless the same
+                    # flag has another gate for that release (different accepted values)
+                    same = any(t.flag == target.flag and t.applies_to(version) for t in row.sglang)
+                    if not same and target.since and version_key(version) < version_key(target.since):
+                        assert target.flag not in options, (row.key, target.flag, version)
+                    continue
+                assert target.flag in options, (row.key, target.flag, version)
+                info = options[target.flag]
+                if info.choices:
+                    accepted = [c for c in info.choices if target.accepts(c, None)]
+                    refused = [c for c in info.choices if not target.accepts(c, None)]
+                    assert accepted and not refused, (row.key, version, refused)
