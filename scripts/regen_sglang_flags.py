@@ -109,13 +109,38 @@ def release_facts(version: str) -> dict[str, object]:
          if "_max_mamba_cache" in (read_source(wheel, path) or "")),
         "model_runner",
     )  # fmt: skip
-    kimi = re.search(r'model_arch in \["KimiLinearForCausalLM"\]:(?:\n.*){0,4}disable_radix_cache = True', text)
     return {
         # "Disabling overlap schedule since MambaRadixCache is not compatible with overlap schedule"
-        "radix_cache_disables_overlap": "MambaRadixCache is not compatible" in text,
-        "kimi_linear_radix_cache_disabled": kimi is not None,
+        "radix_cache_disables_overlap_for": _archs_before(text, "MambaRadixCache is not compatible"),
+        # "Disabling Radix Cache for {model_arch} as it is not yet supported."
+        "radix_cache_disabled_for": [a for a in _archs_before(text, "Disabling Radix Cache for") if _hybrid(a)],
         "pool_sizing_code": sizing,
     }
+
+
+def _hybrid(arch: str) -> bool:
+    """One of the hybrid architectures hybridctl plans (the facts are about those)."""
+    from hybridctl.model.errors import ModelSpecError
+    from hybridctl.model.families import detect_family
+
+    try:
+        detect_family({"architectures": [arch]}, "")
+    except ModelSpecError:
+        return False
+    return True
+
+
+def _archs_before(text: str, marker: str) -> list[str]:
+    """The architectures of the `model_arch in [...]` / `model_arch == "..."` branch each `marker` sits in."""
+    found: list[str] = []
+    for hit in re.finditer(re.escape(marker), text):
+        head = text[: hit.start()]
+        start = max(head.rfind("model_arch in ["), head.rfind("model_arch =="))
+        if start < 0:
+            continue
+        end = head.find("]", start) + 1 if head.startswith("model_arch in [", start) else head.find("\n", start)
+        found += [a for a in re.findall(r'"(\w+)"', head[start:end]) if a not in found and _hybrid(a)]
+    return found
 
 
 def write_releases(versions: list[str], sglang_python: str | None) -> Path:

@@ -157,6 +157,10 @@ def judge(version: str, sglang_python: str | None) -> tuple[dict[str, str], str,
     return cells, how, consistent
 
 
+def _archs(archs: object) -> str:
+    return ", ".join(str(a).removesuffix("ForCausalLM") for a in archs) if isinstance(archs, list) and archs else "—"
+
+
 def render(rows: list[tuple[str, dict[str, str], str, bool]]) -> str:
     lines = [
         "# SGLang releases: what hybridctl writes for each, checked by the release's own parser",
@@ -171,14 +175,14 @@ def render(rows: list[tuple[str, dict[str, str], str, bool]]) -> str:
         "",
         "## Per-release facts",
         "",
-        "| release | flags | strategy flag | `--mamba-ssm-dtype` | elastic pool flag | radix cache turns overlap off"
-        " | pool sizing (plan) |",
-        "|---|---|---|---|---|---|---|",
+        "| release | flags | strategy flag | `--mamba-ssm-dtype` | elastic pool flag"
+        " | radix cache turns overlap off for | radix cache off for | pool sizing (plan) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     held = available_versions()
     for version, _, how, _ in rows:
         if version not in held:
-            lines.append(f"| {version} | no data ({how}) | | | | | {release_sizing(version).code} |")
+            lines.append(f"| {version} | no data ({how}) | | | | | | {release_sizing(version).code} |")
             continue
         table = sglang_flags(version)
         strategy = next((f for f in ("--mamba-radix-cache-strategy", "--mamba-scheduler-strategy") if f in table),
@@ -190,7 +194,8 @@ def render(rows: list[tuple[str, dict[str, str], str, bool]]) -> str:
         lines.append(
             f"| {version} | {len(table)} ({how}) | {f'`{strategy}` ({choices})' if strategy else 'none'} | {dtype} | "
             f"{'`--enable-unified-memory`' if '--enable-unified-memory' in table else 'none'} | "
-            f"{'yes' if facts.get('radix_cache_disables_overlap') else 'no'} | "
+            f"{_archs(facts.get('radix_cache_disables_overlap_for'))} | "
+            f"{_archs(facts.get('radix_cache_disabled_for'))} | "
             f"{sizing.code} (verified on {sizing.verified_on}) |"
         )
     lines += ["", "## Dry-run commands through each release's parser", ""]

@@ -9,6 +9,9 @@ without an error (recorded per release as facts) is a warning.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from hybridctl.config.engine_flags import (
     DEFAULT_SGLANG_VERSION,
     available_versions,
@@ -139,34 +142,72 @@ def _no_table(version: str, table_version: str) -> Finding:
     )  # fmt: skip
 
 
+def model_architecture(cfg: HybridConfig) -> str | None:
+    """architectures[0] of the model's config.json when server.model_path is a local directory, else None."""
+    path = Path(cfg.config.server.model_path or "") / "config.json"
+    try:
+        archs = json.loads(path.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(archs[0]) if isinstance(archs, list) and archs else None
+
+
+def _affected(cfg: HybridConfig, archs: list[str]) -> str | None:
+    """Who the release's behaviour hits: the model's architecture, "X or Y models" when unknown, None: not it."""
+    if not archs:
+        return None
+    arch = model_architecture(cfg)
+    if arch is not None:
+        return arch if arch in archs else None
+    return f"{' or '.join(archs)} models"
+
+
 def _silent_changes(cfg: HybridConfig, version: str) -> list[Finding]:
+    """SGLANG_RELEASE_CHANGES: what the release's server-args post-processing changes without an error."""
     facts = release_facts(version)
+    if not cfg.prefix_cache_enabled:
+        return []
     out = []
-    if facts.get("radix_cache_disables_overlap") and cfg.prefix_cache_enabled:
+    overlap = _affected(cfg, list(facts.get("radix_cache_disables_overlap_for", [])))  # type: ignore[call-overload]
+    if overlap:
         out.append(
             rule_finding(
                 "warning",
                 "SGLANG_RELEASE_CHANGES",
                 CONFIG,
                 "cache.enable_prefix_caching",
-                f"SGLang {version} turns the overlap schedule off for Qwen3-Next and Nemotron-H whenever the "
-                "Mamba radix cache is on (MambaRadixCache was not compatible with it yet); throughput is lower "
-                "than the plan's overlap figures.",
-                "accept it, upgrade SGLang to 0.5.9 or later, or "
+                f"SGLang {version} turns the overlap schedule off for {overlap} whenever the Mamba radix cache "
+                "is on (MambaRadixCache was not compatible with it yet); `plan --sglang-version` sizes for that.",
+                "accept it, target a release that keeps it, or "
                 + toml_set("cache.enable_prefix_caching", "false")
                 + " to keep the overlap schedule",
-            )  # fmt: skip
+            )
         )
-    if facts.get("kimi_linear_radix_cache_disabled") and cfg.prefix_cache_enabled:
+    if facts.get("pool_sizing_code") == "model_runner" and cfg.config.memory.max_mamba_cache_size is not None:
+        # model_runner.py handle_max_mamba_cache: with the radix cache on, K always comes from the ratio
+        out.append(
+            rule_finding(
+                "warning",
+                "SGLANG_RELEASE_CHANGES",
+                CONFIG,
+                "memory.max_mamba_cache_size",
+                f"SGLang {version} recomputes max_mamba_cache_size from mamba_full_memory_ratio whenever the radix "
+                f"cache is on, so {cfg.config.memory.max_mamba_cache_size} is not what runs.",
+                "steer the state pool with memory.mamba_full_memory_ratio for this release, or target 0.5.7 or later",
+            )
+        )
+    radix = _affected(cfg, list(facts.get("radix_cache_disabled_for", [])))  # type: ignore[call-overload]
+    if radix:
         out.append(
             rule_finding(
                 "warning",
                 "SGLANG_RELEASE_CHANGES",
                 CONFIG,
                 "cache.enable_prefix_caching",
-                f"SGLang {version} turns the radix cache off for Kimi-Linear (not supported there yet): a "
-                "Kimi-Linear model gets no prefix caching.",
-                "upgrade SGLang to 0.5.9 or later for prefix caching on Kimi-Linear",
-            )  # fmt: skip
+                f"SGLang {version} turns the radix cache off for {radix} (not supported there yet): no prefix "
+                "caching although enable_prefix_caching = true.",
+                "target a release that supports it (see docs/sglang-releases.md), or set "
+                "enable_prefix_caching = false to say what runs",
+            )
         )
     return out

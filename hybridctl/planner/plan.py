@@ -154,7 +154,9 @@ def make_plan(
     release = release_sizing(sglang_version or cfg.config.server.sglang_version)
     requested = cache.mamba_radix_cache_strategy if strategy is None else strategy
     if release.auto_strategy is not None:  # releases before 0.5.16: their own (simpler) strategy choice
-        resolved = _older_release_strategy(release, requested, overlap_schedule, radix_off, sglang_version)
+        resolved = _older_release_strategy(
+            release, requested, overlap_schedule, radix_off, sglang_version, spec.architecture
+        )
     else:
         resolved = resolve_strategy(
             requested,
@@ -221,16 +223,16 @@ def make_plan(
 
 
 def _older_release_strategy(
-    release: ReleaseSizing, requested: str, overlap: bool, radix_off: bool, version: str | None
+    release: ReleaseSizing, requested: str, overlap: bool, radix_off: bool, version: str | None, arch: str
 ) -> StrategyResolution:
     """0.5.6 has no strategies (3 slots per request); 0.5.7 - 0.5.15 turn auto into no_buffer."""
     name = f"SGLang {version}" if version else f"SGLang's {release.code} releases"
     if radix_off:
         return StrategyResolution("no_buffer", overlap, "radix cache off: no state checkpoints are kept")
-    if version and release_facts(version).get("radix_cache_disables_overlap"):
+    if version and arch in release_facts(version).get("radix_cache_disables_overlap_for", []):  # type: ignore[operator]
         # server_args.py of those releases: "Disabling overlap schedule since MambaRadixCache is not compatible"
         overlap = False
-        name += ", which turns the overlap schedule off with the radix cache,"
+        name += f", which turns the overlap schedule off for {arch} with the radix cache,"
     if not release.strategies:
         return StrategyResolution("no_buffer", overlap, f"{name} has no radix-cache strategies (3 slots/request)")
     strategy = release.auto_strategy if requested == "auto" else requested

@@ -71,3 +71,36 @@ def test_plan_follows_the_releases_sizing_code(tmp_path: Path) -> None:
     # 0.5.6 charges no padding slot to the budget and has no strategies (3 slots per request, overlap off)
     assert old["slots_per_request"] == 3 and old["overlap_schedule"] is False
     assert old["max_mamba_cache_size"] == new["max_mamba_cache_size"] + 1
+
+
+@pytest.mark.parametrize(
+    ("arch", "version", "warned"),
+    [
+        ("Qwen3NextForCausalLM", "0.5.6", True),  # server_args.py: overlap off with MambaRadixCache
+        ("Qwen3NextForCausalLM", "0.5.7", False),  # fixed for Qwen3-Next in 0.5.7 ...
+        ("NemotronHForCausalLM", "0.5.8", True),  # ... not yet for Nemotron-H
+        ("NemotronHForCausalLM", "0.5.9", False),
+        ("KimiLinearForCausalLM", "0.5.6", True),  # radix cache off for Kimi-Linear
+    ],
+)
+def test_what_a_release_silently_changes_is_a_warning_for_the_models_it_hits(
+    tmp_path: Path, arch: str, version: str, warned: bool
+) -> None:
+    from hybridctl.config.rules import check_rules
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    cfg = HybridConfig.model_validate({"config": {"server": {"model_path": str(tmp_path)}}})
+    found = [f for f in check_rules(cfg, version) if f.code == "SGLANG_RELEASE_CHANGES"]
+    assert bool(found) is warned, [f.message for f in found]
+    if warned:
+        assert f"SGLang {version}" in found[0].message and arch in found[0].message
+        assert found[0].severity == "warning"
+
+
+def test_0_5_6_ignoring_max_mamba_cache_size_with_the_radix_cache_is_a_warning() -> None:
+    from hybridctl.config.rules import check_rules
+
+    cfg = HybridConfig.model_validate({"config": {"memory": {"max_mamba_cache_size": 300}}})
+    keys = {f.key for f in check_rules(cfg, "0.5.6") if f.code == "SGLANG_RELEASE_CHANGES"}
+    assert "memory.max_mamba_cache_size" in keys
+    assert not [f for f in check_rules(cfg, "0.5.10") if f.code == "SGLANG_RELEASE_CHANGES"]
