@@ -41,6 +41,7 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
             f"{spec.num_layers}: {spec.num_attn_layers} full attention, {spec.num_linear_layers} "
             f"{spec.linear_kind}",
         ),
+        ("SGLang release", f"{plan.sglang_release} (sizing code: {plan.sizing_code})"),
         ("GPU memory", gpu),
         ("mem_fraction_static", f"{plan.mem_fraction_static}"),
         ("weights per GPU", f"{format_gib(plan.weights_bytes, 2)} ({plan.weights_source})"),
@@ -113,9 +114,14 @@ def plan(
         None, "--pool-bytes", min=1, help="Bytes both pools share (skips the GPU/weights arithmetic)."
     ),
     pool_gib: float | None = typer.Option(None, "--pool-gib", min=0.0, help="Same as --pool-bytes, in GiB."),
+    sglang_version: str | None = typer.Option(
+        None,
+        "--sglang-version",
+        help="Size as this SGLang release does (default: installed, else config, else newest).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan and the model spec as JSON."),
 ) -> None:
-    """Size the KV pool and the recurrent-state pool exactly as SGLang 0.5.23 will.
+    """Size the KV pool and the recurrent-state pool exactly as the target SGLang release will.
 
     Exit codes: 0 planned, 1 the pools do not fit (the message says what to change), 2 bad input.
     """
@@ -143,6 +149,7 @@ def plan(
         disable_overlap_schedule=disable_overlap_schedule,
         speculative_num_draft_tokens=speculative_num_draft_tokens,
         max_running_requests=max_running_requests,
+        sglang_version=sglang_version,
     )
     try:
         spec, result = run_plan(req)

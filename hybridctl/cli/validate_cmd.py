@@ -47,7 +47,9 @@ def validate(
     engine_version: str | None = typer.Option(
         None,
         "--engine-version",
-        help="SGLang version to check against (default: the installed one, else 0.5.23).",
+        "--sglang-version",
+        help="SGLang release to check against (default: the installed one, else config.toml's "
+        "server.sglang_version, else the newest).",
     ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there are warnings."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -65,8 +67,19 @@ def validate(
     given, settings = config_files(config, settings, config_opt, settings_opt)
     config = given or DEFAULT_CONFIG
     report = check_files(config, settings_path_for(config, settings), engine_version=version)
+    judged = _judged_release(engine_version, report.config)  # issue 20: say which SGLang release was judged
     if as_json:
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), "sglang_release": judged[0], "sglang_release_source": judged[1]})
     else:
+        typer.echo(f"judged for SGLang {judged[0]} ({judged[1]})")
         render_report(report)
     raise typer.Exit(report.exit_code(strict=strict))
+
+
+def _judged_release(requested: str | None, cfg: object) -> tuple[str, str]:
+    """--sglang-version, the installed sglang, config.toml's server.sglang_version, the newest (as the rules)."""
+    from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
+    from hybridctl.config.sglang_version import resolve_release
+
+    configured = cfg.config.server.sglang_version if cfg is not None else None  # type: ignore[attr-defined]
+    return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)

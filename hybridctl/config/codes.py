@@ -31,6 +31,12 @@ FINDING_CODES: dict[str, str] = {
     "BUILTIN_UNSUPPORTED": "A feature or policy the bundled runtime does not implement.",
     "UNKNOWN_ENGINE_FLAG": "An [extra_engine_args] flag the engine does not have (or renamed).",
     "ENGINE_FLAG_VALUE": "An [extra_engine_args] value the flag does not accept.",
+    # the target SGLang release (hybridctl/config/release_rules.py; --sglang-version, installed, server.sglang_version)
+    "SGLANG_RELEASE_VALUE": "A value the target SGLang release's flag does not accept (fix: a value it does).",
+    "SGLANG_RELEASE_KEY": "A key only newer SGLang releases have a flag for (fix: its default, or >= that release).",
+    "SGLANG_RELEASE_FLAG": "A flag the target SGLang release's parser does not have.",
+    "SGLANG_RELEASE_CHANGES": "A setting the target SGLang release silently changes at start-up (warning).",
+    "SGLANG_RELEASE_UNCHECKED": "hybridctl holds no flag table for the target release; the nearest older was used.",
     "ENGINE_FLAG_SHADOWS_KEY": "An [extra_engine_args] flag that a config key already sets.",
     "ENGINE_VERSION_UNKNOWN": "No flag table for the requested engine version; the nearest one was used.",
 }

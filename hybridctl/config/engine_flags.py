@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -48,8 +49,10 @@ class FlagInfo:
         }
 
 
-def available_versions() -> list[str]:
-    """Versions that have a flag table in the package."""
+RELEASES_FILE = "sglang-releases.json"
+
+
+def _full_tables() -> list[str]:
     names = [p.name for p in resources.files("hybridctl.data").iterdir()]
     found = [
         n[len("sglang-") : -len("-flags.tsv")]
@@ -57,6 +60,21 @@ def available_versions() -> list[str]:
         if n.startswith("sglang-") and n.endswith("-flags.tsv")
     ]
     return sorted(found, key=version_key)
+
+
+@lru_cache(maxsize=1)
+def _release_diffs() -> dict[str, dict[str, object]]:
+    """sglang-releases.json's releases (older ones, each a diff against the next newer; see the regen script)."""
+    path = resources.files("hybridctl.data") / RELEASES_FILE
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))["releases"]
+
+
+def available_versions() -> list[str]:
+    """Versions that have a flag table in the package (full tables and the releases' diffs)."""
+    held = [v for v, diff in _release_diffs().items() if "changed" in diff]
+    return sorted({*_full_tables(), *held}, key=version_key)
 
 
 def nearest_version(version: str) -> str:
@@ -77,11 +95,39 @@ def sglang_flags(version: str = DEFAULT_SGLANG_VERSION) -> dict[str, FlagInfo]:
     Raises KeyError naming the available versions when there is no table for `version`; use `nearest_version`.
     """
     path = resources.files("hybridctl.data") / f"sglang-{version}-flags.tsv"
+    if not path.is_file() and version in available_versions():
+        return _from_diffs(version)
     if not path.is_file():
         raise KeyError(
             f"no SGLang flag table for version {version!r}; available: {', '.join(available_versions())}"
         )
     return parse_flag_table(path.read_text(encoding="utf-8"))
+
+
+def _from_diffs(version: str) -> dict[str, FlagInfo]:
+    """An older release's table: the newest full table, then each release's diff downwards to `version`."""
+    diffs = _release_diffs()
+    newest = _full_tables()[-1]
+    rows = {info.name: info for info in sglang_flags(newest).values()}
+    for release in sorted(diffs, key=version_key, reverse=True):
+        if version_key(release) < version_key(version):
+            break
+        diff = diffs[release]
+        if "changed" not in diff:
+            continue  # no table for that release: the next older one diffs against the last held one
+        for name in diff["removed"]:  # type: ignore[union-attr]
+            rows.pop(name, None)
+        for name, row in diff["changed"].items():  # type: ignore[union-attr]
+            rows[name] = _info(row)
+    return rows
+
+
+def _info(row: list[str]) -> FlagInfo:
+    options = row[0].split()
+    return FlagInfo(
+        name=options[0], dest=row[1], type=None if row[2] in ("", "None") else row[2], default=row[3] or None,
+        choices=tuple(c for c in row[4].split(",") if c), action=row[5], aliases=tuple(options[1:]),
+    )  # fmt: skip
 
 
 def parse_flag_table(text: str) -> dict[str, FlagInfo]:
@@ -112,4 +158,19 @@ def find_flag(name: str, version: str = DEFAULT_SGLANG_VERSION) -> FlagInfo | No
     for info in flags.values():
         if info.name in candidates or candidates.intersection(info.aliases) or info.dest == bare:
             return info
+    return None
+
+
+def release_facts(version: str) -> dict[str, object]:
+    """What sglang-releases.json records of `version`'s server-args behaviour ({} for the newest full tables)."""
+    diff = _release_diffs().get(nearest_version(version), {})
+    facts = diff.get("facts", {})
+    return dict(facts) if isinstance(facts, dict) else {}
+
+
+def first_release_with(flag: str) -> str | None:
+    """The oldest held release whose launch_server has `flag` (None: none of them)."""
+    for version in available_versions():
+        if flag in sglang_flags(version):
+            return version
     return None

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from hybridctl.config.builtin_rules import rule_builtin
 from hybridctl.config.findings import Finding
+from hybridctl.config.release_rules import rule_release
 from hybridctl.config.rule_findings import CONFIG, SETTINGS, json_set, toml_set
 from hybridctl.config.rule_findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
@@ -321,6 +322,7 @@ RULES: tuple[Rule, ...] = (
     rule_elastic,
     rule_builtin,
     rule_engine_flags,
+    rule_release,  # issue 20: the target SGLang release's flags, values and silent changes
 )
 
 

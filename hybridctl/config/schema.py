@@ -35,6 +35,12 @@ class ServerConfig(_Section):
     engine: EngineName = Field(
         "auto", description="Serving engine: sglang on GPU hosts with sglang installed, else the bundled runtime."
     )
+    sglang_version: str | None = Field(
+        None,
+        pattern=r"^v?\d+\.\d+\.\d+(\.?post\d+)?$",
+        description="SGLang release the commands target (e.g. \"0.5.6\"); --sglang-version and an installed "
+        "sglang win over it; unset: the installed one, else the newest hybridctl knows.",
+    )
     tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel degree (GPUs per model replica).")
     dp_size: int = Field(
         1, ge=1, le=64, description="Data-parallel replicas behind one server (SGLang's --dp-size)."

@@ -27,3 +27,23 @@ def in_range(version: str, since: str | None, until: str | None) -> bool:
     if since is not None and key < version_key(since):
         return False
     return not (until is not None and key >= version_key(until))
+
+
+def resolve_release(requested: str | None, configured: str | None, newest: str) -> tuple[str, str]:
+    """The SGLang release commands are judged for, and where it came from.
+
+    In order: `requested` (--sglang-version), the sglang installed in this interpreter, `configured`
+    (config.toml [server] sglang_version), else `newest` (the newest release hybridctl holds).
+    """
+    import importlib.metadata
+
+    if requested:
+        version_key(requested)  # fail early on nonsense
+        return requested, "--sglang-version"
+    try:
+        return importlib.metadata.version("sglang"), "installed sglang"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if configured:
+        return configured, "config.toml [server] sglang_version"
+    return newest, "newest release hybridctl holds"

@@ -37,6 +37,7 @@ CLIENT = Target("client-side", note="read by hybridctl, not passed to the engine
 ONE_DEVICE = "the bundled runtime serves on one device"
 _UNIFIED = "0.5.15"  # first release with --enable-unified-memory (bisected over published wheels)
 _SCHED = "0.5.7"  # first release with --mamba-scheduler-strategy
+_LAZY = "0.5.13"  # extra_buffer_lazy joins the old flag's choices (sglang-releases.json)
 _RADIX = "0.5.14"  # --mamba-radix-cache-strategy replaces it (the old name is gone from 0.5.20)
 
 
@@ -74,6 +75,7 @@ ROWS: tuple[MappingRow, ...] = (
     _row(C, "server.port", flag("--port", note="under PD: the router's port"), flag("--port")),
     _both(C, "server.trust_remote_code", "--trust-remote-code", "true"),
     _row(C, "server.engine", CLIENT, CLIENT),
+    _row(C, "server.sglang_version", CLIENT, CLIENT),  # the release the commands are written for
     _one_device("server.tp_size", "--tp-size", 1),
     _one_device("server.dp_size", "--dp-size", 1, lambda cfg: cfg.config.server.dp_size > 1),
     _one_device("server.ep_size", "--ep-size", 1, lambda cfg: cfg.config.server.ep_size > 1),
@@ -140,10 +142,16 @@ ROWS: tuple[MappingRow, ...] = (
             ),
             flag(
                 "--mamba-scheduler-strategy",
-                since=_SCHED,
+                since=_LAZY,
                 until=_RADIX,
+                note="the older name of the same flag",
+            ),
+            flag(
+                "--mamba-scheduler-strategy",
+                since=_SCHED,
+                until=_LAZY,
                 accepts=lambda v, _cfg: v != "extra_buffer_lazy",
-                note="the older name of the same flag; extra_buffer_lazy did not exist yet",
+                note="extra_buffer_lazy did not exist before 0.5.13",
             ),
         ),
         flag("--mamba-radix-cache-strategy"),

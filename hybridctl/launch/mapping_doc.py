@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
+from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, available_versions, sglang_flags
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_row import Target, default_value
 
@@ -31,13 +31,19 @@ Every key of `config.toml` and `settings.json`, and what `hybridctl launch` make
   engine flag.
 - Flags marked (≥ X) exist from release X on; the gates were read from the published sglang wheels.
 
-| file | key | default | SGLang | bundled runtime | notes |
-|---|---|---|---|---|---|"""
+- **SGLang releases**: the held releases ({first} … {last}, hybridctl/data) whose own parser has the flag,
+  read from the per-release flag data (scripts/regen_sglang_flags.py); `validate` refuses a value the
+  target release lacks (SGLANG_RELEASE_* findings). Which release each command judges, and every
+  release's dry-run check: [sglang-releases.md](sglang-releases.md).
+
+| file | key | default | SGLang | SGLang releases | bundled runtime | notes |
+|---|---|---|---|---|---|---|"""
 
 _FOOTER = """
 ## Version gates
 
-- `--mamba-scheduler-strategy` appeared in 0.5.7; 0.5.14 renamed it `--mamba-radix-cache-strategy`
+- `--mamba-scheduler-strategy` appeared in 0.5.7 (extra_buffer_lazy among its choices from 0.5.13); 0.5.14
+  renamed it `--mamba-radix-cache-strategy`
   (the old name stayed as a deprecated alias through 0.5.19; 0.5.20 and later reject it).
 - `--enable-unified-memory` (the elastic pool) exists from 0.5.15.
 - Strategy `no_buffer` also gets `--disable-overlap-schedule`: SGLang asserts that no_buffer runs without
@@ -85,15 +91,39 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _releases(targets: tuple[Target, ...]) -> str:
+    """The span of held releases whose flag table has each flag of `targets` (gaps shown as separate spans)."""
+    held = available_versions()
+    cells = []
+    for target in targets:
+        if target.status != "flag" or not target.flag:
+            continue
+        has = [v for v in held if target.flag in {o for i in sglang_flags(v).values() for o in (i.name, *i.aliases)}]
+        if not has:
+            cells.append("none")
+            continue
+        spans, start, prev = [], has[0], has[0]
+        for v in has[1:] + [None]:  # type: ignore[list-item]
+            if v is not None and held.index(v) == held.index(prev) + 1:
+                prev = v
+                continue
+            spans.append(start if start == prev else f"{start}–{prev}")
+            if v is not None:
+                start = prev = v
+        cells.append(", ".join(spans))
+    return "<br>".join(cells) if cells else "—"
+
+
 def render_markdown() -> str:
-    lines = [*_HEADER.format(version=DEFAULT_SGLANG_VERSION).splitlines()]
+    held = available_versions()
+    lines = [*_HEADER.format(version=DEFAULT_SGLANG_VERSION, first=held[0], last=held[-1]).splitlines()]
     for row in ROWS:
         sglang = "<br>".join(_cell(t) for t in row.sglang)
         notes = list(dict.fromkeys(t.note for t in (*row.sglang, row.builtin) if t.note))
         default = default_value(row)
         default_text = "{}" if default == {} else f"`{default!r}`" if default is not None else "unset"
         lines.append(
-            f"| {row.file} | `{row.key}` | {_escape(default_text)} | {_escape(sglang)} | "
+            f"| {row.file} | `{row.key}` | {_escape(default_text)} | {_escape(sglang)} | {_releases(row.sglang)} | "
             f"{_escape(_cell(row.builtin))} | {_escape('; '.join(notes))} |"
         )
     lines += _FOOTER.splitlines()

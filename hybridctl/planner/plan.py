@@ -5,10 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, release_facts
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model.spec import ModelSpec
 from hybridctl.planner.memory import pool_bytes_for
-from hybridctl.planner.pool_sizing import PoolInputs, PoolPlan, resolve_strategy, size_pools
+from hybridctl.planner.pool_sizing import (
+    PoolInputs,
+    PoolPlan,
+    PoolSizingError,
+    StrategyResolution,
+    resolve_strategy,
+    size_pools,
+)
+from hybridctl.planner.release_sizing import ReleaseSizing, release_sizing
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,8 @@ class Plan:
     mamba_state_bytes_per_request: int
     kv_bytes_per_token: int
     pools: PoolPlan
+    sglang_release: str = DEFAULT_SGLANG_VERSION  # the release whose sizing code was followed
+    sizing_code: str = "kv_cache_configurator"  # that release's sizing code family (release_sizing.py)
 
     @property
     def tokens_per_request(self) -> float:
@@ -79,6 +90,8 @@ class Plan:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "tokens_per_request": round(self.tokens_per_request, 1),
             "verdict": self.verdict,
+            "sglang_release": self.sglang_release,
+            "sizing_code": self.sizing_code,
         }
         d.update(self.pools.to_dict())
         return d
@@ -115,6 +128,7 @@ def make_plan(
     speculative_num_draft_tokens: int | None = None,
     max_running_requests: int | None = None,
     max_mamba_cache_size: int | None = None,
+    sglang_version: str | None = None,
 ) -> Plan:
     """Weights + reserve as SGLang's mem_fraction_static logic does, then `size_pools`.
 
@@ -137,15 +151,22 @@ def make_plan(
     )
     max_slots = mem.max_mamba_cache_size if max_mamba_cache_size is None else max_mamba_cache_size
 
-    resolved = resolve_strategy(
-        cache.mamba_radix_cache_strategy if strategy is None else strategy,
-        page_size=page,
-        overlap_schedule=overlap_schedule,
-        disable_radix_cache=radix_off,
-        speculative_num_draft_tokens=draft,
-        mamba_track_interval=cache.mamba_track_interval,
-        pd_disaggregation=cfg.config.pd.enable_pd_disaggregation,
-    )
+    release = release_sizing(sglang_version or cfg.config.server.sglang_version)
+    requested = cache.mamba_radix_cache_strategy if strategy is None else strategy
+    if release.auto_strategy is not None:  # releases before 0.5.16: their own (simpler) strategy choice
+        resolved = _older_release_strategy(
+            release, requested, overlap_schedule, radix_off, sglang_version, spec.architecture
+        )
+    else:
+        resolved = resolve_strategy(
+            requested,
+            page_size=page,
+            overlap_schedule=overlap_schedule,
+            disable_radix_cache=radix_off,
+            speculative_num_draft_tokens=draft,
+            mamba_track_interval=cache.mamba_track_interval,
+            pd_disaggregation=cfg.config.pd.enable_pd_disaggregation,
+        )
     if pool_bytes is not None:
         pool, pool_source = pool_bytes, "given"
     elif gpu_mem_bytes is not None:
@@ -170,6 +191,7 @@ def make_plan(
             overlap_schedule=resolved.overlap_schedule,
             speculative_num_draft_tokens=draft,
             context_len=spec.context_len,
+            release=release,
         )
     )
     return Plan(
@@ -195,7 +217,32 @@ def make_plan(
         mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
         kv_bytes_per_token=spec.kv_bytes_per_token,
         pools=pools,
+        sglang_release=sglang_version or cfg.config.server.sglang_version or DEFAULT_SGLANG_VERSION,
+        sizing_code=release.code,
     )
+
+
+def _older_release_strategy(
+    release: ReleaseSizing, requested: str, overlap: bool, radix_off: bool, version: str | None, arch: str
+) -> StrategyResolution:
+    """0.5.6 has no strategies (3 slots per request); 0.5.7 - 0.5.15 turn auto into no_buffer."""
+    name = f"SGLang {version}" if version else f"SGLang's {release.code} releases"
+    if radix_off:
+        return StrategyResolution("no_buffer", overlap, "radix cache off: no state checkpoints are kept")
+    if version and arch in release_facts(version).get("radix_cache_disables_overlap_for", []):  # type: ignore[operator]
+        # server_args.py of those releases: "Disabling overlap schedule since MambaRadixCache is not compatible"
+        overlap = False
+        name += f", which turns the overlap schedule off for {arch} with the radix cache,"
+    if not release.strategies:
+        return StrategyResolution("no_buffer", overlap, f"{name} has no radix-cache strategies (3 slots/request)")
+    strategy = release.auto_strategy if requested == "auto" else requested
+    if strategy not in release.strategies:
+        raise PoolSizingError(
+            f"{name} has no mamba radix-cache strategy {strategy!r} (it has {', '.join(release.strategies)}); "
+            f'set cache.mamba_radix_cache_strategy = "extra_buffer" or target a newer release.'
+        )
+    why = f"auto -> {strategy} ({name})" if requested == "auto" else f"{strategy} (set explicitly)"
+    return StrategyResolution(str(strategy), overlap, why)
 
 
 # `hybridctl init` imports recommend from here, beside make_plan.

@@ -36,6 +36,7 @@ class PlanRequest:
     disable_overlap_schedule: bool = False
     speculative_num_draft_tokens: int | None = None
     max_running_requests: int | None = None
+    sglang_version: str | None = None  # --sglang-version (issue 20): whose sizing code to follow
 
 
 def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
@@ -55,6 +56,16 @@ def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
     settings_path = settings_path_for(config_path, req.settings_path)
 
     return load_hybrid_config(config_path, settings_path), str(config_path)
+
+
+def _release(req: PlanRequest, cfg: HybridConfig) -> str:
+    from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
+    from hybridctl.config.sglang_version import VersionError, resolve_release
+
+    try:
+        return resolve_release(req.sglang_version, cfg.config.server.sglang_version, DEFAULT_SGLANG_VERSION)[0]
+    except VersionError as exc:
+        raise PlanRequestError(f"--sglang-version: {exc}") from None
 
 
 def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpec, Plan]:
@@ -97,5 +108,6 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
         overlap_schedule=not req.disable_overlap_schedule,
         speculative_num_draft_tokens=req.speculative_num_draft_tokens,
         max_running_requests=req.max_running_requests,
+        sglang_version=_release(req, cfg),
     )
     return spec, plan

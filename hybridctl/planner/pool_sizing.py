@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hybridctl.planner.release_sizing import KV_CACHE_CONFIGURATOR, ReleaseSizing
 from hybridctl.planner.units import GIB, MIB
 
 STRATEGIES: tuple[str, ...] = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
@@ -46,6 +47,8 @@ class PoolInputs:
     context_len: int | None = None
     # Added: a --max-total-tokens style cap on KV tokens (kv_cache_configurator.py:3090-3117).
     max_total_tokens: int | None = None
+    # Added: which SGLang release's sizing code to follow (planner/release_sizing.py); default the newest.
+    release: ReleaseSizing = KV_CACHE_CONFIGURATOR
 
 
 @dataclass(frozen=True)
@@ -132,11 +135,15 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
     """Split `pool_bytes` between the recurrent-state pool and the KV pool exactly as SGLang 0.5.23 does."""
     inp = inputs
     _validate(inp)
-    ratio = slots_per_request(
-        disable_radix_cache=inp.disable_radix_cache,
-        strategy=inp.strategy,
-        overlap_schedule=inp.overlap_schedule,
-    )
+    rel = inp.release
+    if rel.strategies:
+        ratio = slots_per_request(
+            disable_radix_cache=inp.disable_radix_cache,
+            strategy=inp.strategy,
+            overlap_schedule=inp.overlap_schedule,
+        )
+    else:  # model_runner.py (0.5.6): MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO with the radix cache, else 1
+        ratio = 1 if inp.disable_radix_cache else MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
     per_req = inp.mamba_state_bytes_per_request
     draft = inp.speculative_num_draft_tokens
     spec = draft > 0
@@ -145,24 +152,38 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
         max_running = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
     rest_gb = inp.pool_bytes / GIB
     intermediate = 0
+    if rel.spec_scratch == "per_running_request" and spec:
+        # model_runner_kv_cache_mixin.py: max_running x draft states, reserved before the slots are sized
+        assert max_running is not None
+        intermediate = per_req * max_running * draft
+        rest_gb -= intermediate / GIB
+    ratio_rest_gb = rest_gb if rel.ratio_budget_after_scratch else inp.pool_bytes / GIB
 
-    if inp.max_mamba_cache_size is not None:
-        # kv_cache_configurator.py:3303-3324
+    explicit_k = inp.max_mamba_cache_size is not None and (rel.code != "model_runner" or inp.disable_radix_cache)
+    if explicit_k:
+        # kv_cache_configurator.py:3303-3324 (0.5.6 honours it only with the radix cache off)
+        assert inp.max_mamba_cache_size is not None
         k, k_source = inp.max_mamba_cache_size, "max_mamba_cache_size"
-        if spec:
+        if spec and rel.spec_scratch == "per_capped_request":
             assert max_running is not None
             capped = min(max(1, max_running), k // ratio)
             intermediate = per_req * (capped + 1) * draft
-    elif inp.disable_radix_cache and max_running is not None:
+    elif inp.disable_radix_cache and (max_running is not None or rel.radix_off_default_slots is not None):
         # kv_cache_configurator.py:3325-3344 (max_running includes speculative decoding's default of 48)
-        k, k_source = max(1, max_running), "max_running_requests"
-        if spec:
+        k = max(1, max_running) if max_running is not None else rel.radix_off_default_slots  # type: ignore[assignment]
+        k_source = "max_running_requests" if max_running is not None else "release_default"
+        if spec and rel.spec_scratch == "per_capped_request":
             intermediate = per_req * (k + 1) * draft
     else:
         # kv_cache_configurator.py:3345-3386: K so states (+ spec scratch) use r / (1 + r) of the budget.
         r = inp.mamba_full_memory_ratio
-        budget_bytes = rest_gb * r / (1 + r) * GIB
-        if spec:
+        budget_bytes = ratio_rest_gb * r / (1 + r) * GIB
+        k_source = "ratio"
+        if rel.spec_scratch == "per_slot":  # model_runner.py (0.5.6): each slot carries its draft states
+            k = int(budget_bytes // per_req // (1 + draft))
+        elif rel.spec_scratch == "per_running_request":
+            k = int(budget_bytes // per_req)
+        elif spec:
             assert max_running is not None
             k = int((budget_bytes - per_req * (1 + draft)) // (per_req * (1 + draft / ratio)))
             k_source = "ratio_spec"
@@ -170,8 +191,10 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             intermediate = per_req * (capped + 1) * draft
         else:
             k = int((budget_bytes - per_req) // per_req)
-            k_source = "ratio"
-    rest_gb -= intermediate / GIB
+    if rel.spec_scratch == "per_slot":
+        intermediate = k * per_req * draft  # charged below with the slots, in one sum as model_runner.py does
+    elif rel.spec_scratch == "per_capped_request":
+        rest_gb -= intermediate / GIB
 
     if k <= 0:
         # kv_cache_configurator.py:3392-3402
@@ -182,8 +205,9 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             f"lower settings.json runtime.max_running_requests or the draft tokens, use "
             f'mamba.state_dtype = "bfloat16", or use more GPUs (--tp).'
         )
-    mamba_pool_bytes = (k + 1) * per_req  # +1: the pool's padding slot (memory_pool.py)
-    rest_gb -= mamba_pool_bytes / GIB
+    # +1: the pool's padding slot (memory_pool.py), charged to the budget only by the configurator (0.5.16 on)
+    mamba_pool_bytes = (k + (1 if rel.padding_slot_counted else 0)) * per_req
+    rest_gb -= (mamba_pool_bytes + (intermediate if rel.spec_scratch == "per_slot" else 0)) / GIB
     if rest_gb <= 0:
         raise PoolSizingError(
             f"The state pool ({k + 1} slots x {per_req / MIB:.2f} MiB = "
@@ -199,6 +223,7 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
         tokens = kv_budget // inp.kv_bytes_per_token
     else:
         tokens = inp.max_total_tokens or inp.context_len or 0
+    profiled = tokens  # model_runner.py (0.5.6) estimates the request cap from this, before cap and paging
     tokens = tokens // inp.page_size * inp.page_size
     if inp.max_total_tokens is not None:
         tokens = min(tokens, inp.max_total_tokens // inp.page_size * inp.page_size)
@@ -209,7 +234,8 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             f"memory.mem_fraction_static or lower memory.mamba_full_memory_ratio."
         )
 
-    max_reqs, limited_by = _max_running_requests(tokens, k, ratio, inp)
+    estimate_from = profiled if inp.release.request_cap == "as_given" else tokens
+    max_reqs, limited_by = _max_running_requests(tokens, k, ratio, inp, estimate_from)
     return PoolPlan(
         max_mamba_cache_size=k,
         mamba_pool_slots=k + 1,
@@ -226,17 +252,27 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
     )
 
 
-def _max_running_requests(tokens: int, k: int, ratio: int, inp: PoolInputs) -> tuple[int, str]:
+def _max_running_requests(
+    tokens: int, k: int, ratio: int, inp: PoolInputs, estimate_from: int
+) -> tuple[int, str]:
     """kv_cache_configurator.py:3119-3172 (`resolve_max_num_reqs`, one data-parallel worker)."""
     if inp.context_len is not None:
-        estimated = max(min(int(tokens / inp.context_len * 512), 4096), 2048)
+        estimated = max(min(int(estimate_from / inp.context_len * 512), 4096), 2048)
     else:
         estimated = 4096
     requested = inp.max_running_requests
     if requested is None and inp.speculative_num_draft_tokens > 0:
         requested = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
     wanted, source = (max(1, requested), "requested") if requested is not None else (estimated, "estimate")
-    reqs, limited_by = (wanted, source) if wanted <= tokens // 2 else (tokens // 2, "kv_tokens")
+    cap = inp.release.request_cap
+    if cap == "as_given":  # model_runner.py (0.5.6): the flag, else the estimate
+        reqs, limited_by = wanted, source
+    elif cap == "clamped_to_estimate" and requested is not None:  # kv_cache_mixin: min(flag, estimate)
+        reqs, limited_by = (wanted, source) if wanted <= estimated else (estimated, "estimate")
+    elif cap == "clamped_to_estimate":
+        reqs, limited_by = (estimated, "estimate") if estimated <= tokens // 2 else (tokens // 2, "kv_tokens")
+    else:
+        reqs, limited_by = (wanted, source) if wanted <= tokens // 2 else (tokens // 2, "kv_tokens")
     mamba_cap = k // ratio
     if mamba_cap < reqs:
         reqs, limited_by = mamba_cap, "state_pool"

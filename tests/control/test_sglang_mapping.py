@@ -118,9 +118,12 @@ def test_strategy_flag_follows_the_rename(version: str, strategy_flag: str | Non
             sglang_command(_cfg({"cache": {"mamba_radix_cache_strategy": "extra_buffer"}}), version)
 
 
-def test_extra_buffer_lazy_did_not_exist_under_the_old_name() -> None:
+def test_extra_buffer_lazy_did_not_exist_before_0_5_13() -> None:
+    lazy = _cfg({"cache": {"mamba_radix_cache_strategy": "extra_buffer_lazy"}})
     with pytest.raises(LaunchError, match="extra_buffer_lazy"):
-        sglang_command(_cfg({"cache": {"mamba_radix_cache_strategy": "extra_buffer_lazy"}}), "0.5.13")
+        sglang_command(lazy, "0.5.12")
+    # 0.5.13's --mamba-scheduler-strategy takes it (its own parser's choices, hybridctl/data)
+    assert "--mamba-scheduler-strategy" in sglang_command(lazy, "0.5.13").argv
 
 
 def test_elastic_pool_is_unified_memory_from_0_5_15() -> None:
