@@ -142,21 +142,22 @@ def _write_files(
     from hybridctl.config.atomic_write import write_files
 
     files: dict[Path, str] = {}
+    if write_yaml is None and k8s is None:
+        return []
+    from hybridctl.launch.version import target_version
+
+    version = plan.version or target_version(None, cfg.config.server.sglang_version)
     if write_yaml is not None:
         from hybridctl.launch.sglang_command import sglang_translation, to_config_yaml
-        from hybridctl.launch.version import target_version
 
-        version = plan.version or target_version()
         text, leftover = to_config_yaml(sglang_translation(cfg, version, allow_ignored).flags, version)
         if leftover:
             text += "# pass on the command line too (not allowed in the file): " + shlex.join(leftover) + "\n"
         files[write_yaml] = text
     if k8s is not None:
         from hybridctl.launch.k8s import k8s_manifests
-        from hybridctl.launch.version import target_version
 
-        files[k8s] = k8s_manifests(cfg, plan.version or target_version(), image=k8s_image,
-                                   allow_ignored=allow_ignored)  # fmt: skip
+        files[k8s] = k8s_manifests(cfg, version, image=k8s_image, allow_ignored=allow_ignored)
     return write_files(files, force=force) if files else []
 
 

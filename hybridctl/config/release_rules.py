@@ -23,12 +23,12 @@ from hybridctl.config.engine_flags import (
 from hybridctl.config.findings import Finding
 from hybridctl.config.rule_findings import CONFIG, json_set, rule_finding, toml_set
 from hybridctl.config.schema import HybridConfig
-from hybridctl.config.sglang_version import VersionError, version_key
+from hybridctl.config.sglang_version import VersionError, resolve_release, version_key
 
 
 def release_for(cfg: HybridConfig, engine_version: str | None) -> str:
-    """The release the rules judge: the one asked for (flag or installed sglang), else server.sglang_version."""
-    return engine_version or cfg.config.server.sglang_version or DEFAULT_SGLANG_VERSION
+    """The release the rules judge, in resolve_release's one order (flag, installed sglang, config key, newest)."""
+    return resolve_release(engine_version, cfg.config.server.sglang_version, DEFAULT_SGLANG_VERSION)[0]
 
 
 def _set(file: str, key: str, value: str) -> str:

@@ -11,7 +11,7 @@ import importlib.metadata
 import subprocess
 
 from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
-from hybridctl.config.sglang_version import version_key
+from hybridctl.config.sglang_version import resolve_release
 
 
 def installed_sglang_version(python: str | None = None) -> str | None:
@@ -31,9 +31,7 @@ def installed_sglang_version(python: str | None = None) -> str | None:
     return out.stdout.strip() or None
 
 
-def target_version(requested: str | None = None) -> str:
-    """The version commands are written for: the one asked for, else the installed one, else the newest."""
-    if requested:
-        version_key(requested)  # fail early on nonsense
-        return requested
-    return installed_sglang_version() or DEFAULT_SGLANG_VERSION
+def target_version(requested: str | None = None, configured: str | None = None) -> str:
+    """The version commands are written for, in resolve_release's one order: the one asked for, the installed
+    one, config.toml's server.sglang_version, else the newest held."""
+    return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)[0]
