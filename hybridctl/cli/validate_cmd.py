@@ -57,11 +57,15 @@ def validate(
     """
 
     from hybridctl.config.loader import check_files, settings_path_for
+    from hybridctl.launch.engine_select import auto_engine_here
     from hybridctl.launch.version import installed_sglang_version
 
-    # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules).
+    # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules), and
+    # engine = "auto" against the engine launch would pick on this host.
     version = engine_version or installed_sglang_version()
-    report = check_files(config, settings_path_for(config, settings), engine_version=version)
+    report = check_files(
+        config, settings_path_for(config, settings), engine_version=version, auto_engine=auto_engine_here()
+    )
     if as_json:
         print_json(report.to_dict())
     else:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,22 @@ def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
         )
         return parsed
     except Exception as exc:  # noqa: BLE001  (tomlkit raises assorted errors for odd documents: duplicate keys, ...)
+        duplicate = _duplicate_toml_key(text, str(exc))
+        if duplicate is not None:
+            key, line, column = duplicate
+            parsed.findings.append(
+                Finding(
+                    "error",
+                    "DUPLICATE_KEY",
+                    path,
+                    line,
+                    column,
+                    key,
+                    f"`{key}` is defined more than once; TOML allows each key and table once.",
+                    f"delete the repeated `{key}` at line {line} of {path} (or merge the two).",
+                )
+            )
+            return parsed
         parsed.findings.append(
             Finding(
                 "error",
@@ -153,16 +170,44 @@ def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
     return parsed
 
 
+def _duplicate_toml_key(text: str, message: str) -> tuple[str, int, int] | None:
+    """tomlkit names a repeated key or table but not where; the second place it is defined, or None."""
+    match = re.search(r'Key "([^"]+)" already exists', message)
+    if match is None:
+        return None
+    key = match.group(1)
+    name = re.escape(key.rsplit(".", 1)[-1])
+    pattern = re.compile(rf"^\s*(?:\[\[?\s*(?:[^\]]*\.)?{name}\s*\]\]?|{name}\s*=)")
+    lines = [i for i, line in enumerate(text.splitlines(), start=1) if pattern.match(line)]
+    if len(lines) < 2:
+        return key, lines[0] if lines else 1, 1
+    line = lines[1]
+    return key, line, len(text.splitlines()[line - 1]) - len(text.splitlines()[line - 1].lstrip()) + 1
+
+
+def _object_paths(data: Any, path: tuple[str, ...] = ()) -> dict[int, tuple[str, ...]]:
+    """id of every JSON object in `data` -> its key path (to name the section a duplicate key sits in)."""
+    out: dict[int, tuple[str, ...]] = {}
+    if isinstance(data, dict):
+        out[id(data)] = path
+        for key, value in data.items():
+            out.update(_object_paths(value, (*path, str(key))))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            out.update(_object_paths(value, (*path, str(index))))
+    return out
+
+
 def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
     """Parse JSON text; syntax errors become a JSON_SYNTAX finding, duplicate keys a warning."""
     parsed = ParsedFile(path=path, fmt="json")
-    duplicates: list[str] = []
+    duplicates: list[tuple[dict[str, Any], str]] = []  # (the object, the repeated key)
 
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for key, value in pairs:
             if key in result:
-                duplicates.append(key)
+                duplicates.append((result, key))
             result[key] = value
         return result
 
@@ -198,8 +243,11 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
         )
         return parsed
     parsed.locator = KeyLocator.for_json(text)
-    for key in dict.fromkeys(duplicates):
-        line, column = parsed.locator.find((key,)) or (None, None)
+    paths = _object_paths(data)
+    for dotted in dict.fromkeys(".".join((*paths.get(id(obj), ()), key)) for obj, key in duplicates):
+        keys = tuple(dotted.split("."))
+        line, column = parsed.locator.find(keys) or (None, None)
+        where = f' in the "{".".join(keys[:-1])}" object' if len(keys) > 1 else ""
         parsed.findings.append(
             Finding(
                 "warning",
@@ -207,11 +255,27 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
                 path,
                 line,
                 column,
-                key,
-                f"key `{key}` appears more than once; JSON keeps only the last.",
-                f"keep one `{key}` in {path}.",
+                dotted,
+                f"key `{keys[-1]}` appears more than once{where}; JSON keeps only the last.",
+                f"keep one `{keys[-1]}`{where} of {path}.",
             )
         )
+    if data is None:  # the schema check skips a file without data, so say it here
+        parsed.findings.append(
+            Finding(
+                "error",
+                "WRONG_TYPE",
+                path,
+                1,
+                1,
+                "",
+                f"{path} holds null at the top level; it must be one JSON object "
+                '({"runtime": {...}, "mamba": {...}, "logging": {...}, "api": {...}}).',
+                f"replace the content of {path} with an object, e.g. {{}} for all defaults "
+                "(`hybridctl init` writes a full one).",
+            )
+        )
+        return parsed
     if isinstance(data, dict) and isinstance(data.get(SCHEMA_REF_KEY), str):
         data = {k: v for k, v in data.items() if k != SCHEMA_REF_KEY}
     parsed.data = data
@@ -325,11 +389,15 @@ def check_files(
     config_path: str | Path = CONFIG_NAME,
     settings_path: str | Path = SETTINGS_NAME,
     engine_version: str | None = None,
+    *,
+    engine: str | None = None,
+    auto_engine: str | None = None,
 ) -> ValidationReport:
     """Every finding about the two files: syntax, schema, secrets, cross-file and engine rules.
 
-    Never raises for bad file content."""
-    from hybridctl.config.rules import check_rules
+    `engine` (a --engine flag) or else [server] engine picks the engine-specific rules; "auto" checks against
+    `auto_engine`, the engine launch would pick on this host. Never raises for bad file content."""
+    from hybridctl.config.rules import check_rules, effective_engine
 
     cfg, config_file, settings_file = _load(config_path, settings_path)
     findings = [*config_file.findings, *settings_file.findings]
@@ -350,7 +418,12 @@ def check_files(
     if cfg is not None:
         findings += [
             _place(f, config_file, settings_file)
-            for f in check_rules(cfg, engine_version=engine_version, include_secrets=False)
+            for f in check_rules(
+                cfg,
+                engine_version=engine_version,
+                include_secrets=False,
+                engine=effective_engine(cfg, engine, auto_engine),
+            )
         ]
     return ValidationReport(
         config_path=config_file.path,

@@ -17,8 +17,9 @@ from typing import Any, Literal
 # with an earlier one resume from token 1984 (warm TTFT ~0.07 of a cold 2048-token prompt; 128: ~0.13). The
 # model writes checkpoints during the prefill forward, so a cold prompt pays only their slots, not time
 # (docs/runtime-design.md). The price is state memory: one slot per 64 prompt tokens, evicted LRU.
-DEFAULT_MAMBA_TRACK_INTERVAL = 64
-DEFAULT_MEMORY_BUDGET_GIB = 4.0
+# Both defaults live beside the runtime's sizing function, which the planner also calls.
+from hybridctl.planner.builtin_sizing import DEFAULT_MAMBA_TRACK_INTERVAL  # noqa: E402
+
 DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
 DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (compiled_extend.py)
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from config_files import with_model
 from typer.testing import CliRunner
 
 from hybridctl.cli import app
@@ -15,7 +16,7 @@ runner = CliRunner()
 
 
 def files(tmp_path: Path, config: str, settings: str = "{}") -> list[str]:
-    (tmp_path / "config.toml").write_text(config)
+    (tmp_path / "config.toml").write_text(with_model(tmp_path, config))
     (tmp_path / "settings.json").write_text(settings)
     return [str(tmp_path / "config.toml"), str(tmp_path / "settings.json")]
 
