@@ -11,7 +11,7 @@ from pathlib import Path
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model.spec import ModelSpec, load_model_spec
 from hybridctl.planner.plan import Plan, make_plan
-from hybridctl.planner.pool_sizing import GIB
+from hybridctl.planner.pool_sizing import GIB, PoolSizingError
 
 
 class PlanRequestError(ValueError):
@@ -82,9 +82,13 @@ def _with_overrides(cfg: HybridConfig, req: PlanRequest) -> HybridConfig:
 
 
 def plan_engine(cfg: HybridConfig, req: PlanRequest) -> str:
-    """sglang or builtin: --engine, else [server] engine, with auto resolved as launch resolves it here."""
+    """sglang or builtin: --engine, else [server] engine; auto is SGLang when a GPU size is given (--gpu-mem-gib,
+    --pool-*: planning a GPU server), else what launch picks on this host."""
     requested = req.engine or cfg.config.server.engine
-    return req.auto_engine if requested == "auto" else requested
+    if requested != "auto":
+        return requested
+    sized_for_a_gpu = req.gpu_mem_gib is not None or req.pool_bytes is not None or req.pool_gib is not None
+    return "sglang" if sized_for_a_gpu else req.auto_engine  # a GPU size given: planning an SGLang server
 
 
 def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpec, Plan]:
@@ -110,7 +114,15 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
             from hybridctl.host.nvml import gpu_memory_bytes
 
             gpu_mem = gpu_memory_bytes()  # the runtime runs on the GPU when there is one
-        return plan_builtin(_with_overrides(cfg, req), model, gpu_mem_bytes=gpu_mem, tp=tp)
+        try:
+            return plan_builtin(_with_overrides(cfg, req), model, gpu_mem_bytes=gpu_mem, tp=tp)
+        except PoolSizingError as exc:
+            if gpu_mem is not None or req.engine == "builtin" or cfg.config.server.engine == "builtin":
+                raise
+            raise PoolSizingError(
+                f"{exc} (engine auto is the bundled runtime on this GPU-less host; to plan an SGLang server "
+                "instead, pass --gpu-mem-gib, one GPU's memory, or --engine sglang with it)"
+            ) from None
     ssm_dtype = req.mamba_ssm_dtype or cfg.settings.mamba.state_dtype
     spec = load_model_spec(model, tp=tp, ssm_dtype=ssm_dtype)
 

@@ -257,7 +257,7 @@ def test_rule_fires(tmp_path: Path, config: str, settings: str, code: str, key: 
     assert hit.fix, "every rule finding says how to fix it"
     expected_file = spath if key.split(".")[0] in ("runtime", "mamba", "logging", "api") else cpath
     assert hit.file == str(expected_file)
-    text = (config if hit.file == str(cpath) else settings).splitlines()
+    text = (cpath if hit.file == str(cpath) else spath).read_text().splitlines()
     if key.split(".")[-1] in (config + settings):
         assert hit.line is not None and key.split(".")[-1] in text[hit.line - 1]
     assert report.exit_code() == (2 if report.errors else 0)
