@@ -48,6 +48,11 @@ def validate(
         "--engine-version",
         help="SGLang version to check against (default: the installed one, else 0.5.23).",
     ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="sglang or builtin: check against this engine (default: server.engine; auto as launch picks here).",
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there are warnings."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
@@ -63,8 +68,20 @@ def validate(
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules), and
     # engine = "auto" against the engine launch would pick on this host.
     version = engine_version or installed_sglang_version()
+    from hybridctl.cli.output import fail
+    from hybridctl.launch.engine_findings import engine_findings
+    from hybridctl.launch.engine_select import ENGINE_NAMES
+
+    if engine is not None and engine not in ENGINE_NAMES:
+        raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
+
     report = check_files(
-        config, settings_path_for(config, settings), engine_version=version, auto_engine=auto_engine_here()
+        config,
+        settings_path_for(config, settings),
+        engine_version=version,
+        engine=engine,
+        auto_engine=auto_engine_here(),
+        engine_notes=engine_findings,
     )
     if as_json:
         print_json(report.to_dict())

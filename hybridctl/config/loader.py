@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
 
 CONFIG_NAME = "config.toml"
 SETTINGS_NAME = "settings.json"
+EngineNotes = Callable[[HybridConfig, "str | None", "str | None", "set[str]"], list[Finding]]
 SCHEMA_REF_KEY = "$schema"  # settings.json may name its JSON Schema for editors; it is not a setting
 
 
@@ -70,8 +72,7 @@ def _read_text(path: Path, fmt: FileFormat, missing_ok: bool) -> tuple[str | Non
                     None,
                     "",
                     f"{path} does not exist.",
-                    f"run `hybridctl init --out {path.parent}` to write a commented one, or pass the path of "
-                    "yours.",
+                    f"run `hybridctl init --out {path.parent}` to write a commented one, or pass the path of yours.",
                 )
             )
         return None, parsed
@@ -286,9 +287,7 @@ def _other_file_keys(model: type[BaseModel], file_name: str, fmt: FileFormat) ->
     """Key name -> where it belongs in the other file, for "this key lives in settings.json" hints."""
     from hybridctl.config.field_docs import iter_field_docs
 
-    return {
-        doc.path[-1]: where(doc.path, file_name, fmt) for doc in iter_field_docs(model) if not doc.is_section
-    }
+    return {doc.path[-1]: where(doc.path, file_name, fmt) for doc in iter_field_docs(model) if not doc.is_section}
 
 
 def _validate(parsed: ParsedFile, model: type[BaseModel], other: dict[str, str]) -> BaseModel | None:
@@ -298,15 +297,11 @@ def _validate(parsed: ParsedFile, model: type[BaseModel], other: dict[str, str])
         # strict: "30000" is not a port and 1 is not `true`; the files have real types, so say so.
         return model.model_validate(parsed.data, strict=True)
     except ValidationError as exc:
-        parsed.findings.extend(
-            validation_findings(exc, model, parsed.path, parsed.fmt, parsed.locator, other)
-        )
+        parsed.findings.extend(validation_findings(exc, model, parsed.path, parsed.fmt, parsed.locator, other))
         return None
 
 
-def _load(
-    config_path: str | Path, settings_path: str | Path
-) -> tuple[HybridConfig | None, ParsedFile, ParsedFile]:
+def _load(config_path: str | Path, settings_path: str | Path) -> tuple[HybridConfig | None, ParsedFile, ParsedFile]:
     config_path, settings_path = Path(config_path), Path(settings_path)
     text, config_file = _read_text(config_path, "toml", missing_ok=False)
     if text is not None:
@@ -377,11 +372,7 @@ def _place(finding: Finding, config_file: ParsedFile, settings_file: ParsedFile)
     """Rules report logical file names; point them at the real files and lines."""
     target = settings_file if finding.file == SETTINGS_NAME else config_file
     line, column = (target.locator.find(finding.key.split(".")) if finding.key else None) or (None, None)
-    fix = (
-        finding.fix.replace(f"of {finding.file}", f"of {target.path}")
-        if target.path != finding.file
-        else finding.fix
-    )
+    fix = finding.fix.replace(f"of {finding.file}", f"of {target.path}") if target.path != finding.file else finding.fix
     return replace(finding, file=target.path, line=line, column=column, fix=fix)
 
 
@@ -392,11 +383,14 @@ def check_files(
     *,
     engine: str | None = None,
     auto_engine: str | None = None,
+    engine_notes: EngineNotes | None = None,
 ) -> ValidationReport:
     """Every finding about the two files: syntax, schema, secrets, cross-file and engine rules.
 
     `engine` (a --engine flag) or else [server] engine picks the engine-specific rules; "auto" checks against
-    `auto_engine`, the engine launch would pick on this host. Never raises for bad file content."""
+    `auto_engine`, the engine launch would pick on this host. `engine_notes(cfg, engine, version, present_keys)`
+    adds what that engine makes of the keys (launch's translation: ignored keys, other names). Never raises for
+    bad file content."""
     from hybridctl.config.rules import check_rules, effective_engine
 
     cfg, config_file, settings_file = _load(config_path, settings_path)
@@ -415,6 +409,12 @@ def check_files(
             )
         )
     findings += _secret_findings(config_file) + _secret_findings(settings_file)
+    if cfg is not None and engine_notes is not None:
+        present = {".".join(k) for f in (config_file, settings_file) for k in f.locator.positions}
+        resolved = effective_engine(cfg, engine, auto_engine)
+        findings += [
+            _place(f, config_file, settings_file) for f in engine_notes(cfg, resolved, engine_version, present)
+        ]
     if cfg is not None:
         findings += [
             _place(f, config_file, settings_file)

@@ -31,9 +31,12 @@ def rule_findings(
 ) -> list[DoctorFinding]:
     """`validate`'s rules, checked against `engine` (the one a launch would use here)."""
     from hybridctl.doctor.remedies import spec_topk_one
+    from hybridctl.launch.engine_findings import engine_findings
 
     out = []
-    for f in check_rules(cfg, engine_version, include_secrets=False, engine=engine):
+    found = check_rules(cfg, engine_version, include_secrets=False, engine=engine)
+    found += [f for f in engine_findings(cfg, engine, engine_version) if f.code == "IGNORED_BY_ENGINE"]
+    for f in found:
         changes = changes_from_rule(f)
         if f.key == "speculative.speculative_topk" and f.code in ("SPEC_ROLLBACK", "BUILTIN_UNSUPPORTED"):
             changes = spec_topk_one(RemedyInput(cfg))[1]  # topk 1 and the chain's draft-token count together

@@ -146,7 +146,7 @@ class EngineArgs:
     page_size: int = 1
     disable_radix_cache: bool = False
     mem_fraction_static: float = 0.85
-    memory_budget_gib: float | None = None  # CPU: the device's memory (None: DEFAULT_MEMORY_BUDGET_GIB)
+    memory_budget_gib: float | None = None  # CPU: the device's memory (None: builtin_sizing.DEFAULT_MEMORY_BUDGET_GIB)
     mamba_full_memory_ratio: float = 0.9
     max_mamba_cache_size: int | None = None
     mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model config or fp32

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from hybridctl.model.spec import ModelSpec, load_model_spec
-from hybridctl.planner.builtin_sizing import size_builtin_pools
+from hybridctl.planner.builtin_sizing import DEFAULT_MEMORY_BUDGET_GIB, size_builtin_pools
 from hybridctl.planner.pool_sizing import PoolPlan, PoolSizingError
-from runtime.engine.api import DEFAULT_MEMORY_BUDGET_GIB, EngineArgs
+from runtime.engine.api import EngineArgs
 from runtime.engine.buffers import allocate_pool_buffers, pool_buffer_bytes
 from runtime.engine.forward_batch import ModelLayout, PoolBuffers
 
