@@ -307,11 +307,13 @@ def rule_elastic(cfg: HybridConfig, engine_version: str | None = None) -> list[F
     return out
 
 
-def rule_engine_flags(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
+def rule_engine_flags(
+    cfg: HybridConfig, engine_version: str | None = None, engine: str | None = None
+) -> list[Finding]:
     """UNKNOWN_ENGINE_FLAG / ENGINE_FLAG_VALUE / ENGINE_FLAG_SHADOWS_KEY for [extra_engine_args]."""
     from hybridctl.config.engine_flag_rules import check_extra_engine_args
 
-    return check_extra_engine_args(cfg, engine_version)
+    return check_extra_engine_args(cfg, engine_version, engine)
 
 
 def rule_literal_secrets(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
@@ -342,7 +344,6 @@ RULES: tuple[Rule, ...] = (
     rule_speculative,
     rule_pd,
     rule_elastic,
-    rule_engine_flags,
 )
 
 
@@ -369,6 +370,7 @@ def check_rules(
     resolved = engine if engine is not None else effective_engine(cfg)
     findings = [f for rule in RULES for f in rule(cfg, engine_version)]
     findings += rule_server(cfg, resolved) + rule_spec_tree(cfg, resolved) + rule_builtin(cfg, resolved)
+    findings += rule_engine_flags(cfg, engine_version, resolved)
     if include_secrets:
         findings += rule_literal_secrets(cfg, engine_version)
     return findings

@@ -216,7 +216,7 @@ CASES = [
         "{}",
         "ENGINE_FLAG_SHADOWS_KEY",
         "extra_engine_args.mamba-track-interval",
-        "warning",
+        "error",  # launch refuses a flag that a config key already sets
     ),
     (
         "secret-flag",

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from hybridctl.cli import app
 from hybridctl.config.loader import check_files
+from hybridctl.launch.engine_findings import engine_findings
 from hybridctl.launch.engine_select import auto_engine_here
 from hybridctl.launch.plan import make_launch_plan
 from hybridctl.launch.translate import LaunchError
@@ -139,15 +140,115 @@ REFUSALS = [
     ),
     ("unknown extra flag", "{model}\n[extra_engine_args]\nno-such-flag = 1", "UNKNOWN_ENGINE_FLAG", "sglang"),
     ("PD ports collide", "{model}\nport = 30100\n[pd]\nenable_pd_disaggregation = true", "PORT_CONFLICT", "builtin"),
+    ("extra flag a key sets", "{model}\n[extra_engine_args]\npage-size = 16", "ENGINE_FLAG_SHADOWS_KEY", "sglang"),
+    (
+        "PD role flag in extra args",
+        '{model}\n[pd]\nenable_pd_disaggregation = true\n[extra_engine_args]\ndisaggregation-mode = "prefill"',
+        "ENGINE_FLAG_SHADOWS_KEY",
+        "sglang",
+    ),
+    (
+        "secret in extra args",
+        '{model}\n[extra_engine_args]\napi-key = "hunter2-but-longer"',
+        "LITERAL_SECRET",
+        "builtin",
+    ),
+    ("switch given a number", "{model}\n[extra_engine_args]\nenable-metrics = 3", "ENGINE_FLAG_VALUE", "sglang"),
+    ("flag value outside its choices", '{model}\n[extra_engine_args]\ndtype = "int3"', "ENGINE_FLAG_VALUE", "builtin"),
+    (
+        "speculative algorithm the runtime lacks",
+        '{model}\n[speculative]\nspeculative_algorithm = "EAGLE3"',
+        "BUILTIN_UNSUPPORTED",
+        "builtin",
+    ),
+    ("schedule policy the runtime lacks", "{model}", "BUILTIN_UNSUPPORTED", "builtin:lof"),
+    ("chunked prefill 0 on builtin", "{model}", "BUILTIN_UNSUPPORTED", "builtin:chunk0"),
 ]
+
+# Where launch (dry run) and the runtime refuse, by a fragment of each message, and the REFUSALS case (or the
+# reason no config can reach it) that covers it. A new refusal without an entry here fails the test below.
+REFUSAL_SITES = {
+    "runtime/args.py": {
+        "--tp-size": "tp > 1 on builtin",
+        "--schedule-policy": "schedule policy the runtime lacks",
+        "--chunked-prefill-size": "chunked prefill 0 on builtin",
+        "--port": "schema: server.port is 1..65535",
+        "--disaggregation-bootstrap-port": "schema: pd.bootstrap_port is 1..65535",
+        "is an SGLang flag the bundled runtime does not implement": "unknown extra flag",
+    },
+    "runtime/preflight.py": {
+        "no such directory": "model_path does not exist",
+        "config.json not found": "model_path does not exist",
+        "enable_elastic_memory_pool with speculative decoding": "elastic + speculative on builtin",
+        "must be a positive multiple of page_size": "track interval not a page multiple, cache off",
+        "extra_buffer_lazy needs the overlap schedule": "extra_buffer_lazy on builtin",
+        "str(exc)": "no_buffer with pages",
+    },
+    "runtime/spec/config.py": {
+        "--speculative-algorithm {algorithm}": "speculative algorithm the runtime lacks",
+        "Speculative decoding state rollback error": "sandbox off under speculation",
+        "--speculative-eagle-topk": "draft tree on builtin",
+        "--speculative-num-steps": "schema: speculative_num_steps >= 1",
+        "STANDALONE needs a draft model": "STANDALONE without a draft model",
+    },
+    "hybridctl/launch/command.py": {
+        "model_path is empty": "empty model_path",
+        "is not a flag of": "unknown extra flag",
+        "would put a secret": "secret in extra args",
+        "is already set from": "extra flag a key sets",
+        "is not one of": "flag value outside its choices",
+        "is a switch of": "switch given a number",
+    },
+    "hybridctl/launch/sglang_command.py": {"config.toml [server] {message}": "nnodes > 1 without dist_init_addr"},
+    "hybridctl/launch/builtin_pd.py": {
+        "PD needs four different ports": "PD ports collide",
+        "which PD sets per server": "PD role flag in extra args",
+    },
+    "hybridctl/launch/pd.py": {
+        "enable_pd_disaggregation is false": "unreachable: pd_plan is only called with [pd] on",
+        "PD needs four different ports": "PD ports collide",
+        "which PD sets per server": "PD role flag in extra args",
+    },
+    "hybridctl/launch/translate.py": {
+        "would silently ignore": "IGNORED_BY_ENGINE: a warning; launch refuses it unless --allow-ignored (test below)",
+    },
+    "hybridctl/launch/engine_select.py": {"unknown engine": "schema: server.engine is auto, sglang or builtin"},
+}
+_REFUSERS = {"error", "PreflightError", "SpecConfigError", "LaunchError"}
+
+
+def _refusal_messages(path: Path) -> list[str]:
+    import ast
+
+    text = path.read_text()
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call) and node.args:
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if name in _REFUSERS:
+                out.append(ast.get_source_segment(text, node.args[0]) or "")
+    return out
+
+
+def test_every_refusal_site_is_covered() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    cases = {r[0] for r in REFUSALS}
+    for file, known in REFUSAL_SITES.items():
+        for message in _refusal_messages(repo / file):
+            covered = [case for fragment, case in known.items() if fragment in message]
+            assert covered, f"{file}: a refusal no case covers; add it to REFUSALS and REFUSAL_SITES: {message}"
+            for case in covered:
+                assert case in cases or case.split(":")[0] in ("schema", "unreachable", "IGNORED_BY_ENGINE"), case
 
 
 @pytest.mark.parametrize(("config", "code", "engine"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
 def test_validate_reports_every_launch_and_runtime_refusal(tmp_path: Path, config: str, code: str, engine: str) -> None:
     model = model_dir(tmp_path)
+    engine, _, variant = engine.partition(":")
     body = config.replace("{model}", f'model_path = "{model}"')
     text = f'[server]\nengine = "{engine}"\n' + body if not body.startswith("[") else body
-    settings = '{"runtime": {"schedule_policy": "fcfs"}}'
+    runtime = {"lof": {"schedule_policy": "lof"}, "chunk0": {"chunked_prefill_size": 0}}.get(variant, {})
+    settings = json.dumps({"runtime": runtime})
     cpath, spath = write(tmp_path, text, settings)
     report = check_files(cpath, spath, auto_engine=auto_engine_here())
     codes = [f.code for f in report.errors]
@@ -157,6 +258,18 @@ def test_validate_reports_every_launch_and_runtime_refusal(tmp_path: Path, confi
     # ... and the refusal is real: with validate's errors ignored, launch or the runtime refuses too.
     result = runner.invoke(app, ["launch", str(cpath), "--dry-run"])
     assert result.exit_code == 2
+
+
+def test_keys_the_engine_would_ignore_are_reported_by_validate(tmp_path: Path) -> None:
+    model = model_dir(tmp_path)
+    cpath, spath = write(
+        tmp_path, f'[server]\nengine = "sglang"\nmodel_path = "{model}"\n[cache]\nenable_dual_lru_eviction = false\n'
+    )
+    report = check_files(cpath, spath, engine_notes=engine_findings)
+    [ignored] = [f for f in report.warnings if f.code == "IGNORED_BY_ENGINE"]
+    assert ignored.key == "cache.enable_dual_lru_eviction" and ignored.line == 5
+    with pytest.raises(LaunchError, match="enable_dual_lru_eviction"):
+        make_launch_plan(report.config)  # what launch does without --allow-ignored
 
 
 def test_validate_says_where_a_huge_host_is_without_printing_it(tmp_path: Path) -> None:
@@ -212,6 +325,11 @@ _VALUES: dict[str, list[object]] = {
     "pd.prefill_port": [30100, 30000],
     "extra_engine_args.context-length": [None, 4096],
     "extra_engine_args.no-such-flag": [None, 1],
+    "extra_engine_args.mamba-track-interval": [None, 128],
+    "extra_engine_args.enable-metrics": [None, True, 3],
+    "extra_engine_args.api-key": [None, "hunter2-but-longer"],
+    "extra_engine_args.disaggregation-mode": [None, "prefill"],
+    "extra_engine_args.max-total-tokens": [None, 4096, 1],
     "runtime.chunked_prefill_size": [8192, -1, 0, -5],
     "runtime.max_running_requests": [None, 64, 0],
     "runtime.schedule_policy": ["fcfs", "lpm", "lof"],
