@@ -86,9 +86,7 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
         report.checks.append(check)
     else:
         report.checks.append(
-            Check(
-                "Config", "skipped", f"skipped: no {opts.config_path} here; pass --config to predict from one"
-            )
+            Check("Config", "skipped", f"skipped: no {opts.config_path} here; pass --config to predict from one")
         )
     host_checks, host_findings = judge_host(host, cfg)
     report.checks[0:0] = host_checks
@@ -118,8 +116,11 @@ def _predict(
         predict_state_pool,
         rule_findings,
     )
+    from hybridctl.planner.plan_request import engine_for_planning
 
-    engine = resolve_engine(host, cfg)
+    # As plan: auto with --gpu-mem-gib on a GPU-less host means "the SGLang server I am planning".
+    gpu_given = opts.gpu_mem_bytes is not None and not host.gpus
+    engine = engine_for_planning(cfg.config.server.engine, resolve_engine(host, cfg), gpu_given)
     version = host.sglang.version if engine == "sglang" and host.sglang else None
     report.findings += rule_findings(cfg, version, engine)
     gpu = opts.gpu_mem_bytes or (host.gpus[0].total_bytes if host.gpus else None)

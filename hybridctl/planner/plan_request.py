@@ -81,14 +81,19 @@ def _with_overrides(cfg: HybridConfig, req: PlanRequest) -> HybridConfig:
     return out
 
 
+def engine_for_planning(requested: str, auto_engine: str, gpu_size_given: bool) -> str:
+    """The engine plan and doctor size for: `requested` unless auto; auto is SGLang when a GPU size was given
+    (--gpu-mem-gib: the user plans a GPU server from here), else `auto_engine`, what launch picks on this host."""
+    if requested != "auto":
+        return requested
+    return "sglang" if gpu_size_given else auto_engine
+
+
 def plan_engine(cfg: HybridConfig, req: PlanRequest) -> str:
     """sglang or builtin: --engine, else [server] engine; auto is SGLang when a GPU size is given (--gpu-mem-gib,
     --pool-*: planning a GPU server), else what launch picks on this host."""
-    requested = req.engine or cfg.config.server.engine
-    if requested != "auto":
-        return requested
     sized_for_a_gpu = req.gpu_mem_gib is not None or req.pool_bytes is not None or req.pool_gib is not None
-    return "sglang" if sized_for_a_gpu else req.auto_engine  # a GPU size given: planning an SGLang server
+    return engine_for_planning(req.engine or cfg.config.server.engine, req.auto_engine, sized_for_a_gpu)
 
 
 def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpec, Plan]:

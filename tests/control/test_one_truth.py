@@ -148,3 +148,21 @@ def test_doctor_hint_names_no_option_it_lacks(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text('[server]\nengine = "builtin"\nmodel_path = "m"\n')
     result = cli("doctor", "--config", str(tmp_path / "config.toml"), "--no-host")
     assert "config.json" in result.stdout and "Point --model" not in result.stdout
+
+
+def test_doctor_honours_gpu_mem_gib_on_a_gpu_less_host(tmp_path: Path) -> None:
+    from hybridctl.host.nvml import gpu_memory_bytes
+
+    if gpu_memory_bytes() is not None:
+        pytest.skip("this host has a GPU")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(QWEN3_NEXT.read_text())
+    (tmp_path / "config.toml").write_text(f'[server]\nmodel_path = "{model}"\ntp_size = 4\n')  # engine auto
+    doctor = json.loads(
+        cli("doctor", "--config", str(tmp_path / "config.toml"), "--gpu-mem-gib", "80", "--json").stdout
+    )
+    pools = next(c for c in doctor["checks"] if c["name"] == "Pools")
+    assert pools["summary"].startswith("sglang:") and "80.0 GiB GPU" in " ".join(pools["details"])
+    plan = json.loads(cli("plan", str(tmp_path / "config.toml"), "--gpu-mem-gib", "80", "--json").stdout)
+    assert f"{plan['max_total_num_tokens']} KV tokens" in pools["summary"]
