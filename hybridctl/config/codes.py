@@ -33,8 +33,6 @@ FINDING_CODES: dict[str, str] = {
     "MODEL_PATH_NOT_FOUND": "server.model_path names nothing the engine can load (or a hub id on the runtime).",
     "HOST_INVALID": "server.host is empty, too long or not an address: an error.",
     "HOST_EXPOSED": "server.host listens beyond this machine and the server has no key: a warning.",
-    "IGNORED_BY_ENGINE": "The serving engine has no equivalent for this value; launch needs --allow-ignored.",
-    "ENGINE_NAME": "Info: the engine's own name for a key (elastic pool: SGLang's --enable-unified-memory).",
     "MULTINODE": "nnodes > 1 without dist_init_addr, or node_rank not below nnodes.",
     "UNKNOWN_ENGINE_FLAG": "An [extra_engine_args] flag the engine does not have (or renamed).",
     "ENGINE_FLAG_VALUE": "An [extra_engine_args] value the flag does not accept.",

@@ -67,10 +67,11 @@ def test_article_files_plan_and_doctor(tmp_path: Path) -> None:
     assert data["kv_bytes_per_token_total"] == 4 * data["kv_bytes_per_token_per_gpu"]
     hub = cli("plan", config, "--gpu-mem-gib", "80")
     assert hub.returncode == 2 and "Traceback" not in hub.stderr and "model" in hub.stderr
+    # --gpu-mem-gib on this GPU-less host: the SGLang server being planned; warnings, no errors.
     doctor = cli("doctor", "--config", config, "--gpu-mem-gib", "80", "--json")
-    assert doctor.returncode == 2 and "Traceback" not in doctor.stderr
-    report = json.loads(doctor.stdout)
-    assert any(f["code"] == "HOST_EXPOSED" for f in report["findings"])
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
+    codes = {f["code"] for f in json.loads(doctor.stdout)["findings"]}
+    assert {"HOST_EXPOSED", "IGNORED_BY_ENGINE", "SPEC_ROLLBACK"} <= codes
 
 
 # --- duplicate keys, secrets --------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def test_json_report(tmp_path: Path) -> None:
 
 
 def test_engine_version_option(tmp_path: Path) -> None:
-    paths = files(tmp_path, '[extra_engine_args]\nmamba-backend = "triton"\n')
+    paths = files(tmp_path, '[server]\nengine = "sglang"\n[extra_engine_args]\nmamba-backend = "triton"\n')
     result = runner.invoke(app, ["validate", *paths, "--engine-version", "0.7.0", "--strict"])
     assert result.exit_code == 1 and "ENGINE_VERSION_UNKNOWN" in result.output
 
