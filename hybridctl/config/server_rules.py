@@ -140,6 +140,35 @@ def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]
     ]
 
 
+def _other_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]:
+    """tokenizer_path and the draft model: a directory that exists, or (SGLang only) a hub id."""
+    out = []
+    for key, value in (
+        ("server.tokenizer_path", cfg.config.server.tokenizer_path),
+        ("speculative.speculative_draft_model_path", cfg.config.speculative.speculative_draft_model_path),
+    ):
+        if not value or Path(value).expanduser().is_dir():
+            continue
+        if is_hub_id(value) and engine != "builtin":
+            continue
+        where = (
+            "is a hub id, and the bundled runtime loads local directories only"
+            if is_hub_id(value)
+            else ("is not a directory (relative paths are read next to config.toml)")
+        )
+        out.append(
+            _f(
+                "error",
+                "MODEL_PATH_NOT_FOUND",
+                CONFIG,
+                key,
+                f"{key.split('.')[-1]} {value!r} {where}.",
+                toml_set(key, '"/path/to/dir"') + " (an existing directory), or remove it",
+            )
+        )
+    return out
+
+
 def _host_findings(cfg: HybridConfig) -> list[Finding]:
     host = cfg.config.server.host
     problem = host_problem(host)
@@ -173,7 +202,7 @@ def _host_findings(cfg: HybridConfig) -> list[Finding]:
 
 def rule_server(cfg: HybridConfig, engine: str | None = None) -> list[Finding]:
     """MODEL_PATH_*, HOST_*, MULTINODE: the [server] settings launch and the engines refuse or warn about."""
-    out = _model_path_findings(cfg, engine) + _host_findings(cfg)
+    out = _model_path_findings(cfg, engine) + _other_path_findings(cfg, engine) + _host_findings(cfg)
     multinode = multinode_problem(cfg)
     if multinode is not None:
         key, message, fix = multinode

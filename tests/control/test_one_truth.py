@@ -54,6 +54,7 @@ def test_article_files_against_the_bundled_runtime_fail_in_validate_as_they_woul
     codes = {(f["code"], f["key"]) for f in json.loads(result.output)["findings"] if f["severity"] == "error"}
     assert codes == {
         ("MODEL_PATH_NOT_FOUND", "server.model_path"),  # a hub id: the runtime loads local directories
+        ("MODEL_PATH_NOT_FOUND", "server.tokenizer_path"),  # the same hub id
         ("BUILTIN_UNSUPPORTED", "memory.enable_elastic_memory_pool"),  # elastic pool + EAGLE
     }
 
