@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hybridctl.config.duplicates import duplicate_toml_key, object_paths
 from hybridctl.config.findings import ConfigError, Finding, ValidationReport
 from hybridctl.config.locate import KeyLocator
 from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
@@ -137,7 +137,7 @@ def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
         )
         return parsed
     except Exception as exc:  # noqa: BLE001  (tomlkit raises assorted errors for odd documents: duplicate keys, ...)
-        duplicate = _duplicate_toml_key(text, str(exc))
+        duplicate = duplicate_toml_key(text, str(exc))
         if duplicate is not None:
             key, line, column = duplicate
             parsed.findings.append(
@@ -169,34 +169,6 @@ def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
     parsed.data = data
     parsed.locator = KeyLocator.for_toml(text)
     return parsed
-
-
-def _duplicate_toml_key(text: str, message: str) -> tuple[str, int, int] | None:
-    """tomlkit names a repeated key or table but not where; the second place it is defined, or None."""
-    match = re.search(r'Key "([^"]+)" already exists', message)
-    if match is None:
-        return None
-    key = match.group(1)
-    name = re.escape(key.rsplit(".", 1)[-1])
-    pattern = re.compile(rf"^\s*(?:\[\[?\s*(?:[^\]]*\.)?{name}\s*\]\]?|{name}\s*=)")
-    lines = [i for i, line in enumerate(text.splitlines(), start=1) if pattern.match(line)]
-    if len(lines) < 2:
-        return key, lines[0] if lines else 1, 1
-    line = lines[1]
-    return key, line, len(text.splitlines()[line - 1]) - len(text.splitlines()[line - 1].lstrip()) + 1
-
-
-def _object_paths(data: Any, path: tuple[str, ...] = ()) -> dict[int, tuple[str, ...]]:
-    """id of every JSON object in `data` -> its key path (to name the section a duplicate key sits in)."""
-    out: dict[int, tuple[str, ...]] = {}
-    if isinstance(data, dict):
-        out[id(data)] = path
-        for key, value in data.items():
-            out.update(_object_paths(value, (*path, str(key))))
-    elif isinstance(data, list):
-        for index, value in enumerate(data):
-            out.update(_object_paths(value, (*path, str(index))))
-    return out
 
 
 def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
@@ -244,7 +216,7 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
         )
         return parsed
     parsed.locator = KeyLocator.for_json(text)
-    paths = _object_paths(data)
+    paths = object_paths(data)
     for dotted in dict.fromkeys(".".join((*paths.get(id(obj), ()), key)) for obj, key in duplicates):
         keys = tuple(dotted.split("."))
         line, column = parsed.locator.find(keys) or (None, None)
