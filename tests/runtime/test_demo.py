@@ -63,4 +63,4 @@ def test_demo_runs_end_to_end_and_again(tmp_path: Path) -> None:
     again = json.loads(proc.stdout)
     assert again["passed"] is True and "kept the demo" in again["steps"][0]["detail"]
     assert (out / "demo-model" / "model.safetensors").stat().st_mtime_ns == model_before
-    assert json.loads((out / "report.json").read_text()) == on_disk
+    assert json.loads((out / "report.json").read_text())["steps"] == again["steps"]  # this run's own report
