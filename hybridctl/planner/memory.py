@@ -14,20 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hybridctl.planner.pool_sizing import PoolSizingError
 from hybridctl.planner.units import GIB, MIB
 
-if TYPE_CHECKING:
-    from hybridctl.config.schema import HybridConfig
-
-from hybridctl.planner.builtin_sizing import DEFAULT_MEMORY_BUDGET_GIB as BUILTIN_DEFAULT_BUDGET_GIB  # noqa: E402
-
-
-def builtin_budget_bytes(cfg: HybridConfig) -> int:
-    """The memory the bundled runtime treats as its device's: memory.memory_budget_gib, else its default."""
-    return int((cfg.config.memory.memory_budget_gib or BUILTIN_DEFAULT_BUDGET_GIB) * GIB)
+# The bundled runtime's memory budget: hybridctl/planner/builtin_sizing.py (builtin_device_bytes).
 
 
 @dataclass(frozen=True)
