@@ -61,6 +61,8 @@ def init(
     from rich.markup import escape
 
     console = Console(highlight=False, soft_wrap=True)
+    if result.reused:
+        console.print(f"kept the demo already in {escape(result.out_dir)} (pass --force to rebuild it)")
     for path in result.files:
         console.print(f"[green]wrote[/] {escape(path)}")
     if result.demo_model:

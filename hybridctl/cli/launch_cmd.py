@@ -97,7 +97,11 @@ def launch(
             version_key(sglang_version)
         except VersionError as exc:
             raise fail(f"--sglang-version: {exc}") from None
-    report = check_files(config, settings, engine_version=sglang_version)
+    from hybridctl.launch.engine_select import auto_engine_here
+
+    report = check_files(
+        config, settings, engine_version=sglang_version, engine=engine, auto_engine=auto_engine_here()
+    )
     if report.errors or report.config is None:
         render_report(report)
         raise typer.Exit(2)

@@ -1,4 +1,5 @@
-"""`hybridctl plan [CONFIG] [SETTINGS]`: how SGLang 0.5.23 will split a GPU between KV and recurrent state."""
+"""`hybridctl plan [CONFIG] [SETTINGS]`: how the serving engine will split memory between KV and recurrent state:
+the target SGLang release's sizing for engine sglang, the bundled runtime's own for engine builtin."""
 
 from __future__ import annotations
 
@@ -34,39 +35,50 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
     table = Table(title=f"{spec.family} ({escape(spec.source)}), TP {spec.tp}", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
-    gpu = format_gib(plan.gpu_mem_bytes, 2) if plan.gpu_mem_bytes else "not used (--pool-bytes given)"
+    if plan.gpu_mem_bytes:
+        gpu = format_gib(plan.gpu_mem_bytes, 2)
+    elif plan.engine == "builtin":
+        gpu = "none: the bundled runtime on CPU"
+    else:
+        gpu = "not used (--pool-bytes given)"
+    sizing = (
+        f"SGLang {plan.sglang_release}'s ({plan.sizing_code})"
+        if plan.engine == "sglang"
+        else "the bundled runtime's own (runtime/engine/pool_setup.py)"
+    )
+    conv_dtype = plan.kv_dtype if plan.engine == "builtin" else spec.conv_dtype
+    kv_total = f"; {plan.kv_bytes_per_token * spec.tp} B over all {spec.tp} GPUs" if spec.tp > 1 else ""
     rows = [
+        ("engine / sizing", f"{plan.engine}: {sizing}"),
         (
             "layers",
-            f"{spec.num_layers}: {spec.num_attn_layers} full attention, {spec.num_linear_layers} "
-            f"{spec.linear_kind}",
+            f"{spec.num_layers}: {spec.num_attn_layers} full attention, {spec.num_linear_layers} {spec.linear_kind}",
         ),
-        ("SGLang release", f"{plan.sglang_release} (sizing code: {plan.sizing_code})"),
         ("GPU memory", gpu),
         ("mem_fraction_static", f"{plan.mem_fraction_static}"),
-        ("weights per GPU", f"{format_gib(plan.weights_bytes, 2)} ({plan.weights_source})"),
-        ("pool budget", f"{format_gib(plan.pool_bytes, 2)} ({plan.pool_source})"),
+        ("weights per GPU", f"{format_gib(plan.weights_bytes, 2)} ({escape(plan.weights_source)})"),
+        ("pool budget per GPU", f"{format_gib(plan.pool_bytes, 2)} ({escape(plan.pool_source)})"),
         (
-            "state per request",
+            "state per request, per GPU",
             f"{format_mib(plan.mamba_state_bytes_per_request)} (SSM {plan.ssm_dtype}, conv "
-            f"{spec.conv_dtype}; conv {spec.conv_state_shape}, ssm {spec.ssm_state_shape})",
+            f"{conv_dtype}; conv {spec.conv_state_shape}, ssm {spec.ssm_state_shape})",
         ),
         (
-            "KV per token",
-            f"{plan.kv_bytes_per_token} B ({plan.kv_dtype}, {_kv_layout(spec)})",
+            "KV per token, per GPU",
+            f"{plan.kv_bytes_per_token} B ({plan.kv_dtype}, {_kv_layout(spec)}{kv_total})",
         ),
         ("radix strategy", escape(plan.strategy_reason)),
         ("overlap schedule", "on" if plan.overlap_schedule else "off"),
         ("slots per request", f"{p.slots_per_request}"),
         ("mamba_full_memory_ratio", f"{plan.mamba_full_memory_ratio}"),
         ("state slots (K)", f"{p.max_mamba_cache_size} (+1 padding; from {p.k_source})"),
-        ("state pool", format_gib(p.mamba_pool_bytes, 2)),
+        ("state pool per GPU", format_gib(p.mamba_pool_bytes, 2)),
         (
             "spec scratch",
             f"{format_gib(p.spec_intermediate_bytes, 2)} ({plan.speculative_num_draft_tokens} draft tokens)",
         ),
         ("KV tokens", f"{p.max_total_num_tokens} (page {plan.page_size})"),
-        ("KV pool", format_gib(p.kv_pool_bytes, 2)),
+        ("KV pool per GPU", format_gib(p.kv_pool_bytes, 2)),
         ("max running requests", f"{p.max_running_requests}"),
     ]
     for what, value in rows:
@@ -114,6 +126,12 @@ def plan(
         None, "--pool-bytes", min=1, help="Bytes both pools share (skips the GPU/weights arithmetic)."
     ),
     pool_gib: float | None = typer.Option(None, "--pool-gib", min=0.0, help="Same as --pool-bytes, in GiB."),
+    max_total_tokens: int | None = typer.Option(
+        None, "--max-total-tokens", min=1, help="Cap on the KV pool in tokens (SGLang's --max-total-tokens)."
+    ),
+    engine: str | None = typer.Option(
+        None, "--engine", help="sglang or builtin: whose sizing (default: server.engine; auto as launch picks)."
+    ),
     sglang_version: str | None = typer.Option(
         None,
         "--sglang-version",
@@ -121,10 +139,15 @@ def plan(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan and the model spec as JSON."),
 ) -> None:
-    """Size the KV pool and the recurrent-state pool exactly as the target SGLang release will.
+    """Size the KV pool and the recurrent-state pool exactly as the engine will: the target SGLang release's
+    sizing for engine sglang, the bundled runtime's own for engine builtin (auto: the engine launch picks here).
 
     Exit codes: 0 planned, 1 the pools do not fit (the message says what to change), 2 bad input.
     """
+    from hybridctl.launch.engine_select import ENGINE_NAMES, auto_engine_here
+
+    if engine is not None and engine not in ENGINE_NAMES:
+        raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
 
     from hybridctl.config.findings import ConfigError
     from hybridctl.model.errors import ModelSpecError
@@ -150,15 +173,21 @@ def plan(
         speculative_num_draft_tokens=speculative_num_draft_tokens,
         max_running_requests=max_running_requests,
         sglang_version=sglang_version,
+        max_total_tokens=max_total_tokens,
+        engine=engine,
+        auto_engine=auto_engine_here(),
     )
     try:
         spec, result = run_plan(req)
     except PoolSizingError as exc:
-        typer.echo(f"does not fit: {exc}", err=True)
+        if as_json:
+            print_json({"fits": False, "error": str(exc)})
+        else:
+            typer.echo(f"does not fit: {exc}", err=True)
         raise typer.Exit(1) from None
     except (PlanRequestError, ModelSpecError, ConfigError) as exc:
         raise fail(str(exc)) from None
     if as_json:
-        print_json({**result.to_dict(), "model": spec.to_dict()})
+        print_json({"fits": True, **result.to_dict(), "model": spec.to_dict()})
         return
     render_plan(spec, result)

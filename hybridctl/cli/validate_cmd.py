@@ -51,6 +51,11 @@ def validate(
         help="SGLang release to check against (default: the installed one, else config.toml's "
         "server.sglang_version, else the newest).",
     ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="sglang or builtin: check against this engine (default: server.engine; auto as launch picks here).",
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there are warnings."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
@@ -60,13 +65,29 @@ def validate(
     """
 
     from hybridctl.config.loader import check_files, settings_path_for
+    from hybridctl.launch.engine_select import auto_engine_here
     from hybridctl.launch.version import installed_sglang_version
 
-    # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules).
+    # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules), and
+    # engine = "auto" against the engine launch would pick on this host.
     version = engine_version or installed_sglang_version()
+    from hybridctl.cli.output import fail
+    from hybridctl.launch.engine_findings import engine_findings
+    from hybridctl.launch.engine_select import ENGINE_NAMES
+
+    if engine is not None and engine not in ENGINE_NAMES:
+        raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
+
     given, settings = config_files(config, settings, config_opt, settings_opt)
     config = given or DEFAULT_CONFIG
-    report = check_files(config, settings_path_for(config, settings), engine_version=version)
+    report = check_files(
+        config,
+        settings_path_for(config, settings),
+        engine_version=version,
+        engine=engine,
+        auto_engine=auto_engine_here(),
+        engine_notes=engine_findings,
+    )
     judged = _judged_release(engine_version, report.config)  # issue 20: say which SGLang release was judged
     if as_json:
         print_json({**report.to_dict(), "sglang_release": judged[0], "sglang_release_source": judged[1]})

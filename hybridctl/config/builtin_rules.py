@@ -10,9 +10,9 @@ from hybridctl.config.schema import HybridConfig
 BUILTIN_SCHEDULE_POLICIES = ("fcfs", "lpm")
 
 
-def rule_builtin(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
-    """BUILTIN_UNSUPPORTED: what the bundled runtime does not implement."""
-    if cfg.config.server.engine != "builtin":
+def rule_builtin(cfg: HybridConfig, engine: str | None = None) -> list[Finding]:
+    """BUILTIN_UNSUPPORTED: what the bundled runtime does not implement (`engine`: the resolved engine)."""
+    if engine != "builtin":
         return []
     out = []
     policy = cfg.settings.runtime.schedule_policy
@@ -55,7 +55,33 @@ def rule_builtin(cfg: HybridConfig, engine_version: str | None = None) -> list[F
             "1",
             "it verifies chain drafts only (topk 1), not draft trees",
         ),
+        (
+            "memory.enable_elastic_memory_pool",
+            cfg.config.memory.enable_elastic_memory_pool and cfg.speculative_enabled,
+            "false",
+            "its speculative decoding keeps the draft state sandbox outside the elastic buffer, so the elastic "
+            "pool and speculative decoding cannot run together (runtime/engine/engine_core.py)",
+        ),
+        (
+            "cache.mamba_track_interval",
+            cfg.config.cache.mamba_track_interval % cfg.config.cache.radix_cache_page_size != 0,
+            str(max(1, cfg.config.cache.mamba_track_interval // cfg.config.cache.radix_cache_page_size)
+                * cfg.config.cache.radix_cache_page_size),
+            "mamba_track_interval must be a multiple of radix_cache_page_size, prefix cache on or off",
+        ),
     ]
+    if cfg.settings.runtime.chunked_prefill_size == 0:
+        out.append(
+            _f(
+                "error",
+                "BUILTIN_UNSUPPORTED",
+                SETTINGS,
+                "runtime.chunked_prefill_size",
+                'chunked_prefill_size = 0: the bundled runtime (engine = "builtin") refuses it; use a '
+                "positive chunk, or -1 to disable chunking.",
+                json_set("runtime.chunked_prefill_size", "8192") + " (or -1)",
+            )
+        )
     for key, bad, good, why in refused:
         if bad:
             out.append(

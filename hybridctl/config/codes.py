@@ -9,7 +9,7 @@ FINDING_CODES: dict[str, str] = {
     "FILE_ENCODING": "The file is not UTF-8 text.",
     "TOML_SYNTAX": "config.toml is not valid TOML (line and column given).",
     "JSON_SYNTAX": "settings.json is not valid JSON (line and column given).",
-    "DUPLICATE_KEY": "A JSON key appears twice; only the last counts.",
+    "DUPLICATE_KEY": "A key appears twice: an error in TOML, a warning in JSON (only the last counts).",
     "SETTINGS_DEFAULTS": "settings.json is absent; every setting takes its default (info).",
     # schema
     "UNKNOWN_KEY": "A key the schema does not have; the fix names the closest key or where it belongs.",
@@ -29,6 +29,11 @@ FINDING_CODES: dict[str, str] = {
     "ELASTIC_SPEC_UNSUPPORTED": "The elastic pool with a speculative algorithm or draft tree it cannot run.",
     "ELASTIC_PD_SPEC": "The elastic pool with PD and speculative decoding over Mooncake (unsupported).",
     "BUILTIN_UNSUPPORTED": "A feature or policy the bundled runtime does not implement.",
+    "MODEL_PATH_MISSING": "server.model_path is empty: nothing to serve.",
+    "MODEL_PATH_NOT_FOUND": "server.model_path names nothing the engine can load (or a hub id on the runtime).",
+    "HOST_INVALID": "server.host is empty, too long or not an address: an error.",
+    "HOST_EXPOSED": "server.host listens beyond this machine and the server has no key: a warning.",
+    "MULTINODE": "nnodes > 1 without dist_init_addr, or node_rank not below nnodes.",
     "UNKNOWN_ENGINE_FLAG": "An [extra_engine_args] flag the engine does not have (or renamed).",
     "ENGINE_FLAG_VALUE": "An [extra_engine_args] value the flag does not accept.",
     # the target SGLang release (hybridctl/config/release_rules.py; --sglang-version, installed, server.sglang_version)

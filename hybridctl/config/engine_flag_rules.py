@@ -86,12 +86,17 @@ def _lookup(flags: dict[str, FlagInfo], key: str) -> FlagInfo | None:
     return None
 
 
-def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
+def check_extra_engine_args(
+    cfg: HybridConfig, engine_version: str | None = None, engine: str | None = None
+) -> list[Finding]:
+    """`engine`: the resolved engine (sglang | builtin); None: [server] engine, "auto" checked as SGLang."""
+    from hybridctl.launch.command import SECRET_FLAGS
+
     args = cfg.config.extra_engine_args
     if not args:
         return []
     out: list[Finding] = []
-    engine = cfg.config.server.engine
+    engine = engine or cfg.config.server.engine
     version = engine_version or DEFAULT_SGLANG_VERSION
     if engine == "builtin":
         flags, label = _builtin_flags(), "the bundled runtime (python -m runtime)"
@@ -158,14 +163,26 @@ def check_extra_engine_args(cfg: HybridConfig, engine_version: str | None = None
                     f"correct `{key}` in [extra_engine_args] of {CONFIG}.",
                 )
             )
-        if info.name in homes:
+        if info.name in SECRET_FLAGS:
             out.append(
                 rule_finding(
-                    "warning",
+                    "error",
+                    "LITERAL_SECRET",
+                    CONFIG,
+                    dotted,
+                    f"{info.name} would put a secret in a config file (and on a command line); launch refuses it.",
+                    f"remove `{key}` from [extra_engine_args]; keep keys in environment variables.",
+                )
+            )
+        elif info.name in homes:
+            out.append(
+                rule_finding(
+                    "error",
                     "ENGINE_FLAG_SHADOWS_KEY",
                     CONFIG,
                     dotted,
-                    f"{info.name} is set from a config key; passing it here too gives one value two sources.",
+                    f"{info.name} is set from a config key; passing it here too gives one value two sources, "
+                    "and launch refuses it.",
                     f"remove `{key}` from [extra_engine_args] and set {homes[info.name]}.",
                 )
             )

@@ -6,7 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -47,6 +47,7 @@ class InitResult:
     plan_skipped: str | None = None  # why there is no plan
     demo_model: str | None = None
     findings: list[Finding] = field(default_factory=list)  # rule warnings about the chosen values
+    reused: bool = False  # --demo without --force found its own earlier demo there and kept it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +60,7 @@ class InitResult:
             "plan_skipped": self.plan_skipped,
             "demo_model": self.demo_model,
             "findings": [f.to_dict() for f in self.findings],
+            "reused": self.reused,
         }
 
 
@@ -119,38 +121,81 @@ def _detect_gpu_mem_bytes() -> int | None:
     return gpu_memory_bytes()
 
 
+CONTEXT_LENGTH_FLAG = "context-length"  # SGLang's --context-length; the bundled runtime takes it too
+
+
+def _save_workload(cfg: HybridConfig, opts: InitOptions, result: InitResult) -> None:
+    """What init was told about the workload goes into the files whether or not a GPU can be planned for:
+    --concurrency as runtime.max_running_requests (the planner may lower it), --context-len as the engine's
+    --context-length."""
+    if opts.context_len is not None:
+        cfg.config.extra_engine_args[CONTEXT_LENGTH_FLAG] = opts.context_len
+        result.notes["extra_engine_args.context-length"] = f"--context-len {opts.context_len}: the longest request"
+    if opts.concurrency is not None:
+        cfg.settings.runtime.max_running_requests = opts.concurrency
+        result.notes["runtime.max_running_requests"] = f"--concurrency {opts.concurrency}"
+
+
 def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path) -> None:
     """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
     from hybridctl.config.recommendation import apply_recommendation
     from hybridctl.model.spec import load_model_spec
-    from hybridctl.planner.memory import builtin_budget_bytes
+    from hybridctl.planner.builtin_sizing import builtin_device_bytes, builtin_model_spec, plan_builtin
     from hybridctl.planner.plan import make_plan
     from hybridctl.planner.recommend import recommend
     from hybridctl.planner.units import GIB
 
-    if opts.gpu_mem_gib is not None:
-        gpu_mem: int | None = int(opts.gpu_mem_gib * GIB)
-    elif cfg.config.server.engine == "builtin":
-        gpu_mem = builtin_budget_bytes(cfg)
-    else:
-        gpu_mem = _detect_gpu_mem_bytes()
+    builtin = cfg.config.server.engine == "builtin"
+    gpu_mem: int | None = int(opts.gpu_mem_gib * GIB) if opts.gpu_mem_gib is not None else None
+    if gpu_mem is None:
+        gpu_mem = _detect_gpu_mem_bytes()  # the bundled runtime, too, runs on the GPU when there is one
     try:
-        spec = load_model_spec(model_dir, tp=opts.tp)
-        if gpu_mem is None:
-            result.plan_skipped = "no GPU detected and no --gpu-mem-gib given: values are schema defaults"
+        _save_workload(cfg, opts, result)
+        if builtin:
+            # The bundled runtime's own sizing: on the GPU when there is one, else in its CPU memory budget.
+            spec = builtin_model_spec(cfg, model_dir, tp=opts.tp, on_gpu=gpu_mem is not None)
+            budget: int | None = builtin_device_bytes(cfg, gpu_mem)
+        else:
+            spec = load_model_spec(model_dir, tp=opts.tp)
+            budget = gpu_mem
+        if budget is None:
+            result.plan_skipped = (
+                "no GPU detected and no --gpu-mem-gib given: pools not sized (pass --gpu-mem-gib, one GPU's "
+                "memory, to size them for the GPU server)"
+            )
             return
         rec = recommend(
             spec,
-            gpu_mem_bytes=gpu_mem,
+            gpu_mem_bytes=budget,
             tp=opts.tp,
             context_len=opts.context_len,
             concurrency=opts.concurrency,
             engine=cfg.config.server.engine,  # builtin: no GPU reserve or overlap schedule (planner)
         )
         result.notes.update(apply_recommendation(cfg, rec))
-        result.plan = make_plan(cfg, spec, gpu_mem_bytes=gpu_mem).to_dict()
+        if builtin:
+            # What is printed is what is written and what the runtime will size at start-up: one function.
+            _, plan = plan_builtin(cfg, str(model_dir), gpu_mem_bytes=gpu_mem, tp=opts.tp)
+        else:
+            plan = make_plan(cfg, spec, gpu_mem_bytes=gpu_mem)
+        result.plan = plan.to_dict()
     except ValueError as exc:  # ModelSpecError, PoolSizingError: their messages name the file/key and the fix
         raise InitError(str(exc)) from None
+
+
+def _earlier_demo(out_dir: Path) -> InitResult | None:
+    """The demo an earlier `init --demo` wrote into `out_dir` (its config serves out_dir/demo-model), or None."""
+    from hybridctl.config.loader import ConfigError, load_hybrid_config
+
+    model = (out_dir / DEMO_MODEL_DIR).resolve()
+    try:
+        cfg = load_hybrid_config(out_dir / CONFIG_FILE, out_dir / SETTINGS_FILE)
+    except ConfigError:
+        return None
+    if Path(cfg.config.server.model_path).resolve() != model or not (model / "config.json").is_file():
+        return None
+    note = "kept: an earlier init --demo wrote these files and the model (--force rebuilds them)"
+    return InitResult(str(out_dir), [], cfg, notes={"files": note}, demo_model=str(model), reused=True)
 
 
 def _check_round_trip(cfg: HybridConfig, config_data: object, settings_data: object) -> None:
@@ -183,6 +228,8 @@ def init_project(opts: InitOptions) -> InitResult:
     targets = target_files(out_dir)
     existing = [p for p in targets if p.exists()]
     if existing and not opts.force:
+        if opts.demo and (earlier := _earlier_demo(out_dir)) is not None:
+            return earlier  # the README's first command, run twice: keep what the first run built
         raise WouldOverwriteError(existing)  # before the slow demo build, not after it
     if opts.engine not in get_args(EngineName):
         raise InitError(f"--engine {opts.engine}: expected {', '.join(get_args(EngineName))}.")
@@ -196,6 +243,11 @@ def init_project(opts: InitOptions) -> InitResult:
         model = result.demo_model
         cfg.config.server.engine = "builtin"
         result.notes["server.engine"] = "--demo serves the demo model with the bundled runtime"
+        from hybridctl.host.ports import preferred_or_free_port
+
+        cfg.config.server.port = preferred_or_free_port(cfg.config.server.port)
+        if cfg.config.server.port != 30000:
+            result.notes["server.port"] = "30000 is in use here; a free port instead"
     if model:
         model_dir, note = _model_path_for(model)
         cfg.config.server.model_path = str(model_dir)
@@ -207,6 +259,8 @@ def init_project(opts: InitOptions) -> InitResult:
 
     # Refuse a combination the engine would refuse (e.g. --engine builtin --tp 2) before writing anything.
     findings = check_rules(cfg)
+    # Without --model the files are a template to fill in: the missing model_path is the next step, not a refusal.
+    findings = [replace(f, severity="warning") if f.code == "MODEL_PATH_MISSING" else f for f in findings]
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise InitError("these choices do not work together:\n" + "\n".join(f"  {f}" for f in errors))

@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hybridctl.config.duplicates import duplicate_toml_key, object_paths
 from hybridctl.config.findings import ConfigError, Finding, ValidationReport
 from hybridctl.config.locate import KeyLocator
 from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
@@ -33,6 +35,7 @@ __all__ = [
 
 CONFIG_NAME = "config.toml"
 SETTINGS_NAME = "settings.json"
+EngineNotes = Callable[[HybridConfig, "str | None", "str | None", "set[str]"], list[Finding]]
 SCHEMA_REF_KEY = "$schema"  # settings.json may name its JSON Schema for editors; it is not a setting
 
 
@@ -69,8 +72,7 @@ def _read_text(path: Path, fmt: FileFormat, missing_ok: bool) -> tuple[str | Non
                     None,
                     "",
                     f"{path} does not exist.",
-                    f"run `hybridctl init --out {path.parent}` to write a commented one, or pass the path of "
-                    "yours.",
+                    f"run `hybridctl init --out {path.parent}` to write a commented one, or pass the path of yours.",
                 )
             )
         return None, parsed
@@ -135,6 +137,22 @@ def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
         )
         return parsed
     except Exception as exc:  # noqa: BLE001  (tomlkit raises assorted errors for odd documents: duplicate keys, ...)
+        duplicate = duplicate_toml_key(text, str(exc))
+        if duplicate is not None:
+            key, line, column = duplicate
+            parsed.findings.append(
+                Finding(
+                    "error",
+                    "DUPLICATE_KEY",
+                    path,
+                    line,
+                    column,
+                    key,
+                    f"`{key}` is defined more than once; TOML allows each key and table once.",
+                    f"delete the repeated `{key}` at line {line} of {path} (or merge the two).",
+                )
+            )
+            return parsed
         parsed.findings.append(
             Finding(
                 "error",
@@ -156,13 +174,13 @@ def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
 def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
     """Parse JSON text; syntax errors become a JSON_SYNTAX finding, duplicate keys a warning."""
     parsed = ParsedFile(path=path, fmt="json")
-    duplicates: list[str] = []
+    duplicates: list[tuple[dict[str, Any], str]] = []  # (the object, the repeated key)
 
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for key, value in pairs:
             if key in result:
-                duplicates.append(key)
+                duplicates.append((result, key))
             result[key] = value
         return result
 
@@ -198,8 +216,11 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
         )
         return parsed
     parsed.locator = KeyLocator.for_json(text)
-    for key in dict.fromkeys(duplicates):
-        line, column = parsed.locator.find((key,)) or (None, None)
+    paths = object_paths(data)
+    for dotted in dict.fromkeys(".".join((*paths.get(id(obj), ()), key)) for obj, key in duplicates):
+        keys = tuple(dotted.split("."))
+        line, column = parsed.locator.find(keys) or (None, None)
+        where = f' in the "{".".join(keys[:-1])}" object' if len(keys) > 1 else ""
         parsed.findings.append(
             Finding(
                 "warning",
@@ -207,11 +228,27 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
                 path,
                 line,
                 column,
-                key,
-                f"key `{key}` appears more than once; JSON keeps only the last.",
-                f"keep one `{key}` in {path}.",
+                dotted,
+                f"key `{keys[-1]}` appears more than once{where}; JSON keeps only the last.",
+                f"keep one `{keys[-1]}`{where} of {path}.",
             )
         )
+    if data is None:  # the schema check skips a file without data, so say it here
+        parsed.findings.append(
+            Finding(
+                "error",
+                "WRONG_TYPE",
+                path,
+                1,
+                1,
+                "",
+                f"{path} holds null at the top level; it must be one JSON object "
+                '({"runtime": {...}, "mamba": {...}, "logging": {...}, "api": {...}}).',
+                f"replace the content of {path} with an object, e.g. {{}} for all defaults "
+                "(`hybridctl init` writes a full one).",
+            )
+        )
+        return parsed
     if isinstance(data, dict) and isinstance(data.get(SCHEMA_REF_KEY), str):
         data = {k: v for k, v in data.items() if k != SCHEMA_REF_KEY}
     parsed.data = data
@@ -222,9 +259,7 @@ def _other_file_keys(model: type[BaseModel], file_name: str, fmt: FileFormat) ->
     """Key name -> where it belongs in the other file, for "this key lives in settings.json" hints."""
     from hybridctl.config.field_docs import iter_field_docs
 
-    return {
-        doc.path[-1]: where(doc.path, file_name, fmt) for doc in iter_field_docs(model) if not doc.is_section
-    }
+    return {doc.path[-1]: where(doc.path, file_name, fmt) for doc in iter_field_docs(model) if not doc.is_section}
 
 
 def _validate(parsed: ParsedFile, model: type[BaseModel], other: dict[str, str]) -> BaseModel | None:
@@ -234,15 +269,11 @@ def _validate(parsed: ParsedFile, model: type[BaseModel], other: dict[str, str])
         # strict: "30000" is not a port and 1 is not `true`; the files have real types, so say so.
         return model.model_validate(parsed.data, strict=True)
     except ValidationError as exc:
-        parsed.findings.extend(
-            validation_findings(exc, model, parsed.path, parsed.fmt, parsed.locator, other)
-        )
+        parsed.findings.extend(validation_findings(exc, model, parsed.path, parsed.fmt, parsed.locator, other))
         return None
 
 
-def _load(
-    config_path: str | Path, settings_path: str | Path
-) -> tuple[HybridConfig | None, ParsedFile, ParsedFile]:
+def _load(config_path: str | Path, settings_path: str | Path) -> tuple[HybridConfig | None, ParsedFile, ParsedFile]:
     config_path, settings_path = Path(config_path), Path(settings_path)
     text, config_file = _read_text(config_path, "toml", missing_ok=False)
     if text is not None:
@@ -313,11 +344,7 @@ def _place(finding: Finding, config_file: ParsedFile, settings_file: ParsedFile)
     """Rules report logical file names; point them at the real files and lines."""
     target = settings_file if finding.file == SETTINGS_NAME else config_file
     line, column = (target.locator.find(finding.key.split(".")) if finding.key else None) or (None, None)
-    fix = (
-        finding.fix.replace(f"of {finding.file}", f"of {target.path}")
-        if target.path != finding.file
-        else finding.fix
-    )
+    fix = finding.fix.replace(f"of {finding.file}", f"of {target.path}") if target.path != finding.file else finding.fix
     return replace(finding, file=target.path, line=line, column=column, fix=fix)
 
 
@@ -325,11 +352,18 @@ def check_files(
     config_path: str | Path = CONFIG_NAME,
     settings_path: str | Path = SETTINGS_NAME,
     engine_version: str | None = None,
+    *,
+    engine: str | None = None,
+    auto_engine: str | None = None,
+    engine_notes: EngineNotes | None = None,
 ) -> ValidationReport:
     """Every finding about the two files: syntax, schema, secrets, cross-file and engine rules.
 
-    Never raises for bad file content."""
-    from hybridctl.config.rules import check_rules
+    `engine` (a --engine flag) or else [server] engine picks the engine-specific rules; "auto" checks against
+    `auto_engine`, the engine launch would pick on this host. `engine_notes(cfg, engine, version, present_keys)`
+    adds what that engine makes of the keys (launch's translation: ignored keys, other names). Never raises for
+    bad file content."""
+    from hybridctl.config.rules import check_rules, effective_engine
 
     cfg, config_file, settings_file = _load(config_path, settings_path)
     findings = [*config_file.findings, *settings_file.findings]
@@ -347,10 +381,21 @@ def check_files(
             )
         )
     findings += _secret_findings(config_file) + _secret_findings(settings_file)
+    if cfg is not None and engine_notes is not None:
+        present = {".".join(k) for f in (config_file, settings_file) for k in f.locator.positions}
+        resolved = effective_engine(cfg, engine, auto_engine)
+        findings += [
+            _place(f, config_file, settings_file) for f in engine_notes(cfg, resolved, engine_version, present)
+        ]
     if cfg is not None:
         findings += [
             _place(f, config_file, settings_file)
-            for f in check_rules(cfg, engine_version=engine_version, include_secrets=False)
+            for f in check_rules(
+                cfg,
+                engine_version=engine_version,
+                include_secrets=False,
+                engine=effective_engine(cfg, engine, auto_engine),
+            )
         ]
     return ValidationReport(
         config_path=config_file.path,

@@ -17,6 +17,7 @@ from hybridctl.config.release_rules import rule_release
 from hybridctl.config.rule_findings import CONFIG, SETTINGS, json_set, toml_set
 from hybridctl.config.rule_findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
+from hybridctl.config.server_rules import rule_server
 
 EXTRA_BUFFER_STRATEGIES = ("extra_buffer", "extra_buffer_lazy")
 # --enable-unified-memory accepts these (NEXTN is SGLang's alias of EAGLE), and only a chain: topk 1.
@@ -183,6 +184,28 @@ def rule_speculative(cfg: HybridConfig, engine_version: str | None = None) -> li
     return out
 
 
+def rule_spec_tree(cfg: HybridConfig, engine: str | None = None) -> list[Finding]:
+    """SPEC_ROLLBACK from a draft tree on SGLang: its GDN/KDA verify kernels and MTP accept topk 1 only.
+
+    (The bundled runtime's own refusal of trees is BUILTIN_UNSUPPORTED.)"""
+    spec = cfg.config.speculative
+    if not cfg.speculative_enabled or spec.speculative_topk == 1 or engine == "builtin":
+        return []
+    return [
+        _f(
+            "error",
+            "SPEC_ROLLBACK",
+            CONFIG,
+            "speculative.speculative_topk",
+            f"speculative_topk = {spec.speculative_topk} drafts a tree; rolling recurrent state back to the "
+            "accepted branch needs a state per tree node, which SGLang's GDN/KDA verify kernels and MTP refuse "
+            '("verify kernel only supports topk=1", "MTP requires --speculative-eagle-topk 1").',
+            f"{toml_set('speculative.speculative_topk', '1')} and speculative_num_draft_tokens = "
+            f"{spec.speculative_num_steps + 1} (steps + 1)",
+        )
+    ]
+
+
 def rule_pd(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
     """PD_STATE_MISMATCH and friends: prefill and decode must hand over KV and recurrent state together."""
     pd = cfg.config.pd
@@ -285,11 +308,13 @@ def rule_elastic(cfg: HybridConfig, engine_version: str | None = None) -> list[F
     return out
 
 
-def rule_engine_flags(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
+def rule_engine_flags(
+    cfg: HybridConfig, engine_version: str | None = None, engine: str | None = None
+) -> list[Finding]:
     """UNKNOWN_ENGINE_FLAG / ENGINE_FLAG_VALUE / ENGINE_FLAG_SHADOWS_KEY for [extra_engine_args]."""
     from hybridctl.config.engine_flag_rules import check_extra_engine_args
 
-    return check_extra_engine_args(cfg, engine_version)
+    return check_extra_engine_args(cfg, engine_version, engine)
 
 
 def rule_literal_secrets(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
@@ -320,17 +345,36 @@ RULES: tuple[Rule, ...] = (
     rule_speculative,
     rule_pd,
     rule_elastic,
-    rule_builtin,
-    rule_engine_flags,
-    rule_release,  # issue 20: the target SGLang release's flags, values and silent changes
 )
 
 
+def effective_engine(cfg: HybridConfig, engine: str | None = None, auto_engine: str | None = None) -> str | None:
+    """The engine the rules check against: `engine` (a --engine flag), else [server] engine, with "auto" resolved
+    to `auto_engine` (what this host would run: launch's own choice); None when still unresolved."""
+    requested = engine or cfg.config.server.engine
+    if requested == "auto":
+        return auto_engine
+    return requested
+
+
 def check_rules(
-    cfg: HybridConfig, engine_version: str | None = None, *, include_secrets: bool = True
+    cfg: HybridConfig,
+    engine_version: str | None = None,
+    *,
+    include_secrets: bool = True,
+    engine: str | None = None,
 ) -> list[Finding]:
-    """All rule findings for `cfg`; `engine_version` (e.g. "0.5.23") selects SGLang's flag table and gates."""
+    """All rule findings for `cfg`; `engine_version` (e.g. "0.5.23") selects SGLang's flag table and gates.
+
+    `engine`: the engine that would serve (sglang | builtin), resolved by the caller; None: [server] engine,
+    and for "auto" only the rules both engines share."""
+    resolved = engine if engine is not None else effective_engine(cfg)
     findings = [f for rule in RULES for f in rule(cfg, engine_version)]
+    findings += rule_server(cfg, resolved) + rule_spec_tree(cfg, resolved) + rule_builtin(cfg, resolved)
+    findings += rule_engine_flags(cfg, engine_version, resolved)
+    # The target SGLang release's flags, values and silent changes (issue 20): unless the config pins the bundled
+    # runtime, also for auto (it may run SGLang on the GPU host it is meant for).
+    findings += rule_release(cfg, engine_version)
     if include_secrets:
         findings += rule_literal_secrets(cfg, engine_version)
     return findings

@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 _KEY_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("an OpenAI-style key (sk-...)", re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}")),
@@ -35,6 +35,8 @@ _SECRET_WORDS = {
     "auth",
     "bearer",
 }
+# Query parameters that carry a key by convention (?key=..., ?sig=...), beyond the credential words above.
+_URL_KEY_PARAMS = {"key", "sig", "signature", "code", "access_token", "api-key", "x-api-key"}
 _KEY_QUALIFIERS = {"api", "access", "secret", "private", "auth"}
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9+/=_\-.]{32,}$")
 
@@ -80,6 +82,9 @@ def classify_secret(key: str, value: str) -> str | None:
             parts = urlsplit(value)
             if parts.password or (parts.username and "@" in parts.netloc):
                 return "credentials in a URL (user:password@host)"
+            for name, value in parse_qsl(parts.query or parts.fragment, keep_blank_values=True):
+                if value.strip() and (_is_credential_key(name) or name.lower() in _URL_KEY_PARAMS):
+                    return f"a credential in a URL ({name}=...)"
         except ValueError:
             pass
     if _is_credential_key(key) and value.strip():

@@ -7,7 +7,6 @@ the server is stopped whatever happens after it started.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 from hybridctl.bench.datasets import SharedPrefixShape
 from hybridctl.bench.loadgen import LoadShape
 from hybridctl.bench.runner import BenchOptions, run_bench
+from hybridctl.host.ports import preferred_or_free_port
 from hybridctl.verify.client import ServerUnreachable, Target
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.runner import VerifyOptions, run_checks
@@ -82,21 +82,6 @@ class DemoReport:
         }
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _tune_config(config_path: Path, port: int) -> None:
     """Point the demo config at a free port and turn on /metrics (bench compares itself with the server)."""
     import tomlkit
@@ -140,8 +125,10 @@ def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoR
         if opts.force:
             _remove_old_demo_model(out_dir)
         result = init_project(InitOptions(out_dir=out_dir, demo=True, engine="builtin", force=opts.force))
-        port = opts.port or (30000 if _port_free(30000) else _free_port())
+        port = opts.port or preferred_or_free_port(30000)
         _tune_config(config_path, port)
+        if result.reused:
+            return f"kept the demo already in {out_dir} (--force rebuilds it); port {port}"
         return f"wrote {len(result.files)} files and the demo model {result.demo_model}; port {port}"
 
     handle = None

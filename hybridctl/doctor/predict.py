@@ -26,11 +26,22 @@ class Prediction:
     plan_error: str | None = None
 
 
-def rule_findings(cfg: HybridConfig, engine_version: str | None) -> list[DoctorFinding]:
-    return [
-        DoctorFinding.from_config_finding(f, changes_from_rule(f))
-        for f in check_rules(cfg, engine_version, include_secrets=False)
-    ]
+def rule_findings(
+    cfg: HybridConfig, engine_version: str | None, engine: str | None = None
+) -> list[DoctorFinding]:
+    """`validate`'s rules, checked against `engine` (the one a launch would use here)."""
+    from hybridctl.doctor.remedies import spec_topk_one
+    from hybridctl.launch.engine_findings import engine_findings
+
+    out = []
+    found = check_rules(cfg, engine_version, include_secrets=False, engine=engine)
+    found += [f for f in engine_findings(cfg, engine, engine_version) if f.code == "IGNORED_BY_ENGINE"]
+    for f in found:
+        changes = changes_from_rule(f)
+        if f.key == "speculative.speculative_topk" and f.code in ("SPEC_ROLLBACK", "BUILTIN_UNSUPPORTED"):
+            changes = spec_topk_one(RemedyInput(cfg))[1]  # topk 1 and the chain's draft-token count together
+        out.append(DoctorFinding.from_config_finding(f, changes))
+    return out
 
 
 def predict_state_pool(cfg: HybridConfig, ctx: PlanContext) -> Prediction:
@@ -125,25 +136,6 @@ def predict_prefix_engine(cfg: HybridConfig, sglang: SglangFacts | None, engine:
             evidence="config.toml: cache.enable_prefix_caching = false",
         ))  # fmt: skip
     return out
-
-
-def predict_spec_engine(cfg: HybridConfig, engine: str) -> list[DoctorFinding]:
-    """SPEC_ROLLBACK from a draft tree: linear-attention verify kernels keep one state per draft position."""
-    spec = cfg.config.speculative
-    if not cfg.speculative_enabled or spec.speculative_topk == 1:
-        return []
-    from hybridctl.doctor.remedies import spec_topk_one
-
-    fix, changes = spec_topk_one(RemedyInput(cfg))
-    cause = (
-        f"speculative_topk = {spec.speculative_topk} drafts a tree; rolling recurrent state back to the "
-        f"accepted "
-        "branch needs a state per tree node, which SGLang's FlashInfer GDN/KDA verify kernels and MTP refuse "
-        '("verify kernel only supports topk=1", "MTP requires --speculative-eagle-topk 1")'
-        + (" and the bundled runtime does not implement." if engine == "builtin" else ".")
-    )
-    evidence = f"config.toml: speculative.speculative_topk = {spec.speculative_topk}"
-    return [DoctorFinding("SPEC_ROLLBACK", "error", cause, fix, changes, evidence=evidence)]
 
 
 def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> list[DoctorFinding]:

@@ -87,9 +87,7 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
         report.checks.append(check)
     else:
         report.checks.append(
-            Check(
-                "Config", "skipped", f"skipped: no {opts.config_path} here; pass --config to predict from one"
-            )
+            Check("Config", "skipped", f"skipped: no {opts.config_path} here; pass --config to predict from one")
         )
     host_checks, host_findings = judge_host(host, cfg)
     report.checks[0:0] = host_checks
@@ -123,14 +121,16 @@ def _predict(
         predict_elastic_builtin,
         predict_pd_peer,
         predict_prefix_engine,
-        predict_spec_engine,
         predict_state_pool,
         rule_findings,
     )
+    from hybridctl.planner.plan_request import engine_for_planning
 
-    engine = resolve_engine(host, cfg)
+    # As plan: auto with --gpu-mem-gib on a GPU-less host means "the SGLang server I am planning".
+    gpu_given = opts.gpu_mem_bytes is not None and not host.gpus
+    engine = engine_for_planning(cfg.config.server.engine, resolve_engine(host, cfg), gpu_given)
     version = host.sglang.version if engine == "sglang" and host.sglang else None
-    report.findings += rule_findings(cfg, version)
+    report.findings += rule_findings(cfg, version, engine)
     gpu = opts.gpu_mem_bytes or (host.gpus[0].total_bytes if host.gpus else None)
     ctx, why = load_plan_context(cfg, engine, gpu)
     if ctx is None:
@@ -140,7 +140,9 @@ def _predict(
         report.checks.append(Check(
             "Model", "ok",
             f"{s.family} ({s.architecture}), TP {s.tp}: {format_mib(s.mamba_state_bytes_per_request)} "
-            f"of state per request, {s.kv_bytes_per_token} B of KV per token",
+            f"of state per request and {s.kv_bytes_per_token} B of KV per token, per GPU"
+            + (f" ({s.kv_bytes_per_token * s.tp} B in total)" if s.tp > 1 else "")
+            + f" ({engine}: {s.kv_dtype} KV)",
             (f"{s.num_attn_layers} full-attention + {s.num_linear_layers} {s.linear_kind} layers",
              f"SSM state {s.ssm_dtype} {s.ssm_state_shape}, conv {s.conv_state_shape}"),
         ))  # fmt: skip
@@ -149,7 +151,10 @@ def _predict(
         report.findings += predict_elastic_builtin(cfg, prediction.plan, engine)
         if prediction.plan is not None:
             p = prediction.plan.pools
-            memory = format_gib(ctx.gpu_mem_bytes) if engine == "sglang" else "the bundled runtime's budget"
+            if ctx.gpu_mem_bytes:
+                memory = f"a {format_gib(ctx.gpu_mem_bytes)} GPU"
+            else:
+                memory = "the bundled runtime on CPU (memory.memory_budget_gib, default 4 GiB)"
             report.checks.append(Check(
                 "Pools", "ok",
                 f"{engine}: {p.max_mamba_cache_size} state slots ({p.slots_per_request} per request), "
@@ -159,7 +164,6 @@ def _predict(
         else:
             report.checks.append(Check("Pools", "error", f"{engine}: {prediction.plan_error}"))
     report.findings += predict_prefix_engine(cfg, host.sglang, engine)
-    report.findings += predict_spec_engine(cfg, engine)
     peer = None
     if opts.peer_config is not None:
         from hybridctl.config.loader import settings_path_for

@@ -27,6 +27,11 @@ def choose_engine(requested: Requested, source: str = "--engine") -> EngineChoic
     return decide_engine(requested, probe_host(), source)
 
 
+def auto_engine_here() -> Engine:
+    """What `engine = "auto"` resolves to on this host (validate and doctor check against the same engine)."""
+    return choose_engine("auto").engine
+
+
 def decide_engine(requested: str, facts: HostFacts, source: str = "--engine") -> EngineChoice:
     """The one engine rule, pure over probed facts: auto = sglang with a GPU and sglang installed, else builtin."""
     sglang_version = facts.sglang.version if facts.sglang else None

@@ -48,17 +48,12 @@ def sglang_translation(cfg: HybridConfig, version: str, allow_ignored: bool = Fa
 
 def check_multinode(cfg: HybridConfig) -> None:
     """A server spanning nodes needs node 0's address and a rank below the node count."""
-    server = cfg.config.server
-    if server.nnodes > 1 and not server.dist_init_addr:
-        raise LaunchError(
-            f"config.toml [server] nnodes = {server.nnodes} but dist_init_addr is unset, so the nodes cannot "
-            'find each other. Fix: set dist_init_addr = "<node 0 address>:<port>" (the same on every node).'
-        )
-    if server.node_rank >= server.nnodes:
-        raise LaunchError(
-            f"config.toml [server] node_rank = {server.node_rank} is not below nnodes = {server.nnodes}. "
-            f"Fix: use node_rank 0..{server.nnodes - 1}, one per node."
-        )
+    from hybridctl.config.server_rules import multinode_problem
+
+    problem = multinode_problem(cfg)
+    if problem is not None:  # the same check `validate` reports (MULTINODE)
+        key, message, fix = problem
+        raise LaunchError(f"config.toml [server] {message} Fix: {fix}.")
 
 
 def sglang_argv(flags: Flags, python: str | None = None) -> list[str]:

@@ -69,7 +69,8 @@ def detect_family(cfg: dict[str, Any], source: str) -> tuple[str, str, str]:
         raise ModelSpecError(
             f"{source}: model_type {shown!r} (architecture {arch or '(none)'!r}) is not a supported hybrid "
             f"model. hybridctl plans hybrid attention + linear-attention/Mamba models: model_type one of "
-            f"{', '.join(sorted(_MODEL_TYPE_FAMILY))}. Point --model at such a model's config.json."
+            f"{', '.join(sorted(_MODEL_TYPE_FAMILY))}. Point the model path "
+            "(server.model_path in config.toml; --model of plan and init) at such a model."
         )
     return family, model_type, arch or _DEFAULT_ARCH[family]
 

@@ -81,14 +81,15 @@ def _config_path(path: str | Path) -> tuple[Path, Path | None]:
         cfg = p / "config.json"
         if not cfg.is_file():
             raise ModelSpecError(
-                f"{p}: no config.json in this directory. Point --model at a HF model directory "
-                f"or its config.json."
+                f"{p}: no config.json in this directory. Point the model path (server.model_path in "
+                f"config.toml; --model of plan and init) at a HF model directory or its config.json."
             )
         return cfg, p
     if p.is_file():
         return p, p.parent
     raise ModelSpecError(
-        f"{p}: no such file or directory. Point --model at a HF model directory or config.json."
+        f"{p}: no such file or directory. Point the model path (server.model_path in config.toml; --model of "
+        f"plan and init) at a HF model directory or its config.json."
     )
 
 

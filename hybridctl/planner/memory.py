@@ -14,21 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hybridctl.planner.pool_sizing import PoolSizingError
 from hybridctl.planner.units import GIB, MIB
 
-if TYPE_CHECKING:
-    from hybridctl.config.schema import HybridConfig
-
-# runtime/engine/api.py DEFAULT_MEMORY_BUDGET_GIB; the control plane cannot import it (the runtime imports torch).
-BUILTIN_DEFAULT_BUDGET_GIB = 4.0
-
-
-def builtin_budget_bytes(cfg: HybridConfig) -> int:
-    """The memory the bundled runtime treats as its device's: memory.memory_budget_gib, else its default."""
-    return int((cfg.config.memory.memory_budget_gib or BUILTIN_DEFAULT_BUDGET_GIB) * GIB)
+# The bundled runtime's memory budget: hybridctl/planner/builtin_sizing.py (builtin_device_bytes).
 
 
 @dataclass(frozen=True)
@@ -84,11 +74,7 @@ def auto_mem_fraction_static(
     and turned off for KDA models such as Kimi-Linear (cuda_graph_hook.py:170-192).
     """
     tier = gpu_tier(gpu_mem_bytes, tp)
-    chunk = (
-        chunked_prefill_size
-        if chunked_prefill_size and chunked_prefill_size > 0
-        else tier.chunked_prefill_size
-    )
+    chunk = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else tier.chunked_prefill_size
     graph_bs = tier.decode_graph_max_bs
     if max_running_requests is not None:
         graph_bs = min(graph_bs, max_running_requests)  # memory_hook.py:172-178

@@ -44,10 +44,11 @@ class Plan:
     kv_dtype: str
     context_len: int
     mamba_state_bytes_per_request: int
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # per GPU (rank); the whole server holds tp times this
     pools: PoolPlan
     sglang_release: str = DEFAULT_SGLANG_VERSION  # the release whose sizing code was followed
     sizing_code: str = "kv_cache_configurator"  # that release's sizing code family (release_sizing.py)
+    engine: str = "sglang"  # whose sizing: sglang (SGLang 0.5.23's) | builtin (the bundled runtime's own)
 
     @property
     def tokens_per_request(self) -> float:
@@ -88,6 +89,9 @@ class Plan:
             "context_len": self.context_len,
             "mamba_state_bytes_per_request": self.mamba_state_bytes_per_request,
             "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token,
+            "kv_bytes_per_token_total": self.kv_bytes_per_token * self.tp,
+            "engine": self.engine,
             "tokens_per_request": round(self.tokens_per_request, 1),
             "verdict": self.verdict,
             "sglang_release": self.sglang_release,
@@ -129,6 +133,7 @@ def make_plan(
     max_running_requests: int | None = None,
     max_mamba_cache_size: int | None = None,
     sglang_version: str | None = None,
+    max_total_tokens: int | None = None,
 ) -> Plan:
     """Weights + reserve as SGLang's mem_fraction_static logic does, then `size_pools`.
 
@@ -146,10 +151,11 @@ def make_plan(
         draft = cfg.config.speculative.speculative_num_draft_tokens if spec_on else 0
     else:
         draft = speculative_num_draft_tokens
-    max_running = (
-        cfg.settings.runtime.max_running_requests if max_running_requests is None else max_running_requests
-    )
+    max_running = cfg.settings.runtime.max_running_requests if max_running_requests is None else max_running_requests
     max_slots = mem.max_mamba_cache_size if max_mamba_cache_size is None else max_mamba_cache_size
+    from hybridctl.planner.builtin_sizing import configured_context_len
+
+    context_len = configured_context_len(cfg) or spec.context_len
 
     release = release_sizing(sglang_version or cfg.config.server.sglang_version)
     requested = cache.mamba_radix_cache_strategy if strategy is None else strategy
@@ -190,7 +196,8 @@ def make_plan(
             strategy=resolved.strategy,
             overlap_schedule=resolved.overlap_schedule,
             speculative_num_draft_tokens=draft,
-            context_len=spec.context_len,
+            context_len=context_len,
+            max_total_tokens=max_total_tokens,
             release=release,
         )
     )
@@ -213,7 +220,7 @@ def make_plan(
         speculative_num_draft_tokens=draft,
         ssm_dtype=spec.ssm_dtype,
         kv_dtype=spec.kv_dtype,
-        context_len=spec.context_len,
+        context_len=context_len,
         mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
         kv_bytes_per_token=spec.kv_bytes_per_token,
         pools=pools,

@@ -11,7 +11,7 @@ from pathlib import Path
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model.spec import ModelSpec, load_model_spec
 from hybridctl.planner.plan import Plan, make_plan
-from hybridctl.planner.pool_sizing import GIB
+from hybridctl.planner.pool_sizing import GIB, PoolSizingError
 
 
 class PlanRequestError(ValueError):
@@ -37,6 +37,9 @@ class PlanRequest:
     speculative_num_draft_tokens: int | None = None
     max_running_requests: int | None = None
     sglang_version: str | None = None  # --sglang-version (issue 20): whose sizing code to follow
+    max_total_tokens: int | None = None
+    engine: str | None = None  # sglang | builtin | auto; None: [server] engine
+    auto_engine: str = "sglang"  # what "auto" means on this host (launch's choice)
 
 
 def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
@@ -68,8 +71,45 @@ def _release(req: PlanRequest, cfg: HybridConfig) -> str:
         raise PlanRequestError(f"--sglang-version: {exc}") from None
 
 
+def _with_overrides(cfg: HybridConfig, req: PlanRequest) -> HybridConfig:
+    """`cfg` with the flags that name config keys applied (for the bundled runtime, which reads only the config)."""
+    out = cfg.model_copy(deep=True)
+    mem, cache = out.config.memory, out.config.cache
+    for owner, key, value in (
+        (mem, "mem_fraction_static", req.mem_fraction_static),
+        (mem, "mamba_full_memory_ratio", req.mamba_full_memory_ratio),
+        (cache, "mamba_radix_cache_strategy", req.mamba_radix_cache_strategy),
+        (cache, "radix_cache_page_size", req.page_size),
+        (out.settings.mamba, "state_dtype", req.mamba_ssm_dtype),
+        (out.settings.runtime, "max_running_requests", req.max_running_requests),
+    ):
+        if value is not None:
+            setattr(owner, key, value)
+    if req.disable_radix_cache:
+        out.settings.runtime.disable_radix_cache = True
+    if req.max_total_tokens is not None:
+        out.config.extra_engine_args["max-total-tokens"] = req.max_total_tokens
+    return out
+
+
+def engine_for_planning(requested: str, auto_engine: str, gpu_size_given: bool) -> str:
+    """The engine plan and doctor size for: `requested` unless auto; auto is SGLang when a GPU size was given
+    (--gpu-mem-gib: the user plans a GPU server from here), else `auto_engine`, what launch picks on this host."""
+    if requested != "auto":
+        return requested
+    return "sglang" if gpu_size_given else auto_engine
+
+
+def plan_engine(cfg: HybridConfig, req: PlanRequest) -> str:
+    """sglang or builtin: --engine, else [server] engine; auto is SGLang when a GPU size is given (--gpu-mem-gib,
+    --pool-*: planning a GPU server), else what launch picks on this host."""
+    sized_for_a_gpu = req.gpu_mem_gib is not None or req.pool_bytes is not None or req.pool_gib is not None
+    return engine_for_planning(req.engine or cfg.config.server.engine, req.auto_engine, sized_for_a_gpu)
+
+
 def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpec, Plan]:
-    """Resolve every input and plan. Raises PlanRequestError, ModelSpecError, ConfigError, PoolSizingError."""
+    """Resolve every input and plan with the sizing of the engine that would serve: SGLang's, or the bundled
+    runtime's own. Raises PlanRequestError, ModelSpecError, ConfigError, PoolSizingError."""
     cfg, _ = load_config(req)
     model = req.model or cfg.config.server.model_path
     if not model:
@@ -77,6 +117,28 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
             "No model to plan for: pass --model DIR_OR_CONFIG_JSON or set server.model_path in config.toml."
         )
     tp = req.tp or cfg.config.server.tp_size
+    gpu_mem = int(req.gpu_mem_gib * GIB) if req.gpu_mem_gib is not None else None
+    if plan_engine(cfg, req) == "builtin":
+        if req.pool_bytes is not None or req.pool_gib is not None:
+            raise PlanRequestError(
+                "--pool-bytes/--pool-gib size SGLang's pools; the bundled runtime derives its budget from "
+                "memory.memory_budget_gib (CPU) or --gpu-mem-gib (GPU). Drop them, or pass --engine sglang."
+            )
+        from hybridctl.planner.builtin_sizing import plan_builtin
+
+        if gpu_mem is None and detect_gpu_mem:
+            from hybridctl.host.nvml import gpu_memory_bytes
+
+            gpu_mem = gpu_memory_bytes()  # the runtime runs on the GPU when there is one
+        try:
+            return plan_builtin(_with_overrides(cfg, req), model, gpu_mem_bytes=gpu_mem, tp=tp)
+        except PoolSizingError as exc:
+            if gpu_mem is not None or req.engine == "builtin" or cfg.config.server.engine == "builtin":
+                raise
+            raise PoolSizingError(
+                f"{exc} (engine auto is the bundled runtime on this GPU-less host; to plan an SGLang server "
+                "instead, pass --gpu-mem-gib, one GPU's memory, or --engine sglang with it)"
+            ) from None
     ssm_dtype = req.mamba_ssm_dtype or cfg.settings.mamba.state_dtype
     spec = load_model_spec(model, tp=tp, ssm_dtype=ssm_dtype)
 
@@ -85,15 +147,15 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
     pool = req.pool_bytes if req.pool_bytes is not None else None
     if req.pool_gib is not None:
         pool = int(req.pool_gib * GIB)
-    gpu_mem = int(req.gpu_mem_gib * GIB) if req.gpu_mem_gib is not None else None
     if pool is None and gpu_mem is None and detect_gpu_mem:
         from hybridctl.host.nvml import gpu_memory_bytes
 
         gpu_mem = gpu_memory_bytes()
     if pool is None and gpu_mem is None:
         raise PlanRequestError(
-            "No GPU memory size: NVML found no GPU on this machine. Pass --gpu-mem-gib (memory of one GPU, "
-            "e.g. 80 for an H100) or --pool-gib (the memory both pools share, after weights)."
+            "No GPU memory size: this machine has no GPU that NVML can see, and SGLang's pools depend on the "
+            "GPU's memory. Pass --gpu-mem-gib (memory of one GPU of the server you plan for, e.g. 80 for an "
+            "H100) or --pool-gib; or plan the bundled runtime here with --engine builtin."
         )
     plan = make_plan(
         cfg,
@@ -109,5 +171,8 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
         speculative_num_draft_tokens=req.speculative_num_draft_tokens,
         max_running_requests=req.max_running_requests,
         sglang_version=_release(req, cfg),
+
+
+        max_total_tokens=req.max_total_tokens,
     )
     return spec, plan

@@ -115,9 +115,7 @@ def _validate(inp: PoolInputs) -> None:
     if inp.kv_bytes_per_token < 0:
         raise PoolSizingError(f"kv_bytes_per_token must be >= 0, got {inp.kv_bytes_per_token}.")
     if inp.page_size < 1:
-        raise PoolSizingError(
-            f"page_size must be >= 1, got {inp.page_size} (key cache.radix_cache_page_size)."
-        )
+        raise PoolSizingError(f"page_size must be >= 1, got {inp.page_size} (key cache.radix_cache_page_size).")
     if inp.mamba_full_memory_ratio <= 0:
         raise PoolSizingError(
             f"mamba_full_memory_ratio must be > 0, got {inp.mamba_full_memory_ratio} "
@@ -276,6 +274,13 @@ def _max_running_requests(
     mamba_cap = k // ratio
     if mamba_cap < reqs:
         reqs, limited_by = mamba_cap, "state_pool"
+    if reqs <= 0 and limited_by == "kv_tokens":
+        capped = " (capped by max_total_tokens / --max-total-tokens)" if inp.max_total_tokens is not None else ""
+        raise PoolSizingError(
+            f"The KV cache is too small to serve any request: {tokens} KV tokens{capped}, and a request needs "
+            f"at least 2. Raise max_total_tokens (or drop it), raise memory.mem_fraction_static, or lower "
+            f"memory.mamba_full_memory_ratio."
+        )
     if reqs <= 0:
         raise PoolSizingError(
             f"The hybrid state cache is too small to serve any request: {k} slots at {ratio} slots per "
@@ -314,9 +319,7 @@ def resolve_strategy(
     """
     if disable_radix_cache:
         # overrides.py:471-472: nothing is resolved or validated; states are never checkpointed.
-        return StrategyResolution(
-            "no_buffer", overlap_schedule, "radix cache off: no state checkpoints are kept"
-        )
+        return StrategyResolution("no_buffer", overlap_schedule, "radix cache off: no state checkpoints are kept")
     if requested not in ("auto", *STRATEGIES):
         raise PoolSizingError(
             f"mamba_radix_cache_strategy {requested!r} is not one of auto, {', '.join(STRATEGIES)} "
@@ -329,9 +332,7 @@ def resolve_strategy(
             strategy, reason = "extra_buffer", f"auto -> extra_buffer ({why}; the architecture supports it)"
         else:
             strategy, overlap_schedule = "no_buffer", False
-            reason = (
-                "auto -> no_buffer (no overlap and page_size 1, or extra_buffer unsupported); overlap off"
-            )
+            reason = "auto -> no_buffer (no overlap and page_size 1, or extra_buffer unsupported); overlap off"
     else:
         strategy, reason = requested, f"{requested} (set explicitly)"
 
@@ -361,8 +362,7 @@ def resolve_strategy(
         )
     if strategy == "extra_buffer_lazy" and not overlap_schedule:
         raise PoolSizingError(
-            "extra_buffer_lazy requires the overlap schedule; drop --disable-overlap-schedule "
-            "or use extra_buffer."
+            "extra_buffer_lazy requires the overlap schedule; drop --disable-overlap-schedule or use extra_buffer."
         )
     if speculative_num_draft_tokens and mamba_track_interval < speculative_num_draft_tokens:
         raise PoolSizingError(

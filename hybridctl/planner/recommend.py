@@ -32,9 +32,7 @@ from hybridctl.planner.pool_sizing import (
 _MAX_RATIO = 4.0
 _MIN_RATIO = 0.05
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # SGLang treats an unset --mamba-full-memory-ratio as 0.9
-BUILTIN_MEM_FRACTION_STATIC = (
-    0.85  # the schema's default: what the bundled runtime uses unless told otherwise
-)
+BUILTIN_MEM_FRACTION_STATIC = 0.85  # the schema's default: what the bundled runtime uses unless told otherwise
 
 
 @dataclass(frozen=True)
@@ -71,9 +69,7 @@ class Recommendation:
         return asdict(self)
 
 
-def _fits(
-    spec: ModelSpec, pool: int, ratio: float, strategy: StrategyResolution, context_len: int
-) -> PoolPlan:
+def _fits(spec: ModelSpec, pool: int, ratio: float, strategy: StrategyResolution, context_len: int) -> PoolPlan:
     return size_pools(
         PoolInputs(
             pool_bytes=pool,
@@ -105,21 +101,15 @@ def recommend(
     Raises PoolSizingError (from pool_sizing) when the weights alone do not fit; the message suggests --tp.
     """
     if tp != spec.tp:
-        raise ValueError(
-            f"recommend: tp={tp} but the ModelSpec was loaded for tp={spec.tp}; load it with tp={tp}"
-        )
+        raise ValueError(f"recommend: tp={tp} but the ModelSpec was loaded for tp={spec.tp}; load it with tp={tp}")
     context_len = spec.context_len if context_len is None else context_len
     if (concurrency is not None and concurrency < 1) or context_len < 1:
         raise ValueError("recommend: concurrency and context_len must be >= 1")
     tier = gpu_tier(gpu_mem_bytes, tp)
-    chunk = Recommended(
-        tier.chunked_prefill_size, f"SGLang's default for a {tier.label} GPU (memory_hook.py tiers)."
-    )
+    chunk = Recommended(tier.chunked_prefill_size, f"SGLang's default for a {tier.label} GPU (memory_hook.py tiers).")
     builtin = engine == "builtin"
     # The bundled runtime treats auto as extra_buffer without overlap (runtime/engine/pool_setup.py).
-    resolved = resolve_strategy(
-        "extra_buffer" if builtin else "auto", page_size=1, overlap_schedule=not builtin
-    )
+    resolved = resolve_strategy("extra_buffer" if builtin else "auto", page_size=1, overlap_schedule=not builtin)
     slots = slots_per_request(
         disable_radix_cache=False, strategy=resolved.strategy, overlap_schedule=resolved.overlap_schedule
     )
@@ -129,15 +119,11 @@ def recommend(
         else "what SGLang's auto picks with the overlap schedule on; it checkpoints state during decode so "
         "shared prefixes hit"
     )
-    strategy = Recommended(
-        resolved.strategy, f"{why[0].upper()}{why[1:]}, at {slots} state slots per request."
-    )
+    strategy = Recommended(resolved.strategy, f"{why[0].upper()}{why[1:]}, at {slots} state slots per request.")
     page = Recommended(1, "Token-granular prefix matches; SGLang's default (pages > 1 need extra_buffer).")
     if builtin:
         fraction = BUILTIN_MEM_FRACTION_STATIC
-        mfs = Recommended(
-            fraction, "Bundled runtime: no CUDA graphs or kernel workspace to reserve memory for."
-        )
+        mfs = Recommended(fraction, "Bundled runtime: no CUDA graphs or kernel workspace to reserve memory for.")
     else:
         fraction = auto_mem_fraction_static(
             gpu_mem_bytes,
@@ -185,9 +171,7 @@ def recommend(
             f"{slots} slots; the rest of the {pool / GIB:.1f} GiB pool goes to "
             f"{plan.max_total_num_tokens} KV tokens."
         )
-        running = Recommended(
-            concurrency, f"Your target; the state pool holds exactly that many ({slots} slots each)."
-        )
+        running = Recommended(concurrency, f"Your target; the state pool holds exactly that many ({slots} slots each).")
     else:
         share = _MAX_RATIO / (1 + _MAX_RATIO)
         ratio_reason = (

@@ -17,8 +17,9 @@ from typing import Any, Literal
 # with an earlier one resume from token 1984 (warm TTFT ~0.07 of a cold 2048-token prompt; 128: ~0.13). The
 # model writes checkpoints during the prefill forward, so a cold prompt pays only their slots, not time
 # (docs/runtime-design.md). The price is state memory: one slot per 64 prompt tokens, evicted LRU.
-DEFAULT_MAMBA_TRACK_INTERVAL = 64
-DEFAULT_MEMORY_BUDGET_GIB = 4.0
+# Both defaults live beside the runtime's sizing function, which the planner also calls.
+from hybridctl.planner.builtin_sizing import DEFAULT_MAMBA_TRACK_INTERVAL  # noqa: E402
+
 DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
 DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (compiled_extend.py)
 
@@ -145,7 +146,7 @@ class EngineArgs:
     page_size: int = 1
     disable_radix_cache: bool = False
     mem_fraction_static: float = 0.85
-    memory_budget_gib: float | None = None  # CPU: the device's memory (None: DEFAULT_MEMORY_BUDGET_GIB)
+    memory_budget_gib: float | None = None  # CPU: the device's memory (None: builtin_sizing.DEFAULT_MEMORY_BUDGET_GIB)
     mamba_full_memory_ratio: float = 0.9
     max_mamba_cache_size: int | None = None
     mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model config or fp32

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from hybridctl.model.spec import ModelSpec, load_model_spec
-from hybridctl.planner.pool_sizing import PoolInputs, PoolPlan, PoolSizingError, resolve_strategy, size_pools
-from runtime.engine.api import DEFAULT_MEMORY_BUDGET_GIB, EngineArgs
+from hybridctl.planner.builtin_sizing import DEFAULT_MEMORY_BUDGET_GIB, size_builtin_pools
+from hybridctl.planner.pool_sizing import PoolPlan, PoolSizingError
+from runtime.engine.api import EngineArgs
 from runtime.engine.buffers import allocate_pool_buffers, pool_buffer_bytes
 from runtime.engine.forward_batch import ModelLayout, PoolBuffers
 
@@ -70,30 +71,6 @@ def device_memory_bytes(args: EngineArgs) -> int:
     return int((args.memory_budget_gib or DEFAULT_MEMORY_BUDGET_GIB) * GB)
 
 
-def resolve_runtime_strategy(args: EngineArgs) -> str:
-    """The runtime checkpoints states every mamba_track_interval tokens on every architecture, so `auto`
-    means extra_buffer here (SGLang's auto picks no_buffer without overlap and paging); the explicit choices
-    are validated by the planner's rules."""
-    requested = (
-        "extra_buffer" if args.mamba_radix_cache_strategy == "auto" else args.mamba_radix_cache_strategy
-    )
-    if requested == "extra_buffer_lazy":
-        raise EngineStartupError(
-            "mamba_radix_cache_strategy extra_buffer_lazy needs the overlap schedule, which the bundled "
-            'runtime does not have; use --mamba-radix-cache-strategy extra_buffer (or "auto").'
-        )
-    try:
-        return resolve_strategy(
-            requested,
-            page_size=args.page_size,
-            overlap_schedule=False,
-            disable_radix_cache=args.disable_radix_cache,
-            mamba_track_interval=args.mamba_track_interval,
-        ).strategy
-    except PoolSizingError as exc:
-        raise EngineStartupError(str(exc)) from None
-
-
 def size_and_allocate(
     args: EngineArgs, layout: ModelLayout, weight_bytes: int, dtype: torch.dtype, draft_tokens: int = 0
 ) -> Pools:
@@ -112,36 +89,27 @@ def size_and_allocate(
         math.prod(spec.conv_state_shape) * itemsize + math.prod(spec.ssm_state_shape) * ssm_itemsize
     )
     device_bytes = device_memory_bytes(args)
-    pool_budget = int(device_bytes * args.mem_fraction_static) - weight_bytes
-    if pool_budget <= 0:
-        raise EngineStartupError(
-            f"The weights ({weight_bytes / GB:.2f} GB) do not fit in mem_fraction_static "
-            f"({args.mem_fraction_static}) of the {device_bytes / GB:.2f} GB device memory; raise "
-            f"--memory-budget-gib (memory.memory_budget_gib) or --mem-fraction-static."
-        )
-    strategy = resolve_runtime_strategy(args)
-    try:
-        plan = size_pools(
-            PoolInputs(
-                pool_bytes=pool_budget,
-                mamba_state_bytes_per_request=per_request,
-                kv_bytes_per_token=spec.kv_bytes_per_token,
-                page_size=args.page_size,
-                mamba_full_memory_ratio=args.mamba_full_memory_ratio,
-                max_mamba_cache_size=args.max_mamba_cache_size,
-                max_running_requests=args.max_running_requests,
-                disable_radix_cache=args.disable_radix_cache,
-                strategy=strategy,
-                overlap_schedule=False,
-                context_len=context_len,
-                max_total_tokens=args.max_total_tokens,
-                speculative_num_draft_tokens=draft_tokens,
-            )
+    try:  # THE sizing function: plan, init and doctor call the same one for engine = "builtin"
+        sized = size_builtin_pools(
+            device_bytes=device_bytes,
+            mem_fraction_static=args.mem_fraction_static,
+            weight_bytes=weight_bytes,
+            state_bytes_per_request=per_request,
+            kv_bytes_per_token=spec.kv_bytes_per_token,
+            strategy=args.mamba_radix_cache_strategy,
+            page_size=args.page_size,
+            mamba_track_interval=args.mamba_track_interval,
+            mamba_full_memory_ratio=args.mamba_full_memory_ratio,
+            max_mamba_cache_size=args.max_mamba_cache_size,
+            max_running_requests=args.max_running_requests,
+            disable_radix_cache=args.disable_radix_cache,
+            context_len=context_len,
+            max_total_tokens=args.max_total_tokens,
+            speculative_num_draft_tokens=draft_tokens,
         )
     except PoolSizingError as exc:
-        raise EngineStartupError(
-            f"{exc} (bundled runtime: --memory-budget-gib sets the device memory)"
-        ) from None
+        raise EngineStartupError(f"{exc} (bundled runtime: --memory-budget-gib sets the device memory)") from None
+    plan, strategy, pool_budget = sized.plan, sized.strategy, sized.pool_budget_bytes
     sandbox_slots = plan.spec_intermediate_bytes // per_request
     buffers = allocate_pool_buffers(
         layout,

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import signal
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from runtime.args import RuntimeArgs
@@ -74,18 +73,6 @@ def _engine_args(args: RuntimeArgs, device: str) -> Any:
     return EngineArgs(**{k: v for k, v in wanted.items() if v is not None})
 
 
-def _check_model_dir(args: RuntimeArgs) -> None:
-    path = Path(args.model_path)
-    if not path.is_dir():
-        raise StartupError(
-            f"--model-path {args.model_path}: no such directory (the runtime loads local models only)"
-        )
-    if not (path / "config.json").is_file():
-        raise StartupError(
-            f"--model-path {args.model_path}: config.json not found; point it at a model directory"
-        )
-
-
 def _resolve_device(requested: str) -> str:
     import torch
 
@@ -98,7 +85,12 @@ def _resolve_device(requested: str) -> str:
 
 def start_context(args: RuntimeArgs) -> ServerContext:
     """Everything before HTTP: tokenizer, engine (model + pools). Raises StartupError for fixable problems."""
-    _check_model_dir(args)
+    from runtime.preflight import PreflightError, preflight
+
+    try:
+        preflight(args)  # what the engine would refuse, before anything loads
+    except PreflightError as e:
+        raise StartupError(str(e)) from None
     try:
         tokenizer = ServerTokenizer.load(args.resolved_tokenizer_path)
     except TokenizerLoadError as e:

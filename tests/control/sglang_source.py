@@ -17,12 +17,20 @@ TEMPLATES = REPO / "templates" / "models"
 
 
 def sglang_srt() -> Path:
-    """SGLang 0.5.23's `srt` source: $HYBRIDCTL_SGLANG_SRT, else CI's venv (.ci/run), else /work/sgl."""
+    """SGLang 0.5.23's `srt` source: $HYBRIDCTL_SGLANG_SRT, else the venv .ci/run builds ($HYBRIDCTL_SGLANG_VENV,
+    default .venv-sglang in the repository). Never a path of one machine: where neither exists, the path returned
+    does not exist and the tests that need SGLang's source skip, saying which variable to set."""
     if "HYBRIDCTL_SGLANG_SRT" in os.environ:
         return Path(os.environ["HYBRIDCTL_SGLANG_SRT"])
     venv = Path(os.environ.get("HYBRIDCTL_SGLANG_VENV", REPO / ".venv-sglang"))
     found = sorted(venv.glob("lib/python3*/site-packages/sglang/srt"))
-    return found[0] if found else Path("/work/sgl/sglang/srt")
+    return found[0] if found else venv / "lib" / "python3" / "site-packages" / "sglang" / "srt"
+
+
+SKIP_REASON = (
+    "SGLang 0.5.23's source not found: run .ci/run (it installs .venv-sglang) or set HYBRIDCTL_SGLANG_VENV "
+    "(a venv with sglang 0.5.23) or HYBRIDCTL_SGLANG_SRT (its sglang/srt directory)"
+)
 
 
 SRT = sglang_srt()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from config_files import with_model
 
 from hybridctl.config.loader import ConfigError, check_files, load_hybrid_config
 from hybridctl.config.schema import HybridConfig
@@ -43,7 +44,7 @@ def test_valid_files_load(tmp_path: Path) -> None:
 
 
 def test_missing_settings_means_defaults(tmp_path: Path) -> None:
-    cpath, spath = write(tmp_path, "[server]\nport = 8080\n", None)
+    cpath, spath = write(tmp_path, with_model(tmp_path, "[server]\nport = 8080\n"), None)
     assert load_hybrid_config(cpath, spath).settings == HybridConfig().settings
     report = check_files(cpath, spath)
     assert report.ok and [f.code for f in report.findings] == ["SETTINGS_DEFAULTS"]
@@ -121,6 +122,11 @@ def test_section_that_is_not_a_table(tmp_path: Path) -> None:
 def test_settings_top_level_not_an_object(tmp_path: Path) -> None:
     err = only_error(tmp_path, "", "[1, 2]")
     assert err.code == "WRONG_TYPE" and err.file.endswith("settings.json")
+
+
+def test_settings_null_is_an_error(tmp_path: Path) -> None:
+    err = only_error(tmp_path, "", "null")
+    assert err.code == "WRONG_TYPE" and err.file.endswith("settings.json") and err.line == 1
 
 
 def test_not_utf8(tmp_path: Path) -> None:

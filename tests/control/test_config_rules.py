@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from config_files import with_model
 
 from hybridctl.config.loader import check_files
 from hybridctl.config.rules import check_rules
@@ -215,7 +216,7 @@ CASES = [
         "{}",
         "ENGINE_FLAG_SHADOWS_KEY",
         "extra_engine_args.mamba-track-interval",
-        "warning",
+        "error",  # launch refuses a flag that a config key already sets
     ),
     (
         "secret-flag",
@@ -238,7 +239,7 @@ CASES = [
 
 def write(tmp_path: Path, config: str, settings: str) -> tuple[Path, Path]:
     cpath, spath = tmp_path / "config.toml", tmp_path / "settings.json"
-    cpath.write_text(config, encoding="utf-8")
+    cpath.write_text(with_model(tmp_path, config), encoding="utf-8")
     spath.write_text(settings, encoding="utf-8")
     return cpath, spath
 
@@ -256,14 +257,19 @@ def test_rule_fires(tmp_path: Path, config: str, settings: str, code: str, key: 
     assert hit.fix, "every rule finding says how to fix it"
     expected_file = spath if key.split(".")[0] in ("runtime", "mamba", "logging", "api") else cpath
     assert hit.file == str(expected_file)
-    text = (config if hit.file == str(cpath) else settings).splitlines()
+    text = (cpath if hit.file == str(cpath) else spath).read_text().splitlines()
     if key.split(".")[-1] in (config + settings):
         assert hit.line is not None and key.split(".")[-1] in text[hit.line - 1]
     assert report.exit_code() == (2 if report.errors else 0)
 
 
-def test_defaults_have_no_rule_findings() -> None:
-    assert check_rules(HybridConfig()) == []
+def test_defaults_have_no_rule_findings(tmp_path) -> None:
+    # The defaults plus the one key without a default (what to serve) raise nothing.
+    (tmp_path / "config.json").write_text("{}")
+    cfg = HybridConfig()
+    assert [f.code for f in check_rules(cfg)] == ["MODEL_PATH_MISSING"]
+    cfg.config.server.model_path = str(tmp_path)
+    assert check_rules(cfg) == []
 
 
 def test_rule_findings_name_the_fix_exactly() -> None:

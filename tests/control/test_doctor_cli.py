@@ -11,10 +11,10 @@ REPO = Path(__file__).resolve().parents[2]
 LOGS = Path(__file__).parent / "data" / "logs"
 QWEN3_NEXT = REPO / "templates" / "models" / "qwen3-next-80b-a3b.json"
 
-CONFIG = f"""\
+CONFIG = """\
 # A Qwen3-Next server on four 80 GiB GPUs.
 [server]
-model_path = "{QWEN3_NEXT}"
+model_path = "model"
 engine = "sglang"
 tp_size = 4
 
@@ -33,6 +33,9 @@ def doctor(*args: str, stdin: str | None = None, cwd: Path = REPO) -> subprocess
 
 
 def project(tmp_path: Path) -> Path:
+    """config.toml + settings.json beside a model directory (a real config.json: engines load directories)."""
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "config.json").write_text(QWEN3_NEXT.read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "config.toml").write_text(CONFIG, encoding="utf-8")
     (tmp_path / "settings.json").write_text(json.dumps(SETTINGS, indent=4) + "\n", encoding="utf-8")
     return tmp_path / "config.toml"
@@ -136,7 +139,7 @@ def test_fix_without_a_config_file(tmp_path: Path) -> None:
 def test_config_findings_point_at_the_key_line(tmp_path: Path) -> None:
     project(tmp_path)
     out = json.loads(doctor("--gpu-mem-gib", "80", "--json", cwd=tmp_path).stdout)
-    lines = {(f["code"], f["changes"][0]["key"]): f["line"] for f in out["findings"]}
+    lines = {(f["code"], f["changes"][0]["key"]): f["line"] for f in out["findings"] if f["changes"]}
     assert lines[("MAMBA_POOL_ALLOC", "memory.max_mamba_cache_size")] == 8  # config.toml line 8
     assert lines[("PREFIX_CACHE_MISS", "mamba.state_snapshot_on_match")] == 6  # settings.json, indent 4
 

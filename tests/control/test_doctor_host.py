@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sglang_source import SKIP_REASON, SRT
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.judge import judge_host, resolve_engine, torch_cuda_verdict
@@ -14,7 +15,7 @@ from hybridctl.host.packages import parse_torch_version_file, read_sglang_source
 from hybridctl.host.probe import probe_host
 
 GIB = 1 << 30
-SGLANG_WHEEL = Path("/work/sgl/sglang")
+SGLANG_WHEEL = SRT.parent  # the installed sglang package, found as sglang_source.py finds it
 
 
 def gpu(index: int = 0, vmm: bool | None = True, procs: tuple[GpuProcess, ...] = (), cc=(9, 0)) -> GpuFacts:
@@ -148,7 +149,7 @@ def test_torch_version_file_parsed_without_import() -> None:
     assert build.version.startswith("2.")
 
 
-@pytest.mark.skipif(not SGLANG_WHEEL.is_dir(), reason="no unzipped sglang 0.5.23 wheel on this machine")
+@pytest.mark.skipif(not SGLANG_WHEEL.is_dir(), reason=SKIP_REASON)
 def test_sglang_gates_read_from_its_source() -> None:
     facts = read_sglang_source(SGLANG_WHEEL, "0.5.23")
     assert facts == SglangFacts("0.5.23", True, False, True, True)

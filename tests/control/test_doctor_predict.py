@@ -12,7 +12,6 @@ from hybridctl.doctor.planning import PlanContext, load_plan_context
 from hybridctl.doctor.predict import (
     predict_pd_peer,
     predict_prefix_engine,
-    predict_spec_engine,
     predict_state_pool,
     rule_findings,
 )
@@ -188,10 +187,11 @@ def test_draft_tree_cannot_be_rolled_back() -> None:
     cfg.config.speculative.speculative_algorithm = "EAGLE"
     cfg.config.speculative.speculative_topk = 4
     cfg.config.speculative.speculative_num_draft_tokens = 8
-    (f,) = predict_spec_engine(cfg, "sglang")
+    (f,) = [f for f in rule_findings(cfg, None, "sglang") if f.changes and f.changes[0].key.endswith("topk")]
     assert (f.code, f.severity) == ("SPEC_ROLLBACK", "error")
     fixed = apply(cfg, f.changes)
-    assert fixed.config.speculative.speculative_topk == 1 and predict_spec_engine(fixed, "sglang") == []
+    topk = [f for f in rule_findings(fixed, None, "sglang") if "speculative_topk" in f.cause]
+    assert fixed.config.speculative.speculative_topk == 1 and topk == []
     assert (
         fixed.config.speculative.speculative_num_draft_tokens
         == fixed.config.speculative.speculative_num_steps + 1

@@ -30,7 +30,7 @@ def test_init_round_trip(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(WRITTEN)  # no temp files left behind
     report = check_files(tmp_path / "config.toml", tmp_path / "settings.json")
-    assert report.findings == []
+    assert [f.code for f in report.findings] == ["MODEL_PATH_MISSING"]  # no --model: the one key left to fill
     cfg = load_hybrid_config(tmp_path / "config.toml", tmp_path / "settings.json")
     expected = HybridConfig()
     expected.config.server.engine = "sglang"

@@ -16,9 +16,17 @@ from hybridctl.cli import app
 runner = CliRunner()
 
 
+def _model(tmp_path: Path) -> Path:
+    """A model directory whose path has a space (validate refuses a model_path that does not exist)."""
+    model = tmp_path / "models" / "my model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text("{}")
+    return model
+
+
 def _write_config(tmp_path: Path, body: str = "") -> Path:
     config = tmp_path / "config.toml"
-    config.write_text(f'[server]\nmodel_path = "/models/my model"\nport = 31555\n{body}')
+    config.write_text(f'[server]\nmodel_path = "{_model(tmp_path)}"\nport = 31555\n{body}')
     return config
 
 
@@ -31,7 +39,7 @@ def test_dry_run_last_line_is_the_command_shell_quoted(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     argv = shlex.split(proc.stdout.strip().splitlines()[-1])
     assert argv[:3] == [sys.executable, "-m", "runtime"]
-    assert argv[argv.index("--model-path") + 1] == "/models/my model"
+    assert argv[argv.index("--model-path") + 1] == str(_model(tmp_path))
     assert argv[argv.index("--port") + 1] == "31555"
     assert "--disable-overlap-schedule" in argv
 
@@ -87,7 +95,7 @@ def test_write_yaml_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     args = ["launch", str(config), "--engine", "sglang", "--dry-run", "--write-yaml", str(out)]
     assert runner.invoke(app, args).exit_code == 0
     text = out.read_text()
-    assert 'model-path: "/models/my model"' in text and "port: 31555" in text
+    assert f'model-path: "{_model(tmp_path)}"' in text and "port: 31555" in text
     out.write_text("mine\n")
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "--force" in result.output and out.read_text() == "mine\n"
@@ -131,7 +139,7 @@ def test_launch_on_a_busy_port_exits_2_without_a_traceback(tmp_path: Path) -> No
         taken.listen()
         port = taken.getsockname()[1]
         config = tmp_path / "config.toml"
-        config.write_text(f'[server]\nmodel_path = "/models/m"\nport = {port}\n')
+        config.write_text(f'[server]\nmodel_path = "{_model(tmp_path)}"\nport = {port}\n')
         result = runner.invoke(app, ["launch", str(config), "--engine", "builtin"])
     assert result.exit_code == 2, result.output
     assert "already in use" in result.output and "Traceback" not in result.output

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy
 import pytest
-from sglang_source import SRT, TEMPLATES, exec_lifted, lift
+from sglang_source import SKIP_REASON, SRT, TEMPLATES, exec_lifted, lift
 
 from hybridctl.model import ModelSpecError, load_model_spec
 
 pytestmark = pytest.mark.skipif(
-    not (SRT / "configs" / "mamba_utils.py").is_file(), reason=f"SGLang 0.5.23 source not found at {SRT}"
+    not (SRT / "configs" / "mamba_utils.py").is_file(), reason=SKIP_REASON
 )
 
 

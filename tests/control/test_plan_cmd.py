@@ -77,7 +77,12 @@ def test_config_files_are_used_and_flags_win(tmp_path: Path) -> None:
 @pytest.mark.skipif(gpu_memory_bytes() is not None, reason="NVML reports a GPU here: memory is detected")
 def test_no_gpu_and_no_size_asks_for_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    # engine auto on a GPU-less host is the bundled runtime, which cannot hold an 8B model in 4 GiB: it says so
+    # and names the flag that plans an SGLang server instead.
     result = runner.invoke(app, ["plan", "--model", NEMOTRON])
+    assert result.exit_code == 1
+    assert "bundled runtime" in result.output and "--gpu-mem-gib" in result.output
+    result = runner.invoke(app, ["plan", "--model", NEMOTRON, "--engine", "sglang"])
     assert result.exit_code == 2
     assert "--gpu-mem-gib" in result.output and "--pool-gib" in result.output
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sglang_source import SRT, TEMPLATES, exec_lifted, lift
+from sglang_source import SKIP_REASON, SRT, TEMPLATES, exec_lifted, lift
 
 from hybridctl.model import load_model_spec
 from hybridctl.planner.memory import prefill_graph_sizes, vlm_mem_fraction_factor
@@ -29,7 +29,7 @@ KVC = SRT / "mem_cache" / "kv_cache_configurator.py"
 POOLS = SRT / "model_executor" / "pool_configurator.py"
 SIZING = SRT / "mem_cache" / "allocation_sizing.py"
 
-pytestmark = pytest.mark.skipif(not KVC.is_file(), reason=f"SGLang 0.5.23 source not found at {SRT}")
+pytestmark = pytest.mark.skipif(not KVC.is_file(), reason=SKIP_REASON)
 
 
 class Reference:

@@ -13,13 +13,16 @@ from hybridctl.cli import app
 from hybridctl.config.schema import HybridConfig
 from hybridctl.config.sglang_version import VersionError, resolve_release
 
-runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
 ARTICLE_SETTINGS = '{"mamba": {"state_dtype": "float16"}}'
 
 
 def files(tmp_path: Path, config: str, settings: str = "{}") -> list[str]:
-    (tmp_path / "config.toml").write_text('[server]\nmodel_path = "/models/qwen3-next"\n' + config)
+    model = tmp_path / "qwen3-next"  # launch refuses a model_path that does not exist
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text((REPO / "templates" / "models" / "qwen3-next-80b-a3b.json").read_text())
+    (tmp_path / "config.toml").write_text(f'[server]\nmodel_path = "{model}"\n' + config)
     (tmp_path / "settings.json").write_text(settings)
     return [str(tmp_path / "config.toml"), str(tmp_path / "settings.json")]
 

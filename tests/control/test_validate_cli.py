@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from config_files import with_model
 from typer.testing import CliRunner
 
 from hybridctl.cli import app
@@ -15,7 +16,7 @@ runner = CliRunner()
 
 
 def files(tmp_path: Path, config: str, settings: str = "{}") -> list[str]:
-    (tmp_path / "config.toml").write_text(config)
+    (tmp_path / "config.toml").write_text(with_model(tmp_path, config))
     (tmp_path / "settings.json").write_text(settings)
     return [str(tmp_path / "config.toml"), str(tmp_path / "settings.json")]
 
@@ -50,7 +51,7 @@ def test_json_report(tmp_path: Path) -> None:
 
 
 def test_engine_version_option(tmp_path: Path) -> None:
-    paths = files(tmp_path, '[extra_engine_args]\nmamba-backend = "triton"\n')
+    paths = files(tmp_path, '[server]\nengine = "sglang"\n[extra_engine_args]\nmamba-backend = "triton"\n')
     result = runner.invoke(app, ["validate", *paths, "--engine-version", "0.7.0", "--strict"])
     assert result.exit_code == 1 and "ENGINE_VERSION_UNKNOWN" in result.output
 

@@ -32,7 +32,7 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end_and_refuses_to_overwrite(tmp_path: Path) -> None:
+def test_demo_runs_end_to_end_and_again(tmp_path: Path) -> None:
     out = tmp_path / "hybridctl-demo"
     port = free_port()
     proc = hybridctl("demo", "--dir", str(out), "--port", str(port), "--json")
@@ -55,7 +55,12 @@ def test_demo_runs_end_to_end_and_refuses_to_overwrite(tmp_path: Path) -> None:
     pid = int(report["steps"][1]["detail"].split("pid ")[1].split()[0])
     assert not pid_alive(pid), "the demo left its server running"
 
-    # A second run into the same directory refuses to overwrite and leaves report.json alone.
-    proc = hybridctl("demo", "--dir", str(out), "--port", str(port))
-    assert proc.returncode == 2 and "--force" in proc.stderr and "Traceback" not in proc.stderr
-    assert json.loads((out / "report.json").read_text()) == on_disk
+    # The README's first command, run twice: the second run keeps the demo the first one built (same model, same
+    # files, no --force needed) and runs again.
+    model_before = (out / "demo-model" / "model.safetensors").stat().st_mtime_ns
+    proc = hybridctl("demo", "--dir", str(out), "--port", str(port), "--json")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    again = json.loads(proc.stdout)
+    assert again["passed"] is True and "kept the demo" in again["steps"][0]["detail"]
+    assert (out / "demo-model" / "model.safetensors").stat().st_mtime_ns == model_before
+    assert json.loads((out / "report.json").read_text())["steps"] == again["steps"]  # this run's own report

@@ -1,0 +1,210 @@
+"""SERVER_*: what `launch` and the engines refuse about [server] — the model to serve, the address, the nodes.
+
+These run in `validate` (and `doctor`, and `launch` before anything starts) so a config `validate` calls valid
+is one `launch --dry-run` and the bundled runtime's start-up checks accept. `check_multinode` raises for the
+launch builders; `rule_server` reports the same conditions as findings.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+
+from hybridctl.config.findings import Finding
+from hybridctl.config.rule_findings import CONFIG, toml_set
+from hybridctl.config.rule_findings import rule_finding as _f
+from hybridctl.config.schema import HybridConfig
+
+# RFC 1123: a host name is at most 253 characters of dot-separated labels of letters, digits and hyphens.
+MAX_HOST_CHARS = 253
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+# A hub id: "org/name" (SGLang downloads it; the bundled runtime loads local directories only).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def host_problem(host: str) -> str | None:
+    """Why `host` cannot be bound (empty, too long, not a name or an IP address), or None."""
+    if not host.strip():
+        return 'it is empty, which binds every interface (as "0.0.0.0" would) and hides that choice'
+    if len(host) > MAX_HOST_CHARS:
+        return f"it is {len(host)} characters long; host names have at most {MAX_HOST_CHARS}"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if all(_LABEL.match(label) for label in host.rstrip(".").split(".")):
+        return None
+    return "it is neither an IP address nor a host name (letters, digits, hyphens and dots)"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost answer only this machine."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_hub_id(model_path: str) -> bool:
+    """`org/name` that names nothing on disk: a model SGLang would download."""
+    return bool(_HUB_ID.match(model_path)) and not Path(model_path).exists()
+
+
+def multinode_problem(cfg: HybridConfig) -> tuple[str, str, str] | None:
+    """(key, message, fix) when the node settings cannot start, else None. Used by launch and by validate."""
+    server = cfg.config.server
+    if server.nnodes > 1 and not server.dist_init_addr:
+        return (
+            "server.dist_init_addr",
+            f"nnodes = {server.nnodes} but dist_init_addr is unset, so the nodes cannot find each other.",
+            toml_set("server.dist_init_addr", '"<node 0 address>:<port>"') + " (the same on every node)",
+        )
+    if server.node_rank >= server.nnodes:
+        return (
+            "server.node_rank",
+            f"node_rank = {server.node_rank} is not below nnodes = {server.nnodes}.",
+            f"use node_rank 0..{server.nnodes - 1} in [server] of {CONFIG}, one per node",
+        )
+    return None
+
+
+def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]:
+    path = cfg.config.server.model_path
+    if not path.strip():
+        return [
+            _f(
+                "error",
+                "MODEL_PATH_MISSING",
+                CONFIG,
+                "server.model_path",
+                "model_path is empty (or [server] is missing), so there is nothing to serve.",
+                toml_set("server.model_path", '"/path/to/model"')
+                + " (a directory with config.json and safetensors, or a hub id for SGLang)",
+            )
+        ]
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return []
+        return [
+            _f(
+                "error",
+                "MODEL_PATH_NOT_FOUND",
+                CONFIG,
+                "server.model_path",
+                f"model_path {path!r} is a directory without config.json, which no engine can load.",
+                toml_set("server.model_path", '"/path/to/model"') + " (the directory that holds config.json)",
+            )
+        ]
+    if p.is_file():
+        return [
+            _f(
+                "error",
+                "MODEL_PATH_NOT_FOUND",
+                CONFIG,
+                "server.model_path",
+                f"model_path {path!r} is a file; engines load a model directory (config.json + weights).",
+                toml_set("server.model_path", f'"{p.parent}"') + " (the directory that holds it)",
+            )
+        ]
+    if is_hub_id(path):
+        if engine == "builtin":
+            return [
+                _f(
+                    "error",
+                    "MODEL_PATH_NOT_FOUND",
+                    CONFIG,
+                    "server.model_path",
+                    f"model_path {path!r} is a hub id, and the bundled runtime (engine builtin here) loads "
+                    "local directories only.",
+                    f"download it (huggingface-cli download {path} --local-dir DIR) and "
+                    + toml_set("server.model_path", '"DIR"')
+                    + ', or set engine = "sglang" in [server] on a GPU host',
+                )
+            ]
+        return []  # SGLang downloads it at start-up
+    return [
+        _f(
+            "error",
+            "MODEL_PATH_NOT_FOUND",
+            CONFIG,
+            "server.model_path",
+            f"model_path {path!r} does not exist (relative paths are read next to config.toml).",
+            toml_set("server.model_path", '"/path/to/model"') + " (an existing model directory, or an org/name hub id)",
+        )
+    ]
+
+
+def _other_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]:
+    """tokenizer_path and the draft model: a directory that exists, or (SGLang only) a hub id."""
+    out = []
+    for key, value in (
+        ("server.tokenizer_path", cfg.config.server.tokenizer_path),
+        ("speculative.speculative_draft_model_path", cfg.config.speculative.speculative_draft_model_path),
+    ):
+        if not value or Path(value).expanduser().is_dir():
+            continue
+        if is_hub_id(value) and engine != "builtin":
+            continue
+        where = (
+            "is a hub id, and the bundled runtime loads local directories only"
+            if is_hub_id(value)
+            else ("is not a directory (relative paths are read next to config.toml)")
+        )
+        out.append(
+            _f(
+                "error",
+                "MODEL_PATH_NOT_FOUND",
+                CONFIG,
+                key,
+                f"{key.split('.')[-1]} {value!r} {where}.",
+                toml_set(key, '"/path/to/dir"') + " (an existing directory), or remove it",
+            )
+        )
+    return out
+
+
+def _host_findings(cfg: HybridConfig) -> list[Finding]:
+    host = cfg.config.server.host
+    problem = host_problem(host)
+    if problem:
+        shown = host if len(host) <= 40 else host[:37] + "..."
+        return [
+            _f(
+                "error",
+                "HOST_INVALID",
+                CONFIG,
+                "server.host",
+                f"host {shown!r} cannot be bound: {problem}.",
+                toml_set("server.host", '"127.0.0.1"') + ' (this machine only), or "0.0.0.0" to expose it on purpose',
+            )
+        ]
+    if is_loopback(host):
+        return []
+    return [
+        _f(
+            "warning",
+            "HOST_EXPOSED",
+            CONFIG,
+            "server.host",
+            f"host {host!r} listens beyond this machine and the server gets no key (hybridctl never puts one "
+            "on a command line or in a file): anyone who reaches the port can use the model.",
+            toml_set("server.host", '"127.0.0.1"')
+            + ", or keep it and put an authenticating proxy or a firewall in front of the port",
+        )
+    ]
+
+
+def rule_server(cfg: HybridConfig, engine: str | None = None) -> list[Finding]:
+    """MODEL_PATH_*, HOST_*, MULTINODE: the [server] settings launch and the engines refuse or warn about."""
+    out = _model_path_findings(cfg, engine) + _other_path_findings(cfg, engine) + _host_findings(cfg)
+    multinode = multinode_problem(cfg)
+    if multinode is not None:
+        key, message, fix = multinode
+        out.append(_f("error", "MULTINODE", CONFIG, key, message, fix))
+    return out
