@@ -58,12 +58,15 @@ from hybridctl.launch.process import StopSignal, start_server
 
 config, argv, port = sys.argv[1], sys.argv[2:-1], int(sys.argv[-1])
 plan = LaunchPlan("builtin", "test", [EngineCommand("builtin", "server", argv, "127.0.0.1", port)])
+handle = None
 with forwarded_signals():
     try:
         handle = start_server(config, plan=plan, startup_timeout_s=60)
         print("ready", handle.pid, flush=True)
         code = follow(handle, lambda chunk: None, poll_s=0.1)
-    except StopSignal as exc:
+    except StopSignal as exc:  # arrived between start_server and follow: launch_cmd stops the server here too
+        if handle is not None:
+            handle.stop(sig=exc.signal)
         code = exc.exit_code
 sys.exit(code)
 """
