@@ -166,7 +166,7 @@ class ThreadedEngineClient(EngineClient):
                 self.core.args.log_mamba_state_stats
                 and time.monotonic() - last_stats_log > _STATS_LOG_INTERVAL_S
             ):
-                last_stats_log = float("-inf")  # the first busy step logs, then every _STATS_LOG_INTERVAL_S
+                last_stats_log = time.monotonic()
                 self.core.log_state_stats()
 
     def _notify_step_listeners(self) -> None:

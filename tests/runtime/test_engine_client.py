@@ -85,12 +85,16 @@ def test_state_stats_are_logged_when_asked(model_dir: Path, caplog: pytest.LogCa
     client = _start(model_dir, log_mamba_state_stats=True)
     try:
         w = Waiter()
-        client.add_request(GenerateRequest("a", [1, 2, 3], greedy(2)), w)
+        # 40 busy steps in well under the 10 s interval: the first logs, the others must not.
+        client.add_request(GenerateRequest("a", [1, 2, 3], greedy(40)), w)
         assert w.done.wait(60)
     finally:
         client.shutdown()
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Mamba state stats:"))
-    assert "mamba_usage=" in line and "cache_hit_rate=" in line and "state_evictions=" in line
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Mamba state stats:")]
+    assert lines, "no state-stats line"
+    assert "mamba_usage=" in lines[0] and "cache_hit_rate=" in lines[0] and "state_evictions=" in lines[0]
+    # Throttled to one line per 10 s: a request of 40 steps (under a second here) logs once, not per step.
+    assert len(lines) == 1, f"{len(lines)} state-stats lines for one short request (one per step?)"
 
 
 def test_tree_cache_line_says_when_the_radix_cache_is_off(
