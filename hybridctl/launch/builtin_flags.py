@@ -27,7 +27,7 @@ _VALUE_FLAGS = (
     "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
     "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--disaggregation-mode",
     "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s", "--torch-compile-max-bs",
-    "--torch-compile-max-extend-tokens",
+    "--torch-compile-max-extend-tokens", "--api-key-env", "--max-request-body-bytes",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
@@ -49,6 +49,13 @@ RUNTIME_FLAGS: dict[str, FlagSpec] = {
 }
 
 
+def key_env_argv(cfg: HybridConfig) -> list[str]:
+    """The server requires the key in settings.json's api.api_key_env: the runtime reads it from that variable
+    itself, so only the variable's NAME is on the command line (never the key: argv is public in ps)."""
+    name = cfg.settings.api.api_key_env
+    return ["--api-key-env", name] if name else []
+
+
 def builtin_command(
     cfg: HybridConfig, python: str | None = None, allow_ignored: bool = False
 ) -> EngineCommand:
@@ -61,7 +68,7 @@ def builtin_command(
     refuse_ignored(translation, allow_ignored)
     add_extra_args(translation, cfg.config.extra_engine_args, RUNTIME_FLAGS, "the bundled runtime")
     server = cfg.config.server
-    argv = [python or sys.executable, "-m", "runtime", *flags_to_argv(translation.flags)]
+    argv = [python or sys.executable, "-m", "runtime", *flags_to_argv(translation.flags), *key_env_argv(cfg)]
     return EngineCommand(
         engine="builtin", role="server", argv=argv, host=server.host, port=server.port,
         ignored=translation.ignored,

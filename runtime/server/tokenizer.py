@@ -33,6 +33,7 @@ class ServerTokenizer:
     bos_token: str | None
     eos_token: str | None
     add_bos_token: bool
+    _max_token_bytes: int | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> ServerTokenizer:
@@ -71,6 +72,14 @@ class ServerTokenizer:
             eos_token=_token_text(cfg.get("eos_token")),
             add_bos_token=bool(cfg.get("add_bos_token", False)),
         )
+
+    @property
+    def max_token_bytes(self) -> int:
+        """UTF-8 bytes of the longest vocabulary entry: no token covers much more text than that."""
+        if self._max_token_bytes is None:
+            vocab = self._tok.get_vocab(with_added_tokens=True)
+            self._max_token_bytes = max((len(t.encode("utf-8", "replace")) for t in vocab), default=1)
+        return self._max_token_bytes
 
     @property
     def vocab_size(self) -> int:
