@@ -75,6 +75,8 @@ class ThreadedEngineClient(EngineClient):
         return True
 
     def abort(self, rid: str) -> None:
+        if self._failure is not None:
+            return  # the dead loop already finished every request it had
         self._send("abort", rid)
 
     def flush_cache(self) -> bool:
