@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine.api import EngineArgs, EngineClient, GenerateRequest, RequestOutput, start_engine
+from runtime.engine.api import (
+    EngineArgs,
+    EngineClient,
+    GenerateRequest,
+    RequestOutput,
+    SamplingParams,
+    start_engine,
+)
 from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.engine.pool_setup import EngineStartupError
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, one_torch_thread
@@ -207,3 +214,45 @@ def test_the_engine_is_built_on_its_own_thread_with_the_callers_thread_count(mod
     finally:
         client.shutdown()
     assert not client._thread.is_alive()
+
+
+def test_a_request_failing_in_sampling_or_admission_fails_alone(model_dir: Path) -> None:
+    """One request's bad numbers never reach the others nor kill the loop (each case killed it, or cut a
+    greedy neighbour, before the engine isolated them)."""
+    client = _start(model_dir)
+    try:
+        solo = Waiter()
+        client.add_request(GenerateRequest("solo", [5, 6, 7], greedy(12)), solo)
+        assert solo.done.wait(60)
+        # A direct engine client (no HTTP parser in front) sends values the sampler cannot use.
+        for i, params in enumerate(
+            [SamplingParams(temperature=0.5, seed=2**64), SamplingParams(temperature=float("nan"), max_new_tokens=4)]
+        ):
+            w = Waiter()
+            client.add_request(GenerateRequest(f"refused{i}", [1, 2], params), w)
+            assert w.done.wait(60), "a refused request never finished (engine loop dead?)"
+            reason = w.outputs[-1].finish_reason or {}
+            assert reason.get("type") == "abort" and reason.get("status_code") == 400, reason
+        # A request whose sampling starts failing mid-run, in the same decode batch as a greedy neighbour.
+        neighbour, bad = Waiter(), Waiter()
+        bad_params = SamplingParams(temperature=0.7, max_new_tokens=12)
+
+        def poison(out: RequestOutput) -> None:
+            bad(out)
+            bad_params.temperature = float("nan")  # from its next step on, sampling this row raises
+
+        client.add_request(GenerateRequest("neighbour", [5, 6, 7], greedy(12)), neighbour)
+        client.add_request(GenerateRequest("bad", [9, 9, 9], bad_params), poison)
+        assert neighbour.done.wait(60) and bad.done.wait(60)
+        assert neighbour.tokens() == solo.tokens()
+        assert (neighbour.outputs[-1].finish_reason or {}).get("type") == "length"
+        reason = bad.outputs[-1].finish_reason or {}
+        assert reason.get("type") == "abort" and "sampling" in str(reason.get("message")), reason
+        assert client.failure() is None
+        again = Waiter()
+        client.add_request(GenerateRequest("again", [5, 6, 7], greedy(12)), again)
+        assert again.done.wait(60) and again.tokens() == solo.tokens()
+        stats = client.stats()
+        assert stats.num_running_reqs == 0 and stats.state_slots_in_use == 0 and stats.kv_pages_in_use == 0
+    finally:
+        client.shutdown()
