@@ -179,6 +179,8 @@ async def flush_cache(request: Request) -> Response:
         while not ok and time.monotonic() < deadline:
             await asyncio.sleep(FLUSH_POLL_S)
             ok = await asyncio.to_thread(ctx.client.flush_cache)
+    except RuntimeError as e:  # the engine loop is not running
+        return error_response(str(e), 503, "ServiceUnavailable")
     finally:
         ctx.flushing = False
     if not ok and timeout > 0:
