@@ -31,7 +31,7 @@ from runtime.kvcache.cache_manager import CacheManager
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
-from runtime.scheduler.sampling import sample
+from runtime.scheduler.sampling import sample_isolated
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
 
 if TYPE_CHECKING:
@@ -367,30 +367,17 @@ class Scheduler:
 
     # -- postprocess -----------------------------------------------------------------------------------------
 
-    def _sample_batch(self, reqs: list[Req], logits: torch.Tensor) -> list[int | None]:
-        """One token per request; a request whose sampling raises gets None (and fails alone), not the batch."""
-        generators = [r.generator or self._generator for r in reqs]
-        try:
-            return list(sample(logits, [r.sampling for r in reqs], generators))
-        except Exception:  # noqa: BLE001 - find the request at fault row by row
-            logger.exception("batch sampling failed; sampling row by row to isolate the request")
-        tokens: list[int | None] = []
-        for i, req in enumerate(reqs):
-            try:
-                tokens.append(sample(logits[i : i + 1], [req.sampling], [generators[i]])[0])
-            except Exception as exc:  # noqa: BLE001
-                self.fail(req, "sampling", exc, status_code=400)
-                tokens.append(None)
-        return tokens
-
     def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        tokens = self._sample_batch(reqs, logits)
+        generators = [r.generator or self._generator for r in reqs]
+        tokens, errors = sample_isolated(logits, [r.sampling for r in reqs], generators)
+        for i, exc in errors:  # this request's sampling raised: it fails alone, the batch goes on
+            self.fail(reqs[i], "sampling", exc, status_code=400)
         logprobs = None
         if any(r.return_logprob for r in reqs):
             logprobs = torch.log_softmax(logits.float(), dim=-1)
         for i, (req, tok) in enumerate(zip(reqs, tokens, strict=True)):
             if tok is None:
-                continue  # failed alone in _sample_batch
+                continue  # failed alone above
             req.output_ids.append(tok)
             req.pending_ids.append(tok)
             if logprobs is not None:

@@ -252,7 +252,8 @@ def test_a_request_failing_in_sampling_or_admission_fails_alone(model_dir: Path)
         again = Waiter()
         client.add_request(GenerateRequest("again", [5, 6, 7], greedy(12)), again)
         assert again.done.wait(60) and again.tokens() == solo.tokens()
-        stats = client.stats()
+        assert isinstance(client, ThreadedEngineClient)
+        stats = client.call_in_engine(lambda core: core.stats())  # between steps: exact, not the last snapshot
         assert stats.num_running_reqs == 0 and stats.state_slots_in_use == 0 and stats.kv_pages_in_use == 0
     finally:
         client.shutdown()
