@@ -49,13 +49,6 @@ RUNTIME_FLAGS: dict[str, FlagSpec] = {
 }
 
 
-def key_env_argv(cfg: HybridConfig) -> list[str]:
-    """The server requires the key in settings.json's api.api_key_env: the runtime reads it from that variable
-    itself, so only the variable's NAME is on the command line (never the key: argv is public in ps)."""
-    name = cfg.settings.api.api_key_env
-    return ["--api-key-env", name] if name else []
-
-
 def builtin_command(
     cfg: HybridConfig, python: str | None = None, allow_ignored: bool = False
 ) -> EngineCommand:
@@ -68,7 +61,7 @@ def builtin_command(
     refuse_ignored(translation, allow_ignored)
     add_extra_args(translation, cfg.config.extra_engine_args, RUNTIME_FLAGS, "the bundled runtime")
     server = cfg.config.server
-    argv = [python or sys.executable, "-m", "runtime", *flags_to_argv(translation.flags), *key_env_argv(cfg)]
+    argv = [python or sys.executable, "-m", "runtime", *flags_to_argv(translation.flags)]
     return EngineCommand(
         engine="builtin", role="server", argv=argv, host=server.host, port=server.port,
         ignored=translation.ignored,
