@@ -114,8 +114,6 @@ def error_response(
     )
 
 
-__all__ = ["BadJson", "BodyTooLarge"]
-
 _INLINE_PARSE_BYTES = 64 << 10  # larger bodies are parsed on a worker thread
 
 

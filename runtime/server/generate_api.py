@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runtime.server.context import BadJson, ServerContext, body_error, json_body, watch_disconnect
+from runtime.server.context import ServerContext, body_error, json_body, watch_disconnect
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
 from runtime.server.generate_request import (
     ContractError,
@@ -18,6 +18,7 @@ from runtime.server.generate_request import (
     RequestValueError,
     parse_generate_body,
 )
+from runtime.server.limits import BadJson
 from runtime.server.request_state import RequestState
 from runtime.server.sse import DONE, AbortingStreamingResponse
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runtime.server.context import BadJson, ServerContext, body_error, error_response, json_body
+from runtime.server.context import ServerContext, body_error, error_response, json_body
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
 from runtime.server.generate_api import EngineUnavailable, abort_error, run_to_end, start_group
 from runtime.server.generate_request import (
@@ -29,6 +29,7 @@ from runtime.server.generate_request import (
     prepare_request,
     short_repr,
 )
+from runtime.server.limits import BadJson
 from runtime.server.request_state import RequestState
 from runtime.server.sse import DONE, AbortingStreamingResponse, sse_event
 
