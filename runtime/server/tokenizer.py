@@ -86,7 +86,9 @@ class ServerTokenizer:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
-        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
+        # encode_batch, not encode: the tokenizers binding releases the GIL only in the batch call, and a long
+        # prompt held it for seconds on a worker thread (the event loop, /health included, stood still).
+        ids = list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
         if self.add_bos_token and self.bos_token is not None:
             bos = self._tok.token_to_id(self.bos_token)
             if bos is not None and (not ids or ids[0] != bos):

@@ -239,6 +239,35 @@ def test_health_answers_fast_while_an_8mb_request_is_refused(server: RunningServ
             assert latencies[len(latencies) // 2] < 0.1, f"median /health {latencies[len(latencies) // 2]:.3f}s"
 
 
+@pytest.mark.slow
+def test_health_answers_while_a_long_prompt_is_tokenized(server: RunningServer) -> None:
+    """A prompt just under the body limit is tokenized (then refused: longer than the context) on a worker thread
+    that lets go of the GIL: the event loop answers /health meanwhile (tokenizers' single `encode` held the GIL
+    for the whole call: the loop stood still for ~1 s here)."""
+    text = ("hello world, this is a test. " * 40000)[:1_000_000]
+    body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 1}}).encode()
+    with httpx.Client(base_url=server.url, timeout=30.0) as c:
+        assert c.get("/health").status_code == 200
+        done, status, latencies = threading.Event(), [], []
+
+        def send() -> None:
+            try:
+                status.append(httpx.post(server.url + "/generate", content=body, timeout=120).status_code)
+            finally:
+                done.set()
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        while not done.is_set() or len(latencies) < 5:
+            t0 = time.perf_counter()
+            assert c.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - t0)
+        sender.join(timeout=120)
+    assert status == [400]
+    latencies.sort()
+    assert latencies[len(latencies) // 2] < 0.1 and latencies[-1] < 0.5, f"/health latencies {latencies[-3:]}"
+
+
 def test_flush_cache_waits_up_to_its_timeout(server: RunningServer) -> None:
     with httpx.Client(base_url=server.url, timeout=60.0) as c:
         body = {"text": "flush me", "sampling_params": {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}}
