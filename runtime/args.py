@@ -8,6 +8,7 @@ This module does not import torch: parsing and checking the command line is inst
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -39,6 +40,8 @@ RUNTIME_ONLY_FLAGS = (
     "--enable-elastic-memory-pool",
     "--elastic-realloc-timeout-s",
     "--torch-compile-max-extend-tokens",
+    "--api-key-env",
+    "--max-request-body-bytes",
 )
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 
@@ -68,7 +71,9 @@ class RuntimeArgs:
     log_level: str = "info"
     log_requests: bool = False
     enable_metrics: bool = False
-    api_key: str | None = None
+    api_key: str | None = None  # from --api-key-env (or SGLang's --api-key); never logged nor reported
+    api_key_env: str | None = None
+    max_request_body_bytes: int | None = None  # None: sized from the context length (server/limits.py)
     trust_remote_code: bool = False
     tp_size: int = 1
     random_seed: int | None = None
@@ -199,7 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-requests", action="store_true", help="Log every request's metadata.")
     p.add_argument("--enable-metrics", action="store_true", help="Serve Prometheus metrics at /metrics.")
     p.add_argument(
-        "--api-key", help="Require 'Authorization: Bearer <key>' on all routes but health/metrics."
+        "--api-key",
+        help="Require 'Authorization: Bearer <key>' on all routes but health/ready/metrics. Visible to every "
+        "local user in ps: prefer --api-key-env.",
     )
     p.add_argument(
         "--trust-remote-code", action="store_true", help="Accepted; the runtime runs no model code."
@@ -276,6 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--elastic-realloc-timeout-s", type=_positive_float, default=5.0, help="Deadline of one move (5)."
     )
     own.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="Read the API key from environment variable NAME (the key never appears on the command line).",
+    )
+    own.add_argument(
+        "--max-request-body-bytes",
+        type=human_readable_int,
+        help="Largest request body; larger ones get 413 (default: sized from the context length).",
+    )
+    own.add_argument(
         "--torch-compile-max-extend-tokens",
         type=_non_negative_int,
         default=DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
@@ -331,5 +348,18 @@ def parse_args(argv: Sequence[str] | None = None) -> RuntimeArgs:
         parser.error(f"--port {ns.port}: must be in 0..65535")
     if not 0 <= ns.disaggregation_bootstrap_port <= 65535:
         parser.error(f"--disaggregation-bootstrap-port {ns.disaggregation_bootstrap_port}: must be 0..65535")
+    if ns.api_key_env is not None:
+        if ns.api_key is not None:
+            parser.error("--api-key and --api-key-env: give one (prefer --api-key-env: argv is public)")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ns.api_key_env):
+            parser.error(f"--api-key-env {ns.api_key_env!r}: give the NAME of an environment variable")
+        ns.api_key = os.environ.get(ns.api_key_env) or None
+        if ns.api_key is None:
+            parser.error(
+                f"--api-key-env {ns.api_key_env}: that environment variable is unset or empty; "
+                f"export {ns.api_key_env}=<key> before starting the server"
+            )
+    if ns.max_request_body_bytes is not None and ns.max_request_body_bytes < 1024:
+        parser.error(f"--max-request-body-bytes {ns.max_request_body_bytes}: must be >= 1024")
     known = {f.name for f in fields(RuntimeArgs)}
     return RuntimeArgs(**{k: v for k, v in vars(ns).items() if k in known})

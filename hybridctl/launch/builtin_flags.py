@@ -27,7 +27,7 @@ _VALUE_FLAGS = (
     "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
     "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--disaggregation-mode",
     "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s", "--torch-compile-max-bs",
-    "--torch-compile-max-extend-tokens",
+    "--torch-compile-max-extend-tokens", "--api-key-env", "--max-request-body-bytes",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",

@@ -293,7 +293,12 @@ ROWS: tuple[MappingRow, ...] = (
     ),
     # --- [api]: the upstream gateway verify compares against
     _row(S, "api.base_url", CLIENT, CLIENT),
-    _row(S, "api.api_key_env", CLIENT, CLIENT),
+    # The bundled runtime requires this key too, reading it from the variable itself (only the NAME is on argv);
+    # SGLang 0.5.23 takes a key only as a value (--api-key), which would show it in ps: not passed there.
+    _row(
+        S, "api.api_key_env", CLIENT,
+        flag("--api-key-env", note="bundled runtime: requires this key, read from the variable (its name on argv)"),
+    ),  # fmt: skip
     _row(S, "api.timeout_seconds", CLIENT, CLIENT),
 )
 

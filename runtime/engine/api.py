@@ -9,6 +9,7 @@ failure).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,6 +39,12 @@ class SamplingParams:
 
     def validate(self) -> str | None:
         """A one-line reason when the values cannot be sampled with, else None."""
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                return f"{name} must be a finite number, got {value!r}"
+        if self.seed is not None and not -(1 << 63) <= self.seed < 1 << 64:
+            return f"seed must fit in 64 bits, got {self.seed}"
         if self.temperature < 0:
             return f"temperature must be >= 0, got {self.temperature}"
         if not 0 < self.top_p <= 1:
@@ -207,6 +214,10 @@ class EngineClient:
     def resolved_args(self) -> dict[str, Any]:
         """The launch options after defaults were resolved (for /server_info)."""
         raise NotImplementedError
+
+    def failure(self) -> str | None:
+        """None while the engine loop runs; else why it died (the server then fails /health and exits)."""
+        return None
 
     def shutdown(self) -> None:
         raise NotImplementedError

@@ -34,6 +34,7 @@ class ThreadedEngineClient(EngineClient):
         self._stats = core.stats()
         self._resolved = core.resolved_args()
         self._stopped = False
+        self._failure: str | None = None  # why the engine loop died (it never should)
         self._step_listeners: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._loop, name="runtime-engine", daemon=True)
 
@@ -74,6 +75,8 @@ class ThreadedEngineClient(EngineClient):
         return True
 
     def abort(self, rid: str) -> None:
+        if self._failure is not None:
+            return  # the dead loop already finished every request it had
         self._send("abort", rid)
 
     def flush_cache(self) -> bool:
@@ -85,6 +88,11 @@ class ThreadedEngineClient(EngineClient):
 
     def resolved_args(self) -> dict[str, Any]:
         return dict(self._resolved)
+
+    def failure(self) -> str | None:
+        if self._failure is None and not self._stopped and not self._thread.is_alive():
+            return "the engine thread exited"
+        return self._failure
 
     def call_in_engine(self, fn: Callable[[EngineCore], Any]) -> Any:
         """Run `fn(core)` on the engine thread between two steps and return its result."""
@@ -102,9 +110,13 @@ class ThreadedEngineClient(EngineClient):
     def _send(self, kind: str, payload: Any) -> None:
         if self._stopped and kind != "stop":
             raise RuntimeError("the engine is shut down")
+        if self._failure is not None and kind != "stop":
+            raise RuntimeError(f"the engine is not running: {self._failure}")
         self._commands.put((kind, payload, None))
 
     def _call(self, kind: str, payload: Any) -> Any:
+        if self._failure is not None:
+            raise RuntimeError(f"the engine is not running: {self._failure}")
         fut: Future[Any] = Future()
         self._commands.put((kind, payload, fut))
         return fut.result(timeout=60)
@@ -114,7 +126,7 @@ class ThreadedEngineClient(EngineClient):
         result: Any = None
         if kind == "add":
             req, on_output = payload
-            sched.add_request(req, on_output)
+            sched.add_request(req, on_output)  # a bad request finishes alone inside (never raises here)
         elif kind == "abort":
             sched.abort(payload)
         elif kind == "flush":
@@ -137,6 +149,39 @@ class ThreadedEngineClient(EngineClient):
         return True
 
     def _loop(self) -> None:
+        """The loop, and if it dies anyway (a bug): every request fails, the failure is kept for /health."""
+        try:
+            self._run_loop()
+        except BaseException as exc:  # noqa: BLE001 - recorded for the server, which exits non-zero
+            self._failure = f"{type(exc).__name__}: {exc}"
+            logger.critical("engine loop died: %s", self._failure, exc_info=exc)
+            self._fail_everything()
+
+    def _fail_everything(self) -> None:
+        """After the loop died: finish every queued, waiting and running request, answer pending calls."""
+        message = f"The engine stopped: {self._failure}"
+        sched = self.core.scheduler
+        for r in [*sched.running, *sched.waiting]:
+            try:
+                sched.abort(r.rid, message, 503)
+            except Exception:  # noqa: BLE001 - best effort: the process is about to exit
+                logger.exception("could not fail request %s", r.rid)
+        while True:
+            try:
+                kind, payload, fut = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if fut is not None:
+                fut.set_exception(RuntimeError(message))
+            elif kind == "add":
+                try:
+                    sched.add_request(*payload)
+                    sched.abort(payload[0].rid, message, 503)
+                except Exception:  # noqa: BLE001
+                    logger.exception("could not fail a queued request")
+        self._notify_step_listeners()
+
+    def _run_loop(self) -> None:
         last_stats_log = float("-inf")  # the first busy step logs, then every _STATS_LOG_INTERVAL_S
         while True:
             try:
@@ -166,7 +211,7 @@ class ThreadedEngineClient(EngineClient):
                 self.core.args.log_mamba_state_stats
                 and time.monotonic() - last_stats_log > _STATS_LOG_INTERVAL_S
             ):
-                last_stats_log = float("-inf")  # the first busy step logs, then every _STATS_LOG_INTERVAL_S
+                last_stats_log = time.monotonic()
                 self.core.log_state_stats()
 
     def _notify_step_listeners(self) -> None:

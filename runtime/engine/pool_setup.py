@@ -111,6 +111,8 @@ def size_and_allocate(
         raise EngineStartupError(f"{exc} (bundled runtime: --memory-budget-gib sets the device memory)") from None
     plan, strategy, pool_budget = sized.plan, sized.strategy, sized.pool_budget_bytes
     sandbox_slots = plan.spec_intermediate_bytes // per_request
+    # With the elastic pool the split's tensors are replaced at once by one buffer of the same bytes
+    # (kvcache/elastic_pool.make_elastic): give them no memory ("meta"), or start-up would zero the bytes twice.
     buffers = allocate_pool_buffers(
         layout,
         plan.max_total_num_tokens,
@@ -118,7 +120,7 @@ def size_and_allocate(
         kv_dtype=kv_dtype,
         conv_dtype=conv_dtype,
         ssm_dtype=ssm_dtype,
-        device=args.device,
+        device="meta" if args.enable_elastic_memory_pool else args.device,
     )
     allocated = pool_buffer_bytes(
         layout,

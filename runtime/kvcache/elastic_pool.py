@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,39 +85,25 @@ class ElasticPool:
         self.cache = cache
         # Start with everything KV, then hand the top chunks to the state pool (pages are taken lowest first,
         # so the top chunks are the ones most often free later, too).
-        state_pool._free = []
-        state_pool._is_free = [False] * geo.num_chunks
-        state_pool.num_slots = 0
-        for chunk in range(geo.num_chunks - 1, geo.num_chunks - 1 - k, -1):
-            self._to_state(chunk)
+        state_pool.withdraw_all()
+        self._to_state(range(geo.num_chunks - 1, geo.num_chunks - 1 - k, -1))  # one pass: linear in the pool
         self.counters.moves_to_state = 0
         self._record()
 
     # -- the two moves ---------------------------------------------------------------------------------------
 
-    def _to_state(self, chunk: int) -> None:
+    def _to_state(self, chunks: Iterable[int]) -> None:
         kv, st = self.cache.kv_pool, self.cache.state_pool
-        pages = set(self.geo.chunk_pages(chunk))
-        kv._free = [p for p in kv._free if p not in pages]
-        for p in pages:
-            kv._is_free[p] = False
-        kv.num_pages -= len(pages)
-        st._is_free[chunk] = True
-        st._free.append(chunk)
-        st.num_slots += 1
-        self.is_state[chunk] = True
-        self.counters.moves_to_state += 1
+        chunks = list(chunks)
+        kv.withdraw(p for c in chunks for p in self.geo.chunk_pages(c))
+        for chunk in chunks:
+            st.add(chunk)
+            self.is_state[chunk] = True
+        self.counters.moves_to_state += len(chunks)
 
     def _to_kv(self, chunk: int) -> None:
-        kv, st = self.cache.kv_pool, self.cache.state_pool
-        st._free.remove(chunk)
-        st._is_free[chunk] = False
-        st.num_slots -= 1
-        pages = list(self.geo.chunk_pages(chunk))
-        for p in pages:
-            kv._is_free[p] = True
-        kv._free.extend(reversed(pages))
-        kv.num_pages += len(pages)
+        self.cache.state_pool.withdraw(chunk)
+        self.cache.kv_pool.add(list(self.geo.chunk_pages(chunk)))
         self.is_state[chunk] = False
         self.counters.moves_to_kv += 1
 
@@ -124,7 +111,7 @@ class ElasticPool:
         """A KV chunk whose pages are all free (highest first), or None."""
         ppc = self.geo.pages_per_chunk
         free_count: dict[int, int] = {}
-        for p in self.cache.kv_pool._free:
+        for p in self.cache.kv_pool.free_pages():
             c = p // ppc
             free_count[c] = free_count.get(c, 0) + 1
         full = [c for c, n in free_count.items() if n == ppc and not self.is_state[c]]
@@ -147,18 +134,18 @@ class ElasticPool:
         if chunk is None:
             return (f"pages pinned by running requests: every KV chunk of {ppc} pages holds a page in use "
                     f"({cache.kv_pool.num_free} pages free but scattered)")  # fmt: skip
-        self._to_state(chunk)
+        self._to_state([chunk])
         return None
 
     def grow_kv(self) -> str | None:
         """Move one state chunk to the KV pool. None when done, else why not (nothing changed)."""
         cache = self.cache
         st = cache.state_pool
-        if not st._free and cache.tree.evictable_states:
+        if not st.num_free and cache.tree.evictable_states:
             cache.tree.evict_states(1)
-        if not st._free:
+        if not st.num_free:
             return f"state slots pinned by running requests: all {st.num_slots} slots are in use"
-        self._to_kv(max(st._free))
+        self._to_kv(max(st.free_slots()))
         return None
 
     # -- policy (engine thread, before each step) -----------------------------------------------------------

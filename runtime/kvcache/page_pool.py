@@ -6,6 +6,8 @@ free; the prefix cache knows which are cached, and requests know which they hold
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class KVPagePool:
     def __init__(self, num_pages: int, page_size: int) -> None:
@@ -39,3 +41,24 @@ class KVPagePool:
 
     def free_pages(self) -> list[int]:
         return list(self._free)
+
+    def withdraw(self, pages: Iterable[int]) -> None:
+        """Take free pages out of the pool for good (the elastic pool gives their bytes to states).
+
+        One pass over the free list for any number of pages: per page (or per chunk) it would be quadratic,
+        and start-up hands thousands of chunks over at once.
+        """
+        gone = set(pages)
+        for p in gone:
+            if not self._is_free[p]:
+                raise RuntimeError(f"KV page {p} withdrawn while in use")
+            self._is_free[p] = False
+        self._free = [p for p in self._free if p not in gone]
+        self.num_pages -= len(gone)
+
+    def add(self, pages: list[int]) -> None:
+        """Give the pool pages it did not have (free, taken after the ones already free)."""
+        for p in pages:
+            self._is_free[p] = True
+        self._free.extend(reversed(pages))
+        self.num_pages += len(pages)

@@ -39,6 +39,26 @@ class StateSlotPool:
         self._is_free[slot] = True
         self._free.append(slot)
 
+    def add(self, slot: int) -> None:
+        """A slot the pool did not have, free (the elastic pool moved its bytes here)."""
+        self._is_free[slot] = True
+        self._free.append(slot)
+        self.num_slots += 1
+
+    def withdraw_all(self) -> None:
+        """Empty the pool (the elastic pool then adds the slots whose bytes are states)."""
+        self._free = []
+        self._is_free = [False] * len(self._is_free)
+        self.num_slots = 0
+
+    def withdraw(self, slot: int) -> None:
+        """Take a free slot out of the pool (the elastic pool gives its bytes to KV)."""
+        if not self._is_free[slot]:
+            raise RuntimeError(f"state slot {slot} withdrawn while in use")
+        self._free.remove(slot)
+        self._is_free[slot] = False
+        self.num_slots -= 1
+
     def free_slots(self) -> list[int]:
         return list(self._free)
 

@@ -100,6 +100,9 @@ class PrefillClient(EngineClient):
     def flush_cache(self) -> bool:
         return bool(self.inner.flush_cache())
 
+    def failure(self) -> str | None:
+        return self.inner.failure()  # type: ignore[no-any-return]
+
     def stats(self) -> EngineStats:
         return self.inner.stats()  # type: ignore[no-any-return]
 

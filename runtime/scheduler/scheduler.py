@@ -31,7 +31,7 @@ from runtime.kvcache.cache_manager import CacheManager
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
-from runtime.scheduler.sampling import sample
+from runtime.scheduler.sampling import sample_isolated
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
 
 if TYPE_CHECKING:
@@ -90,8 +90,19 @@ class Scheduler:
     # -- requests in and out ---------------------------------------------------------------------------------
 
     def add_request(self, g: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
-        req = Req(g.rid, list(g.input_ids), g.sampling, on_output, g.return_logprob, next(self._arrivals))
+        """Queue a request. Whatever is wrong with it, it finishes alone (with an abort), never the engine."""
+        req = Req(g.rid, [], g.sampling, on_output, g.return_logprob, next(self._arrivals))
         self.counters.num_requests_total += 1
+        try:
+            req.prompt_ids = [int(t) for t in g.input_ids]
+            self._admit_to_queue(req, g)
+        except Exception as exc:  # noqa: BLE001 - one request's bad values must not reach the engine loop
+            logger.exception("request %s rejected", g.rid)
+            if req in self.waiting:
+                self.waiting.remove(req)
+            self._finish(req, _abort(f"Request rejected: {type(exc).__name__}: {exc}", 400, "BadRequestError"))
+
+    def _admit_to_queue(self, req: Req, g: GenerateRequest) -> None:
         problem = g.sampling.validate() or self._check_length(req)
         if problem:
             self._finish(req, _abort(problem, 400, "BadRequestError"))
@@ -128,6 +139,20 @@ class Scheduler:
                     self._finish(req, _abort(message, status_code, err_type))
                     return True
         return False
+
+    def fail(self, req: Req, stage: str, exc: BaseException, status_code: int = 500) -> None:
+        """Finish one request whose `stage` raised: its memory goes back, the others run on."""
+        logger.error("request %s failed in %s: %s: %s", req.rid, stage, type(exc).__name__, exc, exc_info=exc)
+        for queue in (self.waiting, self.running):
+            if req in queue:
+                queue.remove(req)
+        try:
+            self._release(req, cache=False)
+        except Exception:  # noqa: BLE001 - the request is finished either way; the pools' check would tell
+            logger.exception("request %s: releasing its memory failed", req.rid)
+        self.counters.num_requests_aborted += 1
+        err_type = "BadRequestError" if status_code == 400 else "InternalServerError"
+        self._finish(req, _abort(f"Request failed in {stage}: {type(exc).__name__}: {exc}", status_code, err_type))
 
     def flush_cache(self) -> bool:
         if self.waiting or self.running:
@@ -177,7 +202,11 @@ class Scheduler:
             total = len(req.prompt_ids) + req.max_new_tokens - 1  # the last token's KV is never computed
             if self.spec is not None:
                 total += self.spec.extra_tokens  # a verify forward runs past the final length
-            admission, mem = self.cache.admit(req.prompt_ids, total)
+            try:
+                admission, mem = self.cache.admit(req.prompt_ids, total)
+            except Exception as exc:  # noqa: BLE001 - this request fails alone; the others are scheduled
+                self.fail(req, "admission", exc)
+                continue
             if not admission.ok:
                 if admission.message:  # can never fit: this request fails alone, the others go on
                     self.waiting.remove(req)
@@ -339,17 +368,26 @@ class Scheduler:
     # -- postprocess -----------------------------------------------------------------------------------------
 
     def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        tokens = sample(logits, [r.sampling for r in reqs], [r.generator or self._generator for r in reqs])
+        generators = [r.generator or self._generator for r in reqs]
+        tokens, errors = sample_isolated(logits, [r.sampling for r in reqs], generators)
+        for i, exc in errors:  # this request's sampling raised: it fails alone, the batch goes on
+            self.fail(reqs[i], "sampling", exc, status_code=400)
         logprobs = None
         if any(r.return_logprob for r in reqs):
             logprobs = torch.log_softmax(logits.float(), dim=-1)
         for i, (req, tok) in enumerate(zip(reqs, tokens, strict=True)):
+            if tok is None:
+                continue  # failed alone above
             req.output_ids.append(tok)
             req.pending_ids.append(tok)
             if logprobs is not None:
                 req.pending_logprobs.append(float(logprobs[i, tok]))
             self.counters.generation_tokens_total += 1
-            reason = finish_reason_after(req, tok, self.eos_token_ids, self.tokenizer)
+            try:
+                reason = finish_reason_after(req, tok, self.eos_token_ids, self.tokenizer)
+            except Exception as exc:  # noqa: BLE001 - e.g. a stop string the detokenizer chokes on
+                self.fail(req, "stop check", exc)
+                continue
             if reason is not None:
                 self.running.remove(req)
                 self._release(req, cache=True)

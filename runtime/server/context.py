@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from starlette.responses import JSONResponse
 from runtime.args import RuntimeArgs
 from runtime.engine.api import EngineClient, EngineStats
 from runtime.server.engine_bridge import AsyncEngine
+from runtime.server.generate_request import RequestValueError
+from runtime.server.limits import BadJson, BodyTooLarge, default_body_limit, parse_json, prompt_too_long, read_body
 from runtime.server.metrics import RequestTimings
 from runtime.server.request_state import RequestState
 from runtime.server.tokenizer import ServerTokenizer
@@ -34,7 +37,31 @@ class ServerContext:
     timings: RequestTimings = field(default_factory=RequestTimings)
     startup_time: float = field(default_factory=time.time)
     ready: bool = False
+    flushing: bool = False  # a /flush_cache?timeout=N is waiting for the engine to go idle
     _engine: AsyncEngine | None = None
+
+    @property
+    def body_limit(self) -> int:
+        """Largest request body in bytes (--max-request-body-bytes, else sized from the context length)."""
+        return self.args.max_request_body_bytes or default_body_limit(self.context_len)
+
+    def engine_failure(self) -> str | None:
+        """Why the engine loop died, or None while it runs."""
+        return self.client.failure()
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Tokenize a prompt; refused before tokenizing when its size alone cannot fit the context.
+
+        Runs on a worker thread (the routes call it through `asyncio.to_thread`): the event loop stays free.
+        """
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise RequestValueError("the text is not valid Unicode (it holds a lone surrogate escape)") from None
+        problem = prompt_too_long(size, self.tokenizer.max_token_bytes, self.context_len)
+        if problem is not None:
+            raise RequestValueError(problem)
+        return self.tokenizer.encode(text)
 
     @property
     def engine(self) -> AsyncEngine:
@@ -76,24 +103,34 @@ def read_hf_config(model_path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def error_response(message: str, status: int = 400, err_type: str = "BadRequestError") -> JSONResponse:
+def error_response(
+    message: str, status: int = 400, err_type: str = "BadRequestError", headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     """The OpenAI-style error body SGLang returns from its OpenAI routes and for malformed JSON."""
     return JSONResponse(
         {"object": "error", "message": message, "type": err_type, "param": None, "code": status},
         status_code=status,
+        headers=dict(headers) if headers else None,
     )
 
 
-class BadJson(ValueError):
-    pass
+_INLINE_PARSE_BYTES = 64 << 10  # larger bodies are parsed on a worker thread
 
 
 async def json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadJson(f"JSON decode error: {e}") from None
+    """The JSON body; BodyTooLarge (413) past the limit, read no further, BadJson (400) when it is not JSON."""
+    ctx: ServerContext = request.app.state.ctx
+    raw = await read_body(request, ctx.body_limit)
+    if len(raw) <= _INLINE_PARSE_BYTES:
+        return parse_json(raw)
+    return await asyncio.to_thread(parse_json, raw)
+
+
+def body_error(e: BadJson) -> JSONResponse:
+    """The answer to a body that is too large (413) or not JSON (400)."""
+    if isinstance(e, BodyTooLarge):
+        return error_response(str(e), 413, "RequestEntityTooLarge")
+    return error_response(str(e), err_type="Bad Request")
 
 
 async def watch_disconnect(request: Request, on_disconnect: Any) -> None:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runtime.server.context import BadJson, ServerContext, error_response, json_body, watch_disconnect
+from runtime.server.context import ServerContext, body_error, json_body, watch_disconnect
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
 from runtime.server.generate_request import (
     ContractError,
@@ -18,6 +18,7 @@ from runtime.server.generate_request import (
     RequestValueError,
     parse_generate_body,
 )
+from runtime.server.limits import BadJson
 from runtime.server.request_state import RequestState
 from runtime.server.sse import DONE, AbortingStreamingResponse
 
@@ -29,12 +30,27 @@ def value_error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine loop is not running (it died): the request gets 503, the process is on its way out."""
+
+
 def start_group(
     ctx: ServerContext, prepared: list[PreparedRequest]
 ) -> tuple[RequestGroup, list[RequestState]]:
-    """Submit the requests; raises DuplicateRequestId before anything runs when a rid is already in flight."""
+    """Submit the requests; raises DuplicateRequestId before anything runs when a rid is already in flight,
+    RequestValueError when the engine refuses one (a PD room in use), EngineUnavailable when it is down."""
     states = [RequestState(p, ctx.tokenizer) for p in prepared]
-    group = RequestGroup(ctx.engine, [p.request for p in prepared])
+    failure = ctx.engine_failure()
+    if failure is not None:
+        raise EngineUnavailable(f"The engine is not running ({failure}); the server is restarting.")
+    try:
+        group = RequestGroup(ctx.engine, [p.request for p in prepared])
+    except DuplicateRequestId:
+        raise
+    except ValueError as e:
+        raise RequestValueError(str(e)) from None
+    except RuntimeError as e:
+        raise EngineUnavailable(str(e)) from None
     if ctx.args.log_requests:
         for p in prepared:
             logger.info(
@@ -78,10 +94,15 @@ async def generate(request: Request) -> Response:
     try:
         body = await json_body(request)
     except BadJson as e:
-        return error_response(str(e), err_type="Bad Request")
+        return body_error(e)
     try:
-        prepared, single, stream = parse_generate_body(
-            body, encode=ctx.tokenizer.encode, vocab_size=ctx.vocab_size, context_len=ctx.context_len
+        # Tokenizing is CPU work: on a worker thread, so /health and other requests are answered meanwhile.
+        prepared, single, stream = await asyncio.to_thread(
+            parse_generate_body,
+            body,
+            encode=ctx.encode_prompt,
+            vocab_size=ctx.vocab_size,
+            context_len=ctx.context_len,
         )
     except ContractError as e:
         return JSONResponse({"error": str(e)}, status_code=400)
@@ -89,8 +110,10 @@ async def generate(request: Request) -> Response:
         return value_error(str(e))
     try:
         group, states = start_group(ctx, prepared)
-    except DuplicateRequestId as e:
+    except (DuplicateRequestId, RequestValueError) as e:
         return value_error(str(e))
+    except EngineUnavailable as e:
+        return value_error(str(e), 503)
     if stream:
         return AbortingStreamingResponse(_stream(ctx, group, states, single), on_close=group.close)
     await run_to_end(ctx, request, group, states)

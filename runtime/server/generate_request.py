@@ -7,7 +7,9 @@ implement are accepted only at their neutral value; anything else is refused by 
 
 from __future__ import annotations
 
+import math
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,12 +90,27 @@ def _invalid(key: str, v: Any, expected: str) -> ContractError:
     return ContractError(f"{key}: invalid type: {_unexpected(v)}, expected {expected}")
 
 
+def short_repr(v: Any, limit: int = 80) -> str:
+    """A value's repr for an error message, cut: a client's megabyte of JSON never comes back in the error."""
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what a 64-bit generator seed can hold (torch takes both signs)
+
+
 def _number(key: str, v: Any) -> float | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise _invalid(key, v, "f32")
-    return float(v)
+    try:
+        number = float(v)
+    except OverflowError:  # an integer too large for a float
+        raise RequestValueError(f"{key} must be a finite number, got an integer of {len(str(v))} digits") from None
+    if not math.isfinite(number):
+        raise RequestValueError(f"{key} must be a finite number, got {v}")
+    return number
 
 
 def _integer(key: str, v: Any) -> int | None:
@@ -139,7 +156,14 @@ class ParsedSampling:
     stream_interval: int = 1
 
 
-def parse_sampling_params(raw: Any) -> ParsedSampling:
+def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> ParsedSampling:
+    """Parse SGLang's sampling parameters; `names` maps a field to the name the client sent it as (the OpenAI
+    routes: `max_tokens` for max_new_tokens, `seed` for sampling_seed), so every error names what was sent."""
+    spelled = names or {}
+
+    def name(key: str) -> str:
+        return spelled.get(key, key)
+
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -152,35 +176,51 @@ def parse_sampling_params(raw: Any) -> ParsedSampling:
             raise ContractError(f"unknown field `{key}`, expected one of {listed}")
     for key, allowed in _NEUTRAL.items():
         if key in raw and raw[key] not in allowed:
+            label = spelled[key] if key in spelled else f"sampling_params.{key}"
             raise RequestValueError(
-                f"sampling_params.{key}={raw[key]!r} is not implemented by the bundled runtime "
+                f"{label}={short_repr(raw[key])} is not implemented by the bundled runtime "
                 f"(accepted: {', '.join(repr(a) for a in allowed if a is not None) or 'null'})"
             )
     p = SamplingParams()
-    temperature = _number("temperature", raw.get("temperature"))
+    temperature = _number(name("temperature"), raw.get("temperature"))
     if temperature is not None:
+        if temperature < 0:
+            raise RequestValueError(f"{name('temperature')} must be >= 0, got {temperature}")
         p.temperature = temperature
-    top_p = _number("top_p", raw.get("top_p"))
+    top_p = _number(name("top_p"), raw.get("top_p"))
     if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise RequestValueError(f"{name('top_p')} must be in (0, 1], got {top_p}")
         p.top_p = top_p
-    top_k = _integer("top_k", raw.get("top_k"))
+    top_k = _integer(name("top_k"), raw.get("top_k"))
     if top_k is not None:
+        if top_k == 0 or top_k < -1:
+            raise RequestValueError(f"{name('top_k')} must be -1 (disabled) or >= 1, got {short_repr(top_k)}")
         p.top_k = -1 if top_k >= 1 << 30 else top_k  # SGLang's TOP_K_ALL means "whole vocabulary"
-    min_p = _number("min_p", raw.get("min_p"))
+    min_p = _number(name("min_p"), raw.get("min_p"))
     if min_p is not None:
+        if not 0 <= min_p <= 1:
+            raise RequestValueError(f"{name('min_p')} must be in [0, 1], got {min_p}")
         p.min_p = min_p
-    max_new = _integer("max_new_tokens", raw.get("max_new_tokens"))
+    max_new = _integer(name("max_new_tokens"), raw.get("max_new_tokens"))
     if max_new is not None:
+        if max_new < 0:
+            raise RequestValueError(f"{name('max_new_tokens')} must be >= 0, got {short_repr(max_new)}")
         p.max_new_tokens = max_new
-    p.stop = _strings("stop", raw.get("stop"))
-    p.stop_token_ids = _token_ids("stop_token_ids", raw.get("stop_token_ids"))
-    p.ignore_eos = bool(_boolean("ignore_eos", raw.get("ignore_eos")))
-    p.seed = _integer("sampling_seed", raw.get("sampling_seed"))
-    interval = _integer("stream_interval", raw.get("stream_interval"))
-    _boolean("spaces_between_special_tokens", raw.get("spaces_between_special_tokens"))
-    skip = _boolean("skip_special_tokens", raw.get("skip_special_tokens"))
-    no_trim = _boolean("no_stop_trim", raw.get("no_stop_trim"))
-    problem = p.validate()
+    p.stop = _strings(name("stop"), raw.get("stop"))
+    p.stop_token_ids = _token_ids(name("stop_token_ids"), raw.get("stop_token_ids"))
+    p.ignore_eos = bool(_boolean(name("ignore_eos"), raw.get("ignore_eos")))
+    p.seed = _integer(name("sampling_seed"), raw.get("sampling_seed"))
+    if p.seed is not None and not SEED_RANGE[0] <= p.seed <= SEED_RANGE[1]:
+        raise RequestValueError(
+            f"{name('sampling_seed')} must fit in 64 bits ({SEED_RANGE[0]} to {SEED_RANGE[1]}), "
+            f"got {short_repr(p.seed)}"
+        )
+    interval = _integer(name("stream_interval"), raw.get("stream_interval"))
+    _boolean(name("spaces_between_special_tokens"), raw.get("spaces_between_special_tokens"))
+    skip = _boolean(name("skip_special_tokens"), raw.get("skip_special_tokens"))
+    no_trim = _boolean(name("no_stop_trim"), raw.get("no_stop_trim"))
+    problem = p.validate()  # the engine's own check (it also guards clients that skip this parser)
     if problem is not None:
         raise RequestValueError(problem)
     return ParsedSampling(
@@ -238,7 +278,7 @@ def parse_generate_body(
     stream = _boolean("stream", body.get("stream")) or False
     for key, allowed in _UNSUPPORTED_TOP_LEVEL.items():
         if body.get(key) not in allowed:
-            raise RequestValueError(f"{key}={body[key]!r} is not implemented by the bundled runtime")
+            raise RequestValueError(f"{key}={short_repr(body[key])} is not implemented by the bundled runtime")
     return_logprob = _boolean("return_logprob", body.get("return_logprob")) or False
     prompts, single = _prompts(body, encode)
     raw_params = body.get("sampling_params")
@@ -286,11 +326,22 @@ def apply_bootstrap_fields(body: dict[str, Any], request: GenerateRequest, singl
         raise _invalid("bootstrap_host", host, "a string")
     request.bootstrap_host = host
     request.bootstrap_port = _integer("bootstrap_port", port)
+    if request.bootstrap_port is not None and not 0 < request.bootstrap_port < 65536:
+        raise RequestValueError(f"bootstrap_port must be in 1..65535, got {short_repr(request.bootstrap_port)}")
     request.bootstrap_room = _integer("bootstrap_room", room)
+    if request.bootstrap_room is not None and not 0 <= request.bootstrap_room < 1 << 63:
+        raise RequestValueError(f"bootstrap_room must be in 0..2^63-1, got {short_repr(request.bootstrap_room)}")
 
 
 def prepare_request(
-    index: int, ids: list[int], ps: ParsedSampling, rid: str, stream: bool, vocab_size: int, context_len: int
+    index: int,
+    ids: list[int],
+    ps: ParsedSampling,
+    rid: str,
+    stream: bool,
+    vocab_size: int,
+    context_len: int,
+    max_tokens_name: str = "max_new_tokens",
 ) -> PreparedRequest:
     if not ids:
         raise RequestValueError("The prompt is empty: it tokenizes to 0 tokens; send at least one token.")
@@ -310,8 +361,9 @@ def prepare_request(
             raise RequestValueError(
                 f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
                 f"You requested a total of {len(ids) + sampling.max_new_tokens} tokens: {len(ids)} tokens "
-                f"from the input messages and {sampling.max_new_tokens} tokens for the completion. Please "
-                "reduce the number of tokens in the input messages or the completion to fit within the limit."
+                f"from the input messages and {sampling.max_new_tokens} tokens for the completion "
+                f"({max_tokens_name}). Please reduce the number of tokens in the input messages or the "
+                "completion to fit within the limit."
             )
         sampling.max_new_tokens = budget
     request = GenerateRequest(rid=rid, input_ids=ids, sampling=sampling, stream=stream)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -13,6 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -20,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.engine.api import GenerateRequest, SamplingParams
 from runtime.server import generate_api, openai_api
-from runtime.server.context import ServerContext
+from runtime.server.context import ServerContext, error_response
 from runtime.server.engine_bridge import RequestGroup
 from runtime.server.metrics import render_metrics
 
@@ -38,7 +40,7 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.api_key = api_key
+        self.api_key = api_key.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self._allowed(scope):
@@ -51,12 +53,9 @@ class ApiKeyMiddleware:
         if scope.get("method") == "OPTIONS" or path.startswith(("/health", "/ready", "/metrics")):
             return True
         headers = dict(scope.get("headers") or [])
-        parts = headers.get(b"authorization", b"").decode("latin-1").split(" ", 1)
-        return (
-            len(parts) == 2
-            and parts[0].lower() == "bearer"
-            and secrets.compare_digest(parts[1], self.api_key)
-        )
+        # Bytes, not str: compare_digest refuses non-ASCII str, and a header is whatever bytes a client sent.
+        parts = headers.get(b"authorization", b"").split(b" ", 1)
+        return len(parts) == 2 and parts[0].lower() == b"bearer" and secrets.compare_digest(parts[1], self.api_key)
 
 
 def _ctx(request: Request) -> ServerContext:
@@ -64,33 +63,38 @@ def _ctx(request: Request) -> ServerContext:
 
 
 async def health_generate(request: Request) -> Response:
-    """As SGLang: 503 until warmed up; then 200 once the engine produces any output within the timeout."""
+    """As SGLang: 503 until warmed up; then 200 once the engine produces any output within the timeout.
+    503 at once when the engine loop has died (the process is exiting for its supervisor to restart it)."""
     ctx = _ctx(request)
-    if not ctx.ready:
+    if not ctx.ready or ctx.engine_failure() is not None:
         return Response(status_code=503)
-    engine = ctx.engine
-    tic = time.monotonic()
     probe = GenerateRequest(
         rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
         input_ids=[0],
         sampling=SamplingParams(temperature=0.0, max_new_tokens=1),
     )
-    group = RequestGroup(engine, [probe])
     try:
-        while time.monotonic() < tic + HEALTH_CHECK_TIMEOUT_S:
-            await asyncio.sleep(0.05)
-            if engine.last_output_time > tic:
-                return Response(status_code=200)
+        group = RequestGroup(ctx.engine, [probe])
+    except RuntimeError:  # the engine stopped between the check above and now
+        return Response(status_code=503)
+    batches = group.batches()
+    try:
+        # Answered as soon as the probe's first output arrives (no polling interval on top of the engine step).
+        await asyncio.wait_for(anext(batches), HEALTH_CHECK_TIMEOUT_S)
+        return Response(status_code=200)
+    except TimeoutError:
         logger.error(
             "Health check failed: no output from the engine for %.0f seconds", HEALTH_CHECK_TIMEOUT_S
         )
         return Response(status_code=503)
     finally:
+        await batches.aclose()
         group.close()
 
 
 async def ready(request: Request) -> Response:
-    return Response(status_code=200 if _ctx(request).ready else 503)
+    ctx = _ctx(request)
+    return Response(status_code=200 if ctx.ready and ctx.engine_failure() is None else 503)
 
 
 def model_info_dict(ctx: ServerContext) -> dict[str, Any]:
@@ -152,9 +156,35 @@ async def get_server_info(request: Request) -> Response:
     return await server_info(request)
 
 
+FLUSH_POLL_S = 0.02
+
+
 async def flush_cache(request: Request) -> Response:
+    """SGLang's /flush_cache[?timeout=N]: flush now if idle; with N > 0, wait up to N s for running and
+    waiting requests to finish, then flush (new requests are still admitted meanwhile, as in SGLang)."""
     ctx = _ctx(request)
-    ok = await asyncio.to_thread(ctx.client.flush_cache)
+    raw = request.query_params.get("timeout", "0")
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = float("nan")
+    if not math.isfinite(timeout) or timeout < 0:
+        return error_response(f"timeout must be a number of seconds >= 0, got {raw[:40]!r}")
+    if ctx.flushing:
+        return PlainTextResponse("Another flush_cache is already in progress.", status_code=400)
+    ctx.flushing = True
+    try:
+        deadline = time.monotonic() + timeout
+        ok = await asyncio.to_thread(ctx.client.flush_cache)
+        while not ok and time.monotonic() < deadline:
+            await asyncio.sleep(FLUSH_POLL_S)
+            ok = await asyncio.to_thread(ctx.client.flush_cache)
+    except RuntimeError as e:  # the engine loop is not running
+        return error_response(str(e), 503, "ServiceUnavailable")
+    finally:
+        ctx.flushing = False
+    if not ok and timeout > 0:
+        return PlainTextResponse("Timed out waiting for idle state.", status_code=400)
     if ok:
         return PlainTextResponse(
             "Cache flushed.\nPlease check backend logs for more details. "
@@ -174,6 +204,19 @@ async def metrics(request: Request) -> Response:
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+async def http_error(request: Request, exc: Exception) -> Response:
+    """404, 405 and the like as JSON (Starlette's default is plain text)."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"Not found: {request.method} {request.url.path} is not a route of this server"
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return error_response(message, exc.status_code, "NotFound" if exc.status_code == 404 else "BadRequest",
+                          headers=exc.headers)  # fmt: skip
+
+
 async def internal_error(request: Request, exc: Exception) -> Response:
     # A bug, not bad input: the traceback goes to the log, the client gets JSON (never the traceback).
     logger.error("Internal error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -182,8 +225,9 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     )
 
 
-def build_app(ctx: ServerContext, warmup: Any = None) -> ASGIApp:
-    """The ASGI app; `warmup` (an async callable) runs once the server listens, then the server is ready."""
+def build_app(ctx: ServerContext, warmup: Any = None, watchdog: Any = None) -> ASGIApp:
+    """The ASGI app; `warmup` (an async callable) runs once the server listens, then the server is ready;
+    `watchdog` (an async callable) runs alongside for the server's life."""
     routes = [
         Route("/health", health_generate, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
@@ -201,14 +245,15 @@ def build_app(ctx: ServerContext, warmup: Any = None) -> ASGIApp:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.create_task(warmup()) if warmup is not None else None
+        tasks = [asyncio.create_task(job()) for job in (warmup, watchdog) if job is not None]
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: internal_error})
+    handlers = {HTTPException: http_error, Exception: internal_error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.ctx = ctx
     if ctx.args.api_key:
         return ApiKeyMiddleware(app, ctx.args.api_key)

@@ -19,6 +19,7 @@ from runtime.server.tokenizer import ServerTokenizer, TokenizerLoadError
 logger = logging.getLogger("runtime.server")
 
 READY_MESSAGE = "The server is fired up and ready to roll!"
+ENGINE_WATCH_INTERVAL_S = 0.2
 WARMUP_TEXT = "The capital city of France is"  # SGLang's warm-up prompt
 
 
@@ -118,6 +119,7 @@ def start_context(args: RuntimeArgs) -> ServerContext:
             client.shutdown()
             raise StartupError(str(e)) from None
     stats = client.stats()
+    _ = tokenizer.max_token_bytes  # the prompt pre-check's bound, computed once before serving
     hf_config = read_hf_config(args.model_path)
     vocab = hf_config.get("vocab_size")
     return ServerContext(
@@ -162,8 +164,22 @@ def serve(ctx: ServerContext) -> int:
         ctx.ready = True
         logger.info(READY_MESSAGE)
 
+    async def watchdog() -> None:
+        """A dead engine loop cannot serve again: fail health (it does by itself), then exit non-zero so a
+        supervisor (systemd, Kubernetes, hybridctl launch) restarts the server instead of it hanging."""
+        while True:
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            failure = ctx.engine_failure()
+            if failure is not None:
+                failed.append(f"engine loop died: {failure}")
+                logger.critical("The engine loop died (%s); shutting down with exit code 1.", failure)
+                ctx.ready = False
+                assert server is not None
+                server.should_exit = True
+                return
+
     config = uvicorn.Config(
-        build_app(ctx, warmup),
+        build_app(ctx, warmup, watchdog),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

@@ -6,6 +6,7 @@ answers carry SGLang's extras (`matched_stop`, `usage.prompt_tokens_details.cach
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -16,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runtime.server.context import BadJson, ServerContext, error_response, json_body
+from runtime.server.context import ServerContext, body_error, error_response, json_body
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
-from runtime.server.generate_api import abort_error, run_to_end, start_group
+from runtime.server.generate_api import EngineUnavailable, abort_error, run_to_end, start_group
 from runtime.server.generate_request import (
     ContractError,
     PreparedRequest,
@@ -26,7 +27,9 @@ from runtime.server.generate_request import (
     apply_bootstrap_fields,
     parse_sampling_params,
     prepare_request,
+    short_repr,
 )
+from runtime.server.limits import BadJson
 from runtime.server.request_state import RequestState
 from runtime.server.sse import DONE, AbortingStreamingResponse, sse_event
 
@@ -95,30 +98,42 @@ async def retrieve_model(request: Request) -> Response:
     return JSONResponse(_model_card(ctx))
 
 
-def _sampling_from_openai(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
+def _sampling_from_openai(
+    body: dict[str, Any], max_tokens_keys: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """SGLang sampling parameters from an OpenAI body, and each one's name as the client sent it."""
     raw: dict[str, Any] = {}
+    names: dict[str, str] = {}
     for key, target in _SAMPLING_MAP.items():
         if body.get(key) is not None:
             raw[target] = body[key]
+            names[target] = key
     for key in max_tokens_keys:
         if body.get(key) is not None:
             raw["max_new_tokens"] = body[key]
+            names["max_new_tokens"] = key
             break
     for key, allowed in _UNSUPPORTED.items():
         if body.get(key) not in allowed:
-            raise RequestValueError(f"{key}={body[key]!r} is not implemented by the bundled runtime")
-    return raw
+            raise RequestValueError(f"{key}={short_repr(body[key])} is not implemented by the bundled runtime")
+    return raw, names
 
 
 def _prepare(
     ctx: ServerContext, body: dict[str, Any], ids: list[int], max_keys: tuple[str, ...], index: int = 0
 ) -> PreparedRequest:
-    parsed = parse_sampling_params(_sampling_from_openai(body, max_keys))
+    raw, names = _sampling_from_openai(body, max_keys)
+    parsed = parse_sampling_params(raw, names)
     rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
     if index:  # the prompts of one batch need distinct engine request ids
         rid = f"{rid}-{index}"
-    stream = bool(body.get("stream"))
-    prepared = prepare_request(index, ids, parsed, rid, stream, ctx.vocab_size, ctx.context_len)
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestValueError(f"stream must be a boolean, got {short_repr(stream)}")
+    max_name = names.get("max_new_tokens", max_keys[-1])
+    prepared = prepare_request(
+        index, ids, parsed, rid, bool(stream), ctx.vocab_size, ctx.context_len, max_tokens_name=max_name
+    )
     apply_bootstrap_fields(body, prepared.request, single=index == 0)  # PD: the router's one-prompt routing
     return prepared
 
@@ -143,7 +158,7 @@ async def _parse(request: Request) -> dict[str, Any] | Response:
     try:
         body = await json_body(request)
     except BadJson as e:
-        return error_response(str(e), err_type="Bad Request")
+        return body_error(e)
     if not isinstance(body, dict):
         return error_response("The request body must be a JSON object.")
     return body
@@ -156,11 +171,11 @@ def _is_ids(value: Any) -> bool:
 def _completion_prompts(ctx: ServerContext, prompt: Any) -> list[list[int]]:
     """OpenAI's prompt forms: a string, token ids, or a batch (list) of either."""
     if isinstance(prompt, str):
-        return [ctx.tokenizer.encode(prompt)]
+        return [ctx.encode_prompt(prompt)]
     if _is_ids(prompt) and prompt:
         return [list(prompt)]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) or (_is_ids(p) and p) for p in prompt):
-        return [ctx.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+        return [ctx.encode_prompt(p) if isinstance(p, str) else list(p) for p in prompt]
     if prompt is None:
         raise RequestValueError("prompt is required")
     raise RequestValueError("prompt must be a string, a list of token ids, or a non-empty list of either")
@@ -172,7 +187,7 @@ async def completions(request: Request) -> Response:
     if isinstance(body, Response):
         return body
     try:
-        prompts = _completion_prompts(ctx, body.get("prompt"))
+        prompts = await asyncio.to_thread(_completion_prompts, ctx, body.get("prompt"))  # tokenizing: off the loop
         if body.get("max_tokens") is None:
             body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions
         prepared = [_prepare(ctx, body, ids, ("max_tokens",), index=i) for i, ids in enumerate(prompts)]
@@ -181,26 +196,53 @@ async def completions(request: Request) -> Response:
     return await _serve(ctx, request, body, prepared, chat=False)
 
 
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI chat messages, checked and normalized for the chat template (whose own errors are not the
+    client's to read as a 500): roles are strings, content is text, text parts, or null (a tool-call turn)."""
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise RequestValueError("messages must be a non-empty list of {role, content} objects")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise RequestValueError(f"messages[{i}].role must be a non-empty string, got {short_repr(role)}")
+        content = m.get("content")
+        if content is None:  # OpenAI's assistant turn with tool_calls and no text
+            content = ""
+        elif isinstance(content, list):  # OpenAI content parts: only text is understood here
+            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+                raise RequestValueError("only text content parts are supported by the bundled runtime")
+            if any(not isinstance(p.get("text", ""), str) for p in content):
+                raise RequestValueError(f"messages[{i}].content: a text part's text must be a string")
+            content = "".join(p.get("text", "") for p in content)
+        elif not isinstance(content, str):
+            raise RequestValueError(
+                f"messages[{i}].content must be a string, a list of text parts, or null; got {short_repr(content)}"
+            )
+        out.append({**m, "content": content})
+    return out
+
+
+def _chat_prompt(ctx: ServerContext, messages: list[dict[str, Any]]) -> list[int]:
+    """Render and tokenize (worker thread): any template error is the request's 400, never a 500."""
+    try:
+        text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except ValueError as e:
+        raise RequestValueError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a template failing on these messages (TypeError, UndefinedError)
+        raise RequestValueError(f"chat template error for these messages: {type(e).__name__}: {e}") from None
+    return ctx.encode_prompt(text)
+
+
 async def chat_completions(request: Request) -> Response:
     ctx = _ctx(request)
     body = await _parse(request)
     if isinstance(body, Response):
         return body
-    messages = body.get("messages")
     try:
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise RequestValueError("messages must be a non-empty list of {role, content} objects")
-        for m in messages:
-            if isinstance(m.get("content"), list):  # OpenAI content parts: only text is understood here
-                parts = m["content"]
-                if any(not isinstance(p, dict) or p.get("type") != "text" for p in parts):
-                    raise RequestValueError("only text content parts are supported by the bundled runtime")
-                m["content"] = "".join(str(p.get("text", "")) for p in parts)
-        try:
-            text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except ValueError as e:
-            raise RequestValueError(str(e)) from None
-        prepared = _prepare(ctx, body, ctx.tokenizer.encode(text), ("max_completion_tokens", "max_tokens"))
+        messages = _check_messages(body.get("messages"))
+        ids = await asyncio.to_thread(_chat_prompt, ctx, messages)
+        prepared = _prepare(ctx, body, ids, ("max_completion_tokens", "max_tokens"))
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
     return await _serve(ctx, request, body, [prepared], chat=True)
@@ -211,8 +253,10 @@ async def _serve(
 ) -> Response:
     try:
         group, states = start_group(ctx, prepared)
-    except DuplicateRequestId as e:
+    except (DuplicateRequestId, RequestValueError) as e:
         return error_response(str(e))
+    except EngineUnavailable as e:
+        return error_response(str(e), 503, "ServiceUnavailable")
     model = body.get("model") if isinstance(body.get("model"), str) else ctx.model_name
     response_id = ("chatcmpl-" if chat else "cmpl-") + prepared[0].request.rid
     if prepared[0].request.stream:

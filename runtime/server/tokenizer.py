@@ -33,6 +33,7 @@ class ServerTokenizer:
     bos_token: str | None
     eos_token: str | None
     add_bos_token: bool
+    _max_token_bytes: int | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> ServerTokenizer:
@@ -73,11 +74,21 @@ class ServerTokenizer:
         )
 
     @property
+    def max_token_bytes(self) -> int:
+        """UTF-8 bytes of the longest vocabulary entry: no token covers much more text than that."""
+        if self._max_token_bytes is None:
+            vocab = self._tok.get_vocab(with_added_tokens=True)
+            self._max_token_bytes = max((len(t.encode("utf-8", "replace")) for t in vocab), default=1)
+        return self._max_token_bytes
+
+    @property
     def vocab_size(self) -> int:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
-        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
+        # encode_batch, not encode: the tokenizers binding releases the GIL only in the batch call, and a long
+        # prompt held it for seconds on a worker thread (the event loop, /health included, stood still).
+        ids = list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
         if self.add_bos_token and self.bos_token is not None:
             bos = self._tok.token_to_id(self.bos_token)
             if bos is not None and (not ids or ids[0] != bos):

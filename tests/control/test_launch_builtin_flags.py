@@ -305,3 +305,15 @@ def test_any_config_gives_a_command_the_runtime_parses_back(
     )
     assert parsed.disable_radix_cache is not prefix and parsed.disable_state_snapshot_on_match is not snapshot
     assert parsed.mamba_full_memory_ratio == ratio
+
+
+def test_api_key_env_is_passed_by_name_never_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-never-on-argv-4e1f"
+    monkeypatch.setenv("HYBRID_SERVER_KEY", secret)
+    cfg = _cfg(settings__api={"api_key_env": "HYBRID_SERVER_KEY"})
+    argv = builtin_command(cfg, python="python").argv
+    assert "--api-key-env" in argv and argv[argv.index("--api-key-env") + 1] == "HYBRID_SERVER_KEY"
+    assert secret not in " ".join(argv) and "--api-key" not in argv
+    args = parse_args(argv[3:])  # the runtime's real parser reads the key from the variable
+    assert args.api_key == secret and args.public_dict()["api_key"] == "<redacted>"
+    assert "--api-key-env" not in builtin_command(_cfg(), python="python").argv

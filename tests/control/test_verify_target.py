@@ -35,3 +35,15 @@ def test_api_key_comes_from_the_named_variable_and_is_never_shown(monkeypatch: p
     monkeypatch.delenv("HYBRIDCTL_KEY_FOR_TEST")
     with pytest.raises(TargetError, match="HYBRIDCTL_KEY_FOR_TEST.*unset"):
         resolve_target("http://h:1", None, "HYBRIDCTL_KEY_FOR_TEST")
+
+
+def test_api_key_defaults_to_the_variable_the_config_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hybridctl launch` starts the server with settings.json's api.api_key_env; verify/bench with the same
+    config send that key without repeating --api-key-env."""
+    monkeypatch.setenv("HYBRIDCTL_CFG_KEY", "cfg-secret")
+    cfg = HybridConfig()
+    cfg.settings.api.api_key_env = "HYBRIDCTL_CFG_KEY"
+    assert resolve_target("http://h:1", cfg, None).headers() == {"Authorization": "Bearer cfg-secret"}
+    assert resolve_target("http://h:1", HybridConfig(), None).headers() == {}
+    monkeypatch.delenv("HYBRIDCTL_CFG_KEY")
+    assert resolve_target("http://h:1", cfg, None).headers() == {}  # unset: no key, not an error

@@ -98,3 +98,39 @@ def test_elastic_with_speculative_decoding_refuses_to_start(model_dir: Path) -> 
 
     with pytest.raises(EngineStartupError, match="elastic_memory_pool with speculative decoding"):
         make_core(model_dir, enable_elastic_memory_pool=True, speculative_algorithm="NGRAM")
+
+
+def test_start_up_is_linear_in_the_pool_size() -> None:
+    """The default 4 GiB budget's shape (about a million KV rows, thousands of state chunks) attaches at once.
+
+    Handing the top chunks to the state pool used to rebuild the KV free list per chunk: quadratic, and at
+    this size it had not finished after minutes. A deadline of 60 s leaves a wide margin over the linear pass
+    (well under a second) while the quadratic one needs hours.
+    """
+    import threading
+
+    import torch
+
+    from runtime.kvcache.cache_manager import CacheManager
+    from runtime.kvcache.elastic_buffer import ElasticGeometry
+    from runtime.kvcache.elastic_pool import ElasticPool
+    from runtime.kvcache.page_pool import KVPagePool
+    from runtime.kvcache.state_pool import StateSlotPool
+
+    geo = ElasticGeometry(row_bytes=64, slot_bytes=8192, rows_per_chunk=128, page_size=1, num_chunks=8000)
+    cache = CacheManager(KVPagePool(1, 1), StateSlotPool(1, None), radix_enabled=True, dual_lru=True,
+                         snapshot_on_match=True, copy_on_write=True)  # fmt: skip
+    pool = ElasticPool(geo, torch.empty(0, dtype=torch.uint8), timeout_s=5.0, mode="cpu-repartition")
+    state_chunks = 7000
+    worker = threading.Thread(target=pool.attach, args=(cache, None, state_chunks), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the elastic pool's start-up did not finish in 60 s (quadratic hand-over?)"
+    ppc = geo.pages_per_chunk
+    assert cache.kv_pool.num_pages == cache.kv_pool.num_free == (geo.num_chunks - state_chunks) * ppc
+    assert sorted(cache.kv_pool.free_pages()) == list(range((geo.num_chunks - state_chunks) * ppc))
+    assert sorted(cache.state_pool.free_slots()) == list(range(geo.num_chunks - state_chunks, geo.num_chunks))
+    assert cache.state_pool.num_slots == state_chunks and pool.counters.moves == 0
+    # A run-time move still works on the attached pools: a free state chunk goes back to KV, and returns.
+    assert pool.grow_kv() is None and cache.kv_pool.num_pages == (geo.num_chunks - state_chunks + 1) * ppc
+    assert pool.grow_state() is None and cache.state_pool.num_slots == state_chunks

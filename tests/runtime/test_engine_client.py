@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine.api import EngineArgs, EngineClient, GenerateRequest, RequestOutput, start_engine
+from runtime.engine.api import (
+    EngineArgs,
+    EngineClient,
+    GenerateRequest,
+    RequestOutput,
+    SamplingParams,
+    start_engine,
+)
 from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.engine.pool_setup import EngineStartupError
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, one_torch_thread
@@ -85,12 +92,16 @@ def test_state_stats_are_logged_when_asked(model_dir: Path, caplog: pytest.LogCa
     client = _start(model_dir, log_mamba_state_stats=True)
     try:
         w = Waiter()
-        client.add_request(GenerateRequest("a", [1, 2, 3], greedy(2)), w)
+        # 40 busy steps in well under the 10 s interval: the first logs, the others must not.
+        client.add_request(GenerateRequest("a", [1, 2, 3], greedy(40)), w)
         assert w.done.wait(60)
     finally:
         client.shutdown()
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Mamba state stats:"))
-    assert "mamba_usage=" in line and "cache_hit_rate=" in line and "state_evictions=" in line
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Mamba state stats:")]
+    assert lines, "no state-stats line"
+    assert "mamba_usage=" in lines[0] and "cache_hit_rate=" in lines[0] and "state_evictions=" in lines[0]
+    # Throttled to one line per 10 s: a request of 40 steps (under a second here) logs once, not per step.
+    assert len(lines) == 1, f"{len(lines)} state-stats lines for one short request (one per step?)"
 
 
 def test_tree_cache_line_says_when_the_radix_cache_is_off(
@@ -203,3 +214,46 @@ def test_the_engine_is_built_on_its_own_thread_with_the_callers_thread_count(mod
     finally:
         client.shutdown()
     assert not client._thread.is_alive()
+
+
+def test_a_request_failing_in_sampling_or_admission_fails_alone(model_dir: Path) -> None:
+    """One request's bad numbers never reach the others nor kill the loop (each case killed it, or cut a
+    greedy neighbour, before the engine isolated them)."""
+    client = _start(model_dir)
+    try:
+        solo = Waiter()
+        client.add_request(GenerateRequest("solo", [5, 6, 7], greedy(12)), solo)
+        assert solo.done.wait(60)
+        # A direct engine client (no HTTP parser in front) sends values the sampler cannot use.
+        for i, params in enumerate(
+            [SamplingParams(temperature=0.5, seed=2**64), SamplingParams(temperature=float("nan"), max_new_tokens=4)]
+        ):
+            w = Waiter()
+            client.add_request(GenerateRequest(f"refused{i}", [1, 2], params), w)
+            assert w.done.wait(60), "a refused request never finished (engine loop dead?)"
+            reason = w.outputs[-1].finish_reason or {}
+            assert reason.get("type") == "abort" and reason.get("status_code") == 400, reason
+        # A request whose sampling starts failing mid-run, in the same decode batch as a greedy neighbour.
+        neighbour, bad = Waiter(), Waiter()
+        bad_params = SamplingParams(temperature=0.7, max_new_tokens=12)
+
+        def poison(out: RequestOutput) -> None:
+            bad(out)
+            bad_params.temperature = float("nan")  # from its next step on, sampling this row raises
+
+        client.add_request(GenerateRequest("neighbour", [5, 6, 7], greedy(12)), neighbour)
+        client.add_request(GenerateRequest("bad", [9, 9, 9], bad_params), poison)
+        assert neighbour.done.wait(60) and bad.done.wait(60)
+        assert neighbour.tokens() == solo.tokens()
+        assert (neighbour.outputs[-1].finish_reason or {}).get("type") == "length"
+        reason = bad.outputs[-1].finish_reason or {}
+        assert reason.get("type") == "abort" and "sampling" in str(reason.get("message")), reason
+        assert client.failure() is None
+        again = Waiter()
+        client.add_request(GenerateRequest("again", [5, 6, 7], greedy(12)), again)
+        assert again.done.wait(60) and again.tokens() == solo.tokens()
+        assert isinstance(client, ThreadedEngineClient)
+        stats = client.call_in_engine(lambda core: core.stats())  # between steps: exact, not the last snapshot
+        assert stats.num_running_reqs == 0 and stats.state_slots_in_use == 0 and stats.kv_pages_in_use == 0
+    finally:
+        client.shutdown()
