@@ -95,3 +95,58 @@ def rule_builtin(cfg: HybridConfig, engine: str | None = None) -> list[Finding]:
                 )
             )
     return out
+
+
+def rule_builtin_parser(cfg: HybridConfig) -> list[Finding]:
+    """BUILTIN_REFUSES: the bundled runtime's own argument parser, run on the command launch would start.
+
+    The key rules above name what they know; this backstop keeps validate and the runtime one truth for the rest
+    (an [extra_engine_args] value out of the runtime's range, a type argparse refuses). runtime/args.py imports no
+    torch, so the control plane can run it; preflight (the model directory) is left to the key rules, which read
+    relative paths next to config.toml as launch does.
+    """
+    import contextlib
+    import io
+    import re
+
+    from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
+    from hybridctl.launch.command import add_extra_args, flags_to_argv
+    from hybridctl.launch.translate import LaunchError, translate
+
+    try:
+        translation = translate(cfg, "builtin")
+        add_extra_args(translation, cfg.config.extra_engine_args, RUNTIME_FLAGS, "the bundled runtime")
+    except LaunchError:
+        return []  # the extra-args and ignored-key rules name these
+    try:
+        from runtime.args import parse_args
+    except ImportError:  # a control-plane-only install: nothing to run
+        return []
+    # Whether the key's variable is set is the launching host's environment, not the files: not judged here.
+    translation.flags.pop("--api-key-env", None)
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            parse_args(flags_to_argv(translation.flags))
+    except SystemExit:
+        message = stderr.getvalue().strip().split("error: ", 1)[-1]
+    else:
+        return []
+    flag = re.search(r"--[a-z0-9][a-z0-9-]*", message)
+    source = translation.sources.get(flag.group(0), "") if flag else ""
+    if source.startswith(f"{CONFIG} [extra_engine_args] "):
+        file, key = CONFIG, "extra_engine_args." + source.rsplit(" ", 1)[1]
+    elif ":" in source:
+        file, key = source.split(":", 1)
+    else:
+        file, key = CONFIG, "extra_engine_args"
+    return [
+        _f(
+            "error",
+            "BUILTIN_REFUSES",
+            file,
+            key,
+            f'the bundled runtime (engine = "builtin") would refuse to start: {message}',
+            f"correct `{key}` in {file}, or set engine = \"sglang\" in [server] of {CONFIG}",
+        )
+    ]

@@ -29,6 +29,7 @@ FINDING_CODES: dict[str, str] = {
     "ELASTIC_SPEC_UNSUPPORTED": "The elastic pool with a speculative algorithm or draft tree it cannot run.",
     "ELASTIC_PD_SPEC": "The elastic pool with PD and speculative decoding over Mooncake (unsupported).",
     "BUILTIN_UNSUPPORTED": "A feature or policy the bundled runtime does not implement.",
+    "BUILTIN_REFUSES": "The bundled runtime's own argument parser refuses the command launch would start.",
     "MODEL_PATH_MISSING": "server.model_path is empty: nothing to serve.",
     "MODEL_PATH_NOT_FOUND": "server.model_path names nothing the engine can load (or a hub id on the runtime).",
     "HOST_INVALID": "server.host is empty, too long or not an address: an error.",

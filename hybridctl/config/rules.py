@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hybridctl.config.builtin_rules import rule_builtin
+from hybridctl.config.builtin_rules import rule_builtin, rule_builtin_parser
 from hybridctl.config.findings import Finding
 from hybridctl.config.release_rules import rule_release
 from hybridctl.config.rule_findings import CONFIG, SETTINGS, json_set, toml_set
@@ -375,6 +375,8 @@ def check_rules(
     # The target SGLang release's flags, values and silent changes (issue 20): unless the config pins the bundled
     # runtime, also for auto (it may run SGLang on the GPU host it is meant for).
     findings += rule_release(cfg, engine_version)
+    if resolved == "builtin" and not any(f.severity == "error" for f in findings):
+        findings += rule_builtin_parser(cfg)  # the runtime's own parser: what no key rule above names
     if include_secrets:
         findings += rule_literal_secrets(cfg, engine_version)
     return findings

@@ -155,6 +155,9 @@ REFUSALS = [
     ),
     ("switch given a number", "{model}\n[extra_engine_args]\nenable-metrics = 3", "ENGINE_FLAG_VALUE", "sglang"),
     ("flag value outside its choices", '{model}\n[extra_engine_args]\ndtype = "int3"', "ENGINE_FLAG_VALUE", "builtin"),
+    ("runtime value out of range", "{model}\n[extra_engine_args]\nmax-request-body-bytes = 10", "BUILTIN_REFUSES",
+     "builtin"),  # fmt: skip
+    ("runtime type check", "{model}\n[extra_engine_args]\nnum-threads = 0", "BUILTIN_REFUSES", "builtin"),
     (
         "speculative algorithm the runtime lacks",
         '{model}\n[speculative]\nspeculative_algorithm = "EAGLE3"',
@@ -175,6 +178,10 @@ REFUSAL_SITES = {
         "--port": "schema: server.port is 1..65535",
         "--disaggregation-bootstrap-port": "schema: pd.bootstrap_port is 1..65535",
         "is an SGLang flag the bundled runtime does not implement": "unknown extra flag",
+        "--max-request-body-bytes": "runtime value out of range",
+        "--api-key and --api-key-env": "unreachable: launch never passes --api-key (a literal key is LITERAL_SECRET)",
+        "give the NAME of an environment variable": "schema: api.api_key_env is a variable name",
+        "that environment variable is unset or empty": "unreachable: the environment at launch, not the files",
     },
     "runtime/preflight.py": {
         "no such directory": "model_path does not exist",
