@@ -191,7 +191,7 @@ REFUSAL_SITES = {
         "extra_buffer_lazy needs the overlap schedule": "extra_buffer_lazy on builtin",
         "str(exc)": "no_buffer with pages",
     },
-    "runtime/spec/config.py": {
+    "runtime/core/spec_config.py": {
         "--speculative-algorithm {algorithm}": "speculative algorithm the runtime lacks",
         "Speculative decoding state rollback error": "sandbox off under speculation",
         "--speculative-eagle-topk": "draft tree on builtin",
