@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from runtime.demo_model import build_demo_model
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.models import ModelLoadError, load_model
-from runtime.models.simple_runner import SimpleRunner
+from tests.runtime.simple_runner import SimpleRunner
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from runtime.engine.forward_batch import ModelLayout
 from runtime.models import load_model
 from runtime.models.base import HybridModel
-from runtime.models.simple_runner import SimpleRunner
+from tests.runtime.simple_runner import SimpleRunner
 
 
 @pytest.fixture(autouse=True, scope="module")
