@@ -122,6 +122,7 @@ class KimiLinearConfig:
 class KimiDeltaAttention(nn.Module):
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (layers/state_checkpoints.py)
     writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
+    fp32_parameters = ("A_log", "dt_bias")  # kept fp32 under 16-bit weights (HybridModel.cast)
 
     def __init__(self, c: KimiLinearConfig) -> None:
         super().__init__()

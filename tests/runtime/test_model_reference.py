@@ -509,3 +509,43 @@ def test_kimi_linear_with_low_rank_queries_and_biases(tmp_path: Path) -> None:
     runner = SimpleRunner(model)
     runner.add(0)
     assert (runner.extend({0: prompt}, all_logits=True) - ref).abs().max().item() <= 1e-4
+
+
+_FP32_LEAVES = ("A_log", "dt_bias", "D", "e_score_correction_bias")
+
+
+def test_bf16_weights_keep_the_recurrent_parameters_fp32(
+    checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel
+) -> None:
+    """A_log / dt_bias / D and the router's correction bias stay fp32 (with the checkpoint's exact values) under
+    bf16 weights, as transformers and SGLang keep them; every projection is bf16."""
+    bf16 = load_model(checkpoint[1], dtype=torch.bfloat16)
+    fp32 = dict(model.named_parameters())
+    kept = 0
+    for name, param in bf16.named_parameters():
+        if name.rsplit(".", 1)[-1] in _FP32_LEAVES:
+            assert param.dtype == torch.float32, name
+            assert torch.equal(param, fp32[name]), name
+            kept += 1
+        elif name.endswith("proj.weight") or "embed" in name:
+            assert param.dtype == torch.bfloat16, name
+    assert kept >= 2  # every family has recurrent layers
+
+
+def test_bf16_prefill_is_as_close_to_fp32_as_the_reference_bf16(
+    checkpoint: tuple[str, Path, torch.nn.Module],
+) -> None:
+    """Our bf16 path (16-bit weights and KV, fp32 recurrent parameters, conv and state) strays from the fp32
+    logits no more than transformers' own bf16 path does."""
+    prompt = _prompt(150, 0)
+    with torch.no_grad():
+        ref = checkpoint[2](torch.tensor([prompt])).logits[0]
+        hf_bf16 = transformers.AutoModelForCausalLM.from_pretrained(checkpoint[1], dtype=torch.bfloat16).eval()
+        ref_bf16 = hf_bf16(torch.tensor([prompt])).logits[0].float()
+    runner = SimpleRunner(load_model(checkpoint[1], dtype=torch.bfloat16), kv_dtype=torch.bfloat16)
+    runner.add(0)
+    ours = runner.extend({0: prompt}, all_logits=True)
+    assert ours.dtype == torch.float32 and ours.shape == ref.shape
+    ours_err, ref_err = (ours - ref).abs(), (ref_bf16 - ref).abs()
+    assert ours_err.mean().item() <= 1.2 * ref_err.mean().item()
+    assert ours_err.max().item() <= 1.5 * ref_err.max().item()
