@@ -512,6 +512,8 @@ def test_kimi_linear_with_low_rank_queries_and_biases(tmp_path: Path) -> None:
 
 
 _FP32_LEAVES = ("A_log", "dt_bias", "D", "e_score_correction_bias")
+# The 16-bit checks run where the runtime serves 16-bit weights: on the GPU when there is one.
+_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_bf16_weights_keep_the_recurrent_parameters_fp32(
@@ -519,13 +521,13 @@ def test_bf16_weights_keep_the_recurrent_parameters_fp32(
 ) -> None:
     """A_log / dt_bias / D and the router's correction bias stay fp32 (with the checkpoint's exact values) under
     bf16 weights, as transformers and SGLang keep them; every projection is bf16."""
-    bf16 = load_model(checkpoint[1], dtype=torch.bfloat16)
+    bf16 = load_model(checkpoint[1], dtype=torch.bfloat16, device=_DEVICE)
     fp32 = dict(model.named_parameters())
     kept = 0
     for name, param in bf16.named_parameters():
         if name.rsplit(".", 1)[-1] in _FP32_LEAVES:
             assert param.dtype == torch.float32, name
-            assert torch.equal(param, fp32[name]), name
+            assert torch.equal(param.cpu(), fp32[name]), name
             kept += 1
         elif name.endswith("proj.weight") or "embed" in name:
             assert param.dtype == torch.bfloat16, name
@@ -540,11 +542,11 @@ def test_bf16_prefill_is_as_close_to_fp32_as_the_reference_bf16(
     prompt = _prompt(150, 0)
     with torch.no_grad():
         ref = checkpoint[2](torch.tensor([prompt])).logits[0]
-        hf_bf16 = transformers.AutoModelForCausalLM.from_pretrained(checkpoint[1], dtype=torch.bfloat16).eval()
-        ref_bf16 = hf_bf16(torch.tensor([prompt])).logits[0].float()
-    runner = SimpleRunner(load_model(checkpoint[1], dtype=torch.bfloat16), kv_dtype=torch.bfloat16)
+        hf_bf16 = transformers.AutoModelForCausalLM.from_pretrained(checkpoint[1], dtype=torch.bfloat16)
+        ref_bf16 = hf_bf16.to(_DEVICE).eval()(torch.tensor([prompt], device=_DEVICE)).logits[0].float().cpu()
+    runner = SimpleRunner(load_model(checkpoint[1], dtype=torch.bfloat16, device=_DEVICE), kv_dtype=torch.bfloat16)
     runner.add(0)
-    ours = runner.extend({0: prompt}, all_logits=True)
+    ours = runner.extend({0: prompt}, all_logits=True).cpu()
     assert ours.dtype == torch.float32 and ours.shape == ref.shape
     ours_err, ref_err = (ours - ref).abs(), (ref_bf16 - ref).abs()
     assert ours_err.mean().item() <= 1.2 * ref_err.mean().item()
