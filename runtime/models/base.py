@@ -50,7 +50,8 @@ class HybridModel(nn.Module):
     """A causal LM whose layers read and write the engine's pools.
 
     Subclasses set `config` (a plain dataclass of the fields they use), build modules named exactly like
-    the HF checkpoint's tensors, and implement `layout` and `forward_tokens`.
+    the HF checkpoint's tensors, and implement `layout` and `forward_tokens` (`DecoderLM` in models/decoder.py
+    does both for the bundled families).
     """
 
     config: object

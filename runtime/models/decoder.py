@@ -3,13 +3,16 @@ only), how a layer calls its token mixer, and the decoder body (embed → layers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from runtime.engine.forward_batch import ModelLayout
 from runtime.models.base import HybridModel, StepContext
+from runtime.models.errors import ModelLoadError
+from runtime.models.hf_config import HFConfig
 from runtime.models.layers.rotary import RotaryEmbedding
 
 FULL = "full_attention"  # a KV-cache layer
@@ -19,6 +22,30 @@ PARALLEL = "parallel"  # both mixers side by side in one layer (Falcon-H1): a KV
 LAYER_ALIASES = {"mamba": LINEAR, "attention": FULL}
 
 CosSin = tuple[torch.Tensor, torch.Tensor] | None
+
+
+def checked_layer_types(
+    cfg: HFConfig,
+    key: str,
+    raw: Sequence[Any],
+    allowed: Collection[str],
+    *,
+    count: int | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> tuple[str, ...]:
+    """The config's per-layer kinds (`raw`, read from `key`), older names mapped through `aliases`; an error naming
+    the file and key when an entry is not in `allowed` or, with `count`, when there are not `count` of them."""
+    names = aliases or {}
+    types = tuple(names.get(t, t) if isinstance(t, str) else t for t in raw)
+    unknown = sorted({repr(t) for t in types if t not in allowed})
+    if unknown or (count is not None and len(types) != count):
+        need = f"{count} entries" if count is not None else "entries"
+        known = " / ".join([*allowed, *names])
+        raise ModelLoadError(
+            f"{cfg.path}: '{cfg.prefix}{key}' must list {need} of {known} (got {len(types)}, unknown "
+            f"{', '.join(unknown) or 'none'}); fix the file."
+        )
+    return types
 
 
 def cache_layer_ids(layer_types: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -18,6 +18,7 @@ from runtime.models.decoder import (
     DecoderBody,
     DecoderLM,
     HybridLayer,
+    checked_layer_types,
     pool_ordinals,
 )
 from runtime.models.errors import ModelLoadError
@@ -27,8 +28,6 @@ from runtime.models.layers.moe import swiglu, traced_experts
 from runtime.models.layers.norm import RMSNorm
 from runtime.models.layers.rotary import RotaryEmbedding
 from runtime.models.layers.rotary_attention import AttentionOptions, RotaryAttention
-
-_LAYER_NAMES = {**LAYER_ALIASES, LINEAR: LINEAR, FULL: FULL}
 
 
 @dataclass(frozen=True)
@@ -65,13 +64,9 @@ class GraniteHybridConfig:
     @classmethod
     def from_hf(cls, cfg: HFConfig) -> GraniteHybridConfig:
         layers = cfg.int("num_hidden_layers")
-        raw = cfg.data.get("layer_types") or cfg.data.get("layers_block_type") or ["mamba"] * layers
-        unknown = sorted({t for t in raw if t not in _LAYER_NAMES})
-        if unknown or len(raw) != layers:
-            raise ModelLoadError(
-                f"{cfg.path}: 'layer_types' must list {layers} entries of mamba / attention (got {len(raw)}, "
-                f"unknown {unknown}); fix the file."
-            )
+        key = "layer_types" if cfg.data.get("layer_types") else "layers_block_type"
+        raw = cfg.data.get(key) or [LINEAR] * layers
+        layer_types = checked_layer_types(cfg, key, raw, (LINEAR, FULL), count=layers, aliases=LAYER_ALIASES)
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise ModelLoadError(
@@ -87,7 +82,7 @@ class GraniteHybridConfig:
         return cls(
             vocab_size=cfg.int("vocab_size"),
             hidden_size=hidden,
-            layer_types=tuple(_LAYER_NAMES[t] for t in raw),
+            layer_types=layer_types,
             num_attention_heads=heads,
             num_key_value_heads=cfg.int("num_key_value_heads", None) or heads,
             head_dim=cfg.int("head_dim", hidden // heads),

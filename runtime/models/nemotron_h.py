@@ -17,6 +17,7 @@ from runtime.models.decoder import (
     DecoderBody,
     DecoderLM,
     HybridLayer,
+    checked_layer_types,
     pool_ordinals,
 )
 from runtime.models.errors import ModelLoadError
@@ -63,7 +64,8 @@ class NemotronHConfig:
 
     @classmethod
     def from_hf(cls, cfg: HFConfig) -> NemotronHConfig:
-        types = cfg.data.get("layers_block_type") or cfg.data.get("layer_types")
+        key = "layers_block_type" if cfg.data.get("layers_block_type") else "layer_types"
+        types = cfg.data.get(key)
         if types is None:
             pattern = cfg.get("hybrid_override_pattern")
             unknown = sorted(set(pattern) - set(_PATTERN))
@@ -73,13 +75,7 @@ class NemotronHConfig:
                     "M (Mamba2), * (attention), - (MLP) and E (MoE)."
                 )
             types = [_PATTERN[ch] for ch in pattern]
-        types = [LAYER_ALIASES.get(t, t) for t in types]
-        unknown = sorted(set(types) - set(_PATTERN.values()))
-        if unknown:
-            raise ModelLoadError(
-                f"{cfg.path}: 'layers_block_type' has unknown entries {unknown}; use linear_attention, "
-                "full_attention, mlp and moe."
-            )
+        types = checked_layer_types(cfg, key, types, tuple(_PATTERN.values()), aliases=LAYER_ALIASES)
         act = cfg.get("mlp_hidden_act", "relu2")
         if act != "relu2":
             raise ModelLoadError(

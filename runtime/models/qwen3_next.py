@@ -9,7 +9,16 @@ import torch
 from torch import nn
 
 from runtime.models.base import StepContext
-from runtime.models.decoder import LINEAR, CosSin, DecoderBody, DecoderLM, HybridLayer, pool_ordinals
+from runtime.models.decoder import (
+    FULL,
+    LINEAR,
+    CosSin,
+    DecoderBody,
+    DecoderLM,
+    HybridLayer,
+    checked_layer_types,
+    pool_ordinals,
+)
 from runtime.models.hf_config import HFConfig
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
 from runtime.models.layers.mlp import GatedMLP
@@ -56,14 +65,7 @@ class Qwen3NextConfig:
         if layer_types is None:
             interval = cfg.int("full_attention_interval", 4)
             layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
-        bad = sorted(set(layer_types) - {"full_attention", "linear_attention"})
-        if len(layer_types) != layers or bad:
-            from runtime.models.errors import ModelLoadError
-
-            raise ModelLoadError(
-                f"{cfg.path}: 'layer_types' must list {layers} entries of full_attention / linear_attention "
-                f"(got {len(layer_types)}, unknown {bad}); fix the file."
-            )
+        layer_types = checked_layer_types(cfg, "layer_types", layer_types, (FULL, LINEAR), count=layers)
         heads = cfg.int("num_attention_heads")
         theta, partial = cfg.rope(default_partial=0.25)
         return cls(
@@ -78,7 +80,7 @@ class Qwen3NextConfig:
             rope_theta=theta,
             partial_rotary_factor=partial,
             attention_bias=bool(cfg.get("attention_bias", False)),
-            layer_types=tuple(layer_types),
+            layer_types=layer_types,
             linear_conv_kernel_dim=cfg.int("linear_conv_kernel_dim", 4),
             linear_key_head_dim=cfg.int("linear_key_head_dim"),
             linear_value_head_dim=cfg.int("linear_value_head_dim"),

@@ -3,6 +3,7 @@ Granite-4.0-H, Falcon-H1, Kimi-Linear), and vs itself under chunked prefill, pac
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -551,3 +552,26 @@ def test_bf16_prefill_is_as_close_to_fp32_as_the_reference_bf16(
     ours_err, ref_err = (ours - ref).abs(), (ref_bf16 - ref).abs()
     assert ours_err.mean().item() <= 1.2 * ref_err.mean().item()
     assert ours_err.max().item() <= 1.5 * ref_err.max().item()
+
+
+_LAYER_TYPE_KEYS = {"nemotron_h": "layers_block_type", "falcon_h1": None}
+
+
+def test_unknown_or_miscounted_layer_types_name_the_file_and_key(
+    checkpoint: tuple[str, Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    import json
+
+    from runtime.models.errors import ModelLoadError
+
+    arch, path = checkpoint[0], checkpoint[1]
+    key = _LAYER_TYPE_KEYS.get(arch, "layer_types")
+    if key is None:
+        pytest.skip(f"{arch}: every layer is the same (no layer types)")
+    config = json.loads((path / "config.json").read_text())
+    for bad in ([*config[key][:-1], "convolution"], config[key][:-1]):
+        if bad == config[key][:-1] and arch == "nemotron_h":
+            continue  # Nemotron-H's layer count is the list's length
+        (tmp_path / "config.json").write_text(json.dumps({**config, key: bad}))
+        with pytest.raises(ModelLoadError, match=re.escape(f"{tmp_path / 'config.json'}: '{key}'")):
+            load_model(tmp_path)
