@@ -50,7 +50,8 @@ class HybridModel(nn.Module):
     """A causal LM whose layers read and write the engine's pools.
 
     Subclasses set `config` (a plain dataclass of the fields they use), build modules named exactly like
-    the HF checkpoint's tensors, and implement `layout` and `forward_tokens`.
+    the HF checkpoint's tensors, and implement `layout` and `forward_tokens` (`DecoderLM` in models/decoder.py
+    does both for the bundled families).
     """
 
     config: object
@@ -64,6 +65,18 @@ class HybridModel(nn.Module):
 
     def layout(self) -> ModelLayout:
         raise NotImplementedError
+
+    def cast(self, dtype: torch.dtype) -> HybridModel:
+        """`self.to(dtype)`, except the parameters each module lists in `fp32_parameters` (the recurrent layers'
+        A_log / dt_bias / D, a router's correction bias): those stay fp32 under 16-bit weights, as transformers
+        (`_keep_in_fp32_modules`) and SGLang keep them. Tiny tensors that feed exp/softplus or pick experts:
+        rounded to bf16 they shift every decay and routing decision."""
+        self.to(dtype)
+        for module in self.modules():
+            for name in getattr(module, "fp32_parameters", ()):
+                param = getattr(module, name)
+                param.data = param.data.float()
+        return self
 
     def checkpoint_sources(self) -> dict[str, list[str]]:
         """Parameters assembled from several checkpoint tensors: param name → tensor names, concatenated

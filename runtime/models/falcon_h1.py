@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.core.batch import ModelLayout
-from runtime.models.base import HybridModel, StepContext
+from runtime.models.base import StepContext
+from runtime.models.decoder import PARALLEL, CosSin, DecoderBody, DecoderLM, HybridLayer
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
-from runtime.models.layers.attention import paged_attention
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.norm import RMSNorm
 from runtime.models.layers.rotary import RotaryEmbedding
+from runtime.models.layers.rotary_attention import AttentionOptions, RotaryAttention
 
 
 @dataclass(frozen=True)
@@ -115,42 +115,6 @@ class FalconH1Config:
         )
 
 
-class FalconH1Attention(nn.Module):
-    def __init__(self, c: FalconH1Config) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-        )
-        self.key_multiplier = c.key_multiplier
-        bias = c.attention_bias
-        self.q_proj = nn.Linear(c.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=bias)
-
-    def forward(
-        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: StepContext, ordinal: int
-    ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim) * self.key_multiplier
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = RotaryEmbedding.apply(q, *cos_sin), RotaryEmbedding.apply(k, *cos_sin)
-        out = paged_attention(
-            q,
-            k,
-            v,
-            ctx.buffers.k[ordinal],
-            ctx.buffers.v[ordinal],
-            ctx.out_locs,
-            ctx.attn,
-            self.head_dim**-0.5,
-        )
-        return self.o_proj(out.reshape(tokens, -1))
-
-
 class FalconH1MLP(nn.Module):
     def __init__(self, c: FalconH1Config) -> None:
         super().__init__()
@@ -164,10 +128,9 @@ class FalconH1MLP(nn.Module):
         return self.down_proj(h) * self.down_multiplier
 
 
-class FalconH1DecoderLayer(nn.Module):
+class FalconH1DecoderLayer(HybridLayer):
     def __init__(self, c: FalconH1Config, index: int) -> None:
-        super().__init__()
-        self.index = index  # every layer holds both KV and Mamba state: one ordinal for both pools
+        super().__init__(PARALLEL, index)  # every layer holds both KV and Mamba state: one ordinal for both pools
         self.c = c
         gated = ("norm_then_gate" if c.mamba_norm_before_gate else "gate_then_norm") if c.mamba_rms_norm else None
         self.mamba = Mamba2Mixer(
@@ -187,56 +150,49 @@ class FalconH1DecoderLayer(nn.Module):
             proj_multipliers=c.ssm_multipliers,
             gated_norm=gated or "gate_only",
         )
-        self.self_attn = FalconH1Attention(c)
+        self.self_attn = RotaryAttention(
+            AttentionOptions(
+                c.hidden_size,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+                bias=c.attention_bias,
+                key_multiplier=c.key_multiplier,
+            )
+        )
         self.feed_forward = FalconH1MLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
         self.pre_ff_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: StepContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: CosSin, ctx: StepContext) -> torch.Tensor:
         c = self.c
         h = self.input_layernorm(x)
-        ssm = self.mamba(h, ctx.buffers.conv[self.index], ctx.buffers.ssm[self.index], ctx.packing, ctx.state_slots)
-        attn = self.self_attn(h * c.attention_in_multiplier, cos_sin, ctx, self.index)
+        ssm = self.recur(self.mamba, h, ctx)
+        attn = self.attend(self.self_attn, h * c.attention_in_multiplier, cos_sin, ctx)
         x = x + ssm * c.ssm_out_multiplier + attn * c.attention_out_multiplier
         return x + self.feed_forward(self.pre_ff_layernorm(x))
 
 
-class FalconH1Body(nn.Module):
-    def __init__(self, c: FalconH1Config) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(FalconH1DecoderLayer(c, i) for i in range(c.num_hidden_layers))
-        self.final_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
-
-
-class FalconH1ForCausalLM(HybridModel):
+class FalconH1ForCausalLM(DecoderLM):
     def __init__(self, config: FalconH1Config) -> None:
-        super().__init__()
-        self.config = config
-        self.model = FalconH1Body(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(config.head_dim, config.head_dim, config.rope_theta)
-
-    def layout(self) -> ModelLayout:
-        c = self.config
-        mixer = self.model.layers[0].mamba
-        every = tuple(range(c.num_hidden_layers))
-        return ModelLayout(
-            num_layers=c.num_hidden_layers,
-            attn_layer_ids=every,
-            linear_layer_ids=every,
-            num_kv_heads=c.num_key_value_heads,
-            head_dim=c.head_dim,
-            v_head_dim=c.head_dim,
-            conv_state_shape=mixer.conv_state_shape,
-            ssm_state_shape=mixer.ssm_state_shape,
-            vocab_size=c.vocab_size,
+        c = config
+        body = DecoderBody(
+            nn.Embedding(c.vocab_size, c.hidden_size),
+            [FalconH1DecoderLayer(c, i) for i in range(c.num_hidden_layers)],
+            RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False),
+            norm_name="final_layernorm",
         )
+        super().__init__(
+            config,
+            body,
+            layer_types=(PARALLEL,) * c.num_hidden_layers,
+            kv_shape=(c.num_key_value_heads, c.head_dim, c.head_dim),
+            hidden_size=c.hidden_size,
+            vocab_size=c.vocab_size,
+            rotary=RotaryEmbedding(c.head_dim, c.head_dim, c.rope_theta),
+            embedding_multiplier=c.embedding_multiplier,
+        )
+        self.config: FalconH1Config = config
 
-    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids) * self.config.embedding_multiplier
-        cos_sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos_sin, ctx)
-        x = ctx.logit_rows(x)
-        return (self.lm_head(self.model.final_layernorm(x)) * self.config.lm_head_multiplier).float()
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits * self.config.lm_head_multiplier

@@ -9,22 +9,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.core.batch import ModelLayout
-from runtime.models.base import HybridModel, StepContext
+from runtime.models.base import StepContext
+from runtime.models.decoder import (
+    FULL,
+    LAYER_ALIASES,
+    LINEAR,
+    CosSin,
+    DecoderBody,
+    DecoderLM,
+    HybridLayer,
+    checked_layer_types,
+    pool_ordinals,
+)
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
-from runtime.models.layers.attention import paged_attention
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.moe import swiglu, traced_experts
 from runtime.models.layers.norm import RMSNorm
 from runtime.models.layers.rotary import RotaryEmbedding
-
-_LAYER_NAMES = {
-    "mamba": "linear_attention",
-    "linear_attention": "linear_attention",
-    "attention": "full_attention",
-    "full_attention": "full_attention",
-}
+from runtime.models.layers.rotary_attention import AttentionOptions, RotaryAttention
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,9 @@ class GraniteHybridConfig:
     @classmethod
     def from_hf(cls, cfg: HFConfig) -> GraniteHybridConfig:
         layers = cfg.int("num_hidden_layers")
-        raw = cfg.data.get("layer_types") or cfg.data.get("layers_block_type") or ["mamba"] * layers
-        unknown = sorted({t for t in raw if t not in _LAYER_NAMES})
-        if unknown or len(raw) != layers:
-            raise ModelLoadError(
-                f"{cfg.path}: 'layer_types' must list {layers} entries of mamba / attention (got {len(raw)}, "
-                f"unknown {unknown}); fix the file."
-            )
+        key = "layer_types" if cfg.data.get("layer_types") else "layers_block_type"
+        raw = cfg.data.get(key) or [LINEAR] * layers
+        layer_types = checked_layer_types(cfg, key, raw, (LINEAR, FULL), count=layers, aliases=LAYER_ALIASES)
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise ModelLoadError(
@@ -83,7 +82,7 @@ class GraniteHybridConfig:
         return cls(
             vocab_size=cfg.int("vocab_size"),
             hidden_size=hidden,
-            layer_types=tuple(_LAYER_NAMES[t] for t in raw),
+            layer_types=layer_types,
             num_attention_heads=heads,
             num_key_value_heads=cfg.int("num_key_value_heads", None) or heads,
             head_dim=cfg.int("head_dim", hidden // heads),
@@ -171,49 +170,13 @@ class SharedMLP(nn.Module):
         return self.output_linear(F.silu(gate) * up)
 
 
-class GraniteAttention(nn.Module):
-    def __init__(self, c: GraniteHybridConfig) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-        )
-        self.scale = c.attention_multiplier  # Granite replaces 1/sqrt(head_dim) with a tuned multiplier
-        bias = c.attention_bias
-        self.q_proj = nn.Linear(c.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=bias)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
-        ctx: StepContext,
-        ordinal: int,
-    ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        if cos_sin is not None:
-            q, k = RotaryEmbedding.apply(q, *cos_sin), RotaryEmbedding.apply(k, *cos_sin)
-        out = paged_attention(
-            q, k, v, ctx.buffers.k[ordinal], ctx.buffers.v[ordinal], ctx.out_locs, ctx.attn, self.scale
-        )
-        return self.o_proj(out.reshape(tokens, -1))
-
-
-class GraniteDecoderLayer(nn.Module):
+class GraniteDecoderLayer(HybridLayer):
     def __init__(self, c: GraniteHybridConfig, kind: str, ordinal: int) -> None:
-        super().__init__()
-        self.kind = kind
-        self.ordinal = ordinal
+        super().__init__(kind, ordinal)
         self.residual_multiplier = c.residual_multiplier
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
-        if kind == "linear_attention":
+        if kind == LINEAR:
             self.mamba = Mamba2Mixer(
                 c.hidden_size,
                 c.mamba_n_heads,
@@ -228,7 +191,17 @@ class GraniteDecoderLayer(nn.Module):
                 c.mamba_conv_bias,
             )
         else:
-            self.self_attn = GraniteAttention(c)
+            # Granite replaces 1/sqrt(head_dim) with a tuned multiplier.
+            self.self_attn = RotaryAttention(
+                AttentionOptions(
+                    c.hidden_size,
+                    c.num_attention_heads,
+                    c.num_key_value_heads,
+                    c.head_dim,
+                    bias=c.attention_bias,
+                    scale=c.attention_multiplier,
+                )
+            )
         self.block_sparse_moe = (
             GraniteMoE(c.hidden_size, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size)
             if c.num_local_experts > 0
@@ -236,17 +209,9 @@ class GraniteDecoderLayer(nn.Module):
         )
         self.shared_mlp = SharedMLP(c.hidden_size, c.shared_intermediate_size)
 
-    def forward(
-        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor] | None, ctx: StepContext
-    ) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        if self.kind == "linear_attention":
-            h = self.mamba(
-                h, ctx.buffers.conv[self.ordinal], ctx.buffers.ssm[self.ordinal], ctx.packing, ctx.state_slots
-            )
-        else:
-            h = self.self_attn(h, cos_sin, ctx, self.ordinal)
-        x = x + h * self.residual_multiplier
+    def forward(self, x: torch.Tensor, cos_sin: CosSin, ctx: StepContext) -> torch.Tensor:
+        mixer = self.mamba if self.kind == LINEAR else self.self_attn
+        x = x + self.mix(mixer, self.input_layernorm(x), cos_sin, ctx) * self.residual_multiplier
         h = self.post_attention_layernorm(x)
         out = self.shared_mlp(h)
         if self.block_sparse_moe is not None:
@@ -254,46 +219,26 @@ class GraniteDecoderLayer(nn.Module):
         return x + out * self.residual_multiplier
 
 
-class GraniteBody(nn.Module):
-    def __init__(self, c: GraniteHybridConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        ordinals = {"linear_attention": 0, "full_attention": 0}
-        layers = []
-        for kind in c.layer_types:
-            layers.append(GraniteDecoderLayer(c, kind, ordinals[kind]))
-            ordinals[kind] += 1
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
-
-
-class GraniteHybridForCausalLM(HybridModel):
+class GraniteHybridForCausalLM(DecoderLM):
     def __init__(self, config: GraniteHybridConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.model = GraniteBody(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(config.head_dim, config.head_dim, config.rope_theta)
-
-    def layout(self) -> ModelLayout:
-        c = self.config
-        mixer = next(layer.mamba for layer in self.model.layers if layer.kind == "linear_attention")
-        return ModelLayout(
-            num_layers=len(c.layer_types),
-            attn_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention"),
-            linear_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "linear_attention"),
-            num_kv_heads=c.num_key_value_heads,
-            head_dim=c.head_dim,
-            v_head_dim=c.head_dim,
-            conv_state_shape=mixer.conv_state_shape,
-            ssm_state_shape=mixer.ssm_state_shape,
-            vocab_size=c.vocab_size,
+        c = config
+        ordinals = pool_ordinals(c.layer_types)
+        body = DecoderBody(
+            nn.Embedding(c.vocab_size, c.hidden_size),
+            [GraniteDecoderLayer(c, kind, ordinals[i]) for i, kind in enumerate(c.layer_types)],
+            RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False),
         )
+        super().__init__(
+            config,
+            body,
+            layer_types=c.layer_types,
+            kv_shape=(c.num_key_value_heads, c.head_dim, c.head_dim),
+            hidden_size=c.hidden_size,
+            vocab_size=c.vocab_size,
+            rotary=RotaryEmbedding(c.head_dim, c.head_dim, c.rope_theta) if c.use_rope else None,
+            embedding_multiplier=c.embedding_multiplier,
+        )
+        self.config: GraniteHybridConfig = config
 
-    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids) * self.config.embedding_multiplier
-        cos_sin = self.rotary.cos_sin(ctx.positions, x.dtype) if self.config.use_rope else None
-        for layer in self.model.layers:
-            x = layer(x, cos_sin, ctx)
-        x = ctx.logit_rows(x)
-        return (self.lm_head(self.model.norm(x)) / self.config.logits_scaling).float()
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits / self.config.logits_scaling

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.core.batch import ModelLayout
-from runtime.models.base import HybridModel, StepContext
+from runtime.models.base import StepContext
+from runtime.models.decoder import LINEAR, CosSin, DecoderBody, DecoderLM, HybridLayer, pool_ordinals
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
 from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
@@ -23,6 +23,7 @@ from runtime.models.layers.kda import chunk_kda, recurrent_kda_step
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import Experts
 from runtime.models.layers.norm import RMSNorm
+from runtime.models.layers.packing import SequencePacking
 from runtime.models.layers.sigmoid_moe import GroupTopKRouter
 
 
@@ -122,6 +123,7 @@ class KimiLinearConfig:
 class KimiDeltaAttention(nn.Module):
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (layers/state_checkpoints.py)
     writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
+    fp32_parameters = ("A_log", "dt_bias")  # kept fp32 under 16-bit weights (HybridModel.cast)
 
     def __init__(self, c: KimiLinearConfig) -> None:
         super().__init__()
@@ -152,8 +154,14 @@ class KimiDeltaAttention(nn.Module):
         return (self.heads, self.head_dim, self.head_dim)
 
     def forward(
-        self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, ctx: StepContext
+        self,
+        x: torch.Tensor,
+        conv_pool: torch.Tensor,
+        ssm_pool: torch.Tensor,
+        packing: SequencePacking | None,
+        state_slots: torch.Tensor,
     ) -> torch.Tensor:
+        """x: [T, hidden]. `packing` is None in decode mode (one token per sequence, T == B)."""
         tokens = x.shape[0]
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         weight = self.conv1d.weight[:, 0, :]
@@ -162,15 +170,14 @@ class KimiDeltaAttention(nn.Module):
         forget = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
         g = (-self.A_log.float().exp().view(self.heads, 1) * F.softplus(forget.view(shape))).view(shape)
         beta = torch.sigmoid(self.b_proj(x))
-        if ctx.packing is None:
-            mixed = causal_conv1d_decode(mixed, weight, None, conv_view, ctx.state_slots)
+        if packing is None:
+            mixed = causal_conv1d_decode(mixed, weight, None, conv_view, state_slots)
             q, k, v = (t.reshape(shape) for t in mixed.split(self.dim, dim=-1))
             out, state = recurrent_kda_step(
-                l2norm(q.float()), l2norm(k.float()), v, g, beta, ssm_pool[ctx.state_slots].float()
+                l2norm(q.float()), l2norm(k.float()), v, g, beta, ssm_pool[state_slots].float()
             )
-            ssm_pool[ctx.state_slots] = state.to(ssm_pool.dtype)
+            ssm_pool[state_slots] = state.to(ssm_pool.dtype)
         else:
-            packing = ctx.packing
             mixed = causal_conv1d_extend(mixed, weight, None, conv_view, packing)
             q, k, v = (packing.pad(t.reshape(shape)) for t in mixed.split(self.dim, dim=-1))
             g_pad = packing.zero_padding(packing.pad(g))
@@ -228,7 +235,8 @@ class KimiMLA(nn.Module):
         keys = torch.cat([k_nope, k_rot[..., None, :].expand(*k_rot.shape[:-1], self.heads, self.rope)], dim=-1)
         return keys.transpose(-2, -3), values.transpose(-2, -3)
 
-    def forward(self, x: torch.Tensor, ctx: StepContext, ordinal: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: CosSin, ctx: StepContext, ordinal: int) -> torch.Tensor:
+        """The attention-mixer call (see HybridLayer.attend); `cos_sin` is None: MLA here has no RoPE."""
         tokens = x.shape[0]
         if hasattr(self, "q_proj"):
             q = self.q_proj(x)
@@ -284,62 +292,39 @@ class KimiSparseMoE(nn.Module):
         return self.experts(x, ids, weights) + self.shared_experts(x)
 
 
-class KimiDecoderLayer(nn.Module):
+class KimiDecoderLayer(HybridLayer):
     def __init__(self, c: KimiLinearConfig, layer: int, ordinal: int) -> None:
-        super().__init__()
-        self.kind = c.layer_types[layer]
-        self.ordinal = ordinal
-        self.self_attn: nn.Module = KimiDeltaAttention(c) if self.kind == "linear_attention" else KimiMLA(c)
+        super().__init__(c.layer_types[layer], ordinal)
+        self.self_attn: nn.Module = KimiDeltaAttention(c) if self.kind == LINEAR else KimiMLA(c)
         self.block_sparse_moe: nn.Module = (
             KimiSparseMoE(c) if c.mlp_layer_types[layer] == "sparse" else GatedMLP(c.hidden_size, c.intermediate_size)
         )
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
 
-    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        if self.kind == "linear_attention":
-            h = self.self_attn(h, ctx.buffers.conv[self.ordinal], ctx.buffers.ssm[self.ordinal], ctx)
-        else:
-            h = self.self_attn(h, ctx, self.ordinal)
-        x = x + h
+    def forward(self, x: torch.Tensor, cos_sin: CosSin, ctx: StepContext) -> torch.Tensor:
+        x = x + self.mix(self.self_attn, self.input_layernorm(x), cos_sin, ctx)
         return x + self.block_sparse_moe(self.post_attention_layernorm(x))
 
 
-class KimiBody(nn.Module):
-    def __init__(self, c: KimiLinearConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        ordinals = {"linear_attention": 0, "full_attention": 0}
-        layers = []
-        for i, kind in enumerate(c.layer_types):
-            layers.append(KimiDecoderLayer(c, i, ordinals[kind]))
-            ordinals[kind] += 1
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False)
-
-
-class KimiLinearForCausalLM(HybridModel):
+class KimiLinearForCausalLM(DecoderLM):
     def __init__(self, config: KimiLinearConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.model = KimiBody(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    def layout(self) -> ModelLayout:
-        c = self.config
-        mixer = next(layer.self_attn for layer in self.model.layers if layer.kind == "linear_attention")
-        return ModelLayout(
-            num_layers=len(c.layer_types),
-            attn_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention"),
-            linear_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "linear_attention"),
-            num_kv_heads=1,  # MLA: one latent per token
-            head_dim=c.kv_lora_rank,
-            v_head_dim=c.qk_rope_head_dim,
-            conv_state_shape=mixer.conv_state_shape,
-            ssm_state_shape=mixer.ssm_state_shape,
+        c = config
+        ordinals = pool_ordinals(c.layer_types)
+        body = DecoderBody(
+            nn.Embedding(c.vocab_size, c.hidden_size),
+            [KimiDecoderLayer(c, i, ordinals[i]) for i in range(len(c.layer_types))],
+            RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=False),
+        )
+        super().__init__(
+            config,
+            body,
+            layer_types=c.layer_types,
+            kv_shape=(1, c.kv_lora_rank, c.qk_rope_head_dim),  # MLA: one latent and one shared rope key per token
+            hidden_size=c.hidden_size,
             vocab_size=c.vocab_size,
         )
+        self.config: KimiLinearConfig = config
 
     def checkpoint_sources(self) -> dict[str, list[str]]:
         sources: dict[str, list[str]] = {}
@@ -353,10 +338,3 @@ class KimiLinearForCausalLM(HybridModel):
                 sources[f"{m}.gate_up_proj"] = [f"{m}.{j}.{w}.weight" for j in e for w in ("w1", "w3")]
                 sources[f"{m}.down_proj"] = [f"{m}.{j}.w2.weight" for j in e]
         return sources
-
-    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            x = layer(x, ctx)
-        x = ctx.logit_rows(x)
-        return self.lm_head(self.model.norm(x)).float()

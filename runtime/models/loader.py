@@ -93,7 +93,7 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
                 "fix the file or re-download the model."
             ) from None
     # Cast while still on meta so real memory is allocated once, at the target dtype.
-    model = model.to(dtype).to_empty(device=device)
+    model = model.cast(dtype).to_empty(device=device)
     files = _tensor_files(model_path)
     _fill_parameters(model, files, dtype, torch.device(device))
     for module in model.modules():  # layers that re-lay their weights for serving once they hold real values
@@ -182,7 +182,7 @@ def _fill_parameters(model: HybridModel, files: dict[str, Path], dtype: torch.dt
                         f"parameter '{name}' needs {tuple(param.shape)}. The checkpoint does not match its "
                         "config.json; fix config.json or re-export the model."
                     )
-                param.copy_(value.view(param.shape).to(dtype))
+                param.copy_(value.view(param.shape).to(param.dtype))  # fp32 where `cast` kept it
             for name in names:
                 if name.startswith(extra_prefixes):
                     model.extra_weights[name] = read(name).to(dtype=dtype, device=device)

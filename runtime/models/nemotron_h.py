@@ -8,18 +8,27 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.core.batch import ModelLayout
-from runtime.models.base import HybridModel, StepContext
+from runtime.models.base import StepContext
+from runtime.models.decoder import (
+    FULL,
+    LAYER_ALIASES,
+    LINEAR,
+    CosSin,
+    DecoderBody,
+    DecoderLM,
+    HybridLayer,
+    checked_layer_types,
+    pool_ordinals,
+)
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
-from runtime.models.layers.attention import paged_attention
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import Relu2MLP
 from runtime.models.layers.norm import RMSNorm
+from runtime.models.layers.rotary_attention import AttentionOptions, RotaryAttention
 from runtime.models.layers.sigmoid_moe import SigmoidMoE
 
-_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
-_LEGACY_NAMES = {"mamba": "linear_attention", "attention": "full_attention"}
+_PATTERN = {"M": LINEAR, "E": "moe", "*": FULL, "-": "mlp"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,8 @@ class NemotronHConfig:
 
     @classmethod
     def from_hf(cls, cfg: HFConfig) -> NemotronHConfig:
-        types = cfg.data.get("layers_block_type") or cfg.data.get("layer_types")
+        key = "layers_block_type" if cfg.data.get("layers_block_type") else "layer_types"
+        types = cfg.data.get(key)
         if types is None:
             pattern = cfg.get("hybrid_override_pattern")
             unknown = sorted(set(pattern) - set(_PATTERN))
@@ -65,13 +75,7 @@ class NemotronHConfig:
                     "M (Mamba2), * (attention), - (MLP) and E (MoE)."
                 )
             types = [_PATTERN[ch] for ch in pattern]
-        types = [_LEGACY_NAMES.get(t, t) for t in types]
-        unknown = sorted(set(types) - set(_PATTERN.values()))
-        if unknown:
-            raise ModelLoadError(
-                f"{cfg.path}: 'layers_block_type' has unknown entries {unknown}; use linear_attention, "
-                "full_attention, mlp and moe."
-            )
+        types = checked_layer_types(cfg, key, types, tuple(_PATTERN.values()), aliases=LAYER_ALIASES)
         act = cfg.get("mlp_hidden_act", "relu2")
         if act != "relu2":
             raise ModelLoadError(
@@ -113,47 +117,12 @@ class NemotronHConfig:
         )
 
 
-class NemotronHAttention(nn.Module):
-    """Plain GQA attention; Nemotron-H uses no positional encoding (the Mamba layers carry position)."""
-
-    def __init__(self, c: NemotronHConfig) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-        )
-        self.q_proj = nn.Linear(c.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor, ctx: StepContext, ordinal: int) -> torch.Tensor:
-        tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(
-            q,
-            k,
-            v,
-            ctx.buffers.k[ordinal],
-            ctx.buffers.v[ordinal],
-            ctx.out_locs,
-            ctx.attn,
-            self.head_dim**-0.5,
-        )
-        return self.o_proj(out.reshape(tokens, -1))
-
-
-class NemotronHBlock(nn.Module):
+class NemotronHBlock(HybridLayer):
     def __init__(self, c: NemotronHConfig, kind: str, ordinal: int) -> None:
-        super().__init__()
-        self.kind = kind
-        self.ordinal = ordinal  # index among layers with the same cache kind
+        super().__init__(kind, ordinal)
         self.norm = RMSNorm(c.hidden_size, c.layer_norm_epsilon)
         self.mixer: nn.Module
-        if kind == "linear_attention":
+        if kind == LINEAR:
             self.mixer = Mamba2Mixer(
                 c.hidden_size,
                 c.mamba_num_heads,
@@ -167,8 +136,11 @@ class NemotronHBlock(nn.Module):
                 c.use_bias,
                 c.use_conv_bias,
             )
-        elif kind == "full_attention":
-            self.mixer = NemotronHAttention(c)
+        elif kind == FULL:
+            # Plain GQA attention; Nemotron-H uses no positional encoding (the Mamba layers carry position).
+            self.mixer = RotaryAttention(
+                AttentionOptions(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+            )
         elif kind == "mlp":
             self.mixer = Relu2MLP(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         else:
@@ -186,54 +158,32 @@ class NemotronHBlock(nn.Module):
                 c.mlp_bias,
             )
 
-    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        h = self.norm(x)
-        if self.kind == "linear_attention":
-            h = self.mixer(
-                h, ctx.buffers.conv[self.ordinal], ctx.buffers.ssm[self.ordinal], ctx.packing, ctx.state_slots
-            )
-        elif self.kind == "full_attention":
-            h = self.mixer(h, ctx, self.ordinal)
-        else:
-            h = self.mixer(h)
-        return x + h
+    def forward(self, x: torch.Tensor, cos_sin: CosSin, ctx: StepContext) -> torch.Tensor:
+        return x + self.mix(self.mixer, self.norm(x), cos_sin, ctx)
 
 
-class NemotronHBackbone(nn.Module):
-    def __init__(self, c: NemotronHConfig) -> None:
-        super().__init__()
-        self.embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
-        ordinals = {"linear_attention": 0, "full_attention": 0}
-        blocks = []
-        for kind in c.layer_types:
-            blocks.append(NemotronHBlock(c, kind, ordinals.get(kind, -1)))
-            if kind in ordinals:
-                ordinals[kind] += 1
-        self.layers = nn.ModuleList(blocks)
-        self.norm_f = RMSNorm(c.hidden_size, c.layer_norm_epsilon)
+class NemotronHForCausalLM(DecoderLM):
+    body_name = "backbone"
 
-
-class NemotronHForCausalLM(HybridModel):
     def __init__(self, config: NemotronHConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.backbone = NemotronHBackbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    def layout(self) -> ModelLayout:
-        c = self.config
-        mixer = next(block.mixer for block in self.backbone.layers if block.kind == "linear_attention")
-        return ModelLayout(
-            num_layers=len(c.layer_types),
-            attn_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention"),
-            linear_layer_ids=tuple(i for i, t in enumerate(c.layer_types) if t == "linear_attention"),
-            num_kv_heads=c.num_key_value_heads,
-            head_dim=c.head_dim,
-            v_head_dim=c.head_dim,
-            conv_state_shape=mixer.conv_state_shape,
-            ssm_state_shape=mixer.ssm_state_shape,
+        c = config
+        ordinals = pool_ordinals(c.layer_types)
+        body = DecoderBody(
+            nn.Embedding(c.vocab_size, c.hidden_size),
+            [NemotronHBlock(c, kind, ordinals[i]) for i, kind in enumerate(c.layer_types)],
+            RMSNorm(c.hidden_size, c.layer_norm_epsilon),
+            embed_name="embeddings",
+            norm_name="norm_f",
+        )
+        super().__init__(
+            config,
+            body,
+            layer_types=c.layer_types,
+            kv_shape=(c.num_key_value_heads, c.head_dim, c.head_dim),
+            hidden_size=c.hidden_size,
             vocab_size=c.vocab_size,
         )
+        self.config: NemotronHConfig = config
 
     def checkpoint_sources(self) -> dict[str, list[str]]:
         sources: dict[str, list[str]] = {}
@@ -257,10 +207,3 @@ class NemotronHForCausalLM(HybridModel):
 
     def extra_weight_prefixes(self) -> tuple[str, ...]:
         return ("mtp.",)
-
-    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.backbone.embeddings(input_ids)
-        for block in self.backbone.layers:
-            x = block(x, ctx)
-        x = ctx.logit_rows(x)
-        return self.lm_head(self.backbone.norm_f(x)).float()

@@ -8,15 +8,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.core.batch import ModelLayout
-from runtime.models.base import HybridModel, StepContext
+from runtime.models.base import StepContext
+from runtime.models.decoder import (
+    FULL,
+    LINEAR,
+    CosSin,
+    DecoderBody,
+    DecoderLM,
+    HybridLayer,
+    checked_layer_types,
+    pool_ordinals,
+)
 from runtime.models.hf_config import HFConfig
-from runtime.models.layers.attention import paged_attention
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import SparseMoE
 from runtime.models.layers.norm import ZeroCenteredRMSNorm
 from runtime.models.layers.rotary import RotaryEmbedding
+from runtime.models.layers.rotary_attention import AttentionOptions, RotaryAttention
 
 
 @dataclass(frozen=True)
@@ -56,14 +65,7 @@ class Qwen3NextConfig:
         if layer_types is None:
             interval = cfg.int("full_attention_interval", 4)
             layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
-        bad = sorted(set(layer_types) - {"full_attention", "linear_attention"})
-        if len(layer_types) != layers or bad:
-            from runtime.models.errors import ModelLoadError
-
-            raise ModelLoadError(
-                f"{cfg.path}: 'layer_types' must list {layers} entries of full_attention / linear_attention "
-                f"(got {len(layer_types)}, unknown {bad}); fix the file."
-            )
+        layer_types = checked_layer_types(cfg, "layer_types", layer_types, (FULL, LINEAR), count=layers)
         heads = cfg.int("num_attention_heads")
         theta, partial = cfg.rope(default_partial=0.25)
         return cls(
@@ -78,7 +80,7 @@ class Qwen3NextConfig:
             rope_theta=theta,
             partial_rotary_factor=partial,
             attention_bias=bool(cfg.get("attention_bias", False)),
-            layer_types=tuple(layer_types),
+            layer_types=layer_types,
             linear_conv_kernel_dim=cfg.int("linear_conv_kernel_dim", 4),
             linear_key_head_dim=cfg.int("linear_key_head_dim"),
             linear_value_head_dim=cfg.int("linear_value_head_dim"),
@@ -102,53 +104,10 @@ class Qwen3NextConfig:
         )
 
 
-class Qwen3NextAttention(nn.Module):
-    """Full attention with an output gate (q_proj emits query and gate per head), q/k norm, partial RoPE."""
-
-    def __init__(self, c: Qwen3NextConfig) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-        )
-        self.q_proj = nn.Linear(c.hidden_size, self.num_heads * self.head_dim * 2, bias=c.attention_bias)
-        self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=c.attention_bias)
-        self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=c.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=c.attention_bias)
-        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, c.rms_norm_eps)
-        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, c.rms_norm_eps)
-
-    def forward(
-        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: StepContext, ordinal: int
-    ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q, gate = torch.chunk(self.q_proj(x).view(tokens, self.num_heads, 2 * self.head_dim), 2, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        cos, sin = cos_sin
-        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
-        out = paged_attention(
-            q,
-            k,
-            v,
-            ctx.buffers.k[ordinal],
-            ctx.buffers.v[ordinal],
-            ctx.out_locs,
-            ctx.attn,
-            self.head_dim**-0.5,
-        )
-        out = out.reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))
-        return self.o_proj(out)
-
-
-class Qwen3NextDecoderLayer(nn.Module):
+class Qwen3NextDecoderLayer(HybridLayer):
     def __init__(self, c: Qwen3NextConfig, layer: int, ordinal: int) -> None:
-        super().__init__()
-        self.kind = c.layer_types[layer]
-        self.ordinal = ordinal  # index among layers of the same kind = index into that kind's pool buffers
-        if self.kind == "linear_attention":
+        super().__init__(c.layer_types[layer], ordinal)
+        if self.kind == LINEAR:
             self.linear_attn = GatedDeltaNet(
                 c.hidden_size,
                 c.linear_num_key_heads,
@@ -160,7 +119,18 @@ class Qwen3NextDecoderLayer(nn.Module):
                 split_projections=c.split_projections,
             )
         else:
-            self.self_attn = Qwen3NextAttention(c)
+            # Gated full attention: q_proj emits query and gate per head; zero-centred q/k norm; partial RoPE.
+            self.self_attn = RotaryAttention(
+                AttentionOptions(
+                    c.hidden_size,
+                    c.num_attention_heads,
+                    c.num_key_value_heads,
+                    c.head_dim,
+                    bias=c.attention_bias,
+                    qk_norm=lambda dim: ZeroCenteredRMSNorm(dim, c.rms_norm_eps),
+                    output_gate=True,
+                )
+            )
         self.mlp: nn.Module
         if c.is_moe_layer(layer):
             self.mlp = SparseMoE(
@@ -176,57 +146,31 @@ class Qwen3NextDecoderLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: StepContext) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        if self.kind == "linear_attention":
-            h = self.linear_attn(
-                h, ctx.buffers.conv[self.ordinal], ctx.buffers.ssm[self.ordinal], ctx.packing, ctx.state_slots
-            )
-        else:
-            h = self.self_attn(h, cos_sin, ctx, self.ordinal)
-        x = x + h
+    def forward(self, x: torch.Tensor, cos_sin: CosSin, ctx: StepContext) -> torch.Tensor:
+        mixer = self.linear_attn if self.kind == LINEAR else self.self_attn
+        x = x + self.mix(mixer, self.input_layernorm(x), cos_sin, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3NextBody(nn.Module):
-    def __init__(self, c: Qwen3NextConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        ordinals = {"linear_attention": 0, "full_attention": 0}
-        layers = []
-        for i, kind in enumerate(c.layer_types):
-            layers.append(Qwen3NextDecoderLayer(c, i, ordinals[kind]))
-            ordinals[kind] += 1
-        self.layers = nn.ModuleList(layers)
-        self.norm = ZeroCenteredRMSNorm(c.hidden_size, c.rms_norm_eps)
-
-
-class Qwen3NextForCausalLM(HybridModel):
+class Qwen3NextForCausalLM(DecoderLM):
     def __init__(self, config: Qwen3NextConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.model = Qwen3NextBody(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        rotary_dim = int(config.head_dim * config.partial_rotary_factor)
-        self.rotary = RotaryEmbedding(config.head_dim, rotary_dim, config.rope_theta)
-
-    def layout(self) -> ModelLayout:
-        c = self.config
-        attn = tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention")
-        linear = tuple(i for i, t in enumerate(c.layer_types) if t == "linear_attention")
-        # State shapes come from the mixer itself: one definition for allocation and for use.
-        mixer = next(layer.linear_attn for layer in self.model.layers if layer.kind == "linear_attention")
-        return ModelLayout(
-            num_layers=c.num_hidden_layers,
-            attn_layer_ids=attn,
-            linear_layer_ids=linear,
-            num_kv_heads=c.num_key_value_heads,
-            head_dim=c.head_dim,
-            v_head_dim=c.head_dim,
-            conv_state_shape=mixer.conv_state_shape,
-            ssm_state_shape=mixer.ssm_state_shape,
-            vocab_size=c.vocab_size,
+        c = config
+        ordinals = pool_ordinals(c.layer_types)
+        body = DecoderBody(
+            nn.Embedding(c.vocab_size, c.hidden_size),
+            [Qwen3NextDecoderLayer(c, i, ordinals[i]) for i in range(len(c.layer_types))],
+            ZeroCenteredRMSNorm(c.hidden_size, c.rms_norm_eps),
         )
+        super().__init__(
+            config,
+            body,
+            layer_types=c.layer_types,
+            kv_shape=(c.num_key_value_heads, c.head_dim, c.head_dim),
+            hidden_size=c.hidden_size,
+            vocab_size=c.vocab_size,
+            rotary=RotaryEmbedding(c.head_dim, int(c.head_dim * c.partial_rotary_factor), c.rope_theta),
+        )
+        self.config: Qwen3NextConfig = config
 
     def checkpoint_sources(self) -> dict[str, list[str]]:
         sources: dict[str, list[str]] = {}
@@ -245,11 +189,3 @@ class Qwen3NextForCausalLM(HybridModel):
     def ignored_weight_prefixes(self) -> tuple[str, ...]:
         # The vision tower of a multimodal checkpoint: the runtime serves text only.
         return ("model.visual.", "visual.") if self.config.split_projections else ()
-
-    def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        cos_sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos_sin, ctx)
-        x = ctx.logit_rows(x)
-        return self.lm_head(self.model.norm(x)).float()

@@ -14,7 +14,7 @@ import torch
 
 from runtime.demo_model import DemoModelError, build_demo_model, main
 from runtime.models import load_model
-from runtime.models.simple_runner import SimpleRunner
+from tests.runtime.simple_runner import SimpleRunner
 
 
 @pytest.fixture(autouse=True, scope="module")

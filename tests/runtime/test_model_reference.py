@@ -3,6 +3,7 @@ Granite-4.0-H, Falcon-H1, Kimi-Linear), and vs itself under chunked prefill, pac
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from runtime.core.batch import ModelLayout
 from runtime.models import load_model
 from runtime.models.base import HybridModel
-from runtime.models.simple_runner import SimpleRunner
+from tests.runtime.simple_runner import SimpleRunner
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -509,3 +510,68 @@ def test_kimi_linear_with_low_rank_queries_and_biases(tmp_path: Path) -> None:
     runner = SimpleRunner(model)
     runner.add(0)
     assert (runner.extend({0: prompt}, all_logits=True) - ref).abs().max().item() <= 1e-4
+
+
+_FP32_LEAVES = ("A_log", "dt_bias", "D", "e_score_correction_bias")
+# The 16-bit checks run where the runtime serves 16-bit weights: on the GPU when there is one.
+_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_bf16_weights_keep_the_recurrent_parameters_fp32(
+    checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel
+) -> None:
+    """A_log / dt_bias / D and the router's correction bias stay fp32 (with the checkpoint's exact values) under
+    bf16 weights, as transformers and SGLang keep them; every projection is bf16."""
+    bf16 = load_model(checkpoint[1], dtype=torch.bfloat16, device=_DEVICE)
+    fp32 = dict(model.named_parameters())
+    kept = 0
+    for name, param in bf16.named_parameters():
+        if name.rsplit(".", 1)[-1] in _FP32_LEAVES:
+            assert param.dtype == torch.float32, name
+            assert torch.equal(param.cpu(), fp32[name]), name
+            kept += 1
+        elif name.endswith("proj.weight") or "embed" in name:
+            assert param.dtype == torch.bfloat16, name
+    assert kept >= 2  # every family has recurrent layers
+
+
+def test_bf16_prefill_is_as_close_to_fp32_as_the_reference_bf16(
+    checkpoint: tuple[str, Path, torch.nn.Module],
+) -> None:
+    """Our bf16 path (16-bit weights and KV, fp32 recurrent parameters, conv and state) strays from the fp32
+    logits no more than transformers' own bf16 path does."""
+    prompt = _prompt(150, 0)
+    with torch.no_grad():
+        ref = checkpoint[2](torch.tensor([prompt])).logits[0]
+        hf_bf16 = transformers.AutoModelForCausalLM.from_pretrained(checkpoint[1], dtype=torch.bfloat16)
+        ref_bf16 = hf_bf16.to(_DEVICE).eval()(torch.tensor([prompt], device=_DEVICE)).logits[0].float().cpu()
+    runner = SimpleRunner(load_model(checkpoint[1], dtype=torch.bfloat16, device=_DEVICE), kv_dtype=torch.bfloat16)
+    runner.add(0)
+    ours = runner.extend({0: prompt}, all_logits=True).cpu()
+    assert ours.dtype == torch.float32 and ours.shape == ref.shape
+    ours_err, ref_err = (ours - ref).abs(), (ref_bf16 - ref).abs()
+    assert ours_err.mean().item() <= 1.2 * ref_err.mean().item()
+    assert ours_err.max().item() <= 1.5 * ref_err.max().item()
+
+
+_LAYER_TYPE_KEYS = {"nemotron_h": "layers_block_type", "falcon_h1": None}
+
+
+def test_unknown_or_miscounted_layer_types_name_the_file_and_key(
+    checkpoint: tuple[str, Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    import json
+
+    from runtime.models.errors import ModelLoadError
+
+    arch, path = checkpoint[0], checkpoint[1]
+    key = _LAYER_TYPE_KEYS.get(arch, "layer_types")
+    if key is None:
+        pytest.skip(f"{arch}: every layer is the same (no layer types)")
+    config = json.loads((path / "config.json").read_text())
+    for bad in ([*config[key][:-1], "convolution"], config[key][:-1]):
+        if bad == config[key][:-1] and arch == "nemotron_h":
+            continue  # Nemotron-H's layer count is the list's length
+        (tmp_path / "config.json").write_text(json.dumps({**config, key: bad}))
+        with pytest.raises(ModelLoadError, match=re.escape(f"{tmp_path / 'config.json'}: '{key}'")):
+            load_model(tmp_path)

@@ -22,16 +22,18 @@ def causal_conv1d_extend(
 
     Time-major throughout ([B, K-1+Lmax, C]): the depthwise conv is K shifted multiply-adds over contiguous
     rows, with no channels-major copies in and out as F.conv1d needs them (2048 x 512 inputs, one thread:
-    3.1 vs 4.8 ms; the same bits as F.conv1d)."""
+    3.1 vs 4.8 ms; the same bits as F.conv1d). Accumulated in fp32 whatever the weights' dtype, as SGLang's
+    causal_conv1d kernels do: K multiply-adds rounded to bf16 after each lose the small taps."""
     width = weight.shape[-1] - 1
-    state = packing.initial_state(conv_pool).to(x.dtype)  # [B, C, K-1]
-    full = torch.cat([state.transpose(1, 2), packing.pad(x)], dim=1).to(weight.dtype)  # [B, K-1+Lmax, C]
+    weight = weight.float()
+    state = packing.initial_state(conv_pool).float()  # [B, C, K-1]
+    full = torch.cat([state.transpose(1, 2), packing.pad(x).float()], dim=1)  # [B, K-1+Lmax, C]
     length = packing.max_len
     out = full[:, :length] * weight[:, 0]
     for tap in range(1, width + 1):
         out.addcmul_(full[:, tap : tap + length], weight[:, tap])
     if bias is not None:
-        out += bias
+        out += bias.float()
     # The new state is the K-1 inputs ending at each sequence's last real token.
     idx = packing.lens[:, None] + torch.arange(width, device=x.device)[None, :]  # [B, K-1]
     new_state = full.gather(1, idx[:, :, None].expand(-1, -1, full.shape[2])).transpose(1, 2)
@@ -48,11 +50,12 @@ def causal_conv1d_decode(
     conv_pool: torch.Tensor,
     state_slots: torch.Tensor,
 ) -> torch.Tensor:
-    """x: [B, C], one new input per sequence. Returns silu(conv) [B, C] and rolls each slot's state."""
-    state = conv_pool.index_select(0, state_slots).to(weight.dtype)  # index_select: cheaper than pool[slots]
-    window = torch.cat([state, x.to(weight.dtype)[:, :, None]], dim=-1)
-    out = (window * weight[None]).sum(-1)
+    """x: [B, C], one new input per sequence. Returns silu(conv) [B, C] and rolls each slot's state. Accumulated
+    in fp32, as in `causal_conv1d_extend`."""
+    state = conv_pool.index_select(0, state_slots).float()  # index_select: cheaper than pool[slots]
+    window = torch.cat([state, x.float()[:, :, None]], dim=-1)
+    out = (window * weight.float()[None]).sum(-1)
     if bias is not None:
-        out = out + bias
+        out = out + bias.float()
     conv_pool.index_copy_(0, state_slots, window[:, :, 1:].to(conv_pool.dtype))
     return F.silu(out).to(x.dtype)

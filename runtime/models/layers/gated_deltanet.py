@@ -18,6 +18,7 @@ class GatedDeltaNet(nn.Module):
 
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (see state_checkpoints.py)
     writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
+    fp32_parameters = ("A_log", "dt_bias")  # kept fp32 under 16-bit weights (HybridModel.cast)
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ GatedNorm = Literal["mamba2", "norm_then_gate", "gate_then_norm", "gate_only"]
 class Mamba2Mixer(nn.Module):
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (see state_checkpoints.py)
     writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
+    fp32_parameters = ("A_log", "dt_bias", "D")  # kept fp32 under 16-bit weights (HybridModel.cast)
 
     def __init__(
         self,

@@ -12,6 +12,10 @@ from runtime.models.layers.moe import traced_experts
 
 
 class GroupTopKRouter(nn.Module):
+    # Scores and the correction bias are compared across experts in fp32; transformers keeps both fp32
+    # (`_keep_in_fp32_modules_strict`) and so do we under 16-bit weights (HybridModel.cast).
+    fp32_parameters = ("weight", "e_score_correction_bias")
+
     def __init__(
         self,
         hidden: int,
