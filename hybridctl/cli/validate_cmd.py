@@ -13,6 +13,7 @@ from hybridctl.cli.output import print_json
 
 if TYPE_CHECKING:
     from hybridctl.config.findings import ValidationReport
+    from hybridctl.config.schema import HybridConfig
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -97,10 +98,10 @@ def validate(
     raise typer.Exit(report.exit_code(strict=strict))
 
 
-def _judged_release(requested: str | None, cfg: object) -> tuple[str, str]:
+def _judged_release(requested: str | None, cfg: HybridConfig | None) -> tuple[str, str]:
     """--sglang-version, the installed sglang, config.toml's server.sglang_version, the newest (as the rules)."""
     from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
     from hybridctl.config.sglang_version import resolve_release
 
-    configured = cfg.config.server.sglang_version if cfg is not None else None  # type: ignore[attr-defined]
+    configured = cfg.config.server.sglang_version if cfg is not None else None
     return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)

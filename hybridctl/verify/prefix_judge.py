@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hybridctl.verify.report import CheckResult
-from hybridctl.verify.stats import bootstrap_ratio_ci, summarize
+from hybridctl.verify.stats import Summary, bootstrap_ratio_ci, summarize
 
 
 class OptionsError(ValueError):
@@ -80,7 +80,7 @@ _CASES = {
 }
 
 
-def _ms(summary: Any) -> dict[str, float] | None:
+def _ms(summary: Summary | None) -> dict[str, float] | None:
     if summary is None:
         return None
     return {k: (round(v * 1000, 3) if k != "count" else v) for k, v in summary.to_dict().items()}
@@ -213,12 +213,13 @@ def judge_prefix_cache(
     if metrics is None:
         notes.append("/metrics is not available (SGLang: --enable-metrics): no server-side cache hit rate")
 
+    cold_ms = _ms(summarize(cold))
     measurements = {
         "document_tokens": document_tokens,
         "document_tokens_exact": document_tokens_exact,
         "required_cached_tokens": need,
         "options": asdict(options),
-        "cold_ttft_ms": _ms(summarize(cold)),
+        "cold_ttft_ms": cold_ms,
         "cold_cached_tokens": [t.cold.cached_tokens for t in trials],
         **cases,
         "server_args": server_args,
@@ -228,7 +229,7 @@ def judge_prefix_cache(
     summary = (
         f"warm/cold TTFT {real['ratio']:.2f} (CI {real['ci_low']:.2f}-{real['ci_high']:.2f}) same document, "
         f"{ident['ratio']:.2f} identical prompt; cold median "
-        f"{measurements['cold_ttft_ms']['median']:.1f} ms"  # type: ignore[index]
+        f"{cold_ms['median']:.1f} ms" if cold_ms else "no cold measurement"
     )
     if reasons:
         return CheckResult("prefix-cache", "failed", reasons[0], reasons, notes, measurements)
