@@ -66,15 +66,15 @@ def validate(
     """
 
     from hybridctl.config.loader import check_files, settings_path_for
-    from hybridctl.launch.engine_select import auto_engine_here
-    from hybridctl.launch.version import installed_sglang_version
+    from hybridctl.launch.plan import auto_engine_here
+    from hybridctl.launch.sglang import installed_sglang_version
 
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules), and
     # engine = "auto" against the engine launch would pick on this host.
     version = engine_version or installed_sglang_version()
     from hybridctl.cli.output import fail
-    from hybridctl.launch.engine_findings import engine_findings
-    from hybridctl.launch.engine_select import ENGINE_NAMES
+    from hybridctl.launch.plan import ENGINE_NAMES
+    from hybridctl.launch.translate import engine_findings
 
     if engine is not None and engine not in ENGINE_NAMES:
         raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")

@@ -35,7 +35,7 @@ def rule_findings(
 ) -> list[DoctorFinding]:
     """`validate`'s rules, checked against `engine` (the one a launch would use here)."""
     from hybridctl.doctor.remedies import spec_topk_one
-    from hybridctl.launch.engine_findings import engine_findings
+    from hybridctl.launch.translate import engine_findings
 
     out = []
     found = check_rules(cfg, engine_version, include_secrets=False, engine=engine)
