@@ -22,7 +22,7 @@ def schema(
     """Print (or write with --out) the JSON Schemas generated from hybridctl's config schema."""
     import json
 
-    from hybridctl.config.json_schema import SCHEMA_FILE_NAMES, json_schema
+    from hybridctl.config.schema import SCHEMA_FILE_NAMES, json_schema
 
     if docs:
         from hybridctl.config.docs_table import render_configuration_md

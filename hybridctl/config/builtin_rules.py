@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from hybridctl.config.findings import Finding
-from hybridctl.config.rule_findings import CONFIG, SETTINGS, json_set, toml_set
-from hybridctl.config.rule_findings import rule_finding as _f
+from hybridctl.config.findings import CONFIG, SETTINGS, Finding, json_set, toml_set
+from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
 
 BUILTIN_SCHEDULE_POLICIES = ("fcfs", "lpm")

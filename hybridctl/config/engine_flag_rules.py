@@ -11,8 +11,7 @@ from hybridctl.config.engine_flags import (
     nearest_version,
     sglang_flags,
 )
-from hybridctl.config.findings import Finding
-from hybridctl.config.rule_findings import CONFIG, rule_finding
+from hybridctl.config.findings import CONFIG, Finding, rule_finding
 from hybridctl.config.schema import HybridConfig
 
 # Flags renamed between versions: old name -> (new name, the config key that sets it).

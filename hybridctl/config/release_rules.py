@@ -21,8 +21,7 @@ from hybridctl.config.engine_flags import (
     release_facts,
     sglang_flags,
 )
-from hybridctl.config.findings import Finding
-from hybridctl.config.rule_findings import CONFIG, json_set, rule_finding, toml_set
+from hybridctl.config.findings import CONFIG, Finding, json_set, rule_finding, toml_set
 from hybridctl.config.schema import HybridConfig
 from hybridctl.config.sglang_version import VersionError, resolve_release, version_key
 
