@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine.buffers import allocate_pool_buffers
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.core.batch import ForwardBatch
+from runtime.core.buffers import allocate_pool_buffers
 from runtime.models.loader import load_model
 
 

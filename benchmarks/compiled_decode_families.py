@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 def check(arch: str) -> None:
     import torch
 
-    from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
+    from runtime.core.config import EngineArgs
+    from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
     from runtime.engine.engine_core import EngineCore
     from tests.runtime.test_model_reference import ARCHS, _perturb
 

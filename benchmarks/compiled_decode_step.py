@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from runtime.core.config import EngineArgs
 from runtime.demo_model import build_demo_model
-from runtime.engine.api import EngineArgs
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 

@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 
-from runtime.engine.api import EngineArgs
+from runtime.core.config import EngineArgs
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 

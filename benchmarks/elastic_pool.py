@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from hybridctl.model.spec import load_model_spec
-from runtime.engine.api import EngineArgs, GenerateRequest, SamplingParams
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 

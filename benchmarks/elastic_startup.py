@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine.api import EngineArgs
+from runtime.core.config import EngineArgs
 from runtime.engine.engine_core import EngineCore
 
 

@@ -21,7 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
-from runtime.engine.api import EngineArgs, GenerateRequest, SamplingParams
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 

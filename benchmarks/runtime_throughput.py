@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
 from runtime.demo_model import build_demo_model
-from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 

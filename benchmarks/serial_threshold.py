@@ -14,9 +14,9 @@ from pathlib import Path
 
 from prefill_cpu import VOCAB, cold_prefill  # benchmarks/ is this script's directory
 
+from runtime.core.config import EngineArgs
 from runtime.demo_model import build_demo_model
 from runtime.engine import engine_core
-from runtime.engine.api import EngineArgs
 from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore

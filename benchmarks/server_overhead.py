@@ -167,7 +167,7 @@ def engine_run(
     import torch
     from runtime_throughput import run_requests
 
-    from runtime.engine.api import EngineArgs
+    from runtime.core.config import EngineArgs
     from runtime.engine.engine_core import EngineCore
 
     torch.set_num_threads(threads)

@@ -43,7 +43,8 @@ class Result:
 
 
 def run(name: str, model: Path, draft: Path, args: argparse.Namespace) -> Result:
-    from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
+    from runtime.core.config import EngineArgs
+    from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
     from runtime.engine.engine_core import EngineCore
 
     spec: dict[str, object] = {}

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from typing import NoReturn
 
-from runtime.engine.api import DEFAULT_TORCH_COMPILE_MAX_BS, DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS
-from runtime.spec.config import ALGORITHMS
+from runtime.core.config import DEFAULT_TORCH_COMPILE_MAX_BS, DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS
+from runtime.core.spec_config import ALGORITHMS
 
 PROG = "python -m runtime"
 
@@ -26,7 +26,7 @@ MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-SPEC_ALGORITHMS = ALGORITHMS  # runtime/spec/config.py: no torch there, parsing stays instant
+SPEC_ALGORITHMS = ALGORITHMS  # runtime/core/spec_config.py: no torch there, parsing stays instant
 
 # The runtime's own flags: seed keys SGLang has no flag for (SGLang builds these behaviours into its cache).
 RUNTIME_ONLY_FLAGS = (
@@ -176,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="The bundled hybrid-model runtime behind SGLang 0.5.23's HTTP API (SGLang's flag names).",
         allow_abbrev=False,  # SGLang's parser would read --model as --model-path; only exact names are taken
     )
+    _add_sglang_flags(p)
+    _add_spec_and_pd_flags(p)
+    _add_own_flags(p)
+    return p
+
+
+def _add_sglang_flags(p: argparse.ArgumentParser) -> None:
+    """SGLang's own server flags, with its names."""
     p.add_argument("--model-path", "--model", dest="model_path", required=True, help="Model directory.")
     p.add_argument("--tokenizer-path", help="Tokenizer directory (default: the model directory).")
     p.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1, loopback only).")
@@ -230,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TORCH_COMPILE_MAX_BS,
         help=f"Largest compiled decode batch ({DEFAULT_TORCH_COMPILE_MAX_BS})."
     )
+
+
+def _add_spec_and_pd_flags(p: argparse.ArgumentParser) -> None:
     spec = p.add_argument_group("speculative decoding (runtime/spec)")
     spec.add_argument(
         "--speculative-algorithm", type=str.upper, choices=SPEC_ALGORITHMS, help="Draft source; off if unset."
@@ -252,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument(
         "--disaggregation-bootstrap-port", type=int, default=8998, help="Prefill: KV/state transfer port."
     )
+
+
+def _add_own_flags(p: argparse.ArgumentParser) -> None:
+    """The bundled runtime's flags that SGLang lacks."""
     own = p.add_argument_group("bundled-runtime flags (no SGLang equivalent)")
     own.add_argument(
         "--memory-budget-gib", type=_positive_float, help="Memory treated as the device's (4 GiB)."
@@ -299,8 +314,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"With --enable-torch-compile: longest one-sequence extend run compiled "
         f"({DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS}; 0: extends stay eager).",
     )
-    return p
-
 
 def _sglang_option_strings() -> set[str]:
     from hybridctl.config.engine_flags import sglang_flags
@@ -313,7 +326,7 @@ def _sglang_option_strings() -> set[str]:
 
 
 def _refuse_unimplemented_sglang_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
-    ours = set(parser._option_string_actions)  # argparse's own index of the option strings it knows
+    ours = set(parser._option_string_actions)  # noqa: SLF001 - argparse's own index of the option strings
     sglang = _sglang_option_strings()
     for token in argv:
         if token == "--":

@@ -13,7 +13,7 @@ from pathlib import Path
 from hybridctl.planner.builtin_sizing import DEFAULT_MAMBA_TRACK_INTERVAL
 from hybridctl.planner.pool_sizing import PoolSizingError, resolve_strategy
 from runtime.args import RuntimeArgs
-from runtime.spec.config import SpecConfigError, resolve_spec_config
+from runtime.core.spec_config import SpecConfigError, resolve_spec_config
 
 
 class PreflightError(ValueError):

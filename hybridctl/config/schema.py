@@ -27,6 +27,12 @@ class _Section(BaseModel):
 
 class ServerConfig(_Section):
     host: str = Field("127.0.0.1", description="Address the server binds; 0.0.0.0 exposes it to the network.")
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable holding the key this server requires (never the key itself); "
+        "verify and bench send it.",
+    )
     port: int = Field(30000, ge=1, le=65535, description="HTTP port of the server (SGLang's default is 30000).")
     model_path: str = Field(
         "", description="Model directory (config.json + safetensors) or hub id; required to launch."
@@ -203,7 +209,7 @@ class ApiSettings(_Section):
     api_key_env: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="Name of the environment variable holding the gateway's key (never the key itself).",
+        description="Name of the environment variable holding the upstream gateway's key (never the key itself).",
     )
     timeout_seconds: float = Field(120.0, gt=0.0, le=3600.0, description="Per-request timeout for the gateway.")
 

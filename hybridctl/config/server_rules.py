@@ -183,18 +183,20 @@ def _host_findings(cfg: HybridConfig) -> list[Finding]:
                 toml_set("server.host", '"127.0.0.1"') + ' (this machine only), or "0.0.0.0" to expose it on purpose',
             )
         ]
-    if is_loopback(host):
-        return []
+    if is_loopback(host) or (cfg.config.server.api_key_env and cfg.config.server.engine == "builtin"):
+        return []  # loopback only, or the bundled runtime requires the key named by server.api_key_env
     return [
         _f(
             "warning",
             "HOST_EXPOSED",
             CONFIG,
             "server.host",
-            f"host {host!r} listens beyond this machine and the server gets no key (hybridctl never puts one "
-            "on a command line or in a file): anyone who reaches the port can use the model.",
+            f"host {host!r} listens beyond this machine and the server requires no key (server.api_key_env "
+            "is unset, or SGLang serves, which hybridctl never gives a key on its command line): anyone who "
+            "reaches the port can use the model.",
             toml_set("server.host", '"127.0.0.1"')
-            + ", or keep it and put an authenticating proxy or a firewall in front of the port",
+            + ', or keep it and set api_key_env = "NAME" in [server] (the bundled runtime then requires that key), '
+            "or put an authenticating proxy or a firewall in front of the port",
         )
     ]
 

@@ -109,7 +109,13 @@ PATTERNS: tuple[LogPattern, ...] = (
        r"Spec(?:ulative)? decoding\b.{0,80}\b(?:not compatible|incompatible)\b.{0,60}"
        r"\b(?:radix cache|no_buffer)"
        r"|(?:spec(?:ulative)?(?: decoding)?|eagle\d?|mtp|nextn|draft model)\b.{0,60}\b(?:is not supported|"
-       r"not supported|unsupported|incompatible)\b.{0,40}\b(?:mamba|hybrid|linear[- ]attention|ssm)",
+       r"not supported|unsupported|incompatible)\b.{0,40}\b(?:mamba|hybrid|linear[- ]attention|ssm)"
+       # the strategy named first or second, in any release's wording ("extra_buffer_lazy unsupported with DFLASH",
+       # "speculative decoding requires ... extra_buffer")
+       r"|\b(?:no_buffer|extra_buffer_lazy)\b.{0,40}\b(?:unsupported|not supported|incompatible|not compatible)\b"
+       r".{0,20}\b(?:with|for|under)\b.{0,20}\b(?:spec\w*|eagle\d?|mtp|nextn|dflash|dspark|standalone|ngram)\b"
+       r"|(?:spec(?:ulative)?(?: decoding)?|eagle\d?|mtp|nextn)\b.{0,80}\b(?:requires?|needs|must use|only supports?)"
+       r"\b.{0,60}\bextra_buffer\b",
        "no_buffer keeps no state checkpoints to roll a rejected draft back to, so SGLang refuses speculative "
        "decoding with the radix cache on (0.5.x spells the flag --mamba-scheduler-strategy).",
        "spec_extra_buffer", "sglang/srt/server_args.py (_handle_mamba_radix_cache, 0.5.5-0.5.1x)"),

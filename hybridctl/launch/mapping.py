@@ -72,6 +72,14 @@ ROWS: tuple[MappingRow, ...] = (
     _both(C, "server.model_path", "--model-path"),
     _both(C, "server.tokenizer_path", "--tokenizer-path"),
     _both(C, "server.host", "--host"),
+    # The server's own key, read from the variable (only its NAME is on argv). SGLang 0.5.23 takes a key only as a
+    # value (--api-key, visible in ps): launch does not pass one, so a key set here would silently not be required.
+    _row(
+        C, "server.api_key_env",
+        Target("not-supported", accepts=equals(None),
+               note="SGLang takes a key only as a value (--api-key): put api-key in a chmod 600 --config YAML"),
+        flag("--api-key-env", note="requires this key, read from the variable (its name on argv)"),
+    ),  # fmt: skip
     _row(C, "server.port", flag("--port", note="under PD: the router's port"), flag("--port")),
     _both(C, "server.trust_remote_code", "--trust-remote-code", "true"),
     _row(C, "server.engine", CLIENT, CLIENT),
@@ -293,12 +301,7 @@ ROWS: tuple[MappingRow, ...] = (
     ),
     # --- [api]: the upstream gateway verify compares against
     _row(S, "api.base_url", CLIENT, CLIENT),
-    # The bundled runtime requires this key too, reading it from the variable itself (only the NAME is on argv);
-    # SGLang 0.5.23 takes a key only as a value (--api-key), which would show it in ps: not passed there.
-    _row(
-        S, "api.api_key_env", CLIENT,
-        flag("--api-key-env", note="bundled runtime: requires this key, read from the variable (its name on argv)"),
-    ),  # fmt: skip
+    _row(S, "api.api_key_env", CLIENT, CLIENT),
     _row(S, "api.timeout_seconds", CLIENT, CLIENT),
 )
 

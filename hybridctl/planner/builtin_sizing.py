@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from hybridctl.planner.plan import Plan
 
 DEFAULT_MEMORY_BUDGET_GIB = 4.0  # the runtime's memory on CPU unless --memory-budget-gib says otherwise
-DEFAULT_MAMBA_TRACK_INTERVAL = 64  # runtime/engine/api.py, when no --mamba-track-interval is given
+DEFAULT_MAMBA_TRACK_INTERVAL = 64  # runtime/core/config.py, when no --mamba-track-interval is given
 
 
 @dataclass(frozen=True)
@@ -158,11 +158,21 @@ def builtin_model_spec(cfg: HybridConfig, model: str | Path, *, tp: int = 1, on_
     )
 
 
+def runtime_device_bytes(memory_budget_gib: float | None, gpu_bytes: int | None) -> int:
+    """The memory the runtime sizes from (its pools get mem_fraction_static of it, less the weights).
+
+    GPU: `gpu_bytes`, the memory free before the weights load (SGLang's pre_model_load_memory: its pools get the
+    memory free after loading less (1 - mem_fraction_static) of that), capped at memory_budget_gib when it is set;
+    CPU (`gpu_bytes` None): memory_budget_gib, default 4 GiB."""
+    budget = int(memory_budget_gib * GIB) if memory_budget_gib else None
+    if gpu_bytes is not None:
+        return gpu_bytes if budget is None else min(gpu_bytes, budget)
+    return budget if budget is not None else int(DEFAULT_MEMORY_BUDGET_GIB * GIB)
+
+
 def builtin_device_bytes(cfg: HybridConfig, gpu_mem_bytes: int | None) -> int:
-    """The memory the runtime sizes from: the GPU's, else memory.memory_budget_gib (default 4 GiB) on CPU."""
-    if gpu_mem_bytes is not None:
-        return gpu_mem_bytes
-    return int((cfg.config.memory.memory_budget_gib or DEFAULT_MEMORY_BUDGET_GIB) * GIB)
+    """The memory the runtime will size from for this config (`runtime_device_bytes`)."""
+    return runtime_device_bytes(cfg.config.memory.memory_budget_gib, gpu_mem_bytes)
 
 
 def plan_builtin(

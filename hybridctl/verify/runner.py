@@ -53,10 +53,10 @@ def resolve_target(
     if not url.startswith(("http://", "https://")) or not _has_host(url):
         raise TargetError(f"--url {url!r} is not an http(s) URL; write it like http://127.0.0.1:30000")
     key = None
-    if api_key_env is None and config is not None and config.settings.api.api_key_env:
+    if api_key_env is None and config is not None and config.config.server.api_key_env:
         # The variable `hybridctl launch` gave the server (--api-key-env): the same config finds the same key
         # (unset: no key, e.g. an SGLang server, which hybridctl starts without one).
-        key = os.environ.get(config.settings.api.api_key_env) or None
+        key = os.environ.get(config.config.server.api_key_env) or None
     if api_key_env:
         key = os.environ.get(api_key_env)
         if not key:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.engine.forward_batch import PoolBuffers
+from runtime.core.batch import PoolBuffers
 
 logger = logging.getLogger("runtime.engine")
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 import torch
 
+from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.core.threads import intra_op_threads
 from runtime.engine.compile_support import (
     CompileReport,
     as_traced,
@@ -34,10 +36,8 @@ from runtime.engine.compile_support import (
     stays_eager,
 )
 from runtime.engine.decode_threads import DecodeThreadChooser
-from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.layers.attention import AttentionMetadata
-from runtime.threads import intra_op_threads
 
 logger = logging.getLogger("runtime.engine")
 
@@ -158,9 +158,9 @@ class CompiledDecode:
         # is always a symbol. Marking them up front avoids the compile-static-then-recompile-dynamic dance.
         if batch > 1:
             for t in (input_ids, positions, out_locs, state_slots, kv_index, kv_mask):
-                torch._dynamo.mark_dynamic(t, 0)
-        torch._dynamo.mark_dynamic(kv_index, 1)
-        torch._dynamo.mark_dynamic(kv_mask, 3)
+                torch._dynamo.mark_dynamic(t, 0)  # noqa: SLF001 - torch has no public mark_dynamic
+        torch._dynamo.mark_dynamic(kv_index, 1)  # noqa: SLF001 - torch has no public mark_dynamic
+        torch._dynamo.mark_dynamic(kv_mask, 3)  # noqa: SLF001 - torch has no public mark_dynamic
         threads = self.threads.options[0] if threads is None else threads
         compiled = self._compiled[threads]
         inputs = (input_ids, positions, out_locs, state_slots, kv_index, kv_mask, buffers)

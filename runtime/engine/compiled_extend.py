@@ -34,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 
+from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.core.threads import intra_op_threads
 from runtime.engine.compile_support import (
     CompileReport,
     as_traced,
@@ -45,12 +47,10 @@ from runtime.engine.compile_support import (
     run_compiled,
     stays_eager,
 )
-from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.layers.attention import AttentionMetadata
 from runtime.models.layers.packing import SequencePacking
 from runtime.models.layers.state_checkpoints import StateCheckpoints, supports_traced_state_checkpoints
-from runtime.threads import intra_op_threads
 
 logger = logging.getLogger("runtime.engine")
 
@@ -195,8 +195,8 @@ class CompiledExtend:
         mask = torch.arange(cached + bucket)[None, :] <= (rows + cached)[:, None]
         # The prefix length is the one dynamic size: the KV index [prefix + Tb] and the mask [Tb, prefix + Tb].
         kv_index, mask = as_traced(kv_index.to(self.device)), as_traced(mask.to(self.device))
-        torch._dynamo.mark_dynamic(kv_index, 0)
-        torch._dynamo.mark_dynamic(mask, 1)
+        torch._dynamo.mark_dynamic(kv_index, 0)  # noqa: SLF001 - torch has no public mark_dynamic
+        torch._dynamo.mark_dynamic(mask, 1)  # noqa: SLF001 - torch has no public mark_dynamic
         inputs = [
             as_traced(t.to(self.device))
             for t in (

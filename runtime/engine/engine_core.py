@@ -14,19 +14,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runtime.engine.api import EngineArgs, EngineStats
+from runtime.core.batch import ForwardBatch
+from runtime.core.config import EngineArgs
+from runtime.core.requests import EngineStats
+from runtime.core.spec_config import SpecConfig, SpecConfigError
+from runtime.core.threads import intra_op_threads
 from runtime.engine.decode_threads import DecodeThreadChooser
-from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_dtype, size_and_allocate
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
-from runtime.threads import intra_op_threads
 
 if TYPE_CHECKING:
     from runtime.engine.compiled_extend import CompiledExtend
+    from runtime.models.base import HybridModel
+    from runtime.spec.worker import SpecDecoder
 
 logger = logging.getLogger("runtime.engine")
 
@@ -52,85 +56,31 @@ def load_tokenizer(path: str) -> Any | None:
 
 class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
-        from runtime.models.errors import ModelLoadError
-        from runtime.models.loader import load_model
-
+        """Build the engine in start-up order: model, pools, cache, scheduler, speculative decoder, compiled
+        forwards; each step logs what SGLang logs at the same point."""
         _validate(args)
         spec_config = _spec_config(args)
         if args.device == "auto":
             args.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.args = args
         self.dtype = resolve_torch_dtype(args.dtype, args.device)
-        t0 = time.perf_counter()
-        try:
-            self.model = load_model(args.model_path, dtype=self.dtype, device=args.device)
-        except ModelLoadError as exc:  # already one clear paragraph naming the file and the fix
-            raise EngineStartupError(str(exc)) from None
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        logger.info(
-            "Load weight end. type=%s, dtype=%s, mem usage=%.2f GB, elapsed=%.2f s",
-            type(self.model).__name__,
-            self.dtype,
-            weight_bytes / (1 << 30),
-            time.perf_counter() - t0,
-        )
+        self.model, self.weight_bytes = _load_model(args, self.dtype)
         self.tokenizer = load_tokenizer(args.tokenizer_path or args.model_path)
         layout = self.model.layout()
         draft_tokens = spec_config.num_draft_tokens if spec_config else 0
-        self.pools: Pools = size_and_allocate(args, layout, weight_bytes, self.dtype, draft_tokens)
+        self.pools: Pools = size_and_allocate(args, layout, self.weight_bytes, self.dtype, draft_tokens)
         self.elastic = _elastic_pool(args, self.pools, layout, spec_config)
-        self.context_len = context_len = self.pools.context_len
-        self.weight_bytes = weight_bytes
-        plan = self.pools.plan
-        radix = not args.disable_radix_cache
-        self.cache = CacheManager(
-            KVPagePool(plan.max_total_num_tokens // args.page_size, args.page_size),
-            StateSlotPool(self.pools.num_state_slots, self.pools.buffers),
-            radix_enabled=radix,
-            dual_lru=args.dual_lru_eviction,
-            snapshot_on_match=args.state_snapshot_on_match,
-            copy_on_write=args.state_copy_on_write,
-        )
-        chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else -1
+        self.context_len = self.pools.context_len
+        self.cache = _cache_manager(args, self.pools)
         self.max_prefill_tokens = DEFAULT_MAX_PREFILL_TOKENS
-        checkpointing = self.cache.caching and self.pools.strategy == "extra_buffer"
-        self.scheduler = Scheduler(
-            self._run_model,
-            self.cache,
-            SchedulerConfig(
-                max_running_requests=plan.max_running_requests,
-                chunked_prefill_size=chunk,
-                context_len=context_len,
-                schedule_policy=args.schedule_policy,
-                checkpoint_interval=args.mamba_track_interval if checkpointing else 0,
-                in_forward_checkpoints=supports_state_checkpoints(self.model),
-                random_seed=args.random_seed,
-            ),
-            eos_token_ids=tuple(self.model.eos_token_ids),
-            tokenizer=self.tokenizer,
-        )
+        self.scheduler = self._build_scheduler()
         if self.elastic is not None:
             from runtime.kvcache.elastic_pool import install
 
             install(self.elastic, self)
         self.spec = None
         if spec_config is not None:
-            from runtime.spec.config import SpecConfigError
-            from runtime.spec.setup import build_spec_decoder
-
-            try:
-                self.spec = build_spec_decoder(
-                    spec_config,
-                    args,
-                    self.model,
-                    self.pools,
-                    max_running_requests=plan.max_running_requests,
-                    token_capacity=plan.max_total_num_tokens,
-                    cache=self.cache,
-                    dtype=self.dtype,
-                )
-            except SpecConfigError as exc:
-                raise EngineStartupError(str(exc)) from None
+            self.spec = self._build_spec(spec_config)
             self.scheduler.spec = self.spec
         self.small_forward_threads = {
             mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
@@ -144,11 +94,59 @@ class EngineCore:
             self.compiled_decode = CompiledDecode(self.model, args.torch_compile_max_bs)
             self.compiled_decode.warm_up(self.pools.buffers)
             self.compiled_extend = self._compiled_extend(args)
+        self._log_started()
+
+    @property
+    def _checkpointing(self) -> bool:
+        """Prefill checkpoints go into the prefix cache (radix cache on, extra_buffer strategy)."""
+        return self.cache.caching and self.pools.strategy == "extra_buffer"
+
+    def _build_scheduler(self) -> Scheduler:
+        args, plan = self.args, self.pools.plan
+        return Scheduler(
+            self._run_model,
+            self.cache,
+            SchedulerConfig(
+                max_running_requests=plan.max_running_requests,
+                chunked_prefill_size=args.chunked_prefill_size if args.chunked_prefill_size > 0 else -1,
+                context_len=self.context_len,
+                schedule_policy=args.schedule_policy,
+                checkpoint_interval=args.mamba_track_interval if self._checkpointing else 0,
+                in_forward_checkpoints=supports_state_checkpoints(self.model),
+                random_seed=args.random_seed,
+            ),
+            eos_token_ids=tuple(self.model.eos_token_ids),
+            tokenizer=self.tokenizer,
+            device=args.device,
+        )
+
+    def _build_spec(self, spec_config: SpecConfig) -> SpecDecoder:
+        from runtime.spec.setup import build_spec_decoder
+
+        plan = self.pools.plan
+        try:
+            return build_spec_decoder(
+                spec_config,
+                self.args,
+                self.model,
+                self.pools,
+                max_running_requests=plan.max_running_requests,
+                token_capacity=plan.max_total_num_tokens,
+                cache=self.cache,
+                dtype=self.dtype,
+            )
+        except SpecConfigError as exc:
+            raise EngineStartupError(str(exc)) from None
+
+    def _log_started(self) -> None:
+        args, plan = self.args, self.pools.plan
+        radix = not args.disable_radix_cache
         logger.info(
-            f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={chunk}, "
+            f"max_total_num_tokens={plan.max_total_num_tokens}, "
+            f"chunked_prefill_size={args.chunked_prefill_size if args.chunked_prefill_size > 0 else -1}, "
             f"max_prefill_tokens={self.max_prefill_tokens}, "
             f"max_running_requests={plan.max_running_requests}, "
-            f"context_len={context_len}, available_cpu_mem={_available_mem_gb():.2f} GB"
+            f"context_len={self.context_len}, available_cpu_mem={_available_mem_gb():.2f} GB"
         )
         logger.info(
             "Tree cache initialized: source=%s impl=%s hybrid_swa=%s hybrid_ssm=%s hicache_attached=%s "
@@ -160,7 +158,7 @@ class EngineCore:
             True,
             False,
             self.pools.strategy if radix else "none",
-            args.mamba_track_interval if checkpointing else 0,
+            args.mamba_track_interval if self._checkpointing else 0,
             args.state_snapshot_on_match,
             args.state_copy_on_write,
             args.dual_lru_eviction,
@@ -205,7 +203,8 @@ class EngineCore:
 
     def step(self) -> bool:
         if self.elastic is not None:
-            self.elastic.rebalance(self.scheduler)
+            sched = self.scheduler
+            sched.set_running_cap(self.elastic.rebalance(sched.waiting, len(sched.running)))
         return self.scheduler.step()
 
     def check_invariants(self) -> None:
@@ -303,6 +302,38 @@ def _validate(args: EngineArgs) -> None:
         )
 
 
+def _load_model(args: EngineArgs, dtype: torch.dtype) -> tuple[HybridModel, int]:
+    """The model on its device and its weights' bytes; a load error becomes a start-up refusal."""
+    from runtime.models.errors import ModelLoadError
+    from runtime.models.loader import load_model
+
+    t0 = time.perf_counter()
+    try:
+        model = load_model(args.model_path, dtype=dtype, device=args.device)
+    except ModelLoadError as exc:  # already one clear paragraph naming the file and the fix
+        raise EngineStartupError(str(exc)) from None
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    logger.info(
+        "Load weight end. type=%s, dtype=%s, mem usage=%.2f GB, elapsed=%.2f s",
+        type(model).__name__,
+        dtype,
+        weight_bytes / (1 << 30),
+        time.perf_counter() - t0,
+    )
+    return model, weight_bytes
+
+
+def _cache_manager(args: EngineArgs, pools: Pools) -> CacheManager:
+    return CacheManager(
+        KVPagePool(pools.plan.max_total_num_tokens // args.page_size, args.page_size),
+        StateSlotPool(pools.num_state_slots, pools.buffers),
+        radix_enabled=not args.disable_radix_cache,
+        dual_lru=args.dual_lru_eviction,
+        snapshot_on_match=args.state_snapshot_on_match,
+        copy_on_write=args.state_copy_on_write,
+    )
+
+
 def _elastic_pool(args: EngineArgs, pools: Pools, layout: Any, spec_config: Any) -> Any:
     """The elastic pool over `pools`' bytes (runtime/kvcache/elastic_pool.py), or None when it is off."""
     if not args.enable_elastic_memory_pool:
@@ -317,11 +348,10 @@ def _elastic_pool(args: EngineArgs, pools: Pools, layout: Any, spec_config: Any)
     return make_elastic(pools, layout, args.page_size, args.device, args.elastic_realloc_timeout_s)
 
 
-def _spec_config(args: EngineArgs) -> Any:
+def _spec_config(args: EngineArgs) -> SpecConfig | None:
     """The resolved speculative options (None: off); bad ones refuse to start, naming the key to change."""
     if args.speculative_algorithm in (None, "", "none", "NONE"):
         return None
-    from runtime.spec.config import SpecConfigError
     from runtime.spec.setup import spec_config_from_args
 
     try:

@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from runtime.engine.api import EngineArgs, EngineClient, EngineStats, GenerateRequest, RequestOutput
+from runtime.core.config import EngineArgs
+from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
+from runtime.engine.api import EngineClient
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 
@@ -225,3 +227,8 @@ class ThreadedEngineClient(EngineClient):
         stats = self.core.stats()
         with self._stats_lock:
             self._stats = stats
+
+
+def start_engine(args: EngineArgs) -> EngineClient:
+    """Load the model and tokenizer, size and allocate both pools (logging them), start the engine thread."""
+    return ThreadedEngineClient.start(args)

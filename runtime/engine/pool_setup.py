@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from hybridctl.model.spec import ModelSpec, load_model_spec
-from hybridctl.planner.builtin_sizing import DEFAULT_MEMORY_BUDGET_GIB, size_builtin_pools
+from hybridctl.planner.builtin_sizing import runtime_device_bytes, size_builtin_pools
 from hybridctl.planner.pool_sizing import PoolPlan, PoolSizingError
-from runtime.engine.api import EngineArgs
-from runtime.engine.buffers import allocate_pool_buffers, pool_buffer_bytes
-from runtime.engine.forward_batch import ModelLayout, PoolBuffers
+from runtime.core.batch import ModelLayout, PoolBuffers
+from runtime.core.buffers import allocate_pool_buffers, pool_buffer_bytes
+from runtime.core.config import EngineArgs
 
 logger = logging.getLogger("runtime.engine")
 
@@ -64,11 +64,14 @@ def resolve_torch_dtype(name: str | None, device: str) -> torch.dtype:
     return table[name]
 
 
-def device_memory_bytes(args: EngineArgs) -> int:
+def device_memory_bytes(args: EngineArgs, weight_bytes: int) -> int:
+    """The memory the pools are sized from. CUDA: what was free before the weights loaded (free now plus the
+    weights, as SGLang measures it), capped at --memory-budget-gib; not the device's total, which other
+    processes and the CUDA context already use."""
     if args.device.startswith("cuda"):
-        free, total = torch.cuda.mem_get_info(torch.device(args.device))
-        return int(total)
-    return int((args.memory_budget_gib or DEFAULT_MEMORY_BUDGET_GIB) * GB)
+        free, _total = torch.cuda.mem_get_info(torch.device(args.device))
+        return runtime_device_bytes(args.memory_budget_gib, int(free) + weight_bytes)
+    return runtime_device_bytes(args.memory_budget_gib, None)
 
 
 def size_and_allocate(
@@ -88,7 +91,7 @@ def size_and_allocate(
     per_request = n_linear * (
         math.prod(spec.conv_state_shape) * itemsize + math.prod(spec.ssm_state_shape) * ssm_itemsize
     )
-    device_bytes = device_memory_bytes(args)
+    device_bytes = device_memory_bytes(args, weight_bytes)
     try:  # THE sizing function: plan, init and doctor call the same one for engine = "builtin"
         sized = size_builtin_pools(
             device_bytes=device_bytes,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.engine.forward_batch import ModelLayout, PoolBuffers
+from runtime.core.batch import ModelLayout, PoolBuffers
 
 _ALIGN = 16  # bytes: every view starts at a multiple of any dtype's size
 

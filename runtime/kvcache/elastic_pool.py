@@ -19,19 +19,26 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from runtime.engine.forward_batch import ModelLayout, PoolBuffers
+from runtime.core.batch import ModelLayout, PoolBuffers
 from runtime.kvcache.elastic_buffer import ElasticGeometry, allocate_elastic_buffers, elastic_geometry
 
 logger = logging.getLogger("runtime.kvcache")
 
 TIMEOUT_MESSAGE = "Elastic memory pool reallocation timeout"
 _HISTORY = 512
+
+
+class Queued(Protocol):
+    """What the pool reads of a waiting request (the scheduler's Req) to size the memory it will need."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
 
 
 @dataclass
@@ -150,20 +157,18 @@ class ElasticPool:
 
     # -- policy (engine thread, before each step) -----------------------------------------------------------
 
-    def _running_cap(self, sched: Any) -> int:
+    def _running_cap(self) -> int:
         """The planner's rule on the current split: K // slots_per_request, within the user's cap."""
-        cap = max(1, min(self.user_cap, self.cache.state_pool.num_slots // self.slots_per_request))
-        sched.config.max_running_requests = self.running_cap = cap
-        return cap
+        self.running_cap = max(1, min(self.user_cap, self.cache.state_pool.num_slots // self.slots_per_request))
+        return self.running_cap
 
-    def _demand(self, sched: Any) -> tuple[str, int, int] | None:
+    def _demand(self, waiting: Sequence[Queued], running: int, cap: int) -> tuple[str, int, int] | None:
         """(direction, chunks, head's pages) when the queue's head waits for memory the other pool has."""
-        cap = self._running_cap(sched)
-        if not sched.waiting:
+        if not waiting:
             return None
         cache, spr = self.cache, self.slots_per_request
-        slots, running = cache.state_pool.num_slots, len(sched.running)
-        head = sched.waiting[0]
+        slots = cache.state_pool.num_slots
+        head = waiting[0]
         need = cache.pages_for(len(head.prompt_ids) + head.max_new_tokens - 1)
         if running >= cap:  # the queue waits on the running cap: more slots raise it
             return ("state", max(1, (running + 1) * spr - slots), need) if cap < self.user_cap else None
@@ -174,8 +179,14 @@ class ElasticPool:
             return "state", 1, need
         return None
 
-    def rebalance(self, sched: Any) -> None:
-        demand = self._demand(sched)
+    def rebalance(self, waiting: Sequence[Queued], running: int) -> int:
+        """Move chunks toward the pool the queue's head waits on; returns the running-request cap for the split
+        as it was when the step began (the scheduler admits up to it)."""
+        cap = self._running_cap()
+        self._move_for(self._demand(waiting, running, cap), waiting, running)
+        return cap
+
+    def _move_for(self, demand: tuple[str, int, int] | None, waiting: Sequence[Queued], running: int) -> None:
         now = time.monotonic()
         if demand is None:
             self._pending = None
@@ -191,7 +202,7 @@ class ElasticPool:
                 break
             moved += 1
         if moved == chunks and direction == "state":
-            self._grow_state_for_queue(sched)
+            self._grow_state_for_queue(waiting, running)
         if moved:
             self._record()
             self._pending = None if moved == chunks else _Pending(direction, now)
@@ -210,13 +221,12 @@ class ElasticPool:
             self._pending = None
             # The queue head keeps waiting on this split; the next attempt starts a fresh deadline.
 
-    def _grow_state_for_queue(self, sched: Any) -> None:
+    def _grow_state_for_queue(self, waiting: Sequence[Queued], running: int) -> None:
         """Best effort past the head: slots for more of the queue, as long as the KV they need stays free."""
         cache, spr = self.cache, self.slots_per_request
-        running = len(sched.running)
-        wanted = min(len(sched.waiting), self.user_cap - running)
+        wanted = min(len(waiting), self.user_cap - running)
         keep = 0
-        for i, req in enumerate(sched.waiting[:wanted]):
+        for i, req in enumerate(waiting[:wanted]):
             keep += cache.pages_for(len(req.prompt_ids) + req.max_new_tokens - 1)
             while cache.state_pool.num_slots < (running + i + 1) * spr:
                 if self.grow_state(keep_pages=keep) is not None:

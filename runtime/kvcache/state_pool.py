@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine.forward_batch import PoolBuffers
+from runtime.core.batch import PoolBuffers
 
 
 class StateSlotPool:

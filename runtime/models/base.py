@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.engine.forward_batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.core.batch import ForwardBatch, ModelLayout, PoolBuffers
 from runtime.models.layers.attention import AttentionMetadata
 from runtime.models.layers.packing import SequencePacking
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.engine.forward_batch import ModelLayout
+from runtime.core.batch import ModelLayout
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.engine.forward_batch import ModelLayout
+from runtime.core.batch import ModelLayout
 from runtime.models.base import HybridModel, StepContext
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.engine.buffers import allocate_pool_buffers
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.core.batch import ForwardBatch
+from runtime.core.buffers import allocate_pool_buffers
 from runtime.models.base import HybridModel
 
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runtime.engine.api import EngineClient, EngineStats, GenerateRequest, RequestOutput
+from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
+from runtime.engine.api import EngineClient
 from runtime.pd.engine_ops import inject
 from runtime.pd.protocol import (
     TransferError,

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from runtime.engine.api import GenerateRequest, RequestOutput
+from runtime.core.requests import GenerateRequest, RequestOutput
 from runtime.pd.protocol import Staged, TransferError
 from runtime.scheduler.request import Req
 from runtime.scheduler.stopping import finish_reason_after
@@ -62,10 +62,10 @@ def inject(
         )  # fmt: skip
     if len(sched.running) >= sched.config.max_running_requests:
         return "wait"
-    req = Req(g.rid, prompt, g.sampling, on_output, g.return_logprob, next(sched._arrivals))
+    req = Req(g.rid, prompt, g.sampling, on_output, g.return_logprob, sched.next_arrival())
     req.max_new_tokens = min(g.sampling.max_new_tokens, sched.config.context_len - n)
     if g.sampling.seed is not None:
-        req.generator = torch.Generator().manual_seed(g.sampling.seed)
+        req.generator = sched.new_generator(g.sampling.seed)
     total = n + req.max_new_tokens - 1
     # One token of the prompt stands in for it: a transferred request never reuses this server's cached
     # prefixes (their pages would be overwritten with the transfer), and admit() then matches nothing.
@@ -101,10 +101,7 @@ def inject(
     sched.running.append(req)
     reason = finish_reason_after(req, first, sched.eos_token_ids, sched.tokenizer)
     if reason is not None:
-        sched.running.remove(req)
-        sched._release(req, cache=True)
-        counters.num_requests_finished += 1
-        sched._finish(req, reason)
+        sched.finish_running(req, reason)
     else:
         on_output(req.take_output())
     return None

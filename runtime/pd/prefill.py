@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime.engine.api import EngineClient, EngineStats, GenerateRequest, RequestOutput
+from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
+from runtime.engine.api import EngineClient
 from runtime.pd.engine_ops import stage
 from runtime.pd.protocol import Staged, TransferError, recv_json, send_json
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from runtime.engine.forward_batch import PoolBuffers
+from runtime.core.batch import PoolBuffers
 
 MISMATCH = "PD transfer mamba state size mismatch"
 MAX_JSON_BYTES = 1 << 24

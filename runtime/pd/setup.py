@@ -6,8 +6,8 @@ import logging
 from typing import Any
 
 from runtime.args import RuntimeArgs
+from runtime.core.config import read_hf_config
 from runtime.pd.protocol import pool_layout
-from runtime.server.context import read_hf_config
 
 logger = logging.getLogger("runtime.pd")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from runtime.engine.api import RequestOutput, SamplingParams
+from runtime.core.requests import RequestOutput, SamplingParams
 from runtime.kvcache.cache_manager import ReqMemory
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine.api import SamplingParams
+from runtime.core.requests import SamplingParams
 
 
 def is_greedy(p: SamplingParams) -> bool:
@@ -28,6 +28,10 @@ def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generat
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    if generator is not None and generator.device != probs.device:
+        # A generator draws only on its own device; the scheduler makes them on the logits' device, so this is
+        # for a caller that did not (the draw then follows that generator's stream).
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
 
 

@@ -21,12 +21,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from runtime.engine.api import EngineStats, GenerateRequest, RequestOutput
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.core.batch import ForwardBatch
+from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
@@ -34,8 +34,22 @@ from runtime.scheduler.request import Req
 from runtime.scheduler.sampling import sample_isolated
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
 
-if TYPE_CHECKING:
-    from runtime.spec.worker import SpecDecoder
+
+class SpecRounds(Protocol):
+    """What the scheduler asks of a speculative decoder (runtime/spec/worker.py SpecDecoder), which sits above
+    it: spec imports the scheduler, never the reverse."""
+
+    @property
+    def extra_tokens(self) -> int:
+        """Token slots a verify forward writes past a request's final length."""
+        ...
+
+    def after_prefill(self, batch: ForwardBatch) -> None: ...
+
+    def release(self, rid: str) -> None: ...
+
+    def run_round(self, sched: Scheduler, reqs: list[Req]) -> None: ...
+
 
 logger = logging.getLogger("runtime.scheduler")
 
@@ -79,11 +93,11 @@ class Scheduler:
         self.running: list[Req] = []  # admitted: in prefill or decoding
         self._arrivals = itertools.count()
         self._last_was_prefill = False
-        self._generator = torch.Generator().manual_seed(config.random_seed)
+        self._generator = self.new_generator(config.random_seed)
         self.counters = EngineStats()
         self._decode_times: list[tuple[float, int]] = []
         # Speculative decoding (runtime/spec/worker.py SpecDecoder), set by the engine; None: plain decode.
-        self.spec: SpecDecoder | None = None
+        self.spec: SpecRounds | None = None
         # PD prefill (runtime/pd/prefill.py): sees a request's memory just before it goes back to the pools.
         self.on_release: Callable[[Req], None] | None = None
 
@@ -109,7 +123,7 @@ class Scheduler:
             return
         req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
         if g.sampling.seed is not None:
-            req.generator = torch.Generator().manual_seed(g.sampling.seed)
+            req.generator = self.new_generator(g.sampling.seed)
         if req.max_new_tokens == 0:
             self._finish(req, {"type": "length", "length": 0})
             return
@@ -273,35 +287,43 @@ class Scheduler:
         # The prompt's last position is left to the end-of-request insert (prompt + output[:-1]).
         return [p for p in points if mem.tree_len < p < len(req.prompt_ids) and p % ps == 0]
 
-    def _run_extend(self, batch: list[tuple[Req, int]]) -> None:
+    def extend_batch(self, items: list[tuple[Req, list[int]]], *, all_logits: bool = False) -> ForwardBatch:
+        """An extend batch that appends `tokens` after each request's cached ones, taking KV slots for them
+        (a prefill chunk here; a verify round's last token and drafts in runtime/spec)."""
         ids: list[int] = []
         positions: list[int] = []
         out_locs: list[int] = []
         kv_locs: list[torch.Tensor] = []
-        for req, n in batch:
+        for req, tokens in items:
             mem = req.mem
             assert mem is not None
-            start = mem.kv_len
-            ids.extend(req.prompt_ids[start : start + n])
+            start, n = mem.kv_len, len(tokens)
+            ids.extend(tokens)
             positions.extend(range(start, start + n))
             new_locs = self.cache.grow(mem, n)
             out_locs.extend(new_locs)
-            new_t = torch.tensor(new_locs, dtype=torch.int64)
-            kv_locs.append(torch.cat([self.cache.token_slots(mem, start), new_t]))
-        planned = self._plan_checkpoints(batch)
-        fb = ForwardBatch(
+            kv_locs.append(torch.cat([self.cache.token_slots(mem, start), torch.tensor(new_locs, dtype=torch.int64)]))
+        return ForwardBatch(
             mode="extend",
             input_ids=torch.tensor(ids, dtype=torch.int64),
             positions=torch.tensor(positions, dtype=torch.int64),
-            extend_lens=[n for _, n in batch],
-            prefix_lens=[r.mem.kv_len for r, _ in batch if r.mem is not None],
+            extend_lens=[len(tokens) for _, tokens in items],
+            prefix_lens=[r.mem.kv_len for r, _ in items if r.mem is not None],
             kv_locs=kv_locs,
             out_locs=torch.tensor(out_locs, dtype=torch.int64),
-            state_slots=torch.tensor([r.mem.slot for r, _ in batch if r.mem is not None], dtype=torch.int64),
-            state_checkpoints=[[(p - start, slot) for p, slot in cps] for start, cps in planned]
-            if any(cps for _, cps in planned)
-            else None,
+            state_slots=torch.tensor([r.mem.slot for r, _ in items if r.mem is not None], dtype=torch.int64),
+            all_logits=all_logits,
         )
+
+    def _run_extend(self, batch: list[tuple[Req, int]]) -> None:
+        chunks: list[tuple[Req, list[int]]] = []
+        for req, n in batch:
+            assert req.mem is not None
+            chunks.append((req, req.prompt_ids[req.mem.kv_len : req.mem.kv_len + n]))
+        fb = self.extend_batch(chunks)
+        planned = self._plan_checkpoints(batch)
+        if any(cps for _, cps in planned):
+            fb.state_checkpoints = [[(p - start, slot) for p, slot in cps] for start, cps in planned]
         try:
             logits = self.run_model(fb)
         except BaseException:
@@ -362,13 +384,12 @@ class Scheduler:
             assert req.mem is not None
             req.mem.kv_len += 1
         self._sample_and_emit(reqs, logits)
-        self._decode_times.append((time.perf_counter() - t0, len(reqs)))
-        del self._decode_times[:-32]
+        self.record_decode(time.perf_counter() - t0, len(reqs))
 
     # -- postprocess -----------------------------------------------------------------------------------------
 
     def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        generators = [r.generator or self._generator for r in reqs]
+        generators = [self.generator_for(r) for r in reqs]
         tokens, errors = sample_isolated(logits, [r.sampling for r in reqs], generators)
         for i, exc in errors:  # this request's sampling raised: it fails alone, the batch goes on
             self.fail(reqs[i], "sampling", exc, status_code=400)
@@ -389,12 +410,40 @@ class Scheduler:
                 self.fail(req, "stop check", exc)
                 continue
             if reason is not None:
-                self.running.remove(req)
-                self._release(req, cache=True)
-                self.counters.num_requests_finished += 1
-                self._finish(req, reason)
+                self.finish_running(req, reason)
             else:
                 req.on_output(req.take_output())
+
+    # -- public hooks for spec and PD, which admit and finish requests outside `step` -------------------------
+
+    def next_arrival(self) -> int:
+        """The arrival number of a request admitted now (orders the waiting queue)."""
+        return next(self._arrivals)
+
+    def new_generator(self, seed: int) -> torch.Generator:
+        """A generator on the device the logits come from: `torch.multinomial` refuses a CPU generator for CUDA
+        probabilities (every temperature > 0 request on CUDA failed its batch)."""
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def generator_for(self, req: Req) -> torch.Generator:
+        """The request's own generator (a seeded request), else the engine's shared one."""
+        return req.generator or self._generator
+
+    def finish_running(self, req: Req, reason: dict) -> None:
+        """A running request stopped: take it out of the batch, cache and free its memory, send its last output."""
+        self.running.remove(req)
+        self._release(req, cache=True)
+        self.counters.num_requests_finished += 1
+        self._finish(req, reason)
+
+    def set_running_cap(self, cap: int) -> None:
+        """At most `cap` requests run at once from the next admission on (the elastic pool's cap for its split)."""
+        self.config.max_running_requests = cap
+
+    def record_decode(self, seconds: float, tokens: int) -> None:
+        """One decode step (or verify round) for the throughput gauge: the last 32 count."""
+        self._decode_times.append((seconds, tokens))
+        del self._decode_times[:-32]
 
     def _release(self, req: Req, cache: bool) -> None:
         if self.spec is not None:

@@ -8,14 +8,14 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from runtime.args import RuntimeArgs
-from runtime.engine.api import EngineClient, EngineStats
+from runtime.core.requests import EngineStats
+from runtime.engine.api import EngineClient
 from runtime.server.engine_bridge import AsyncEngine
 from runtime.server.generate_request import RequestValueError
 from runtime.server.limits import BadJson, BodyTooLarge, default_body_limit, parse_json, prompt_too_long, read_body
@@ -92,15 +92,6 @@ class ServerContext:
                 state.cached_tokens,
                 state.e2e_latency,
             )
-
-
-def read_hf_config(model_path: str) -> dict[str, Any]:
-    path = Path(model_path) / "config.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def error_response(

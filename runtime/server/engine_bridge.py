@@ -17,7 +17,8 @@ import functools
 import time
 from collections.abc import AsyncIterator, Callable
 
-from runtime.engine.api import EngineClient, GenerateRequest, RequestOutput
+from runtime.core.requests import GenerateRequest, RequestOutput
+from runtime.engine.api import EngineClient
 
 OutputSink = Callable[[RequestOutput], None]
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.engine.api import GenerateRequest, SamplingParams
+from runtime.core.requests import GenerateRequest, SamplingParams
 
 # SGLang 0.5.23's sampling-parameter fields, in its order (api/v1/api_types.py _FIELDS_SamplingParams).
 SGLANG_SAMPLING_FIELDS = (

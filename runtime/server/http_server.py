@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.engine.api import GenerateRequest, SamplingParams
+from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.server import generate_api, openai_api
 from runtime.server.context import ServerContext, error_response
 from runtime.server.engine_bridge import RequestGroup

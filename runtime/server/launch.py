@@ -13,7 +13,8 @@ from dataclasses import fields
 from typing import Any
 
 from runtime.args import RuntimeArgs
-from runtime.server.context import ServerContext, read_hf_config
+from runtime.core.config import read_hf_config
+from runtime.server.context import ServerContext
 from runtime.server.tokenizer import ServerTokenizer, TokenizerLoadError
 
 logger = logging.getLogger("runtime.server")
@@ -28,7 +29,7 @@ class StartupError(Exception):
 
 
 def _engine_args(args: RuntimeArgs, device: str) -> Any:
-    from runtime.engine.api import EngineArgs
+    from runtime.core.config import EngineArgs
 
     dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
     wanted: dict[str, Any] = {
@@ -102,7 +103,7 @@ def start_context(args: RuntimeArgs) -> ServerContext:
         torch.set_num_threads(args.num_threads)
     if args.random_seed is not None:
         torch.manual_seed(args.random_seed)
-    from runtime.engine.api import start_engine
+    from runtime.engine.engine_thread import start_engine
 
     device = _resolve_device(args.device)
     try:

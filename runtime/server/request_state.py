@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.engine.api import RequestOutput
+from runtime.core.requests import RequestOutput
 from runtime.server.generate_request import PreparedRequest
 from runtime.server.sse import generate_chunk
 from runtime.server.tokenizer import IncrementalDetokenizer, ServerTokenizer

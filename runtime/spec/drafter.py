@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from runtime.engine.forward_batch import ForwardBatch
+    from runtime.core.batch import ForwardBatch
     from runtime.scheduler.request import Req
 
 

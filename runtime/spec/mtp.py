@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
+from runtime.core.batch import ForwardBatch, PoolBuffers
 from runtime.models.base import StepContext
 
 if TYPE_CHECKING:

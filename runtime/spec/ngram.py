@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runtime.engine.forward_batch import ForwardBatch
+    from runtime.core.batch import ForwardBatch
     from runtime.scheduler.request import Req
 
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from runtime.engine.forward_batch import PoolBuffers
+from runtime.core.batch import PoolBuffers
 
 
 class StateSandbox:

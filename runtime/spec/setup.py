@@ -8,10 +8,10 @@ import logging
 import torch
 from torch import nn
 
-from runtime.engine.api import EngineArgs
+from runtime.core.config import EngineArgs
+from runtime.core.spec_config import SpecConfig, SpecConfigError, resolve_spec_config
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints
-from runtime.spec.config import SpecConfig, SpecConfigError, resolve_spec_config
 from runtime.spec.drafter import Drafter
 from runtime.spec.sandbox import StateSandbox, install_sandbox
 from runtime.spec.worker import SpecDecoder

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.engine.buffers import allocate_pool_buffers
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.core.batch import ForwardBatch
+from runtime.core.buffers import allocate_pool_buffers
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints

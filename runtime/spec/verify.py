@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.engine.api import SamplingParams
+from runtime.core.requests import SamplingParams
 from runtime.kvcache.cache_manager import CacheManager, ReqMemory
 from runtime.scheduler.sampling import sample
 

@@ -19,11 +19,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.core.batch import ForwardBatch
+from runtime.core.spec_config import SpecConfig
 from runtime.scheduler.stopping import finish_reason_after
-from runtime.spec.config import SpecConfig
 from runtime.spec.drafter import Drafter
 from runtime.spec.sandbox import StateSandbox
 from runtime.spec.verify import accept_drafts, release_rejected_kv
@@ -82,32 +80,11 @@ class SpecDecoder:
         width = self.config.num_draft_tokens
         drafts = self.drafter.propose(reqs)
         cache = sched.cache
-        ids: list[int] = []
-        positions: list[int] = []
-        out_locs: list[int] = []
-        kv_locs: list[torch.Tensor] = []
-        starts: list[int] = []
         for req, d in zip(reqs, drafts, strict=True):
-            mem = req.mem
-            assert mem is not None and len(d) == width - 1
-            start = mem.kv_len
-            starts.append(start)
-            new = cache.grow(mem, width)
-            ids += [req.output_ids[-1], *d]
-            positions += range(start, start + width)
-            out_locs += new
-            kv_locs.append(torch.cat([cache.token_slots(mem, start), torch.tensor(new, dtype=torch.int64)]))
-        fb = ForwardBatch(
-            mode="extend",
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            extend_lens=[width] * len(reqs),
-            prefix_lens=starts,
-            kv_locs=kv_locs,
-            out_locs=torch.tensor(out_locs, dtype=torch.int64),
-            state_slots=torch.tensor([r.mem.slot for r in reqs if r.mem is not None], dtype=torch.int64),
-            all_logits=True,
-        )
+            assert req.mem is not None and len(d) == width - 1
+        starts = [r.mem.kv_len for r in reqs if r.mem is not None]
+        items = [(req, [req.output_ids[-1], *d]) for req, d in zip(reqs, drafts, strict=True)]
+        fb = sched.extend_batch(items, all_logits=True)
         slots = self.sandbox.slots_for(len(reqs))
         if self.sandbox.in_forward:
             fb.state_checkpoints = self.sandbox.checkpoints(slots)
@@ -120,7 +97,7 @@ class SpecDecoder:
         reasons: list[dict | None] = []
         round_tokens = 0
         for i, (req, d) in enumerate(zip(reqs, drafts, strict=True)):
-            result = accept_drafts(d, logits[i], req.sampling, req.generator or sched._generator, req.return_logprob)
+            result = accept_drafts(d, logits[i], req.sampling, sched.generator_for(req), req.return_logprob)
             reason = None
             m = 0
             for tok in result.emitted:
@@ -151,12 +128,8 @@ class SpecDecoder:
             release_rejected_kv(cache, req.mem)
         for req, reason in zip(reqs, reasons, strict=True):
             if reason is not None:
-                sched.running.remove(req)
-                sched._release(req, cache=True)
-                sched.counters.num_requests_finished += 1
-                sched._finish(req, reason)
+                sched.finish_running(req, reason)
             else:
                 req.on_output(req.take_output())
         self.counters.recent.append((len(reqs), round_tokens))
-        sched._decode_times.append((time.perf_counter() - t0, round_tokens))
-        del sched._decode_times[:-32]
+        sched.record_decode(time.perf_counter() - t0, round_tokens)

@@ -310,7 +310,9 @@ def test_any_config_gives_a_command_the_runtime_parses_back(
 def test_api_key_env_is_passed_by_name_never_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
     secret = "sk-never-on-argv-4e1f"
     monkeypatch.setenv("HYBRID_SERVER_KEY", secret)
-    cfg = _cfg(settings__api={"api_key_env": "HYBRID_SERVER_KEY"})
+    cfg = _cfg(config__server={"api_key_env": "HYBRID_SERVER_KEY"})
+    # The upstream gateway's key (settings.json api.api_key_env) is another key: never the server's.
+    assert "--api-key-env" not in builtin_command(_cfg(settings__api={"api_key_env": "GATEWAY"}), python="p").argv
     argv = builtin_command(cfg, python="python").argv
     assert "--api-key-env" in argv and argv[argv.index("--api-key-env") + 1] == "HYBRID_SERVER_KEY"
     assert secret not in " ".join(argv) and "--api-key" not in argv

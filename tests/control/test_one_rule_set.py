@@ -189,7 +189,7 @@ REFUSAL_SITES = {
         "extra_buffer_lazy needs the overlap schedule": "extra_buffer_lazy on builtin",
         "str(exc)": "no_buffer with pages",
     },
-    "runtime/spec/config.py": {
+    "runtime/core/spec_config.py": {
         "--speculative-algorithm {algorithm}": "speculative algorithm the runtime lacks",
         "Speculative decoding state rollback error": "sandbox off under speculation",
         "--speculative-eagle-topk": "draft tree on builtin",
@@ -389,3 +389,14 @@ def test_config_fuzz_validate_passes_only_what_launch_and_runtime_accept(tmp_pat
         assert dry.exit_code == 0, (toml, settings, dry.output)
         shlex.split(dry.output.strip().splitlines()[-1])  # the last line is a shell command
     assert passed >= 50  # the fuzz reaches valid configs, not only errors
+
+
+def test_a_server_key_quiets_the_exposure_warning_only_where_the_engine_requires_it(tmp_path: Path) -> None:
+    model = model_dir(tmp_path)
+    keyed = f'model_path = "{model}"\nhost = "0.0.0.0"\napi_key_env = "HYBRID_SERVER_KEY"\n'
+    cpath, spath = write(tmp_path, f'[server]\nengine = "builtin"\n{keyed}')
+    assert "HOST_EXPOSED" not in [f.code for f in check_files(cpath, spath).findings]
+    # SGLang is started without a key (it takes one only as a value): still exposed, and the key is ignored.
+    cpath.write_text(f'[server]\nengine = "sglang"\n{keyed}')
+    codes = [f["code"] for f in json.loads(runner.invoke(app, ["validate", str(cpath), "--json"]).output)["findings"]]
+    assert "HOST_EXPOSED" in codes and "IGNORED_BY_ENGINE" in codes

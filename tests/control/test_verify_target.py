@@ -38,11 +38,14 @@ def test_api_key_comes_from_the_named_variable_and_is_never_shown(monkeypatch: p
 
 
 def test_api_key_defaults_to_the_variable_the_config_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`hybridctl launch` starts the server with settings.json's api.api_key_env; verify/bench with the same
-    config send that key without repeating --api-key-env."""
+    """`hybridctl launch` starts the server with config.toml's server.api_key_env; verify/bench with the same
+    config send that key without repeating --api-key-env (not the upstream gateway's api.api_key_env)."""
     monkeypatch.setenv("HYBRIDCTL_CFG_KEY", "cfg-secret")
     cfg = HybridConfig()
-    cfg.settings.api.api_key_env = "HYBRIDCTL_CFG_KEY"
+    cfg.config.server.api_key_env = "HYBRIDCTL_CFG_KEY"
+    gateway_only = HybridConfig()
+    gateway_only.settings.api.api_key_env = "HYBRIDCTL_CFG_KEY"
+    assert resolve_target("http://h:1", gateway_only, None).headers() == {}
     assert resolve_target("http://h:1", cfg, None).headers() == {"Authorization": "Bearer cfg-secret"}
     assert resolve_target("http://h:1", HybridConfig(), None).headers() == {}
     monkeypatch.delenv("HYBRIDCTL_CFG_KEY")

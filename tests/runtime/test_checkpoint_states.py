@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.engine.buffers import allocate_pool_buffers
-from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
+from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.core.buffers import allocate_pool_buffers
 from runtime.models.base import HybridModel
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 from runtime.models.loader import load_model

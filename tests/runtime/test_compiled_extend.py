@@ -13,7 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.api import EngineArgs, GenerateRequest
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest
 from runtime.engine.compile_support import graphs_compiled
 from runtime.engine.compiled_extend import extend_buckets
 from runtime.engine.engine_core import EngineCore

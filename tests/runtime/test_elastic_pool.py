@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine.api import GenerateRequest
+from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
 from runtime.kvcache.elastic_pool import TIMEOUT_MESSAGE
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, make_core, one_torch_thread

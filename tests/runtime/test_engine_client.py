@@ -10,15 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine.api import (
-    EngineArgs,
-    EngineClient,
-    GenerateRequest,
-    RequestOutput,
-    SamplingParams,
-    start_engine,
-)
-from runtime.engine.engine_thread import ThreadedEngineClient
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
+from runtime.engine.api import EngineClient
+from runtime.engine.engine_thread import ThreadedEngineClient, start_engine
 from runtime.engine.pool_setup import EngineStartupError
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, one_torch_thread
 

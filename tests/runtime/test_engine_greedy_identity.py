@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.api import GenerateRequest
+from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
 from tests.runtime.test_engine_support import (
     FAMILIES,

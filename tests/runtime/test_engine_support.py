@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine.engine_core import EngineCore
 
 VOCAB = 256

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.api import GenerateRequest
+from runtime.core.batch import ForwardBatch
+from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
-from runtime.engine.forward_batch import ForwardBatch
 from runtime.scheduler.prefix_sharing import shared_prefix_len
 from tests.runtime.test_checkpoint_states import BUILDERS
 from tests.runtime.test_engine_support import (

@@ -7,7 +7,7 @@ with quotes and backslashes round-trips: the exposition escapes it and the parse
 from __future__ import annotations
 
 from hybridctl.verify.prometheus import parse_metrics
-from runtime.engine.api import EngineStats
+from runtime.core.requests import EngineStats
 from runtime.server.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, RequestTimings, render_metrics
 
 MODEL = 'org/m "v2" \\ test'

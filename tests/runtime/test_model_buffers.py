@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine.buffers import allocate_pool_buffers, pool_buffer_bytes
-from runtime.engine.forward_batch import ModelLayout
+from runtime.core.batch import ModelLayout
+from runtime.core.buffers import allocate_pool_buffers, pool_buffer_bytes
 
 LAYOUT = ModelLayout(
     num_layers=8,

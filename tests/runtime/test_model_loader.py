@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from runtime.core.batch import ForwardBatch
 from runtime.demo_model import build_demo_model
-from runtime.engine.forward_batch import ForwardBatch
 from runtime.models import ModelLoadError, load_model
 from runtime.models.simple_runner import SimpleRunner
 

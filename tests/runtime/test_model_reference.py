@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.forward_batch import ModelLayout
+from runtime.core.batch import ModelLayout
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.models.simple_runner import SimpleRunner

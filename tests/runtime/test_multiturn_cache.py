@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine.api import GenerateRequest
+from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
 from tests.runtime.test_checkpoint_states import BUILDERS
 from tests.runtime.test_engine_support import (

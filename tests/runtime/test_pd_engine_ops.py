@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine.api import GenerateRequest
+from runtime.core.requests import GenerateRequest
 from runtime.pd.engine_ops import inject, stage
 from runtime.pd.protocol import Staged, unpack_payload
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, make_core, one_torch_thread

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine.buffers import allocate_pool_buffers
-from runtime.engine.forward_batch import ModelLayout
+from runtime.core.batch import ModelLayout
+from runtime.core.buffers import allocate_pool_buffers
 from runtime.pd.protocol import MISMATCH, Staged, TransferError, layout_mismatch, pool_layout, unpack_payload
 
 LAYOUT = ModelLayout(

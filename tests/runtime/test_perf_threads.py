@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine import engine_core
-from runtime.engine.api import EngineArgs, GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine.engine_core import EngineCore
 
 

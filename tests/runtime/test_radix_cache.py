@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.forward_batch import PoolBuffers
+from runtime.core.batch import PoolBuffers
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.radix_cache import RadixCache
 from runtime.kvcache.state_pool import StateSlotPool

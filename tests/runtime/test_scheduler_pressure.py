@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.api import GenerateRequest
+from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.page_pool import KVPagePool

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.engine.api import GenerateRequest, SamplingParams
+from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.engine.engine_core import EngineCore
 from runtime.scheduler.sampling import sample, sample_row
 from tests.runtime.test_engine_support import (

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
-from runtime.engine.api import EngineArgs, EngineClient, GenerateRequest, RequestOutput, SamplingParams, start_engine
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
+from runtime.engine.api import EngineClient
+from runtime.engine.engine_thread import start_engine
 from runtime.server.engine_bridge import AsyncEngine, RequestGroup
 
 N_REQ, N_NEW = 8, 24

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.api import GenerateRequest, RequestOutput
+from runtime.core.requests import GenerateRequest, RequestOutput
 from runtime.server.generate_request import PreparedRequest
 from runtime.server.request_state import RequestState
 from runtime.server.sse import sse_event

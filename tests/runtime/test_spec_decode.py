@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.api import GenerateRequest, SamplingParams
+from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.engine.engine_core import EngineCore
 from runtime.engine.pool_setup import EngineStartupError
 from runtime.spec.ngram import NgramDrafter
@@ -261,6 +261,6 @@ def test_draft_tokens_other_than_steps_plus_one_are_adjusted_as_sglang(
 
 def test_launch_offers_the_algorithms_the_runtime_implements() -> None:
     from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
-    from runtime.spec.config import ALGORITHMS
+    from runtime.core.spec_config import ALGORITHMS
 
     assert set(RUNTIME_FLAGS["--speculative-algorithm"].choices) == set(ALGORITHMS)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine.api import GenerateRequest
+from runtime.core.requests import GenerateRequest
 from tests.runtime.test_checkpoint_states import build_tiny_kimi_linear
 from tests.runtime.test_engine_support import greedy, make_core, one_torch_thread, run_to_completion
 

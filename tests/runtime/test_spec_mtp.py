@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.engine.api import GenerateRequest
-from runtime.engine.buffers import allocate_pool_buffers
+from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.core.buffers import allocate_pool_buffers
+from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
-from runtime.engine.forward_batch import ForwardBatch, PoolBuffers
 from runtime.spec.mtp import MtpDrafter
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, make_core, one_torch_thread
 from tests.runtime.test_engine_support import run_to_completion as run

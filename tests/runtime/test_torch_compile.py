@@ -15,7 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.api import EngineArgs, GenerateRequest
+from runtime.core.config import EngineArgs
+from runtime.core.requests import GenerateRequest
 from runtime.engine.compile_support import graphs_compiled as _graphs_compiled
 from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode
 from runtime.engine.engine_core import EngineCore

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.core.batch import ForwardBatch
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.core.threads import intra_op_threads
 from runtime.models.layers.state_checkpoints import StateCheckpoints, chunk_positions
-from runtime.threads import intra_op_threads
 
 # Exponents go through exp clamped to ±80: outside about ±87.3 the result is denormal, 0 or inf and torch's
 # vectorized exp takes a slow path, 4-35x the time per element (1M elements, one thread: 0.9 ms vs 3.8-31 ms).

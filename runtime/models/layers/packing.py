@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.core.batch import ForwardBatch
 from runtime.models.layers.state_checkpoints import StateCheckpoints
 
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from runtime.engine.forward_batch import ModelLayout, PoolBuffers
+from runtime.core.batch import ModelLayout, PoolBuffers
 
 
 def _itemsize(dtype: torch.dtype) -> int:

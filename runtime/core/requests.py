@@ -1,0 +1,125 @@
+"""Requests, sampling parameters, outputs and stats: the values the engine, the scheduler, spec, PD and the HTTP
+server pass between them. No torch here: the server's request parsing and `runtime.args` import this module."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: whole vocabulary
+    min_p: float = 0.0
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def validate(self) -> str | None:
+        """A one-line reason when the values cannot be sampled with, else None."""
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                return f"{name} must be a finite number, got {value!r}"
+        if self.seed is not None and not -(1 << 63) <= self.seed < 1 << 64:
+            return f"seed must fit in 64 bits, got {self.seed}"
+        if self.temperature < 0:
+            return f"temperature must be >= 0, got {self.temperature}"
+        if not 0 < self.top_p <= 1:
+            return f"top_p must be in (0, 1], got {self.top_p}"
+        if self.top_k == 0 or self.top_k < -1:
+            return f"top_k must be -1 (disabled) or >= 1, got {self.top_k}"
+        if not 0 <= self.min_p <= 1:
+            return f"min_p must be in [0, 1], got {self.min_p}"
+        if self.max_new_tokens < 0:
+            return f"max_new_tokens must be >= 0, got {self.max_new_tokens}"
+        return None
+
+
+@dataclass
+class GenerateRequest:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = False
+    return_logprob: bool = False
+    # PD disaggregation (runtime/pd): the prefill server's bootstrap address and the transfer's room id.
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+
+
+@dataclass
+class RequestOutput:
+    """One per engine step per request while it produces tokens; the last one has finished=True."""
+
+    rid: str
+    new_token_ids: list[int]
+    finished: bool
+    # SGLang's shapes: {"type": "stop", "matched": int | str}, {"type": "length", "length": n},
+    # {"type": "abort", "message": str, "status_code": int, "err_type": str}
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    new_token_logprobs: list[float] | None = None  # only with GenerateRequest.return_logprob
+    # Speculative decoding (0 while off): verify rounds so far; accept length = completion_tokens / this.
+    spec_verify_ct: int = 0
+    spec_num_correct_drafts: int = 0  # drafts accepted so far (SGLang's spec_accept_rate numerator)
+    spec_num_proposed_drafts: int = 0  # drafts verified so far (its denominator)
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine: everything /metrics and /server_info report."""
+
+    num_running_reqs: int = 0
+    num_queue_reqs: int = 0
+    token_usage: float = 0.0  # in-use KV pages / total (cached pages are reclaimable: counted free)
+    mamba_usage: float = 0.0  # in-use state slots / total
+    cache_hit_rate: float = 0.0  # cached prompt tokens / prompt tokens, over the server's life
+    max_total_num_tokens: int = 0
+    max_mamba_cache_size: int = 0
+    max_running_requests: int = 0
+    context_len: int = 0
+    page_size: int = 1
+    chunked_prefill_size: int = 0
+    max_prefill_tokens: int = 0
+    radix_cache_enabled: bool = True
+    mamba_radix_cache_strategy: str = ""
+    mamba_track_interval: int = 0
+    kv_pages_total: int = 0
+    kv_pages_free: int = 0
+    kv_pages_cached: int = 0
+    kv_pages_in_use: int = 0
+    state_slots_total: int = 0
+    state_slots_free: int = 0
+    state_slots_cached: int = 0
+    state_slots_in_use: int = 0
+    kv_evictions: int = 0  # KV pages evicted from the prefix cache
+    state_evictions: int = 0  # cached states evicted
+    state_checkpoints: int = 0  # states copied into the prefix cache
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    num_requests_total: int = 0
+    num_requests_finished: int = 0
+    num_requests_aborted: int = 0
+    num_allocation_failures: int = 0
+    gen_throughput: float = 0.0  # tokens/s over the last decode steps
+    avg_spec_accept_length: float = 0.0  # emitted tokens / verify rounds, over the server's life
+    spec_accept_length: float = 0.0  # the same over the last rounds (SGLang's per-interval gauge)
+    spec_accept_rate: float = 0.0  # accepted drafts / proposed drafts
+    spec_verify_calls_total: int = 0  # request-rounds verified
+    kv_cache_bytes: int = 0
+    conv_state_bytes: int = 0
+    ssm_state_bytes: int = 0
+    weight_bytes: int = 0
+    elastic_mode: str = ""  # the elastic pool's mode ("" when the split is fixed)
+    elastic_moves_total: int = 0  # chunks moved between the KV and state pools
+    elastic_realloc_timeouts_total: int = 0
