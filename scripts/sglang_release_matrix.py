@@ -38,7 +38,7 @@ from sglang_release_source import (  # noqa: E402
 from hybridctl.config.engine_flags import available_versions, release_facts, sglang_flags  # noqa: E402
 from hybridctl.config.rules import check_rules  # noqa: E402
 from hybridctl.config.schema import HybridConfig  # noqa: E402
-from hybridctl.launch.sglang_command import sglang_command  # noqa: E402
+from hybridctl.launch.sglang import sglang_command  # noqa: E402
 from hybridctl.launch.translate import LaunchError  # noqa: E402
 from hybridctl.planner.release_sizing import release_sizing  # noqa: E402
 

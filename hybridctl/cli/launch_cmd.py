@@ -79,8 +79,7 @@ def launch(
 
     from hybridctl.cli.validate_cmd import render_report
     from hybridctl.config.loader import check_files, settings_path_for
-    from hybridctl.launch.engine_select import ENGINE_NAMES
-    from hybridctl.launch.plan import make_launch_plan
+    from hybridctl.launch.plan import ENGINE_NAMES, make_launch_plan
     from hybridctl.launch.render import render_plan
     from hybridctl.launch.translate import LaunchError
 
@@ -97,7 +96,7 @@ def launch(
             version_key(sglang_version)
         except VersionError as exc:
             raise fail(f"--sglang-version: {exc}") from None
-    from hybridctl.launch.engine_select import auto_engine_here
+    from hybridctl.launch.plan import auto_engine_here
 
     report = check_files(
         config, settings, engine_version=sglang_version, engine=engine, auto_engine=auto_engine_here()
@@ -148,11 +147,11 @@ def _write_files(
     files: dict[Path, str] = {}
     if write_yaml is None and k8s is None:
         return []
-    from hybridctl.launch.version import target_version
+    from hybridctl.launch.sglang import target_version
 
     version = plan.version or target_version(None, cfg.config.server.sglang_version)
     if write_yaml is not None:
-        from hybridctl.launch.sglang_command import sglang_translation, to_config_yaml
+        from hybridctl.launch.sglang import sglang_translation, to_config_yaml
 
         text, leftover = to_config_yaml(sglang_translation(cfg, version, allow_ignored).flags, version)
         if leftover:

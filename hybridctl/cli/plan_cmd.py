@@ -144,7 +144,7 @@ def plan(
 
     Exit codes: 0 planned, 1 the pools do not fit (the message says what to change), 2 bad input.
     """
-    from hybridctl.launch.engine_select import ENGINE_NAMES, auto_engine_here
+    from hybridctl.launch.plan import ENGINE_NAMES, auto_engine_here
 
     if engine is not None and engine not in ENGINE_NAMES:
         raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")

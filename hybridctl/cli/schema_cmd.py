@@ -22,7 +22,7 @@ def schema(
     """Print (or write with --out) the JSON Schemas generated from hybridctl's config schema."""
     import json
 
-    from hybridctl.config.json_schema import SCHEMA_FILE_NAMES, json_schema
+    from hybridctl.config.schema import SCHEMA_FILE_NAMES, json_schema
 
     if docs:
         from hybridctl.config.docs_table import render_configuration_md
@@ -32,7 +32,7 @@ def schema(
     if file is not None and file not in SCHEMA_FILE_NAMES:
         raise fail(f"--file {file}: expected one of {', '.join(SCHEMA_FILE_NAMES)}.")
     which = [file] if file else list(SCHEMA_FILE_NAMES)
-    texts = {w: json.dumps(json_schema(w), indent=2) + "\n" for w in which}  # type: ignore[arg-type]
+    texts = {w: json.dumps(json_schema(w), indent=2) + "\n" for w in which}
     if out is None:
         if len(texts) == 1:
             typer.echo(next(iter(texts.values())), nl=False)
@@ -42,7 +42,7 @@ def schema(
     from hybridctl.config.atomic_write import WouldOverwriteError, WriteFailed, write_files
 
     try:
-        written = write_files({out / SCHEMA_FILE_NAMES[w]: t for w, t in texts.items()}, force=force)  # type: ignore[index]
+        written = write_files({out / SCHEMA_FILE_NAMES[w]: t for w, t in texts.items()}, force=force)
     except (WouldOverwriteError, WriteFailed) as exc:
         raise fail(str(exc)) from None
     for path in written:

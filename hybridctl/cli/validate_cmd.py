@@ -13,6 +13,7 @@ from hybridctl.cli.output import print_json
 
 if TYPE_CHECKING:
     from hybridctl.config.findings import ValidationReport
+    from hybridctl.config.schema import HybridConfig
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -65,15 +66,15 @@ def validate(
     """
 
     from hybridctl.config.loader import check_files, settings_path_for
-    from hybridctl.launch.engine_select import auto_engine_here
-    from hybridctl.launch.version import installed_sglang_version
+    from hybridctl.launch.plan import auto_engine_here
+    from hybridctl.launch.sglang import installed_sglang_version
 
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules), and
     # engine = "auto" against the engine launch would pick on this host.
     version = engine_version or installed_sglang_version()
     from hybridctl.cli.output import fail
-    from hybridctl.launch.engine_findings import engine_findings
-    from hybridctl.launch.engine_select import ENGINE_NAMES
+    from hybridctl.launch.plan import ENGINE_NAMES
+    from hybridctl.launch.translate import engine_findings
 
     if engine is not None and engine not in ENGINE_NAMES:
         raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
@@ -97,10 +98,10 @@ def validate(
     raise typer.Exit(report.exit_code(strict=strict))
 
 
-def _judged_release(requested: str | None, cfg: object) -> tuple[str, str]:
+def _judged_release(requested: str | None, cfg: HybridConfig | None) -> tuple[str, str]:
     """--sglang-version, the installed sglang, config.toml's server.sglang_version, the newest (as the rules)."""
     from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
     from hybridctl.config.sglang_version import resolve_release
 
-    configured = cfg.config.server.sglang_version if cfg is not None else None  # type: ignore[attr-defined]
+    configured = cfg.config.server.sglang_version if cfg is not None else None
     return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)

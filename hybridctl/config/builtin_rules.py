@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from hybridctl.config.findings import Finding
-from hybridctl.config.rule_findings import CONFIG, SETTINGS, json_set, toml_set
-from hybridctl.config.rule_findings import rule_finding as _f
+from hybridctl.config.findings import CONFIG, SETTINGS, Finding, json_set, toml_set
+from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
 
 BUILTIN_SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -14,6 +13,24 @@ def rule_builtin(cfg: HybridConfig, engine: str | None = None) -> list[Finding]:
     """BUILTIN_UNSUPPORTED: what the bundled runtime does not implement (`engine`: the resolved engine)."""
     if engine != "builtin":
         return []
+    out = _settings_findings(cfg)
+    for key, bad, good, why in _refused_config_keys(cfg):
+        if bad:
+            out.append(
+                _f(
+                    "error",
+                    "BUILTIN_UNSUPPORTED",
+                    CONFIG,
+                    key,
+                    f'the bundled runtime (engine = "builtin") would refuse to start: {why}.',
+                    f'{toml_set(key, good)}, or set engine = "sglang" in [server] of {CONFIG}',
+                )
+            )
+    return out
+
+
+def _settings_findings(cfg: HybridConfig) -> list[Finding]:
+    """settings.json values the runtime does not implement (a schedule policy) or refuses (chunk size 0)."""
     out = []
     policy = cfg.settings.runtime.schedule_policy
     if policy not in BUILTIN_SCHEDULE_POLICIES:
@@ -29,8 +46,24 @@ def rule_builtin(cfg: HybridConfig, engine: str | None = None) -> list[Finding]:
                 + ' (or set engine = "sglang" in [server] of config.toml)',
             )
         )
-    # runtime/args.py and runtime/engine/pool_setup.py refuse these at start-up.
-    refused = [
+    if cfg.settings.runtime.chunked_prefill_size == 0:
+        out.append(
+            _f(
+                "error",
+                "BUILTIN_UNSUPPORTED",
+                SETTINGS,
+                "runtime.chunked_prefill_size",
+                'chunked_prefill_size = 0: the bundled runtime (engine = "builtin") refuses it; use a '
+                "positive chunk, or -1 to disable chunking.",
+                json_set("runtime.chunked_prefill_size", "8192") + " (or -1)",
+            )
+        )
+    return out
+
+
+def _refused_config_keys(cfg: HybridConfig) -> list[tuple[str, bool, str, str]]:
+    """(key, refused?, a value it takes, why) for config.toml keys; runtime/args.py and pool_setup.py refuse them."""
+    return [
         (
             "server.tp_size",
             cfg.config.server.tp_size != 1,
@@ -70,31 +103,6 @@ def rule_builtin(cfg: HybridConfig, engine: str | None = None) -> list[Finding]:
             "mamba_track_interval must be a multiple of radix_cache_page_size, prefix cache on or off",
         ),
     ]
-    if cfg.settings.runtime.chunked_prefill_size == 0:
-        out.append(
-            _f(
-                "error",
-                "BUILTIN_UNSUPPORTED",
-                SETTINGS,
-                "runtime.chunked_prefill_size",
-                'chunked_prefill_size = 0: the bundled runtime (engine = "builtin") refuses it; use a '
-                "positive chunk, or -1 to disable chunking.",
-                json_set("runtime.chunked_prefill_size", "8192") + " (or -1)",
-            )
-        )
-    for key, bad, good, why in refused:
-        if bad:
-            out.append(
-                _f(
-                    "error",
-                    "BUILTIN_UNSUPPORTED",
-                    CONFIG,
-                    key,
-                    f'the bundled runtime (engine = "builtin") would refuse to start: {why}.',
-                    f'{toml_set(key, good)}, or set engine = "sglang" in [server] of {CONFIG}',
-                )
-            )
-    return out
 
 
 def rule_builtin_parser(cfg: HybridConfig) -> list[Finding]:

@@ -6,8 +6,8 @@ import json
 
 from pydantic import BaseModel
 
-from hybridctl.config.codes import FINDING_CODES
 from hybridctl.config.field_docs import iter_field_docs
+from hybridctl.config.findings import FINDING_CODES
 from hybridctl.config.schema import ConfigToml, SettingsJson
 
 HEADER = """\

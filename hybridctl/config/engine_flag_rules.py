@@ -11,8 +11,7 @@ from hybridctl.config.engine_flags import (
     nearest_version,
     sglang_flags,
 )
-from hybridctl.config.findings import Finding
-from hybridctl.config.rule_findings import CONFIG, rule_finding
+from hybridctl.config.findings import CONFIG, Finding, rule_finding
 from hybridctl.config.schema import HybridConfig
 
 # Flags renamed between versions: old name -> (new name, the config key that sets it).
@@ -90,100 +89,114 @@ def check_extra_engine_args(
     cfg: HybridConfig, engine_version: str | None = None, engine: str | None = None
 ) -> list[Finding]:
     """`engine`: the resolved engine (sglang | builtin); None: [server] engine, "auto" checked as SGLang."""
-    from hybridctl.launch.command import SECRET_FLAGS
-
     args = cfg.config.extra_engine_args
     if not args:
         return []
-    out: list[Finding] = []
     engine = engine or cfg.config.server.engine
-    version = engine_version or DEFAULT_SGLANG_VERSION
-    if engine == "builtin":
-        flags, label = _builtin_flags(), "the bundled runtime (python -m runtime)"
-    else:
-        if version not in available_versions():
-            table_version = nearest_version(version)
-            out.append(
-                rule_finding(
-                    "warning",
-                    "ENGINE_VERSION_UNKNOWN",
-                    CONFIG,
-                    "extra_engine_args",
-                    f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against "
-                    f"{table_version}.",
-                    f"pass --engine-version {table_version}, or regenerate the table with "
-                    "scripts/regen_sglang_flags.py.",
-                )
-            )
-            version = table_version
-        flags, label = sglang_flags(version), f"SGLang {version}'s launch_server"
-    names = [n.lstrip("-") for n in flags]
+    flags, label, version, out = _flag_table(engine, engine_version or DEFAULT_SGLANG_VERSION)
     homes = _config_homes(engine, version)
     for key, value in args.items():
-        dotted = f"extra_engine_args.{key}"
         flag = "--" + key.lstrip("-")
         if flag in RENAMED_FLAGS and engine != "builtin":
-            new, home = RENAMED_FLAGS[flag]
-            section, name = home.split(".")
-            out.append(
-                rule_finding(
-                    "error",
-                    "UNKNOWN_ENGINE_FLAG",
-                    CONFIG,
-                    dotted,
-                    f"{flag} was renamed to {new}; SGLang {version} refuses the old name.",
-                    f"remove `{key}` from [extra_engine_args] and set {name} in [{section}] of {CONFIG}.",
-                )
-            )
+            out.append(_renamed(key, flag, version))
             continue
         info = _lookup(flags, key)
         if info is None:
-            close = difflib.get_close_matches(key.lstrip("-").replace("_", "-"), names, n=1, cutoff=0.7)
-            hint = f"rename `{key}` to `{close[0]}`" if close else f"remove `{key}`"
-            out.append(
-                rule_finding(
-                    "error",
-                    "UNKNOWN_ENGINE_FLAG",
-                    CONFIG,
-                    dotted,
-                    f"`{key}` is not a flag of {label}; the server would refuse to start.",
-                    f"{hint} in [extra_engine_args] of {CONFIG}.",
-                )
-            )
+            out.append(_unknown(key, flags, label))
             continue
-        problem = _value_problem(info, value)
-        if problem:
-            out.append(
-                rule_finding(
-                    "error",
-                    "ENGINE_FLAG_VALUE",
-                    CONFIG,
-                    dotted,
-                    problem + ".",
-                    f"correct `{key}` in [extra_engine_args] of {CONFIG}.",
-                )
+        out += _known_flag_findings(key, value, info, homes)
+    return out
+
+
+def _flag_table(engine: str, version: str) -> tuple[dict[str, FlagInfo], str, str, list[Finding]]:
+    """The flags the engine takes, its name for messages, the SGLang table version, and a warning if estimated."""
+    if engine == "builtin":
+        return _builtin_flags(), "the bundled runtime (python -m runtime)", version, []
+    out: list[Finding] = []
+    if version not in available_versions():
+        table_version = nearest_version(version)
+        out.append(
+            rule_finding(
+                "warning",
+                "ENGINE_VERSION_UNKNOWN",
+                CONFIG,
+                "extra_engine_args",
+                f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against "
+                f"{table_version}.",
+                f"pass --engine-version {table_version}, or regenerate the table with "
+                "scripts/regen_sglang_flags.py.",
             )
-        if info.name in SECRET_FLAGS:
-            out.append(
-                rule_finding(
-                    "error",
-                    "LITERAL_SECRET",
-                    CONFIG,
-                    dotted,
-                    f"{info.name} would put a secret in a config file (and on a command line); launch refuses it.",
-                    f"remove `{key}` from [extra_engine_args]; keep keys in environment variables.",
-                )
+        )
+        version = table_version
+    return sglang_flags(version), f"SGLang {version}'s launch_server", version, out
+
+
+def _renamed(key: str, flag: str, version: str) -> Finding:
+    new, home = RENAMED_FLAGS[flag]
+    section, name = home.split(".")
+    return rule_finding(
+        "error",
+        "UNKNOWN_ENGINE_FLAG",
+        CONFIG,
+        f"extra_engine_args.{key}",
+        f"{flag} was renamed to {new}; SGLang {version} refuses the old name.",
+        f"remove `{key}` from [extra_engine_args] and set {name} in [{section}] of {CONFIG}.",
+    )
+
+
+def _unknown(key: str, flags: dict[str, FlagInfo], label: str) -> Finding:
+    names = [n.lstrip("-") for n in flags]
+    close = difflib.get_close_matches(key.lstrip("-").replace("_", "-"), names, n=1, cutoff=0.7)
+    hint = f"rename `{key}` to `{close[0]}`" if close else f"remove `{key}`"
+    return rule_finding(
+        "error",
+        "UNKNOWN_ENGINE_FLAG",
+        CONFIG,
+        f"extra_engine_args.{key}",
+        f"`{key}` is not a flag of {label}; the server would refuse to start.",
+        f"{hint} in [extra_engine_args] of {CONFIG}.",
+    )
+
+
+def _known_flag_findings(key: str, value: object, info: FlagInfo, homes: dict[str, str]) -> list[Finding]:
+    """A flag the engine has: a value it refuses, a secret on the command line, or a flag a config key sets."""
+    from hybridctl.launch.command import SECRET_FLAGS
+
+    dotted = f"extra_engine_args.{key}"
+    out: list[Finding] = []
+    problem = _value_problem(info, value)
+    if problem:
+        out.append(
+            rule_finding(
+                "error",
+                "ENGINE_FLAG_VALUE",
+                CONFIG,
+                dotted,
+                problem + ".",
+                f"correct `{key}` in [extra_engine_args] of {CONFIG}.",
             )
-        elif info.name in homes:
-            out.append(
-                rule_finding(
-                    "error",
-                    "ENGINE_FLAG_SHADOWS_KEY",
-                    CONFIG,
-                    dotted,
-                    f"{info.name} is set from a config key; passing it here too gives one value two sources, "
-                    "and launch refuses it.",
-                    f"remove `{key}` from [extra_engine_args] and set {homes[info.name]}.",
-                )
+        )
+    if info.name in SECRET_FLAGS:
+        out.append(
+            rule_finding(
+                "error",
+                "LITERAL_SECRET",
+                CONFIG,
+                dotted,
+                f"{info.name} would put a secret in a config file (and on a command line); launch refuses it.",
+                f"remove `{key}` from [extra_engine_args]; keep keys in environment variables.",
             )
+        )
+    elif info.name in homes:
+        out.append(
+            rule_finding(
+                "error",
+                "ENGINE_FLAG_SHADOWS_KEY",
+                CONFIG,
+                dotted,
+                f"{info.name} is set from a config key; passing it here too gives one value two sources, "
+                "and launch refuses it.",
+                f"remove `{key}` from [extra_engine_args] and set {homes[info.name]}.",
+            )
+        )
     return out

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import TypedDict
 
 from hybridctl.config.sglang_version import VersionError, version_key
 
@@ -62,8 +63,24 @@ def _full_tables() -> list[str]:
     return sorted(found, key=version_key)
 
 
+class ReleaseFacts(TypedDict, total=False):
+    """Server-args behaviour a release changes without an error (scripts/regen_sglang_flags.py records it)."""
+
+    radix_cache_disables_overlap_for: list[str]  # architectures
+    radix_cache_disabled_for: list[str]
+    pool_sizing_code: str  # "model_runner" or "kv_cache_mixin": planner/release_sizing.py
+
+
+class ReleaseDiff(TypedDict, total=False):
+    """One older release in sglang-releases.json: flags it lacks and rows that differ from the next newer table."""
+
+    removed: list[str]
+    changed: dict[str, list[str]]
+    facts: ReleaseFacts
+
+
 @lru_cache(maxsize=1)
-def _release_diffs() -> dict[str, dict[str, object]]:
+def _release_diffs() -> dict[str, ReleaseDiff]:
     """sglang-releases.json's releases (older ones, each a diff against the next newer; see the regen script)."""
     path = resources.files("hybridctl.data") / RELEASES_FILE
     if not path.is_file():
@@ -115,9 +132,9 @@ def _from_diffs(version: str) -> dict[str, FlagInfo]:
         diff = diffs[release]
         if "changed" not in diff:
             continue  # no table for that release: the next older one diffs against the last held one
-        for name in diff["removed"]:  # type: ignore[union-attr]
+        for name in diff.get("removed", []):
             rows.pop(name, None)
-        for name, row in diff["changed"].items():  # type: ignore[union-attr]
+        for name, row in diff["changed"].items():
             rows[name] = _info(row)
     return rows
 
@@ -161,11 +178,10 @@ def find_flag(name: str, version: str = DEFAULT_SGLANG_VERSION) -> FlagInfo | No
     return None
 
 
-def release_facts(version: str) -> dict[str, object]:
+def release_facts(version: str) -> ReleaseFacts:
     """What sglang-releases.json records of `version`'s server-args behaviour ({} for the newest full tables)."""
-    diff = _release_diffs().get(nearest_version(version), {})
-    facts = diff.get("facts", {})
-    return dict(facts) if isinstance(facts, dict) else {}
+    diff = _release_diffs().get(nearest_version(version))
+    return ReleaseFacts(**diff.get("facts", {})) if diff else ReleaseFacts()
 
 
 def first_release_with(flag: str) -> str | None:

@@ -1,4 +1,7 @@
-"""`hybridctl init` as a library call: choose values (planner when a model is given), render, check, write."""
+"""`hybridctl init` as a library call: choose values (planner when a model is given), render, check, write.
+
+`apply_recommendation` sets the planner's Recommendation on a HybridConfig and says why each value was chosen.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +11,14 @@ import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from hybridctl.config.atomic_write import write_files
 from hybridctl.config.findings import Finding
-from hybridctl.config.json_schema import SCHEMA_FILE_NAMES, json_schema
-from hybridctl.config.schema import EngineName, HybridConfig
+from hybridctl.config.schema import SCHEMA_FILE_NAMES, EngineName, HybridConfig, json_schema
+
+if TYPE_CHECKING:  # the planner imports config/ at load time; init imports the planner only when it runs
+    from hybridctl.planner.recommend import Recommendation
 
 CONFIG_FILE = "config.toml"
 SETTINGS_FILE = "settings.json"
@@ -138,7 +143,6 @@ def _save_workload(cfg: HybridConfig, opts: InitOptions, result: InitResult) -> 
 
 def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path) -> None:
     """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
-    from hybridctl.config.recommendation import apply_recommendation
     from hybridctl.model.spec import load_model_spec
     from hybridctl.planner.builtin_sizing import builtin_device_bytes, builtin_model_spec, plan_builtin
     from hybridctl.planner.plan import make_plan
@@ -279,3 +283,29 @@ def init_project(opts: InitOptions) -> InitResult:
     }
     result.files = [str(p) for p in write_files(files, force=opts.force)]
     return result
+
+
+RECOMMENDATION_KEYS: dict[str, str] = {
+    "mem_fraction_static": "config.memory.mem_fraction_static",
+    "mamba_full_memory_ratio": "config.memory.mamba_full_memory_ratio",
+    "max_running_requests": "settings.runtime.max_running_requests",
+    "chunked_prefill_size": "settings.runtime.chunked_prefill_size",
+    "strategy": "config.cache.mamba_radix_cache_strategy",
+    "mamba_radix_cache_strategy": "config.cache.mamba_radix_cache_strategy",
+    "page_size": "config.cache.radix_cache_page_size",
+    "radix_cache_page_size": "config.cache.radix_cache_page_size",
+}
+
+
+def apply_recommendation(cfg: HybridConfig, rec: Recommendation) -> dict[str, str]:
+    """Set every recommended value on `cfg` (validated by the schema); returns dotted key -> reason."""
+    values, reasons = rec.values, rec.reasons
+    notes: dict[str, str] = {}
+    for name, value in values.items():
+        target = RECOMMENDATION_KEYS.get(name)
+        if target is None or value is None:
+            continue
+        part, section, key = target.split(".")
+        setattr(getattr(getattr(cfg, part), section), key, value)  # validate_assignment checks the range
+        notes[f"{section}.{key}"] = str(reasons.get(name, f"planner recommendation: {value}"))
+    return notes

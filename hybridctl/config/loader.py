@@ -14,9 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from hybridctl.config.duplicates import duplicate_toml_key, object_paths
 from hybridctl.config.findings import ConfigError, Finding, ValidationReport
-from hybridctl.config.locate import KeyLocator
+from hybridctl.config.locate import KeyLocator, duplicate_toml_key, object_paths
 from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
 from hybridctl.config.schema_errors import FileFormat, validation_findings, where
 from hybridctl.config.secret_scan import scan_for_secrets

@@ -2,7 +2,9 @@
 
 Neither tomlkit nor the json module keeps positions of keys in parsed data, so both files are scanned
 here. The scanners run only on text that already parsed, which keeps them small; anything they miss falls
-back to the nearest enclosing table (or None), never to a wrong line.
+back to the nearest enclosing table (or None), never to a wrong line. Repeated keys are found here too:
+tomlkit names a duplicate but not its line, and json keeps only the last value (`duplicate_toml_key`,
+`object_paths`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import re
 from bisect import bisect_right
 from collections.abc import Sequence
+from typing import Any
 
 Position = tuple[int, int]  # 1-based line and column
 KeyPath = tuple[str, ...]
@@ -131,3 +134,31 @@ def json_key_positions(text: str) -> dict[KeyPath, Position]:
                 stack[-1][1] += 1
         i += 1
     return positions
+
+
+def duplicate_toml_key(text: str, message: str) -> tuple[str, int, int] | None:
+    """tomlkit names a repeated key or table but not where; the second place it is defined, or None."""
+    match = re.search(r'Key "([^"]+)" already exists', message)
+    if match is None:
+        return None
+    key = match.group(1)
+    name = re.escape(key.rsplit(".", 1)[-1])
+    pattern = re.compile(rf"^\s*(?:\[\[?\s*(?:[^\]]*\.)?{name}\s*\]\]?|{name}\s*=)")
+    lines = [i for i, line in enumerate(text.splitlines(), start=1) if pattern.match(line)]
+    if len(lines) < 2:
+        return key, lines[0] if lines else 1, 1
+    line = lines[1]
+    return key, line, len(text.splitlines()[line - 1]) - len(text.splitlines()[line - 1].lstrip()) + 1
+
+
+def object_paths(data: Any, path: tuple[str, ...] = ()) -> dict[int, tuple[str, ...]]:
+    """id of every JSON object in `data` -> its key path (to name the section a duplicate key sits in)."""
+    out: dict[int, tuple[str, ...]] = {}
+    if isinstance(data, dict):
+        out[id(data)] = path
+        for key, value in data.items():
+            out.update(object_paths(value, (*path, str(key))))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            out.update(object_paths(value, (*path, str(index))))
+    return out

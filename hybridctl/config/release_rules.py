@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hybridctl.config.engine_flags import (
     DEFAULT_SGLANG_VERSION,
@@ -20,10 +21,12 @@ from hybridctl.config.engine_flags import (
     release_facts,
     sglang_flags,
 )
-from hybridctl.config.findings import Finding
-from hybridctl.config.rule_findings import CONFIG, json_set, rule_finding, toml_set
+from hybridctl.config.findings import CONFIG, Finding, json_set, rule_finding, toml_set
 from hybridctl.config.schema import HybridConfig
 from hybridctl.config.sglang_version import VersionError, resolve_release, version_key
+
+if TYPE_CHECKING:  # launch/ imports config/ at load time; config/ imports launch/ only inside rule_release
+    from hybridctl.launch.translate import Translation
 
 
 def release_for(cfg: HybridConfig, engine_version: str | None) -> str:
@@ -72,7 +75,7 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                 )  # fmt: skip
             )
         elif info.choices and value not in info.choices:
-            good = _closest(value, info.choices)
+            good = _closest(value or "", info.choices)
             newer = [v for v in available_versions() if value in sglang_flags(v).get(info.name, info).choices]
             later = f", or SGLang >= {newer[0]}" if newer and version_key(newer[0]) > version_key(version) else ""
             out.append(
@@ -85,23 +88,23 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                     f"{_set(file, key, repr(good).replace(chr(39), chr(34)))}{later}",
                 )  # fmt: skip
             )
-    out += _gated_keys(translation, version)
+    out += _gated_keys(cfg, translation, version)
     out += _silent_changes(cfg, version)
     return out
 
 
-def _gated_keys(translation: object, version: str) -> list[Finding]:
+def _gated_keys(cfg: HybridConfig, translation: Translation, version: str) -> list[Finding]:
     """SGLANG_RELEASE_KEY: a key set to a value only other releases have a flag for (launch would refuse it)."""
     from hybridctl.launch.mapping import ROWS
 
     rows = {row.key: row for row in ROWS}
     out = []
-    for ignored in getattr(translation, "ignored", []):
+    for ignored in translation.ignored:
         row = rows.get(ignored.key)
         if row is None:
             continue
         newer = sorted(
-            (t.since for t in row.sglang if t.status == "flag" and t.since and t.accepts(ignored.value, None)
+            (t.since for t in row.sglang if t.status == "flag" and t.since and t.accepts(ignored.value, cfg)
              and version_key(t.since) > version_key(version)),
             key=version_key,
         )  # fmt: skip
@@ -168,7 +171,7 @@ def _silent_changes(cfg: HybridConfig, version: str) -> list[Finding]:
     if not cfg.prefix_cache_enabled:
         return []
     out = []
-    overlap = _affected(cfg, list(facts.get("radix_cache_disables_overlap_for", [])))  # type: ignore[call-overload]
+    overlap = _affected(cfg, list(facts.get("radix_cache_disables_overlap_for", [])))
     if overlap:
         out.append(
             rule_finding(
@@ -196,7 +199,7 @@ def _silent_changes(cfg: HybridConfig, version: str) -> list[Finding]:
                 "steer the state pool with memory.mamba_full_memory_ratio for this release, or target 0.5.7 or later",
             )
         )
-    radix = _affected(cfg, list(facts.get("radix_cache_disabled_for", [])))  # type: ignore[call-overload]
+    radix = _affected(cfg, list(facts.get("radix_cache_disabled_for", [])))
     if radix:
         out.append(
             rule_finding(

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hybridctl.config.builtin_rules import rule_builtin, rule_builtin_parser
-from hybridctl.config.findings import Finding
+from hybridctl.config.findings import CONFIG, SETTINGS, Finding, json_set, toml_set
+from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.release_rules import rule_release
-from hybridctl.config.rule_findings import CONFIG, SETTINGS, json_set, toml_set
-from hybridctl.config.rule_findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
 from hybridctl.config.server_rules import rule_server
 

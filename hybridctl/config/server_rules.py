@@ -11,9 +11,8 @@ import ipaddress
 import re
 from pathlib import Path
 
-from hybridctl.config.findings import Finding
-from hybridctl.config.rule_findings import CONFIG, toml_set
-from hybridctl.config.rule_findings import rule_finding as _f
+from hybridctl.config.findings import CONFIG, Finding, toml_set
+from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
 
 # RFC 1123: a host name is at most 253 characters of dot-separated labels of letters, digits and hyphens.

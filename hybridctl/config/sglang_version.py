@@ -18,7 +18,8 @@ def version_key(version: str) -> VersionKey:
     match = _VERSION_RE.match(version)
     if not match:
         raise VersionError(f"cannot read the SGLang version {version!r}; expected a release number such as 0.5.23")
-    return tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
+    major, minor, patch, post = (int(part or 0) for part in match.groups())
+    return major, minor, patch, post
 
 
 def in_range(version: str, since: str | None, until: str | None) -> bool:

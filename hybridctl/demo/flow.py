@@ -28,6 +28,8 @@ Progress = Callable[[str], None]
 class DemoError(Exception):
     """A step failed in a way that stops the demo; the message names the step and the fix."""
 
+    report: DemoReport | None = None  # the steps run so far, attached where the failure is caught
+
 
 @dataclass
 class DemoOptions:
@@ -89,9 +91,9 @@ def _tune_config(config_path: Path, port: int) -> None:
     from hybridctl.config.atomic_write import write_text_atomic
 
     doc = tomlkit.parse(config_path.read_text())
-    doc["server"]["port"] = port  # type: ignore[index]
+    doc["server"]["port"] = port
     extra = doc.setdefault("extra_engine_args", tomlkit.table())
-    extra["enable_metrics"] = True  # type: ignore[index]
+    extra["enable_metrics"] = True
     write_text_atomic(config_path, tomlkit.dumps(doc))
 
 
@@ -205,7 +207,7 @@ def _remove_old_demo_model(out_dir: Path) -> None:
 
 
 def _with_report(exc: DemoError, report: DemoReport) -> DemoError:
-    exc.report = report  # type: ignore[attr-defined]
+    exc.report = report
     return exc
 
 

@@ -22,7 +22,7 @@ Engine = Literal["sglang", "builtin"]
 
 def resolve_engine(facts: HostFacts, cfg: HybridConfig | None) -> Engine:
     """Which engine a launch would use here: auto: sglang on a GPU host with sglang, else builtin."""
-    from hybridctl.launch.engine_select import decide_engine
+    from hybridctl.launch.plan import decide_engine
 
     return decide_engine(cfg.config.server.engine if cfg else "auto", facts).engine
 

@@ -8,6 +8,7 @@ the planner (MAMBA_POOL_ALLOC), the installed engine (PREFIX_CACHE_MISS by versi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hybridctl.config.rules import check_rules
 from hybridctl.config.schema import HybridConfig
@@ -17,6 +18,9 @@ from hybridctl.doctor.remedies import RemedyInput, changes_from_rule, grow_state
 from hybridctl.host.facts import SglangFacts
 from hybridctl.planner.plan import Plan
 from hybridctl.planner.pool_sizing import PoolSizingError
+
+if TYPE_CHECKING:
+    from hybridctl.model.spec import ModelSpec
 
 
 @dataclass
@@ -31,7 +35,7 @@ def rule_findings(
 ) -> list[DoctorFinding]:
     """`validate`'s rules, checked against `engine` (the one a launch would use here)."""
     from hybridctl.doctor.remedies import spec_topk_one
-    from hybridctl.launch.engine_findings import engine_findings
+    from hybridctl.launch.translate import engine_findings
 
     out = []
     found = check_rules(cfg, engine_version, include_secrets=False, engine=engine)
@@ -153,7 +157,7 @@ def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> li
         mode_fix = 'Set pd.mamba_state_transfer_mode = "atomic" on both.'
         evidence = "pd.mamba_state_transfer_mode"
         out.append(DoctorFinding("PD_STATE_MISMATCH", "error", cause, mode_fix, (), "peer", None, evidence))
-    sides = []
+    sides: list[ModelSpec | None] = []
     for c in (cfg, peer):
         try:
             sides.append(load_model_spec(
@@ -182,7 +186,7 @@ def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> li
             )
         return out
     # No readable model on one side: compare what the configs say.
-    keys = [
+    keys: list[tuple[str, object, object]] = [
         ("server.model_path", c.config.server.model_path, p.config.server.model_path)
         for c, p in [(cfg, peer)]
     ]

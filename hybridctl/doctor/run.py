@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.doctor.findings import Check, DoctorFinding
+from hybridctl.doctor.findings import Check, CheckStatus, DoctorFinding
 from hybridctl.doctor.judge import judge_host, resolve_engine
 from hybridctl.doctor.planning import PlanContext, load_plan_context
 from hybridctl.doctor.report import DoctorReport, failure_mode_checks
@@ -193,7 +193,7 @@ def _read_log(
     report.startup = startup_summary(scan.startup)
     st = report.startup
     numbers = ", ".join(f"{k} {v}" for k, v in st.items() if v is not None) or "no start-up pool lines"
-    worst = "error" if any(f.severity == "error" for f in found) else (
+    worst: CheckStatus = "error" if any(f.severity == "error" for f in found) else (
         "warning" if any(f.severity == "warning" for f in found) else "ok"
     )  # fmt: skip
     details = tuple(dict.fromkeys(scan.startup.pool_lines))  # every rank logs the same pools

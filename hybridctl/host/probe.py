@@ -7,6 +7,7 @@ Every step that cannot run (no NVML library, no GPU, no libcuda.so.1, package mi
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 from hybridctl.host.cuda_driver import CudaDriverInfo, CudaDriverUnavailable, query_cuda_driver
 from hybridctl.host.facts import GpuFacts, GpuProcess, HostFacts
@@ -20,7 +21,8 @@ def probe_host() -> HostFacts:
         cuda = query_cuda_driver()
     except CudaDriverUnavailable as exc:
         skipped["cuda_driver"] = str(exc)
-    driver_version, nvml_cuda, gpus = None, None, ()
+    gpus: tuple[GpuFacts, ...] = ()
+    driver_version, nvml_cuda = None, None
     try:
         driver_version, nvml_cuda, gpus = _probe_nvml(cuda)
     except _NvmlUnavailable as exc:
@@ -73,20 +75,20 @@ def _probe_nvml(cuda: CudaDriverInfo | None) -> tuple[str, tuple[int, int] | Non
         pynvml.nvmlShutdown()
 
 
-def _probe_gpu(pynvml: object, index: int, vmm_by_bus: dict[str, bool], have_cuda: bool) -> GpuFacts:
+def _probe_gpu(pynvml: ModuleType, index: int, vmm_by_bus: dict[str, bool], have_cuda: bool) -> GpuFacts:
     nv = pynvml
-    handle = nv.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
-    mem = nv.nvmlDeviceGetMemoryInfo(handle)  # type: ignore[attr-defined]
+    handle = nv.nvmlDeviceGetHandleByIndex(index)
+    mem = nv.nvmlDeviceGetMemoryInfo(handle)
     try:
-        cc: tuple[int, int] | None = tuple(nv.nvmlDeviceGetCudaComputeCapability(handle))  # type: ignore
-    except nv.NVMLError:  # type: ignore[attr-defined]
+        cc: tuple[int, int] | None = tuple(nv.nvmlDeviceGetCudaComputeCapability(handle))
+    except nv.NVMLError:
         cc = None
     # CUDA ordinals and NVML indices differ under CUDA_VISIBLE_DEVICES; the PCI bus id is what they share.
-    bus = _text(nv.nvmlDeviceGetPciInfo(handle).busId).upper()  # type: ignore[attr-defined]
+    bus = _text(nv.nvmlDeviceGetPciInfo(handle).busId).upper()
     vmm = _match_bus(bus, vmm_by_bus) if have_cuda else None
     return GpuFacts(
         index=index,
-        name=_text(nv.nvmlDeviceGetName(handle)),  # type: ignore[attr-defined]
+        name=_text(nv.nvmlDeviceGetName(handle)),
         compute_capability=cc,
         total_bytes=int(mem.total),
         free_bytes=int(mem.free),
@@ -104,12 +106,12 @@ def _match_bus(nvml_bus: str, vmm_by_bus: dict[str, bool]) -> bool | None:
     return None  # not visible to CUDA in this process (CUDA_VISIBLE_DEVICES)
 
 
-def _probe_processes(nv: object, handle: object) -> tuple[GpuProcess, ...]:
+def _probe_processes(nv: ModuleType, handle: object) -> tuple[GpuProcess, ...]:
     procs: dict[int, GpuProcess] = {}
     for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         try:
             running = getattr(nv, getter)(handle)
-        except nv.NVMLError:  # type: ignore[attr-defined]
+        except nv.NVMLError:
             continue
         for p in running:
             if p.pid == os.getpid():
@@ -121,9 +123,9 @@ def _probe_processes(nv: object, handle: object) -> tuple[GpuProcess, ...]:
     return tuple(procs.values())
 
 
-def _process_name(nv: object, pid: int) -> str:
+def _process_name(nv: ModuleType, pid: int) -> str:
     try:
-        return _text(nv.nvmlSystemGetProcessName(pid))  # type: ignore[attr-defined]
+        return _text(nv.nvmlSystemGetProcessName(pid))
     except Exception:  # noqa: BLE001  (another PID namespace: NVML cannot name it, /proc may)
         try:
             with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:

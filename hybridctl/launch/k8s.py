@@ -4,17 +4,20 @@ Containers run the very commands launch builds (same mapping, same checks), with
 Multi-node servers are a StatefulSet whose pod index is the node rank; PD is three Deployments (prefill,
 decode, router) with a Service each, the router pointing at the workers' Services. The model directory is
 expected on a PersistentVolumeClaim named `hybridctl-models`, mounted read-only at the model path's parent.
+
+The YAML writer at the end covers only what manifests need (nested mappings, lists of scalars, block style);
+strings are written as double-quoted JSON strings (valid YAML), so "on", "0.10" or "1e3" never change type.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.pd import pd_plan
-from hybridctl.launch.sglang_command import sglang_argv, sglang_translation
-from hybridctl.launch.yaml_text import dump_documents
+from hybridctl.launch.sglang import sglang_argv, sglang_translation
 
 DEFAULT_IMAGE = "lmsysorg/sglang:v{version}"
 NAME = "hybridctl"
@@ -155,3 +158,56 @@ def k8s_manifests(
                  _service("server", port)]  # fmt: skip
     header = f"# Kubernetes manifests written by hybridctl for SGLang {version}\n"
     return header + dump_documents(docs)
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, list):
+        return "[]"
+    if isinstance(value, dict):
+        return "{}"
+    return _scalar(value)
+
+
+def _lines(value: Any, indent: int) -> list[str]:
+    pad = "  " * indent
+    if isinstance(value, dict):
+        if not value:
+            return [pad + "{}"]
+        out = []
+        for key, item in value.items():
+            if isinstance(item, dict | list) and item:
+                out.append(f"{pad}{key}:")
+                out.extend(_lines(item, indent + 1))
+            else:
+                out.append(f"{pad}{key}: {_inline(item)}")
+        return out
+    if isinstance(value, list):
+        out = []
+        for item in value:
+            if isinstance(item, dict | list) and item:
+                nested = _lines(item, indent + 1)
+                first = nested[0].lstrip()
+                out.append(f"{pad}- {first}")
+                out.extend(nested[1:])
+            else:
+                out.append(f"{pad}- {_inline(item)}")
+        return out
+    return [pad + _scalar(value)]
+
+
+def dump_yaml(value: Any) -> str:
+    return "\n".join(_lines(value, 0)) + "\n"
+
+
+def dump_documents(documents: list[Any]) -> str:
+    return "---\n".join(dump_yaml(d) for d in documents)

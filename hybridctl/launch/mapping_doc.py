@@ -103,7 +103,7 @@ def _releases(targets: tuple[Target, ...]) -> str:
             cells.append("none")
             continue
         spans, start, prev = [], has[0], has[0]
-        for v in has[1:] + [None]:  # type: ignore[list-item]
+        for v in has[1:] + [None]:
             if v is not None and held.index(v) == held.index(prev) + 1:
                 prev = v
                 continue

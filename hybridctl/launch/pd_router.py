@@ -21,10 +21,15 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
+
+if TYPE_CHECKING:  # starlette comes with the runtime extra; the control plane imports this module without it
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 logger = logging.getLogger("hybridctl.pd_router")
 
@@ -69,120 +74,144 @@ def pd_bodies(workers: Workers, path: str, body: dict[str, Any]) -> tuple[dict[s
     return {**routed, "stream": False}, routed
 
 
-def build_app(workers: Workers, timeout_s: float = 3600.0) -> Any:
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
+class PDRouter:
+    """The router's state (one HTTP client, the prefill calls in flight) and its route handlers."""
 
-    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
-    background: set[asyncio.Task[Any]] = set()
+    def __init__(self, workers: Workers, timeout_s: float) -> None:
+        self.workers = workers
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.background: set[asyncio.Task[None]] = set()
 
-    def headers_of(request: Request) -> dict[str, str]:
-        auth = request.headers.get("authorization")
-        return {"Authorization": auth} if auth else {}
-
-    def unreachable(role: str, url: str, exc: Exception) -> JSONResponse:
-        return JSONResponse(
-            {"error": {"message": f"PD router: the {role} server at {url} is unreachable ({exc}); start it "
-                       "again (hybridctl launch) or check its log."}},
-            status_code=503,
-        )  # fmt: skip
-
-    def relay(res: httpx.Response, content: bytes) -> Response:
-        headers = {k: v for k, v in res.headers.items() if k.lower() not in _HOP_HEADERS}
-        return Response(content, status_code=res.status_code, headers=headers)
-
-    async def prefill_call(path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+    async def generation(self, request: Request) -> Response:
+        """One prompt: prefill in the background, the decode server's answer (streamed or not) to the client."""
+        path = request.url.path
+        raw = await request.body()
+        headers = _auth_headers(request)
+        decode_body = self._route_prefill(path, raw, headers)
+        content = raw if decode_body is None else json.dumps(decode_body).encode()
+        send_headers = {**headers, "Content-Type": "application/json"}
+        req = self.client.build_request("POST", self.workers.decode + path, content=content, headers=send_headers)
         try:
-            res = await client.post(workers.prefill + path, json=body, headers=headers)
+            res = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            return _unreachable("decode", self.workers.decode, exc)
+        return await _relay_answer(res)
+
+    def _route_prefill(self, path: str, raw: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
+        """Start the prefill half of a single-prompt request; its decode body (None: send the body as is)."""
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        if not isinstance(body, dict) or not single_prompt(path, body):
+            return None
+        prefill_body, decode_body = pd_bodies(self.workers, path, body)
+        task = asyncio.create_task(self._prefill_call(path, prefill_body, headers))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return decode_body
+
+    async def _prefill_call(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+        try:
+            res = await self.client.post(self.workers.prefill + path, json=body, headers=headers)
             if res.status_code != 200:
                 logger.warning("prefill %s answered %d: %s", body.get("rid"), res.status_code, res.text[:300])
         except httpx.HTTPError as exc:
             logger.warning("prefill %s failed: %s", body.get("rid"), exc)
 
-    async def generation(request: Request) -> Response:
-        path = request.url.path
-        raw = await request.body()
-        headers = headers_of(request)
+    async def from_decode(self, request: Request) -> Response:
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            body = None
-        if not isinstance(body, dict) or not single_prompt(path, body):
-            decode_body: Any = None
-        else:
-            prefill_body, decode_body = pd_bodies(workers, path, body)
-            task = asyncio.create_task(prefill_call(path, prefill_body, headers))
-            background.add(task)
-            task.add_done_callback(background.discard)
-        content = raw if decode_body is None else json.dumps(decode_body).encode()
-        send_headers = {**headers, "Content-Type": "application/json"}
-        req = client.build_request("POST", workers.decode + path, content=content, headers=send_headers)
-        try:
-            res = await client.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            return unreachable("decode", workers.decode, exc)
-        if not res.headers.get("content-type", "").startswith("text/event-stream"):
-            try:
-                data = await res.aread()
-            finally:
-                await res.aclose()
-            return relay(res, data)
-
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in res.aiter_raw():
-                    yield chunk
-            finally:
-                await res.aclose()
-
-        return StreamingResponse(chunks(), status_code=res.status_code, media_type="text/event-stream")
-
-    async def from_decode(request: Request) -> Response:
-        try:
-            res = await client.request(
-                request.method, workers.decode + request.url.path, headers=headers_of(request),
+            res = await self.client.request(
+                request.method, self.workers.decode + request.url.path, headers=_auth_headers(request),
                 content=await request.body(), params=dict(request.query_params),
             )  # fmt: skip
         except httpx.HTTPError as exc:
-            return unreachable("decode", workers.decode, exc)
-        return relay(res, res.content)
+            return _unreachable("decode", self.workers.decode, exc)
+        return _relay(res, res.content)
 
-    async def both(request: Request) -> Response:
+    async def both(self, request: Request) -> Response:
         """/health and /flush_cache: the answer of whichever server is not fine, else the decode server's."""
         answers: list[httpx.Response] = []
-        for role, url in (("prefill", workers.prefill), ("decode", workers.decode)):
+        for role, url in (("prefill", self.workers.prefill), ("decode", self.workers.decode)):
             try:
-                answers.append(await client.request(request.method, url + request.url.path,
-                                                    headers=headers_of(request)))  # fmt: skip
+                answers.append(await self.client.request(request.method, url + request.url.path,
+                                                         headers=_auth_headers(request)))  # fmt: skip
             except httpx.HTTPError as exc:
-                return unreachable(role, url, exc)
+                return _unreachable(role, url, exc)
         for res in answers:
             if res.status_code != 200:
-                return relay(res, res.content)
-        return relay(answers[-1], answers[-1].content)
+                return _relay(res, res.content)
+        return _relay(answers[-1], answers[-1].content)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_app: Any) -> AsyncIterator[None]:
-        logger.info("PD router: prefill %s (bootstrap port %d), decode %s", workers.prefill,
-                    workers.bootstrap_port, workers.decode)  # fmt: skip
+    async def lifespan(self, _app: Any) -> AsyncIterator[None]:
+        w = self.workers
+        logger.info("PD router: prefill %s (bootstrap port %d), decode %s", w.prefill, w.bootstrap_port, w.decode)
         try:
             yield
         finally:
-            for task in list(background):
+            for task in list(self.background):
                 task.cancel()
-            await client.aclose()
+            await self.client.aclose()
 
-    routes = [Route(p, generation, methods=["POST"]) for p in GENERATION_ROUTES]
-    routes += [Route(p, both, methods=["GET"]) for p in ("/health", "/health_generate")]
-    routes.append(Route("/flush_cache", both, methods=["GET", "POST"]))
+
+def _auth_headers(request: Request) -> dict[str, str]:
+    auth = request.headers.get("authorization")
+    return {"Authorization": auth} if auth else {}
+
+
+def _unreachable(role: str, url: str, exc: Exception) -> Response:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(
+        {"error": {"message": f"PD router: the {role} server at {url} is unreachable ({exc}); start it "
+                   "again (hybridctl launch) or check its log."}},
+        status_code=503,
+    )  # fmt: skip
+
+
+def _relay(res: httpx.Response, content: bytes) -> Response:
+    from starlette.responses import Response
+
+    headers = {k: v for k, v in res.headers.items() if k.lower() not in _HOP_HEADERS}
+    return Response(content, status_code=res.status_code, headers=headers)
+
+
+async def _relay_answer(res: httpx.Response) -> Response:
+    """The decode server's answer: read whole, or passed through chunk by chunk when it is an event stream."""
+    from starlette.responses import StreamingResponse
+
+    if not res.headers.get("content-type", "").startswith("text/event-stream"):
+        try:
+            data = await res.aread()
+        finally:
+            await res.aclose()
+        return _relay(res, data)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in res.aiter_raw():
+                yield chunk
+        finally:
+            await res.aclose()
+
+    return StreamingResponse(chunks(), status_code=res.status_code, media_type="text/event-stream")
+
+
+def build_app(workers: Workers, timeout_s: float = 3600.0) -> Starlette:
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    router = PDRouter(workers, timeout_s)
+    routes = [Route(p, router.generation, methods=["POST"]) for p in GENERATION_ROUTES]
+    routes += [Route(p, router.both, methods=["GET"]) for p in ("/health", "/health_generate")]
+    routes.append(Route("/flush_cache", router.both, methods=["GET", "POST"]))
     routes += [
-        Route(p, from_decode, methods=["GET"])
+        Route(p, router.from_decode, methods=["GET"])
         for p in ("/ready", "/model_info", "/get_model_info", "/server_info", "/get_server_info", "/metrics",
                   "/v1/models")
     ]  # fmt: skip
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=router.lifespan)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Workers, str, int]:

@@ -1,17 +1,20 @@
-"""A launch plan: the engine chosen for a config and the command(s) that serve it, before anything starts."""
+"""A launch plan: the engine chosen for a config and the command(s) that serve it, before anything starts.
+
+The engine: SGLang on a host with an NVIDIA GPU and sglang installed, else the bundled runtime (`decide_engine`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
-from hybridctl.config.schema import HybridConfig
+from hybridctl.config.schema import EngineName, HybridConfig
+from hybridctl.host.facts import HostFacts
 from hybridctl.launch.builtin_flags import builtin_command
 from hybridctl.launch.command import EngineCommand
-from hybridctl.launch.engine_select import Requested, choose_engine
 from hybridctl.launch.pd import pd_plan
-from hybridctl.launch.sglang_command import sglang_command
-from hybridctl.launch.translate import Engine, IgnoredKey
-from hybridctl.launch.version import target_version
+from hybridctl.launch.sglang import sglang_command, target_version
+from hybridctl.launch.translate import Engine, IgnoredKey, LaunchError
 
 
 @dataclass
@@ -58,7 +61,7 @@ def make_launch_plan(
     else:
         choice = choose_engine(cfg.config.server.engine, "config.toml [server] engine =")
     if choice.engine == "builtin" and cfg.config.pd.enable_pd_disaggregation:
-        from hybridctl.launch.builtin_pd import builtin_pd_plan
+        from hybridctl.launch.pd import builtin_pd_plan
 
         trio = builtin_pd_plan(cfg, python=python, allow_ignored=allow_ignored)
         return LaunchPlan("builtin", choice.reason, trio.commands, None, trio.prefill.ignored)
@@ -72,3 +75,44 @@ def make_launch_plan(
         return LaunchPlan("sglang", choice.reason, plan.commands, version, plan.prefill.ignored)
     command = sglang_command(cfg, version, python=python, allow_ignored=allow_ignored)
     return LaunchPlan("sglang", choice.reason, [command], version, command.ignored)
+
+
+Requested = EngineName
+ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    engine: Engine
+    reason: str
+    sglang_version: str | None  # installed sglang, None when absent
+
+
+def choose_engine(requested: Requested, source: str = "--engine") -> EngineChoice:
+    """Resolve `auto` from this host (NVML GPUs, sglang package metadata — sglang is never imported)."""
+    from hybridctl.host.probe import probe_host
+
+    return decide_engine(requested, probe_host(), source)
+
+
+def auto_engine_here() -> Engine:
+    """What `engine = "auto"` resolves to on this host (validate and doctor check against the same engine)."""
+    return choose_engine("auto").engine
+
+
+def decide_engine(requested: str, facts: HostFacts, source: str = "--engine") -> EngineChoice:
+    """The one engine rule, pure over probed facts: auto = sglang with a GPU and sglang installed, else builtin."""
+    sglang_version = facts.sglang.version if facts.sglang else None
+    if requested == "builtin":
+        return EngineChoice("builtin", f"{source} builtin", sglang_version)
+    if requested == "sglang":
+        return EngineChoice("sglang", f"{source} sglang", sglang_version)
+    if requested != "auto":
+        raise LaunchError(f"unknown engine {requested!r}; use {', '.join(ENGINE_NAMES)}")
+    if facts.gpus and sglang_version:
+        return EngineChoice(
+            "sglang", f"{len(facts.gpus)} GPU(s) and sglang {sglang_version} found", sglang_version
+        )
+    checks = (("no NVIDIA GPU", bool(facts.gpus)), ("sglang not installed", bool(sglang_version)))
+    missing = [what for what, ok in checks if not ok]
+    return EngineChoice("builtin", f"{' and '.join(missing)}: using the bundled runtime", sglang_version)

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.command import EngineCommand
-from hybridctl.launch.engine_select import Requested
-from hybridctl.launch.plan import LaunchPlan, make_launch_plan
+from hybridctl.launch.plan import LaunchPlan, Requested, make_launch_plan
 from hybridctl.launch.state import (
     ProcessEntry,
     ServerState,

@@ -1,13 +1,19 @@
 """Config -> engine flags through the mapping table, for either engine, plus the keys the engine would ignore.
 
-The result is data (`Translation`); builtin_flags.py and sglang_command.py turn it into a command line.
+The result is data (`Translation`); builtin_flags.py and sglang.py turn it into a command line.
+
+`engine_findings` turns the same translation into what `validate` and `doctor` print: keys the engine would
+ignore (IGNORED_BY_ENGINE, a warning: `launch` refuses them without --allow-ignored) and keys it names
+differently (ENGINE_NAME, info: `memory.enable_elastic_memory_pool` is SGLang's `--enable-unified-memory`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hybridctl.config.findings import Finding
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_row import MappingRow, Target, config_value
@@ -127,3 +133,55 @@ def refuse_ignored(translation: Translation, allow_ignored: bool) -> None:
         "Fix: set these keys back to their defaults (or remove them), choose the other engine with --engine, "
         "or pass --allow-ignored to launch anyway."
     )
+
+
+def _logical(source: str) -> tuple[str, str]:
+    file, _, key = source.partition(":")
+    return file, key
+
+
+def engine_findings(
+    cfg: HybridConfig, engine: str | None, version: str | None, present: Collection[str] = ()
+) -> list[Finding]:
+    """Findings about `cfg` as `engine` (sglang | builtin; None: nothing to say) would run it.
+
+    `present`: dotted keys written in the files; only those get an ENGINE_NAME note (defaults need none)."""
+    if engine not in ("sglang", "builtin"):
+        return []
+    from hybridctl.launch.sglang import target_version
+
+    version = target_version(version) if engine == "sglang" else None
+    translation = translate(cfg, engine, version)  # type: ignore[arg-type]
+    name = f"SGLang {version}" if engine == "sglang" else "the bundled runtime"
+    out = [
+        Finding(
+            "warning",
+            "IGNORED_BY_ENGINE",
+            item.file,
+            None,
+            None,
+            item.key,
+            f"{item.key} = {item.value!r} would be ignored: {item.reason}; `launch` refuses it unless --allow-ignored.",
+            f"remove {item.key} from {item.file} (or set it back to its default), or serve with the other engine",
+        )
+        for item in translation.ignored
+    ]
+    for flag, source in translation.sources.items():
+        file, key = _logical(source)
+        if key not in present or key.startswith("extra_engine_args"):
+            continue
+        if flag == "--" + key.rsplit(".", 1)[-1].replace("_", "-"):
+            continue  # the same name: nothing to tell
+        out.append(
+            Finding(
+                "info",
+                "ENGINE_NAME",
+                file,
+                None,
+                None,
+                key,
+                f"{key} is {flag} to {name}.",
+                "",
+            )
+        )
+    return out

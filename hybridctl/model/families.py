@@ -95,7 +95,8 @@ def read_geometry(cfg: dict[str, Any], source: str) -> Geometry:
 
 
 def _read_gdn(cfg: dict[str, Any], source: str, family: str, model_type: str, arch: str) -> Geometry:
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    nested = cfg.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else cfg
     r = ConfigReader(text, source, family, "text_config." if text is not cfg else "")
     n = r.int("num_hidden_layers")
     # qwen3_next.py:260-269: SGLang derives the layout from full_attention_interval (layer_types is ignored).

@@ -236,7 +236,7 @@ def _older_release_strategy(
     name = f"SGLang {version}" if version else f"SGLang's {release.code} releases"
     if radix_off:
         return StrategyResolution("no_buffer", overlap, "radix cache off: no state checkpoints are kept")
-    if version and arch in release_facts(version).get("radix_cache_disables_overlap_for", []):  # type: ignore[operator]
+    if version and arch in release_facts(version).get("radix_cache_disables_overlap_for", []):
         # server_args.py of those releases: "Disabling overlap schedule since MambaRadixCache is not compatible"
         overlap = False
         name += f", which turns the overlap schedule off for {arch} with the radix cache,"

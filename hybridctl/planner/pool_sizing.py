@@ -168,7 +168,9 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             intermediate = per_req * (capped + 1) * draft
     elif inp.disable_radix_cache and (max_running is not None or rel.radix_off_default_slots is not None):
         # kv_cache_configurator.py:3325-3344 (max_running includes speculative decoding's default of 48)
-        k = max(1, max_running) if max_running is not None else rel.radix_off_default_slots  # type: ignore[assignment]
+        slots = max(1, max_running) if max_running is not None else rel.radix_off_default_slots
+        assert slots is not None  # the branch's condition
+        k = slots
         k_source = "max_running_requests" if max_running is not None else "release_default"
         if spec and rel.spec_scratch == "per_capped_request":
             intermediate = per_req * (k + 1) * draft

@@ -12,6 +12,7 @@ from typing import Any
 
 from hybridctl.model.spec import ModelSpec
 from hybridctl.planner.memory import (
+    GpuTier,
     auto_mem_fraction_static,
     gpu_tier,
     pool_bytes_for,
@@ -108,6 +109,30 @@ def recommend(
     tier = gpu_tier(gpu_mem_bytes, tp)
     chunk = Recommended(tier.chunked_prefill_size, f"SGLang's default for a {tier.label} GPU (memory_hook.py tiers).")
     builtin = engine == "builtin"
+    resolved, slots, strategy = _strategy(builtin)
+    page = Recommended(1, "Token-granular prefix matches; SGLang's default (pages > 1 need extra_buffer).")
+    mfs = _mem_fraction(spec, gpu_mem_bytes, tp, tier, concurrency, builtin)
+    pool = pool_bytes_for(
+        gpu_mem_bytes, mem_fraction_static=mfs.value, weights_bytes_per_rank=spec.weights_bytes_per_rank
+    )
+    if concurrency is None:
+        ratio, running, plan = _keep_default_ratio(spec, pool, resolved, context_len)
+    else:
+        ratio, running, plan = _ratio_for_concurrency(spec, pool, resolved, slots, concurrency, context_len)
+    return Recommendation(
+        mem_fraction_static=mfs,
+        mamba_full_memory_ratio=ratio,
+        max_running_requests=running,
+        chunked_prefill_size=chunk,
+        mamba_radix_cache_strategy=strategy,
+        page_size=page,
+        pool_bytes=pool,
+        pools=plan,
+    )
+
+
+def _strategy(builtin: bool) -> tuple[StrategyResolution, int, Recommended]:
+    """The radix cache strategy each engine runs by default, and the state slots it costs per request."""
     # The bundled runtime treats auto as extra_buffer without overlap (runtime/engine/pool_setup.py).
     resolved = resolve_strategy("extra_buffer" if builtin else "auto", page_size=1, overlap_schedule=not builtin)
     slots = slots_per_request(
@@ -119,36 +144,45 @@ def recommend(
         else "what SGLang's auto picks with the overlap schedule on; it checkpoints state during decode so "
         "shared prefixes hit"
     )
-    strategy = Recommended(resolved.strategy, f"{why[0].upper()}{why[1:]}, at {slots} state slots per request.")
-    page = Recommended(1, "Token-granular prefix matches; SGLang's default (pages > 1 need extra_buffer).")
-    if builtin:
-        fraction = BUILTIN_MEM_FRACTION_STATIC
-        mfs = Recommended(fraction, "Bundled runtime: no CUDA graphs or kernel workspace to reserve memory for.")
-    else:
-        fraction = auto_mem_fraction_static(
-            gpu_mem_bytes,
-            tp=tp,
-            chunked_prefill_size=tier.chunked_prefill_size,
-            max_running_requests=concurrency,
-            prefill_graph=spec.linear_kind != "kda",  # KDA turns the breakable prefill graph off
-            mla=spec.attention_kind == "mla",
-        )
-        why = (
-            f"SGLang's automatic value for {gpu_mem_bytes / GIB:.0f} GiB: the rest is reserved for "
-            f"activations of a {tier.chunked_prefill_size}-token prefill chunk and CUDA graphs"
-        )
-        if spec.vit_num_layers is not None and spec.vit_hidden_size is not None:
-            # SGLang keeps the unrounded product; three decimals, rounded down, never reserve less than it.
-            fraction *= vlm_mem_fraction_factor(spec.vit_num_layers, spec.vit_hidden_size)
-            fraction = math.floor(fraction * 1000) / 1000
-            why += ", scaled down for the vision encoder"
-        mfs = Recommended(fraction, why + ".")
-    pool = pool_bytes_for(
-        gpu_mem_bytes, mem_fraction_static=fraction, weights_bytes_per_rank=spec.weights_bytes_per_rank
+    return (
+        resolved,
+        slots,
+        Recommended(resolved.strategy, f"{why[0].upper()}{why[1:]}, at {slots} state slots per request."),
     )
 
-    if concurrency is None:
-        return _keep_default_ratio(spec, pool, mfs, chunk, strategy, resolved, page, context_len)
+
+def _mem_fraction(
+    spec: ModelSpec, gpu_mem_bytes: int, tp: int, tier: GpuTier, concurrency: int | None, builtin: bool
+) -> Recommended:
+    """mem_fraction_static: SGLang's automatic value (scaled down for a vision encoder); fixed for the runtime."""
+    if builtin:
+        return Recommended(
+            BUILTIN_MEM_FRACTION_STATIC, "Bundled runtime: no CUDA graphs or kernel workspace to reserve memory for."
+        )
+    fraction = auto_mem_fraction_static(
+        gpu_mem_bytes,
+        tp=tp,
+        chunked_prefill_size=tier.chunked_prefill_size,
+        max_running_requests=concurrency,
+        prefill_graph=spec.linear_kind != "kda",  # KDA turns the breakable prefill graph off
+        mla=spec.attention_kind == "mla",
+    )
+    why = (
+        f"SGLang's automatic value for {gpu_mem_bytes / GIB:.0f} GiB: the rest is reserved for "
+        f"activations of a {tier.chunked_prefill_size}-token prefill chunk and CUDA graphs"
+    )
+    if spec.vit_num_layers is not None and spec.vit_hidden_size is not None:
+        # SGLang keeps the unrounded product; three decimals, rounded down, never reserve less than it.
+        fraction *= vlm_mem_fraction_factor(spec.vit_num_layers, spec.vit_hidden_size)
+        fraction = math.floor(fraction * 1000) / 1000
+        why += ", scaled down for the vision encoder"
+    return Recommended(fraction, why + ".")
+
+
+def _ratio_for_concurrency(
+    spec: ModelSpec, pool: int, resolved: StrategyResolution, slots: int, concurrency: int, context_len: int
+) -> tuple[Recommended, Recommended, PoolPlan]:
+    """The smallest ratio whose state pool holds `concurrency` requests (capped at _MAX_RATIO), and the cap."""
     per_req = spec.mamba_state_bytes_per_request
     state_needed = (concurrency * slots + 2) * per_req  # K slots + padding slot + one for float rounding
     if state_needed < pool:
@@ -187,46 +221,23 @@ def recommend(
             f" Each request gets about {kv_each:.0f} KV tokens on average, under the {context_len}-token "
             f"context: full-length requests will queue."
         )
-    return Recommendation(
-        mem_fraction_static=mfs,
-        mamba_full_memory_ratio=Recommended(ratio, ratio_reason),
-        max_running_requests=running,
-        chunked_prefill_size=chunk,
-        mamba_radix_cache_strategy=strategy,
-        page_size=page,
-        pool_bytes=pool,
-        pools=plan,
-    )
+    return Recommended(ratio, ratio_reason), running, plan
 
 
 def _keep_default_ratio(
-    spec: ModelSpec,
-    pool: int,
-    mfs: Recommended,
-    chunk: Recommended,
-    strategy: Recommended,
-    resolved: StrategyResolution,
-    page: Recommended,
-    context_len: int,
-) -> Recommendation:
+    spec: ModelSpec, pool: int, resolved: StrategyResolution, context_len: int
+) -> tuple[Recommended, Recommended, PoolPlan]:
     """No concurrency target: SGLang's default split, and the request cap it yields."""
     plan = _fits(spec, pool, DEFAULT_MAMBA_FULL_MEMORY_RATIO, resolved, context_len)
     kv_each = plan.max_total_num_tokens / max(1, plan.max_running_requests)
-    return Recommendation(
-        mem_fraction_static=mfs,
-        mamba_full_memory_ratio=Recommended(
-            DEFAULT_MAMBA_FULL_MEMORY_RATIO,
-            f"SGLang's default (no --concurrency given): {plan.max_mamba_cache_size} state slots, "
-            f"{plan.max_total_num_tokens} KV tokens.",
-        ),
-        max_running_requests=Recommended(
-            plan.max_running_requests,
-            f"What the default split holds ({plan.slots_per_request} state slots per request); "
-            f"about {kv_each:.0f} KV tokens each.",
-        ),
-        chunked_prefill_size=chunk,
-        mamba_radix_cache_strategy=strategy,
-        page_size=page,
-        pool_bytes=pool,
-        pools=plan,
+    ratio = Recommended(
+        DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+        f"SGLang's default (no --concurrency given): {plan.max_mamba_cache_size} state slots, "
+        f"{plan.max_total_num_tokens} KV tokens.",
     )
+    running = Recommended(
+        plan.max_running_requests,
+        f"What the default split holds ({plan.slots_per_request} state slots per request); "
+        f"about {kv_each:.0f} KV tokens each.",
+    )
+    return ratio, running, plan

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hybridctl.verify.report import CheckResult
-from hybridctl.verify.stats import bootstrap_ratio_ci, summarize
+from hybridctl.verify.stats import Summary, bootstrap_ratio_ci, summarize
 
 
 class OptionsError(ValueError):
@@ -80,7 +80,7 @@ _CASES = {
 }
 
 
-def _ms(summary: Any) -> dict[str, float] | None:
+def _ms(summary: Summary | None) -> dict[str, float] | None:
     if summary is None:
         return None
     return {k: (round(v * 1000, 3) if k != "count" else v) for k, v in summary.to_dict().items()}
@@ -148,32 +148,15 @@ def judge_prefix_cache(
     need = math.ceil(options.min_cached_fraction * document_tokens)
     cold = [t.cold.ttft_s for t in trials]
     cases = {case: _case(trials, case, need, cold, options.seed) for case in _CASES}
-    reasons: list[str] = []
     notes: list[str] = [
         f"document: {document_tokens} tokens ({'exact' if document_tokens_exact else 'estimated'}; "
         f"{tokenizer_note})"
     ]
-
     warm_all = [r for t in trials for r in (*t.realistic, *t.identical)]
     cold_hits = [t.cold.cached_tokens for t in trials if t.cold.cached_tokens >= need]
+    reasons: list[str] = []
     if all(r.cached_tokens == 0 for r in warm_all):
-        why = (
-            "cached_tokens was 0 on every warm request: the prefix cache is off or not matching — check "
-            "disable_radix_cache ([runtime] in settings.json; --disable-radix-cache) and "
-            "enable_prefix_caching "
-            "([cache] in config.toml)"
-        )
-        if server_args.get("disable_radix_cache") is True:
-            why += "; the server reports disable_radix_cache=true"
-        elif server_args.get("mamba_radix_cache_strategy") == "no_buffer":
-            why += (
-                "; the server runs mamba_radix_cache_strategy=no_buffer, which snapshots a recurrent "
-                "state only at "
-                "the end of each cached sequence, so a prompt that stops inside one finds no state to "
-                "resume from "
-                "— use extra_buffer (SGLang's auto picks it with page_size > 1 or the overlap schedule)"
-            )
-        reasons.append(why)
+        reasons.append(_no_hits_reason(server_args))
     elif cold_hits:
         refused = f" (/flush_cache refused: {flush_refusals[0]})" if flush_refusals else ""
         reasons.append(
@@ -183,25 +166,9 @@ def judge_prefix_cache(
         )
     else:
         for case, info in cases.items():
-            if info["judged_hits"] < info["judged"]:
-                judged = [row[-1] for row in info["cached_tokens"]]
-                reasons.append(
-                    f"{case} ({info['description']}): {info['judged'] - info['judged_hits']}/"
-                    f"{info['judged']} warm "
-                    f"requests reused fewer than {need} tokens ({options.min_cached_fraction:.0%} of the "
-                    f"{document_tokens}-token document; cached_tokens {judged}): "
-                    f"{_miss_hint(server_args, document_tokens)}"
-                )
-            elif info["ratio"]["ratio"] > options.max_ratio:
-                r = info["ratio"]
-                reasons.append(
-                    f"{case} ({info['description']}): warm/cold median TTFT is {r['ratio']:.2f} (95% CI "
-                    f"{r['ci_low']:.2f}-{r['ci_high']:.2f}) > {options.max_ratio}: the cache hits but "
-                    "the first token "
-                    f"is not faster — at {document_tokens} tokens prefill is not what dominates TTFT "
-                    "here (try a "
-                    "longer --doc-tokens) or other requests are queueing on the server"
-                )
+            reason = _case_reason(case, info, need, options, server_args, document_tokens)
+            if reason:
+                reasons.append(reason)
             note = _no_buffer_note(case, info, trials, need)
             if note:
                 notes.append(note)
@@ -213,23 +180,79 @@ def judge_prefix_cache(
     if metrics is None:
         notes.append("/metrics is not available (SGLang: --enable-metrics): no server-side cache hit rate")
 
+    cold_ms = _ms(summarize(cold))
     measurements = {
         "document_tokens": document_tokens,
         "document_tokens_exact": document_tokens_exact,
         "required_cached_tokens": need,
         "options": asdict(options),
-        "cold_ttft_ms": _ms(summarize(cold)),
+        "cold_ttft_ms": cold_ms,
         "cold_cached_tokens": [t.cold.cached_tokens for t in trials],
         **cases,
         "server_args": server_args,
         "metrics": metrics,
     }
-    real, ident = cases["realistic"]["ratio"], cases["identical"]["ratio"]
-    summary = (
-        f"warm/cold TTFT {real['ratio']:.2f} (CI {real['ci_low']:.2f}-{real['ci_high']:.2f}) same document, "
-        f"{ident['ratio']:.2f} identical prompt; cold median "
-        f"{measurements['cold_ttft_ms']['median']:.1f} ms"  # type: ignore[index]
-    )
     if reasons:
         return CheckResult("prefix-cache", "failed", reasons[0], reasons, notes, measurements)
-    return CheckResult("prefix-cache", "passed", summary, reasons, notes, measurements)
+    return CheckResult("prefix-cache", "passed", _summary(cases, cold_ms), reasons, notes, measurements)
+
+
+def _no_hits_reason(server_args: dict[str, Any]) -> str:
+    """No warm request reused anything: the cache is off, or a strategy that cannot resume mid-sequence."""
+    why = (
+        "cached_tokens was 0 on every warm request: the prefix cache is off or not matching — check "
+        "disable_radix_cache ([runtime] in settings.json; --disable-radix-cache) and "
+        "enable_prefix_caching "
+        "([cache] in config.toml)"
+    )
+    if server_args.get("disable_radix_cache") is True:
+        why += "; the server reports disable_radix_cache=true"
+    elif server_args.get("mamba_radix_cache_strategy") == "no_buffer":
+        why += (
+            "; the server runs mamba_radix_cache_strategy=no_buffer, which snapshots a recurrent "
+            "state only at "
+            "the end of each cached sequence, so a prompt that stops inside one finds no state to "
+            "resume from "
+            "— use extra_buffer (SGLang's auto picks it with page_size > 1 or the overlap schedule)"
+        )
+    return why
+
+
+def _case_reason(
+    case: str,
+    info: dict[str, Any],
+    need: int,
+    options: PrefixCacheOptions,
+    server_args: dict[str, Any],
+    document_tokens: int,
+) -> str | None:
+    """Why one case failed: warm requests that reused too little, or hits that did not make TTFT faster."""
+    if info["judged_hits"] < info["judged"]:
+        judged = [row[-1] for row in info["cached_tokens"]]
+        return (
+            f"{case} ({info['description']}): {info['judged'] - info['judged_hits']}/"
+            f"{info['judged']} warm "
+            f"requests reused fewer than {need} tokens ({options.min_cached_fraction:.0%} of the "
+            f"{document_tokens}-token document; cached_tokens {judged}): "
+            f"{_miss_hint(server_args, document_tokens)}"
+        )
+    if info["ratio"]["ratio"] > options.max_ratio:
+        r = info["ratio"]
+        return (
+            f"{case} ({info['description']}): warm/cold median TTFT is {r['ratio']:.2f} (95% CI "
+            f"{r['ci_low']:.2f}-{r['ci_high']:.2f}) > {options.max_ratio}: the cache hits but "
+            "the first token "
+            f"is not faster — at {document_tokens} tokens prefill is not what dominates TTFT "
+            "here (try a "
+            "longer --doc-tokens) or other requests are queueing on the server"
+        )
+    return None
+
+
+def _summary(cases: dict[str, dict[str, Any]], cold_ms: dict[str, float] | None) -> str:
+    real, ident = cases["realistic"]["ratio"], cases["identical"]["ratio"]
+    cold_median = f"{cold_ms['median']:.1f} ms" if cold_ms else "not measured"
+    return (
+        f"warm/cold TTFT {real['ratio']:.2f} (CI {real['ci_low']:.2f}-{real['ci_high']:.2f}) same document, "
+        f"{ident['ratio']:.2f} identical prompt; cold median {cold_median}"
+    )

@@ -1,19 +1,15 @@
-"""A small parser for the Prometheus text exposition format that SGLang's `/metrics` serves.
+"""Samples of the Prometheus text that SGLang's `/metrics` serves, read with prometheus_client's parser.
 
-Only what the checks need: samples by name with their labels, sums across label sets, and before/after deltas of
-counters and histograms (a histogram's mean over an interval is delta(_sum) / delta(_count)).
+What the checks need on top of it: samples by name with their labels, sums across label sets, and before/after
+deltas of counters and histograms (a histogram's mean over an interval is delta(_sum) / delta(_count)).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
-_SAMPLE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$"
-)
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class MetricsParseError(ValueError):
@@ -48,24 +44,29 @@ class MetricsSnapshot:
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:
+    """Every sample of a scrape; label values unescaped, timestamps dropped."""
     snapshot = MetricsSnapshot()
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            raise MetricsParseError(f"/metrics line {lineno} is not a Prometheus sample: {line[:120]!r}")
-        labels = tuple((k, v) for k, v in _LABEL.findall(match.group("labels") or ""))
-        try:
-            value = float(match.group("value"))
-        except ValueError as exc:
-            raise MetricsParseError(
-                f"/metrics line {lineno}: value {match.group('value')!r} is not a number"
-            ) from exc
-        name = match.group("name")
-        snapshot.samples.setdefault(name, []).append(Sample(name=name, labels=labels, value=value))
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                sample = Sample(name=s.name, labels=tuple(s.labels.items()), value=float(s.value))
+                snapshot.samples.setdefault(s.name, []).append(sample)
+    except ValueError as exc:
+        raise _located(text, exc) from exc
     return snapshot
+
+
+def _located(text: str, exc: ValueError) -> MetricsParseError:
+    """The error naming the first line that does not parse on its own (the library's message has no line)."""
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        try:
+            list(text_string_to_metric_families(raw + "\n"))
+        except ValueError as line_exc:
+            return MetricsParseError(
+                f"/metrics line {lineno} is not a Prometheus sample (name, labels, value) or its value is not a number:"
+                f" {raw.strip()[:120]!r} ({line_exc})"
+            )
+    return MetricsParseError(f"/metrics is not Prometheus text: {exc}")
 
 
 def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str) -> float | None:
@@ -77,9 +78,7 @@ def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str) ->
     return end - start
 
 
-def histogram_mean_delta(
-    before: MetricsSnapshot, after: MetricsSnapshot, base: str
-) -> tuple[float, int] | None:
+def histogram_mean_delta(before: MetricsSnapshot, after: MetricsSnapshot, base: str) -> tuple[float, int] | None:
     """(mean, count) of the observations a histogram received between two scrapes, or None if it got none."""
     total = counter_delta(before, after, base + "_sum")
     count = counter_delta(before, after, base + "_count")

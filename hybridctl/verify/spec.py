@@ -37,8 +37,8 @@ def _spec_enabled(value: Any) -> bool:
 
 def _avg_accept(server_info: dict[str, Any]) -> float | None:
     states = server_info.get("internal_states") or []
-    values = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
-    values = [float(v) for v in values if isinstance(v, int | float)]
+    raw = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
+    values = [float(v) for v in raw if isinstance(v, int | float)]
     return sum(values) / len(values) if values else None
 
 

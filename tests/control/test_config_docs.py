@@ -6,8 +6,7 @@ from pathlib import Path
 
 from hybridctl.config.docs_table import render_configuration_md
 from hybridctl.config.field_docs import iter_field_docs
-from hybridctl.config.json_schema import json_schema
-from hybridctl.config.schema import ConfigToml, SettingsJson
+from hybridctl.config.schema import ConfigToml, SettingsJson, json_schema
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +46,7 @@ def test_every_emitted_code_is_documented() -> None:
     """Codes in Finding(...) calls of hybridctl/config and FINDING_CODES are the same set."""
     import re
 
-    from hybridctl.config.codes import FINDING_CODES
+    from hybridctl.config.findings import FINDING_CODES
 
     sources = {p: p.read_text() for p in (REPO / "hybridctl" / "config").glob("*.py") if p.name != "codes.py"}
     emitted = set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from hybridctl.host.probe import probe_host
-from hybridctl.launch.engine_select import choose_engine
+from hybridctl.launch.plan import choose_engine
 
 
 def test_explicit_engines_are_taken_as_asked() -> None:

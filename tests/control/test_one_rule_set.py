@@ -17,10 +17,8 @@ from typer.testing import CliRunner
 
 from hybridctl.cli import app
 from hybridctl.config.loader import check_files
-from hybridctl.launch.engine_findings import engine_findings
-from hybridctl.launch.engine_select import auto_engine_here
-from hybridctl.launch.plan import make_launch_plan
-from hybridctl.launch.translate import LaunchError
+from hybridctl.launch.plan import auto_engine_here, make_launch_plan
+from hybridctl.launch.translate import LaunchError, engine_findings
 from runtime.args import parse_args
 from runtime.preflight import PreflightError, preflight
 
@@ -206,11 +204,7 @@ REFUSAL_SITES = {
         "is not one of": "flag value outside its choices",
         "is a switch of": "switch given a number",
     },
-    "hybridctl/launch/sglang_command.py": {"config.toml [server] {message}": "nnodes > 1 without dist_init_addr"},
-    "hybridctl/launch/builtin_pd.py": {
-        "PD needs four different ports": "PD ports collide",
-        "which PD sets per server": "PD role flag in extra args",
-    },
+    "hybridctl/launch/sglang.py": {"config.toml [server] {message}": "nnodes > 1 without dist_init_addr"},
     "hybridctl/launch/pd.py": {
         "enable_pd_disaggregation is false": "unreachable: pd_plan is only called with [pd] on",
         "PD needs four different ports": "PD ports collide",
@@ -219,7 +213,7 @@ REFUSAL_SITES = {
     "hybridctl/launch/translate.py": {
         "would silently ignore": "IGNORED_BY_ENGINE: a warning; launch refuses it unless --allow-ignored (test below)",
     },
-    "hybridctl/launch/engine_select.py": {"unknown engine": "schema: server.engine is auto, sglang or builtin"},
+    "hybridctl/launch/plan.py": {"unknown engine": "schema: server.engine is auto, sglang or builtin"},
 }
 _REFUSERS = {"error", "PreflightError", "SpecConfigError", "LaunchError"}
 

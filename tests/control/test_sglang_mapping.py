@@ -11,7 +11,7 @@ from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_doc import DOC_PATH, render_markdown
 from hybridctl.launch.pd import pd_plan
-from hybridctl.launch.sglang_command import sglang_command, sglang_translation, to_config_yaml
+from hybridctl.launch.sglang import sglang_command, sglang_translation, to_config_yaml
 from hybridctl.launch.translate import LaunchError
 
 VERSION = "0.5.23"

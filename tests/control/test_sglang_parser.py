@@ -17,7 +17,7 @@ import pytest
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.pd import pd_plan
-from hybridctl.launch.sglang_command import sglang_command, sglang_translation, to_config_yaml
+from hybridctl.launch.sglang import sglang_command, sglang_translation, to_config_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VERSION = "0.5.23"
@@ -49,7 +49,7 @@ def sglang_python() -> Path:
     python = venv / "bin" / "python"
     if not python.exists():
         pytest.skip(f"no sglang venv at {venv} (.ci/run creates it; or set HYBRIDCTL_SGLANG_VENV)")
-    from hybridctl.launch.version import installed_sglang_version
+    from hybridctl.launch.sglang import installed_sglang_version
 
     version = installed_sglang_version(str(python))
     if version != SGLANG_VERSION:

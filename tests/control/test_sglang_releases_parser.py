@@ -20,7 +20,7 @@ from test_sglang_parser import CASES, _cfg
 
 from hybridctl.config.engine_flags import sglang_flags
 from hybridctl.config.rules import check_rules
-from hybridctl.launch.sglang_command import sglang_command
+from hybridctl.launch.sglang import sglang_command
 from hybridctl.launch.translate import LaunchError, translate
 
 sys.path.insert(0, str(REPO / "scripts"))

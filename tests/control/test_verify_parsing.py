@@ -48,7 +48,9 @@ def test_metrics_totals_and_deltas() -> None:
 def test_metrics_label_values_with_escapes_and_timestamps() -> None:
     snap = parse_metrics('x_total{path="/a\\"b",code="200"} 3 1700000000000\nup 1\n')
     sample = snap.samples["x_total"][0]
-    assert dict(sample.labels) == {"path": '/a\\"b', "code": "200"} and sample.value == 3.0
+    # Label values are unescaped (`\"` is `"`), so a match on a model name with quotes finds its samples.
+    assert dict(sample.labels) == {"path": '/a"b', "code": "200"} and sample.value == 3.0
+    assert snap.total("x_total", path='/a"b') == 3.0
     assert snap.total("up") == 1.0
 
 
@@ -60,9 +62,7 @@ def test_metrics_garbage_is_a_clear_error() -> None:
 
 
 def _chunk(text: str, completion_tokens: int, **meta: object) -> str:
-    return "data: " + json.dumps(
-        {"text": text, "meta_info": {"completion_tokens": completion_tokens, **meta}}
-    )
+    return "data: " + json.dumps({"text": text, "meta_info": {"completion_tokens": completion_tokens, **meta}})
 
 
 def test_stream_tracker_ttft_itl_and_done() -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from hybridctl.config.loader import load_hybrid_config
 from hybridctl.doctor.run import DoctorOptions, run_doctor, unprobed_host
-from hybridctl.launch.builtin_pd import ROUTER_MODULE, builtin_pd_plan
+from hybridctl.launch.pd import BUILTIN_ROUTER_MODULE, builtin_pd_plan
 from runtime.pd.protocol import MISMATCH
 from tests.runtime.conftest import REPO_ROOT, RunningServer, free_port, start_runtime_server
 
@@ -69,8 +69,8 @@ def doctor(config: Path, peer: Path, log: Path | None = None):
 @contextmanager
 def router(prefill: RunningServer, bootstrap: int, decode: RunningServer, log: Path) -> Iterator[str]:
     port = free_port()
-    cmd = [sys.executable, "-m", ROUTER_MODULE, "--prefill", prefill.url, str(bootstrap), "--decode", decode.url,
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    cmd = [sys.executable, "-m", BUILTIN_ROUTER_MODULE, "--prefill", prefill.url, str(bootstrap),
+           "--decode", decode.url, "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{port}"

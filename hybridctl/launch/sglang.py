@@ -2,16 +2,23 @@
 
 Flag names come from the mapping table; `extra_engine_args` are checked against the flag table dumped from that
 version's real parser (hybridctl/data/sglang-<version>-flags.tsv; the nearest older table when there is none).
+
+Which SGLang the commands target: the installed one, found from package metadata (importing sglang pulls in
+CUDA-only packages and takes seconds), else the configured or newest release. Parsing and comparing release
+numbers is hybridctl/config/sglang_version.py; which flag exists since when is the mapping table's.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import subprocess
 import sys
 from functools import lru_cache
 
-from hybridctl.config.engine_flags import nearest_version, sglang_flags
+from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, nearest_version, sglang_flags
 from hybridctl.config.schema import HybridConfig
+from hybridctl.config.sglang_version import resolve_release
 from hybridctl.launch.command import (
     EngineCommand,
     FlagSpec,
@@ -105,3 +112,26 @@ def to_config_yaml(flags: Flags, version: str) -> tuple[str, list[str]]:
             f"{key}: true" if value is None else f"{key}: {_yaml_scalar(value, info.type if info else None)}"
         )
     return "\n".join(lines) + "\n", flags_to_argv(leftover)
+
+
+def installed_sglang_version(python: str | None = None) -> str | None:
+    """The sglang version installed in this interpreter (or in `python`, e.g. a venv's), None when absent."""
+    if python is None:
+        try:
+            return importlib.metadata.version("sglang")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    probe = (
+        "import importlib.metadata as m\ntry: print(m.version('sglang'))\nexcept m.PackageNotFoundError: pass"
+    )
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def target_version(requested: str | None = None, configured: str | None = None) -> str:
+    """The version commands are written for, in resolve_release's one order: the one asked for, the installed
+    one, config.toml's server.sglang_version, else the newest held."""
+    return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)[0]
