@@ -72,6 +72,10 @@ def multinode_problem(cfg: HybridConfig) -> tuple[str, str, str] | None:
     return None
 
 
+def _not_found(message: str, fix: str) -> Finding:
+    return _f("error", "MODEL_PATH_NOT_FOUND", CONFIG, "server.model_path", message, fix)
+
+
 def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]:
     path = cfg.config.server.model_path
     if not path.strip():
@@ -91,22 +95,14 @@ def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]
         if (p / "config.json").is_file():
             return []
         return [
-            _f(
-                "error",
-                "MODEL_PATH_NOT_FOUND",
-                CONFIG,
-                "server.model_path",
+            _not_found(
                 f"model_path {path!r} is a directory without config.json, which no engine can load.",
                 toml_set("server.model_path", '"/path/to/model"') + " (the directory that holds config.json)",
             )
         ]
     if p.is_file():
         return [
-            _f(
-                "error",
-                "MODEL_PATH_NOT_FOUND",
-                CONFIG,
-                "server.model_path",
+            _not_found(
                 f"model_path {path!r} is a file; engines load a model directory (config.json + weights).",
                 toml_set("server.model_path", f'"{p.parent}"') + " (the directory that holds it)",
             )
@@ -114,11 +110,7 @@ def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]
     if is_hub_id(path):
         if engine == "builtin":
             return [
-                _f(
-                    "error",
-                    "MODEL_PATH_NOT_FOUND",
-                    CONFIG,
-                    "server.model_path",
+                _not_found(
                     f"model_path {path!r} is a hub id, and the bundled runtime (engine builtin here) loads "
                     "local directories only.",
                     f"download it (huggingface-cli download {path} --local-dir DIR) and "
@@ -128,11 +120,7 @@ def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]
             ]
         return []  # SGLang downloads it at start-up
     return [
-        _f(
-            "error",
-            "MODEL_PATH_NOT_FOUND",
-            CONFIG,
-            "server.model_path",
+        _not_found(
             f"model_path {path!r} does not exist (relative paths are read next to config.toml).",
             toml_set("server.model_path", '"/path/to/model"') + " (an existing model directory, or an org/name hub id)",
         )
