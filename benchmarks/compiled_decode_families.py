@@ -68,12 +68,12 @@ def check(arch: str) -> None:
             while core.scheduler.has_work:
                 core.step()
         tokens[compile_on] = got
-        if core.compiled_decode is not None:
-            r = core.compiled_decode.report
-            steps = dict(sorted(core.compiled_decode.steps_by_batch_size.items()))
+        if core.runner.compiled_decode is not None:
+            r = core.runner.compiled_decode.report
+            steps = dict(sorted(core.runner.compiled_decode.steps_by_batch_size.items()))
             print(f"{arch}: compiled={r.enabled} graphs={r.graphs} compile={r.elapsed_s:.1f}s steps={steps} {r.reason}")
         if compile_on:
-            ce = core.compiled_extend
+            ce = core.runner.compiled_extend
             if ce is None:
                 print(f"{arch}: extends eager (see the warm-up warning above)")
             else:

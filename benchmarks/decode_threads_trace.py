@@ -35,7 +35,7 @@ def main() -> None:
     torch.set_num_threads(2)
     model = a.model or str(build_demo_model(Path(tempfile.mkdtemp()) / "demo"))
     core = EngineCore(EngineArgs(model_path=model, memory_budget_gib=0.3, enable_torch_compile=True))
-    cd = core.compiled_decode
+    cd = core.runner.compiled_decode
     assert cd is not None and cd.report.enabled, "the compiled decode is off"
     params = SamplingParams(temperature=0, max_new_tokens=3 * a.steps + 50, ignore_eos=True)
     for i in range(8):

@@ -151,8 +151,8 @@ def main() -> None:
         print(f"8 concurrent x 128     {statistics.median(conc):8.1f} tok/s")
     if ttfts:
         print(f"cold TTFT 2048 tokens  {statistics.median(ttfts) * 1000:8.1f} ms")
-    if core.compiled_decode is not None and core.compiled_decode.report.enabled:
-        chooser = core.compiled_decode.threads
+    if core.runner.compiled_decode is not None and core.runner.compiled_decode.report.enabled:
+        chooser = core.runner.compiled_decode.threads
         print(
             f"compiled decode threads {chooser.describe()}: now {chooser.in_use()} by batch bucket, "
             f"{chooser.switches} switches"

@@ -1,5 +1,5 @@
 """Cold prefill TTFT on one thread vs the process's threads, by prompt length: where `SERIAL_FORWARD_MAX_TOKENS`
-(runtime/engine/engine_core.py) should sit. In-process `EngineCore`, demo model, radix cache on, each prompt fresh.
+(runtime/engine/model_runner.py) should sit. In-process `EngineCore`, demo model, radix cache on, each prompt fresh.
 
     python benchmarks/serial_threshold.py [--model DIR] [--threads 2] [--lengths 128 256 512 1024 2048] [--repeats 7]
 """
@@ -16,7 +16,7 @@ from prefill_cpu import VOCAB, cold_prefill  # benchmarks/ is this script's dire
 
 from runtime.core.config import EngineArgs
 from runtime.demo_model import build_demo_model
-from runtime.engine import engine_core
+from runtime.engine import model_runner
 from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
@@ -46,8 +46,9 @@ def main() -> None:
     for n in a.lengths:
         row = []
         for bound, threads in ((1 << 30, 1), (0, a.threads)):  # every forward on one thread, then on all
-            engine_core.SERIAL_FORWARD_MAX_TOKENS = bound
-            core.small_forward_threads = {m: DecodeThreadChooser((threads,), threads) for m in ("extend", "decode")}
+            model_runner.SERIAL_FORWARD_MAX_TOKENS = bound
+            chooser = {m: DecodeThreadChooser((threads,), threads) for m in ("extend", "decode")}
+            core.runner.small_forward_threads = chooser
             row.append(statistics.median(ttft_ms(n) for _ in range(a.repeats)))
         print(f"{n:6d} tokens: {row[0]:8.1f} vs {row[1]:8.1f}")
 

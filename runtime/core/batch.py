@@ -8,7 +8,7 @@ at the indices it is given; it never allocates cache memory itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Generic, Literal, Protocol, TypeVar
 
 import torch
 
@@ -68,3 +68,50 @@ class ForwardBatch:
     @property
     def batch_size(self) -> int:
         return len(self.extend_lens)
+
+
+R = TypeVar("R")
+
+
+@dataclass
+class ScheduledBatch(Generic[R]):
+    """What the scheduler decided for one step, before any tensor exists (`Scheduler.schedule`).
+
+    Per request (`reqs[i]`, the scheduler's request type): `tokens[i]` are the new tokens this forward computes
+    after `starts[i]` tokens already in KV and state, `out_locs` the KV token slots already taken for them (all
+    requests concatenated), `kv_locs[i]` the KV token slots of all its tokens, `state_slots[i]` its state slot, and
+    `checkpoints[i]` (new tokens consumed, spare slot) for each state the forward also writes (the prefix cache's
+    checkpoints; a verify round's per-draft states). `ModelRunner.run` turns it into a `ForwardBatch` and logits;
+    `Scheduler.postprocess` samples, emits and finishes.
+    """
+
+    mode: Literal["extend", "decode"]
+    reqs: list[R]
+    tokens: list[list[int]]
+    starts: list[int]
+    out_locs: list[int]
+    kv_locs: list[torch.Tensor]
+    state_slots: list[int]
+    checkpoints: list[list[tuple[int, int]]]
+    all_logits: bool = False
+    # A speculative verify round (runtime/spec/worker.py): each request's drafts, and the scratch slots
+    # [B, D] its per-position states go to. None: an ordinary prefill or decode step.
+    drafts: list[list[int]] | None = None
+    scratch_slots: torch.Tensor | None = None
+    # The forward the runner built for it (the drafter reads the prefill's hidden states off it).
+    forward: ForwardBatch | None = None
+    started: float = 0.0  # perf_counter when a decode step or verify round was scheduled (throughput gauge)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+class BatchRunner(Protocol):
+    """What runs a scheduled batch (runtime/engine/model_runner.py ModelRunner): tensors in, logits out."""
+
+    def run(self, batch: ScheduledBatch) -> torch.Tensor: ...

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runtime.core.batch import ForwardBatch
+from runtime.core.batch import ModelLayout
 from runtime.core.config import EngineArgs
 from runtime.core.requests import EngineStats
 from runtime.core.spec_config import SpecConfig, SpecConfigError
-from runtime.core.threads import intra_op_threads
-from runtime.engine.decode_threads import DecodeThreadChooser
+from runtime.engine.model_runner import ModelRunner
 from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_dtype, size_and_allocate
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.page_pool import KVPagePool
@@ -29,19 +28,13 @@ from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
     from runtime.engine.compiled_extend import CompiledExtend
+    from runtime.kvcache.elastic_pool import ElasticPool
     from runtime.models.base import HybridModel
     from runtime.spec.worker import SpecDecoder
 
 logger = logging.getLogger("runtime.engine")
 
 DEFAULT_MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
-# Eager forwards of at most this many tokens (decode batches, short extends) choose one thread or all of them per
-# step from measured time (see EngineCore._run_model); longer prefills run on every thread: with the short OpenMP
-# spin (runtime/__init__.py) two threads win from 128 tokens on even on a busy host (benchmarks/
-# serial_threshold.py: 128 tokens 36 vs 29 ms, 512: 108 vs 65, 2048: 452 vs 267; one thread vs two).
-SERIAL_FORWARD_MAX_TOKENS = 64
-# Pins the thread count of those small forwards ("1", "2", ...) instead of choosing it per step.
-SMALL_FORWARD_THREADS_ENV = "RUNTIME_SMALL_FORWARD_THREADS"
 
 
 def load_tokenizer(path: str) -> Any | None:
@@ -75,25 +68,14 @@ class EngineCore:
         self.max_prefill_tokens = DEFAULT_MAX_PREFILL_TOKENS
         self.scheduler = self._build_scheduler()
         if self.elastic is not None:
-            from runtime.kvcache.elastic_pool import install
-
-            install(self.elastic, self)
+            self._attach_elastic(self.elastic)
         self.spec = None
         if spec_config is not None:
             self.spec = self._build_spec(spec_config)
             self.scheduler.spec = self.spec
-        self.small_forward_threads = {
-            mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
-            for mode in ("extend", "decode")
-        }
-        self.compiled_decode = None
-        self.compiled_extend: CompiledExtend | None = None
+        self.runner = ModelRunner(self.model, self.pools)
         if args.enable_torch_compile:
-            from runtime.engine.compiled_decode import CompiledDecode
-
-            self.compiled_decode = CompiledDecode(self.model, args.torch_compile_max_bs)
-            self.compiled_decode.warm_up(self.pools.buffers)
-            self.compiled_extend = self._compiled_extend(args)
+            self._compile_forwards(args)
         self._log_started()
 
     @property
@@ -104,7 +86,6 @@ class EngineCore:
     def _build_scheduler(self) -> Scheduler:
         args, plan = self.args, self.pools.plan
         return Scheduler(
-            self._run_model,
             self.cache,
             SchedulerConfig(
                 max_running_requests=plan.max_running_requests,
@@ -164,6 +145,25 @@ class EngineCore:
             args.dual_lru_eviction,
         )
 
+    def _attach_elastic(self, pool: ElasticPool) -> None:
+        """The elastic pool takes over the cache's pools; the running cap then follows its split each step."""
+        plan = self.pools.plan
+        pool.attach(
+            self.cache,
+            initial_state_chunks=self.pools.num_state_slots,
+            slots_per_request=max(1, plan.slots_per_request),
+            user_cap=self.args.max_running_requests,
+        )
+        logger.info(pool.describe())
+
+    def _compile_forwards(self, args: EngineArgs) -> None:
+        """The runner's compiled decode and short extends, warmed up (runtime/engine/compiled_*.py)."""
+        from runtime.engine.compiled_decode import CompiledDecode
+
+        self.runner.compiled_decode = CompiledDecode(self.model, args.torch_compile_max_bs)
+        self.runner.compiled_decode.warm_up(self.pools.buffers)
+        self.runner.compiled_extend = self._compiled_extend(args)
+
     def _compiled_extend(self, args: EngineArgs) -> CompiledExtend | None:
         """The compiled short extends (runtime/engine/compiled_extend.py), warmed up; None when off."""
         if args.torch_compile_max_extend_tokens <= 0:
@@ -182,30 +182,21 @@ class EngineCore:
         )
         return compiled if compiled.warm_up(self.pools.buffers).enabled else None
 
-    @torch.inference_mode()
-    def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
-        if self.compiled_decode is not None and self.compiled_decode.handles(batch):
-            return self.compiled_decode(batch, self.pools.buffers)
-        if self.compiled_extend is not None and self.compiled_extend.handles(batch):
-            return self.compiled_extend(batch, self.pools.buffers)
-        tokens = batch.input_ids.numel()
-        if tokens > SERIAL_FORWARD_MAX_TOKENS:
-            return self.model.forward(batch, self.pools.buffers)
-        # A few-token forward is thousands of microsecond-sized ops. On a quiet host two threads still win (peer
-        # model, Xeon: a 64-token extend over 2048 cached tokens 27 vs 22 ms, an 8-token prefill 12.1 vs 9.9 ms);
-        # on a busy one a descheduled worker stalls every op. So the count is chosen per step, per mode and
-        # token-count bucket, from measured time, as the compiled decode's is.
-        return self.small_forward_threads[batch.mode].timed(tokens, lambda n: self._forward_on(n, batch))
-
-    def _forward_on(self, threads: int, batch: ForwardBatch) -> torch.Tensor:
-        with intra_op_threads(threads):
-            return self.model.forward(batch, self.pools.buffers)
-
     def step(self) -> bool:
+        """One engine step: schedule → run → postprocess. False when there was nothing to do."""
+        sched = self.scheduler
         if self.elastic is not None:
-            sched = self.scheduler
             sched.set_running_cap(self.elastic.rebalance(sched.waiting, len(sched.running)))
-        return self.scheduler.step()
+        batch = sched.schedule()
+        if batch is None:
+            return False
+        try:
+            logits = self.runner.run(batch)
+        except BaseException:
+            sched.abandon(batch)
+            raise
+        sched.postprocess(batch, logits)
+        return True
 
     def check_invariants(self) -> None:
         """Pool accounting (free + cached + in-use == total, nothing in two places); raises AssertionError."""
@@ -243,9 +234,7 @@ class EngineCore:
             s.spec_accept_rate = c.accept_rate
             s.spec_verify_calls_total = c.verify_calls
         if self.elastic is not None:
-            from runtime.kvcache.elastic_pool import fill_stats
-
-            fill_stats(self.elastic, s)
+            self.elastic.fill_stats(s)
         return s
 
     def resolved_args(self) -> dict[str, Any]:
@@ -334,7 +323,9 @@ def _cache_manager(args: EngineArgs, pools: Pools) -> CacheManager:
     )
 
 
-def _elastic_pool(args: EngineArgs, pools: Pools, layout: Any, spec_config: Any) -> Any:
+def _elastic_pool(
+    args: EngineArgs, pools: Pools, layout: ModelLayout, spec_config: SpecConfig | None
+) -> ElasticPool | None:
     """The elastic pool over `pools`' bytes (runtime/kvcache/elastic_pool.py), or None when it is off."""
     if not args.enable_elastic_memory_pool:
         return None

@@ -179,6 +179,19 @@ class CacheManager:
             for mem, new in zip(mems, news, strict=True)
         ]
 
+    def truncate(self, mem: ReqMemory, kv_len: int) -> int:
+        """The request keeps the KV of its first `kv_len` tokens (a verify round rejected the rest): pages past
+        them go back into its reservation, so the pages it may still need stay promised. Returns pages freed."""
+        mem.kv_len = kv_len
+        keep = self.pages_for(kv_len)
+        tail = mem.pages[keep:]
+        if tail:
+            self.kv_pool.free(tail)
+            del mem.pages[keep:]
+            mem.reserved_pages += len(tail)
+            self.reserved_pages += len(tail)
+        return len(tail)
+
     def token_slots(self, mem: ReqMemory, upto: int) -> torch.Tensor:
         """KV token slots of tokens [0, upto) as an int64 tensor (vectorised: contexts are long)."""
         ps = self.page_size

@@ -19,13 +19,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from runtime.core.batch import ModelLayout, PoolBuffers
+from runtime.core.batch import ModelLayout
+from runtime.core.requests import EngineStats
+from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.elastic_buffer import ElasticGeometry, allocate_elastic_buffers, elastic_geometry
 
 logger = logging.getLogger("runtime.kvcache")
@@ -71,46 +73,57 @@ class ElasticPool:
         self.is_state = [False] * geo.num_chunks
         self.counters = ElasticCounters()
         self._pending: _Pending | None = None
-        self.slots_per_request = 1  # the planner's state slots per running request (install sets it)
+        self.slots_per_request = 1  # the planner's state slots per running request (attach sets it)
         self.user_cap = geo.num_chunks  # --max-running-requests, when given
         self.running_cap = 0
-        self.cache: Any = None
+        self._cache: CacheManager | None = None
+
+    @property
+    def cache(self) -> CacheManager:
+        assert self._cache is not None, "the elastic pool is not attached to a cache yet"
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: CacheManager) -> None:
+        self._cache = cache
 
     # -- set-up ----------------------------------------------------------------------------------------------
 
-    def attach(self, cache: Any, buffers: PoolBuffers, initial_state_chunks: int) -> None:
-        """Point `cache` at pools over every chunk, the top `initial_state_chunks` chunks holding states."""
-        from runtime.kvcache.page_pool import KVPagePool
-        from runtime.kvcache.state_pool import StateSlotPool
-
+    def attach(
+        self,
+        cache: CacheManager,
+        initial_state_chunks: int,
+        *,
+        slots_per_request: int = 1,
+        user_cap: int | None = None,
+    ) -> None:
+        """Lay `cache`'s two pools out over the chunks: the top `initial_state_chunks` hold states (pages are
+        taken lowest first, so the top chunks are the ones most often free later, too), the rest KV pages.
+        The running cap is the planner's K // `slots_per_request`, within `user_cap` (--max-running-requests)."""
         geo = self.geo
         k = min(max(1, initial_state_chunks), geo.num_chunks - 1)
-        kv_pool = KVPagePool(geo.num_chunks * geo.pages_per_chunk, geo.page_size)
-        state_pool = StateSlotPool(geo.num_chunks, buffers)
-        cache.kv_pool = cache.tree.kv_pool = kv_pool
-        cache.state_pool = cache.tree.state_pool = state_pool
+        state_chunks = set(range(geo.num_chunks - k, geo.num_chunks))
+        kv_pages = (p for c in range(geo.num_chunks) if c not in state_chunks for p in geo.chunk_pages(c))
+        cache.kv_pool.resize(geo.num_chunks * geo.pages_per_chunk, kv_pages)  # one pass: linear in the pool
+        cache.state_pool.resize(geo.num_chunks, state_chunks)
+        for chunk in state_chunks:
+            self.is_state[chunk] = True
         self.cache = cache
-        # Start with everything KV, then hand the top chunks to the state pool (pages are taken lowest first,
-        # so the top chunks are the ones most often free later, too).
-        state_pool.withdraw_all()
-        self._to_state(range(geo.num_chunks - 1, geo.num_chunks - 1 - k, -1))  # one pass: linear in the pool
-        self.counters.moves_to_state = 0
+        self.slots_per_request = slots_per_request
+        self.user_cap = user_cap or geo.num_chunks
         self._record()
 
     # -- the two moves ---------------------------------------------------------------------------------------
 
-    def _to_state(self, chunks: Iterable[int]) -> None:
-        kv, st = self.cache.kv_pool, self.cache.state_pool
-        chunks = list(chunks)
-        kv.withdraw(p for c in chunks for p in self.geo.chunk_pages(c))
-        for chunk in chunks:
-            st.add(chunk)
-            self.is_state[chunk] = True
-        self.counters.moves_to_state += len(chunks)
+    def _to_state(self, chunk: int) -> None:
+        self.cache.kv_pool.take(self.geo.chunk_pages(chunk))
+        self.cache.state_pool.give(chunk)
+        self.is_state[chunk] = True
+        self.counters.moves_to_state += 1
 
     def _to_kv(self, chunk: int) -> None:
-        self.cache.state_pool.withdraw(chunk)
-        self.cache.kv_pool.add(list(self.geo.chunk_pages(chunk)))
+        self.cache.state_pool.take(chunk)
+        self.cache.kv_pool.give(list(self.geo.chunk_pages(chunk)))
         self.is_state[chunk] = False
         self.counters.moves_to_kv += 1
 
@@ -141,7 +154,7 @@ class ElasticPool:
         if chunk is None:
             return (f"pages pinned by running requests: every KV chunk of {ppc} pages holds a page in use "
                     f"({cache.kv_pool.num_free} pages free but scattered)")  # fmt: skip
-        self._to_state([chunk])
+        self._to_state(chunk)
         return None
 
     def grow_kv(self) -> str | None:
@@ -256,6 +269,22 @@ class ElasticPool:
         assert sorted(slots) == state_chunks, "a state slot is lost, in two places, or in a KV chunk"
         assert c.reserved_pages <= c.kv_pool.num_free + c.tree.evictable_pages
 
+    def fill_stats(self, stats: EngineStats) -> None:
+        """The current split in the engine's stats (what /metrics and /server_info report)."""
+        c, geo = self.cache, self.geo
+        b = c.state_pool.buffers
+        assert b is not None
+        slots = c.state_pool.num_slots
+        stats.max_total_num_tokens = c.kv_pool.num_pages * geo.page_size
+        stats.max_mamba_cache_size = slots
+        stats.kv_cache_bytes = stats.max_total_num_tokens * geo.row_bytes
+        stats.conv_state_bytes = slots * sum(t[0].numel() * t.element_size() for t in b.conv)
+        stats.ssm_state_bytes = slots * sum(t[0].numel() * t.element_size() for t in b.ssm)
+        stats.max_running_requests = self.running_cap or stats.max_running_requests
+        stats.elastic_mode = self.mode
+        stats.elastic_moves_total = self.counters.moves
+        stats.elastic_realloc_timeouts_total = self.counters.timeouts
+
     def describe(self) -> str:
         geo = self.geo
         return (
@@ -287,28 +316,3 @@ def make_elastic(
     backing, buffers = allocate_elastic_buffers(layout, geo, kv_dtype, conv_dtype, ssm_dtype, device)
     pools.buffers = buffers
     return ElasticPool(geo, backing, timeout_s, mode)
-
-
-def install(pool: ElasticPool, core: Any) -> None:
-    """Hook `pool` into a built EngineCore: its cache's pools, the running-request cap, the start-up line."""
-    pool.attach(core.cache, core.pools.buffers, core.pools.num_state_slots)
-    # The running cap is the planner's K // slots_per_request; K now moves, so the cap follows it each step.
-    pool.slots_per_request = max(1, core.pools.plan.slots_per_request)
-    pool.user_cap = core.args.max_running_requests or pool.geo.num_chunks
-    logger.info(pool.describe())
-
-
-def fill_stats(pool: ElasticPool, stats: Any) -> None:
-    """The current split in the engine's stats (what /metrics and /server_info report)."""
-    c, geo = pool.cache, pool.geo
-    b = c.state_pool.buffers
-    slots = c.state_pool.num_slots
-    stats.max_total_num_tokens = c.kv_pool.num_pages * geo.page_size
-    stats.max_mamba_cache_size = slots
-    stats.kv_cache_bytes = stats.max_total_num_tokens * geo.row_bytes
-    stats.conv_state_bytes = slots * sum(t[0].numel() * t.element_size() for t in b.conv)
-    stats.ssm_state_bytes = slots * sum(t[0].numel() * t.element_size() for t in b.ssm)
-    stats.max_running_requests = pool.running_cap or stats.max_running_requests
-    stats.elastic_mode = pool.mode
-    stats.elastic_moves_total = pool.counters.moves
-    stats.elastic_realloc_timeouts_total = pool.counters.timeouts

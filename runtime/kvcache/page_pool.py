@@ -42,23 +42,38 @@ class KVPagePool:
     def free_pages(self) -> list[int]:
         return list(self._free)
 
-    def withdraw(self, pages: Iterable[int]) -> None:
+    def resize(self, capacity: int, owned: Iterable[int] | None = None) -> None:
+        """Start over as a pool of page ids [0, capacity) that owns `owned` of them (all by default), all free;
+        refused while any page is allocated (the elastic pool lays its chunks out at start-up)."""
+        if len(self._free) != self.num_pages:
+            raise RuntimeError(f"KV pool resized with {self.num_pages - len(self._free)} pages in use")
+        mine = sorted(set(range(capacity) if owned is None else owned), reverse=True)
+        if mine and not 0 <= mine[-1] <= mine[0] < capacity:
+            raise ValueError(f"KV pages {mine[-1]}..{mine[0]} are outside a pool of {capacity} pages")
+        self._is_free = [False] * capacity
+        for p in mine:
+            self._is_free[p] = True
+        self._free = mine  # lowest pages first, as a new pool
+        self.num_pages = len(mine)
+
+    def take(self, pages: Iterable[int]) -> None:
         """Take free pages out of the pool for good (the elastic pool gives their bytes to states).
 
-        One pass over the free list for any number of pages: per page (or per chunk) it would be quadratic,
-        and start-up hands thousands of chunks over at once.
+        One pass over the free list for any number of pages: per page (or per chunk) it would be quadratic.
         """
         gone = set(pages)
         for p in gone:
             if not self._is_free[p]:
-                raise RuntimeError(f"KV page {p} withdrawn while in use")
+                raise RuntimeError(f"KV page {p} taken out of the pool while in use")
             self._is_free[p] = False
         self._free = [p for p in self._free if p not in gone]
         self.num_pages -= len(gone)
 
-    def add(self, pages: list[int]) -> None:
+    def give(self, pages: list[int]) -> None:
         """Give the pool pages it did not have (free, taken after the ones already free)."""
         for p in pages:
+            if self._is_free[p]:
+                raise RuntimeError(f"KV page {p} given to the pool twice")
             self._is_free[p] = True
         self._free.extend(reversed(pages))
         self.num_pages += len(pages)

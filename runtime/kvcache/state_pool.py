@@ -6,6 +6,8 @@ is how the prefix cache snapshots a running request's state and hands a cached s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from runtime.core.batch import PoolBuffers
@@ -39,25 +41,35 @@ class StateSlotPool:
         self._is_free[slot] = True
         self._free.append(slot)
 
-    def add(self, slot: int) -> None:
-        """A slot the pool did not have, free (the elastic pool moved its bytes here)."""
-        self._is_free[slot] = True
-        self._free.append(slot)
-        self.num_slots += 1
+    def resize(self, capacity: int, owned: Iterable[int] | None = None) -> None:
+        """Start over as a pool of slot ids [0, capacity) that owns `owned` of them (all by default), all free;
+        refused while any slot is allocated (the elastic pool lays its chunks out at start-up)."""
+        if len(self._free) != self.num_slots:
+            raise RuntimeError(f"state pool resized with {self.num_slots - len(self._free)} slots in use")
+        mine = sorted(set(range(capacity) if owned is None else owned), reverse=True)
+        if mine and not 0 <= mine[-1] <= mine[0] < capacity:
+            raise ValueError(f"state slots {mine[-1]}..{mine[0]} are outside a pool of {capacity} slots")
+        self._is_free = [False] * capacity
+        for slot in mine:
+            self._is_free[slot] = True
+        self._free = mine  # lowest slots first, as a new pool
+        self.num_slots = len(mine)
 
-    def withdraw_all(self) -> None:
-        """Empty the pool (the elastic pool then adds the slots whose bytes are states)."""
-        self._free = []
-        self._is_free = [False] * len(self._is_free)
-        self.num_slots = 0
-
-    def withdraw(self, slot: int) -> None:
+    def take(self, slot: int) -> None:
         """Take a free slot out of the pool (the elastic pool gives its bytes to KV)."""
         if not self._is_free[slot]:
-            raise RuntimeError(f"state slot {slot} withdrawn while in use")
+            raise RuntimeError(f"state slot {slot} taken out of the pool while in use")
         self._free.remove(slot)
         self._is_free[slot] = False
         self.num_slots -= 1
+
+    def give(self, slot: int) -> None:
+        """A slot the pool did not have, free (the elastic pool moved its bytes here)."""
+        if self._is_free[slot]:
+            raise RuntimeError(f"state slot {slot} given to the pool twice")
+        self._is_free[slot] = True
+        self._free.append(slot)
+        self.num_slots += 1
 
     def free_slots(self) -> list[int]:
         return list(self._free)

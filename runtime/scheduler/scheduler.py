@@ -1,4 +1,5 @@
-"""The scheduler: `step()` = schedule → run → postprocess, nano-vllm style, with continuous batching.
+"""The scheduler: `schedule()` decides a step's batch, `postprocess()` takes its logits (nano-vllm style, with
+continuous batching); the engine runs the model in between (`EngineCore.step`: schedule → run → postprocess).
 
 A step is either a prefill step (prompt chunks of several requests in one forward, at most
 `chunked_prefill_size` tokens) or a decode step (one token for every running request in one forward).
@@ -25,9 +26,9 @@ from typing import Protocol
 
 import torch
 
-from runtime.core.batch import ForwardBatch
+from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
-from runtime.kvcache.cache_manager import CacheManager
+from runtime.kvcache.cache_manager import Admission, CacheManager
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
@@ -48,12 +49,20 @@ class SpecRounds(Protocol):
 
     def release(self, rid: str) -> None: ...
 
-    def run_round(self, sched: Scheduler, reqs: list[Req]) -> None: ...
+    def plan_round(self, sched: Scheduler, reqs: list[Req]) -> ScheduledBatch[Req]:
+        """The verify batch of one round for the decoding requests (their drafts, memory and scratch slots)."""
+        ...
+
+    def finish_round(self, sched: Scheduler, batch: ScheduledBatch[Req], logits: torch.Tensor) -> None:
+        """Accept drafts against the verify logits, emit, roll each request back to what it kept."""
+        ...
+
+    def abandon_round(self, batch: ScheduledBatch[Req]) -> None:
+        """The verify forward raised: drop what the round set up outside the requests' memory."""
+        ...
 
 
 logger = logging.getLogger("runtime.scheduler")
-
-ModelRunner = Callable[[ForwardBatch], torch.Tensor]
 
 
 @dataclass
@@ -75,7 +84,6 @@ class SchedulerConfig:
 class Scheduler:
     def __init__(
         self,
-        run_model: ModelRunner,
         cache: CacheManager,
         config: SchedulerConfig,
         *,
@@ -83,7 +91,6 @@ class Scheduler:
         tokenizer: Detokenizer | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
-        self.run_model = run_model
         self.cache = cache
         self.config = config
         self.eos_token_ids = eos_token_ids
@@ -177,24 +184,23 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # -- the step --------------------------------------------------------------------------------------------
+    # -- schedule ------------------------------------------------------------------------------------------
 
-    def step(self) -> bool:
-        """One schedule → run → postprocess round. False when there was nothing to do."""
+    def schedule(self) -> ScheduledBatch[Req] | None:
+        """This step's batch, its memory taken: a prefill (chunks of several prompts), or a decode step (one token
+        for every running request; a verify round with speculative decoding). None when there is nothing to do.
+        When both kinds of work exist they alternate."""
         prefill = self._schedule_prefill()
         decode = [r for r in self.running if not r.in_prefill]
         if prefill and (not decode or not self._last_was_prefill):
             self._last_was_prefill = True
-            self._run_extend(prefill)
-            return True
+            return self._prefill_batch(prefill)
         if decode:
             self._last_was_prefill = False
             if self.spec is not None:
-                self.spec.run_round(self, decode)
-            else:
-                self._run_decode(decode)
-            return True
-        return False
+                return self.spec.plan_round(self, decode)
+            return self._decode_batch(decode)
+        return None
 
     def _schedule_prefill(self) -> list[tuple[Req, int]]:
         """(request, tokens to compute) for this prefill step: unfinished prefills first, then admissions."""
@@ -287,106 +293,117 @@ class Scheduler:
         # The prompt's last position is left to the end-of-request insert (prompt + output[:-1]).
         return [p for p in points if mem.tree_len < p < len(req.prompt_ids) and p % ps == 0]
 
-    def extend_batch(self, items: list[tuple[Req, list[int]]], *, all_logits: bool = False) -> ForwardBatch:
+    def extend_batch(self, items: list[tuple[Req, list[int]]], *, all_logits: bool = False) -> ScheduledBatch[Req]:
         """An extend batch that appends `tokens` after each request's cached ones, taking KV slots for them
         (a prefill chunk here; a verify round's last token and drafts in runtime/spec)."""
-        ids: list[int] = []
-        positions: list[int] = []
         out_locs: list[int] = []
         kv_locs: list[torch.Tensor] = []
+        starts: list[int] = []
+        slots: list[int] = []
         for req, tokens in items:
             mem = req.mem
-            assert mem is not None
-            start, n = mem.kv_len, len(tokens)
-            ids.extend(tokens)
-            positions.extend(range(start, start + n))
-            new_locs = self.cache.grow(mem, n)
+            assert mem is not None and mem.slot is not None
+            start = mem.kv_len
+            new_locs = self.cache.grow(mem, len(tokens))
             out_locs.extend(new_locs)
             kv_locs.append(torch.cat([self.cache.token_slots(mem, start), torch.tensor(new_locs, dtype=torch.int64)]))
-        return ForwardBatch(
+            starts.append(start)
+            slots.append(mem.slot)
+        return ScheduledBatch(
             mode="extend",
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            extend_lens=[len(tokens) for _, tokens in items],
-            prefix_lens=[r.mem.kv_len for r, _ in items if r.mem is not None],
+            reqs=[req for req, _ in items],
+            tokens=[tokens for _, tokens in items],
+            starts=starts,
+            out_locs=out_locs,
             kv_locs=kv_locs,
-            out_locs=torch.tensor(out_locs, dtype=torch.int64),
-            state_slots=torch.tensor([r.mem.slot for r, _ in items if r.mem is not None], dtype=torch.int64),
+            state_slots=slots,
+            checkpoints=[[] for _ in items],
             all_logits=all_logits,
         )
 
-    def _run_extend(self, batch: list[tuple[Req, int]]) -> None:
-        chunks: list[tuple[Req, list[int]]] = []
-        for req, n in batch:
+    def _prefill_batch(self, chunks: list[tuple[Req, int]]) -> ScheduledBatch[Req]:
+        items: list[tuple[Req, list[int]]] = []
+        for req, n in chunks:
             assert req.mem is not None
-            chunks.append((req, req.prompt_ids[req.mem.kv_len : req.mem.kv_len + n]))
-        fb = self.extend_batch(chunks)
-        planned = self._plan_checkpoints(batch)
-        if any(cps for _, cps in planned):
-            fb.state_checkpoints = [[(p - start, slot) for p, slot in cps] for start, cps in planned]
-        try:
-            logits = self.run_model(fb)
-        except BaseException:
-            for _, cps in planned:
-                for _, slot in cps:
-                    self.cache.free_slot(slot)
-            raise
+            items.append((req, req.prompt_ids[req.mem.kv_len : req.mem.kv_len + n]))
+        batch = self.extend_batch(items)
+        if self.config.in_forward_checkpoints:
+            batch.checkpoints = [self._plan_checkpoints(req, len(tokens)) for req, tokens in items]
+        return batch
+
+    def _plan_checkpoints(self, req: Req, n: int) -> list[tuple[int, int]]:
+        """(new tokens consumed, spare slot) for each state the model writes into the cache during this forward."""
+        assert req.mem is not None
+        start = req.mem.kv_len
+        cps: list[tuple[int, int]] = []
+        for p in self._checkpoints_in(req, start, start + n):
+            slot = self.cache.take_checkpoint_slot()
+            if slot is None:  # every slot is running a request: skip the checkpoint, not the work
+                break
+            cps.append((p - start, slot))
+        return cps
+
+    def _decode_batch(self, reqs: list[Req]) -> ScheduledBatch[Req]:
+        mems = [r.mem for r in reqs if r.mem is not None]
+        out_locs, kv_locs = self.cache.grow_for_decode(mems)
+        return ScheduledBatch(
+            mode="decode",
+            reqs=reqs,
+            tokens=[[r.output_ids[-1]] for r in reqs],
+            starts=[m.kv_len for m in mems],
+            out_locs=out_locs,
+            kv_locs=kv_locs,
+            state_slots=[m.slot for m in mems if m.slot is not None],
+            checkpoints=[[] for _ in reqs],
+            started=time.perf_counter(),
+        )
+
+    # -- postprocess -----------------------------------------------------------------------------------------
+
+    def postprocess(self, batch: ScheduledBatch[Req], logits: torch.Tensor) -> None:
+        """The step's outcome: each request's KV grows by what the forward computed, checkpoints go into the
+        cache, finished prompts and decoding requests get their next token (`_sample_and_emit`)."""
+        if batch.drafts is not None:
+            assert self.spec is not None
+            self.spec.finish_round(self, batch, logits)
+        elif batch.mode == "decode":
+            for req in batch.reqs:
+                assert req.mem is not None
+                req.mem.kv_len += 1
+            self._sample_and_emit(batch.reqs, logits)
+            self.record_decode(time.perf_counter() - batch.started, len(batch.reqs))
+        else:
+            self._finish_prefill(batch, logits)
+
+    def abandon(self, batch: ScheduledBatch[Req]) -> None:
+        """The batch's forward raised: give back what the step took beyond the requests' own memory (its
+        checkpoint slots); the engine then aborts the requests, which frees the rest."""
+        if batch.drafts is not None:
+            assert self.spec is not None
+            self.spec.abandon_round(batch)
+            return
+        for cps in batch.checkpoints:
+            for _, slot in cps:
+                self.cache.free_slot(slot)
+
+    def _finish_prefill(self, batch: ScheduledBatch[Req], logits: torch.Tensor) -> None:
         if self.spec is not None:  # before any checkpoint below is cached: the drafter completes what goes with it
-            self.spec.after_prefill(fb)
+            assert batch.forward is not None
+            self.spec.after_prefill(batch.forward)
         done: list[int] = []
-        for i, (req, n) in enumerate(batch):
+        for i, (req, tokens, start) in enumerate(zip(batch.reqs, batch.tokens, batch.starts, strict=True)):
             assert req.mem is not None
-            req.mem.kv_len += n
-            for p, slot in planned[i][1]:
-                if self.cache.commit_checkpoint(req.mem, req.prompt_ids, p, slot):
+            req.mem.kv_len += len(tokens)
+            for k, slot in batch.checkpoints[i]:
+                if self.cache.commit_checkpoint(req.mem, req.prompt_ids, start + k, slot):
                     self.counters.state_checkpoints += 1
             if req.mem.kv_len == len(req.prompt_ids):
                 done.append(i)
-            elif not self.config.in_forward_checkpoints and self._checkpoints_in(req, planned[i][0], req.mem.kv_len):
+            elif not self.config.in_forward_checkpoints and self._checkpoints_in(req, start, req.mem.kv_len):
                 if self.cache.checkpoint(req.mem, req.prompt_ids):  # the chunk ended at the checkpoint: copy it
                     self.counters.state_checkpoints += 1
         if done:
-            self._sample_and_emit([batch[i][0] for i in done], logits[done])
-
-    def _plan_checkpoints(self, batch: list[tuple[Req, int]]) -> list[tuple[int, list[tuple[int, int]]]]:
-        """Per request: its extend start, and (prompt position, spare slot) for each state the model writes
-        during this forward."""
-        planned: list[tuple[int, list[tuple[int, int]]]] = []
-        for req, n in batch:
-            assert req.mem is not None
-            start = req.mem.kv_len
-            cps: list[tuple[int, int]] = []
-            if self.config.in_forward_checkpoints:
-                for p in self._checkpoints_in(req, start, start + n):
-                    slot = self.cache.take_checkpoint_slot()
-                    if slot is None:  # every slot is running a request: skip the checkpoint, not the work
-                        break
-                    cps.append((p, slot))
-            planned.append((start, cps))
-        return planned
-
-    def _run_decode(self, reqs: list[Req]) -> None:
-        mems = [r.mem for r in reqs if r.mem is not None]
-        out_locs, kv_locs = self.cache.grow_for_decode(mems)
-        fb = ForwardBatch(
-            mode="decode",
-            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
-            positions=torch.tensor([r.mem.kv_len for r in reqs if r.mem is not None], dtype=torch.int64),
-            extend_lens=[1] * len(reqs),
-            prefix_lens=[r.mem.kv_len for r in reqs if r.mem is not None],
-            kv_locs=kv_locs,
-            out_locs=torch.tensor(out_locs, dtype=torch.int64),
-            state_slots=torch.tensor([r.mem.slot for r in reqs if r.mem is not None], dtype=torch.int64),
-        )
-        t0 = time.perf_counter()
-        logits = self.run_model(fb)
-        for req in reqs:
-            assert req.mem is not None
-            req.mem.kv_len += 1
-        self._sample_and_emit(reqs, logits)
-        self.record_decode(time.perf_counter() - t0, len(reqs))
-
-    # -- postprocess -----------------------------------------------------------------------------------------
+            self._sample_and_emit([batch.reqs[i] for i in done], logits[done])
 
     def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
         generators = [self.generator_for(r) for r in reqs]
@@ -415,6 +432,68 @@ class Scheduler:
                 req.on_output(req.take_output())
 
     # -- public hooks for spec and PD, which admit and finish requests outside `step` -------------------------
+
+    def append_tokens(self, req: Req, tokens: list[int], logprobs: list[float] | None) -> tuple[int, dict | None]:
+        """Append tokens another path chose (a verify round's accepted drafts, a transferred first token) to a
+        running request's output, one by one until one finishes it: (tokens kept, finish reason or None).
+        `emit` then sends them."""
+        kept, reason = 0, None
+        for tok in tokens:
+            req.output_ids.append(tok)
+            req.pending_ids.append(tok)
+            if logprobs is not None:
+                req.pending_logprobs.append(logprobs[kept])
+            kept += 1
+            reason = finish_reason_after(req, tok, self.eos_token_ids, self.tokenizer)
+            if reason is not None:
+                break
+        self.counters.generation_tokens_total += kept
+        return kept, reason
+
+    def emit(self, req: Req, reason: dict | None) -> None:
+        """Send a running request's new tokens; with a finish reason it finishes (its memory to the cache)."""
+        if reason is not None:
+            self.finish_running(req, reason)
+        else:
+            req.on_output(req.take_output())
+
+    def admit_transferred(
+        self,
+        g: GenerateRequest,
+        on_output: Callable[[RequestOutput], None],
+        transferred: Transferred,
+        write: Callable[[int, torch.Tensor], None],
+    ) -> Admission:
+        """Admit a request whose prompt another engine computed (PD decode): it takes a state slot and a KV
+        reservation like any admitted request, `write(slot, kv_locs)` fills in the prompt's KV and state, and it
+        joins the running batch at its first output token. Not ok: wait (no message) or never (message)."""
+        if len(self.running) >= self.config.max_running_requests:
+            return Admission(False)
+        prompt = list(g.input_ids)
+        n = len(prompt)
+        req = Req(g.rid, prompt, g.sampling, on_output, g.return_logprob, self.next_arrival())
+        req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - n)
+        if g.sampling.seed is not None:
+            req.generator = self.new_generator(g.sampling.seed)
+        # One token of the prompt stands in for it: a transferred request never reuses this server's cached
+        # prefixes (their pages would be overwritten with the transfer), and admit() then matches nothing.
+        admission, mem = self.cache.admit(prompt[:1], n + req.max_new_tokens - 1)
+        if not admission.ok:
+            return admission
+        assert mem is not None and mem.slot is not None
+        write(mem.slot, torch.tensor(self.cache.grow(mem, n), dtype=torch.int64))
+        mem.kv_len = n
+        req.mem = mem
+        self.counters.num_requests_total += 1
+        self.counters.prompt_tokens_total += n
+        # The prefix cache that served this prompt is the prefill server's: report its hits, as one server would.
+        req.cached_tokens = transferred.cached_tokens
+        self.counters.cached_tokens_total += req.cached_tokens
+        self.running.append(req)
+        logprobs = [transferred.first_logprob] if transferred.first_logprob is not None else None
+        _, reason = self.append_tokens(req, [transferred.first_token], logprobs if g.return_logprob else None)
+        self.emit(req, reason)
+        return admission
 
     def next_arrival(self) -> int:
         """The arrival number of a request admitted now (orders the waiting queue)."""
@@ -482,6 +561,15 @@ class Scheduler:
         assert len(self.running) <= self.config.max_running_requests
         assert all(r.mem is not None for r in self.running) and all(r.mem is None for r in self.waiting)
         assert len(self.cache.live) == len(self.running)
+
+
+@dataclass(frozen=True)
+class Transferred:
+    """What the prefill engine computed for a transferred request besides its KV and state."""
+
+    first_token: int
+    first_logprob: float | None = None
+    cached_tokens: int = 0
 
 
 def _abort(message: str, status_code: int, err_type: str) -> dict:

@@ -20,9 +20,6 @@ intermediate states: (min(max_running_requests, K // slots_per_request) + 1) gro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 
@@ -62,14 +59,13 @@ class StateSandbox:
         base = self.first_slot + torch.arange(batch_size)[:, None] * self.width
         return base + torch.arange(self.width)[None, :]
 
-    @contextmanager
-    def verifying(self, slots: torch.Tensor) -> Iterator[None]:
-        """Route every sandboxed mixer of the model to per-position stepping for one forward."""
+    def activate(self, slots: torch.Tensor) -> None:
+        """Route every sandboxed mixer of the model to per-position stepping until `deactivate` (one verify
+        forward: the round that planned it deactivates it when it finishes or is abandoned)."""
         self.active = slots
-        try:
-            yield
-        finally:
-            self.active = None
+
+    def deactivate(self) -> None:
+        self.active = None
 
     def checkpoints(self, slots: torch.Tensor) -> list[list[tuple[int, int]]]:
         """`ForwardBatch.state_checkpoints` of an in-forward verify: the state after j + 1 tokens into slot j,

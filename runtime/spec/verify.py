@@ -1,4 +1,5 @@
-"""Accepting drafts against one verify forward's logits, and giving back the KV of rejected positions.
+"""Accepting drafts against one verify forward's logits (the KV of rejected positions goes back through
+`CacheManager.truncate`).
 
 Verify input per request: the last accepted token x0 and drafts d1..dk at positions L..L+k. Row j of the
 logits predicts the token after position L + j. The target's own choice y_j at every row (argmax for greedy, a
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from runtime.core.requests import SamplingParams
-from runtime.kvcache.cache_manager import CacheManager, ReqMemory
 from runtime.scheduler.sampling import sample
 
 
@@ -45,16 +45,3 @@ def accept_drafts(
         lp = torch.log_softmax(logits[: len(emitted)].float(), dim=-1)
         logprobs = [float(lp[j, t]) for j, t in enumerate(emitted)]
     return RoundResult(emitted, accepted, logprobs)
-
-
-def release_rejected_kv(cache: CacheManager, mem: ReqMemory) -> int:
-    """Free the request's pages past `mem.kv_len` (written by rejected drafts) back into its reservation, so
-    the pages it may still need stay promised. Returns the pages freed."""
-    keep = cache.pages_for(mem.kv_len)
-    tail = mem.pages[keep:]
-    if tail:
-        cache.kv_pool.free(tail)
-        del mem.pages[keep:]
-        mem.reserved_pages += len(tail)
-        cache.reserved_pages += len(tail)
-    return len(tail)

@@ -1,6 +1,7 @@
 """One speculative decode round for the running requests: draft → one verify forward → accept → commit.
 
-The scheduler calls `SpecDecoder.run_round` in place of a plain decode step. Per request of kv_len L (its last
+The scheduler asks `SpecDecoder.plan_round` for the batch in place of a plain decode step, the engine's model
+runner runs it, and the scheduler's postprocess hands the logits to `finish_round`. Per request of kv_len L (its last
 emitted token not yet run): the verify forward extends positions L..L+k with [last token, d1..dk] and returns
 logits for all of them; full attention writes their K/V, linear layers write the state after each position
 into the sandbox (runtime/spec/sandbox.py).
@@ -19,12 +20,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from runtime.core.batch import ForwardBatch
+import torch
+
+from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.spec_config import SpecConfig
-from runtime.scheduler.stopping import finish_reason_after
 from runtime.spec.drafter import Drafter
 from runtime.spec.sandbox import StateSandbox
-from runtime.spec.verify import accept_drafts, release_rejected_kv
+from runtime.spec.verify import accept_drafts
 
 if TYPE_CHECKING:
     from runtime.scheduler.request import Req
@@ -75,61 +77,58 @@ class SpecDecoder:
     def release(self, rid: str) -> None:
         self.drafter.release(rid)
 
-    def run_round(self, sched: Scheduler, reqs: list[Req]) -> None:
-        t0 = time.perf_counter()
+    def plan_round(self, sched: Scheduler, reqs: list[Req]) -> ScheduledBatch[Req]:
+        """The verify batch: per request [last token, d1..dk] after its KV, every logit row asked for, and the
+        states after each position bound for its group of sandbox slots (in-forward checkpoints, or the
+        sandboxed mixers stepping position by position until `finish_round`)."""
+        started = time.perf_counter()
         width = self.config.num_draft_tokens
         drafts = self.drafter.propose(reqs)
-        cache = sched.cache
         for req, d in zip(reqs, drafts, strict=True):
             assert req.mem is not None and len(d) == width - 1
-        starts = [r.mem.kv_len for r in reqs if r.mem is not None]
         items = [(req, [req.output_ids[-1], *d]) for req, d in zip(reqs, drafts, strict=True)]
-        fb = sched.extend_batch(items, all_logits=True)
+        batch = sched.extend_batch(items, all_logits=True)
         slots = self.sandbox.slots_for(len(reqs))
         if self.sandbox.in_forward:
-            fb.state_checkpoints = self.sandbox.checkpoints(slots)
-            logits = sched.run_model(fb)
+            batch.checkpoints = self.sandbox.checkpoints(slots)
         else:
-            with self.sandbox.verifying(slots):
-                logits = sched.run_model(fb)
+            self.sandbox.activate(slots)
+        batch.drafts, batch.scratch_slots, batch.started = drafts, slots, started
+        return batch
+
+    def abandon_round(self, batch: ScheduledBatch[Req]) -> None:
+        self.sandbox.deactivate()
+
+    def finish_round(self, sched: Scheduler, batch: ScheduledBatch[Req], logits: torch.Tensor) -> None:
+        """Accept each request's drafts, emit what it kept, and roll its state and KV back to the last kept
+        position."""
+        self.sandbox.deactivate()
+        reqs, drafts, slots = batch.reqs, batch.drafts, batch.scratch_slots
+        assert drafts is not None and slots is not None
+        width = self.config.num_draft_tokens
         logits = logits.view(len(reqs), width, -1)
         kept: list[int] = []
         reasons: list[dict | None] = []
-        round_tokens = 0
         for i, (req, d) in enumerate(zip(reqs, drafts, strict=True)):
             result = accept_drafts(d, logits[i], req.sampling, sched.generator_for(req), req.return_logprob)
-            reason = None
-            m = 0
-            for tok in result.emitted:
-                req.output_ids.append(tok)
-                req.pending_ids.append(tok)
-                if result.logprobs is not None:
-                    req.pending_logprobs.append(result.logprobs[m])
-                m += 1
-                reason = finish_reason_after(req, tok, sched.eos_token_ids, sched.tokenizer)
-                if reason is not None:
-                    break
+            m, reason = sched.append_tokens(req, result.emitted, result.logprobs)
             kept.append(m)
             reasons.append(reason)
-            round_tokens += m
+            correct = min(result.accepted_drafts, m)
             req.spec_verify_ct += 1
-            req.spec_correct_drafts += min(result.accepted_drafts, m)
+            req.spec_correct_drafts += correct
             req.spec_proposed_drafts += width - 1
-            sched.counters.generation_tokens_total += m
             self.counters.verify_calls += 1
             self.counters.emitted_tokens += m
-            self.counters.correct_drafts += min(result.accepted_drafts, m)
+            self.counters.correct_drafts += correct
             self.counters.proposed_drafts += width - 1
         # The request's state becomes the state after its last kept input position; its KV shrinks to match.
-        self.sandbox.commit([r.mem.slot for r in reqs if r.mem is not None], kept, slots)
-        for req, start, m in zip(reqs, starts, kept, strict=True):
+        self.sandbox.commit(batch.state_slots, kept, slots)
+        for req, start, m in zip(reqs, batch.starts, kept, strict=True):
             assert req.mem is not None
-            req.mem.kv_len = start + m
-            release_rejected_kv(cache, req.mem)
+            sched.cache.truncate(req.mem, start + m)
         for req, reason in zip(reqs, reasons, strict=True):
-            if reason is not None:
-                sched.finish_running(req, reason)
-            else:
-                req.on_output(req.take_output())
+            sched.emit(req, reason)
+        round_tokens = sum(kept)
         self.counters.recent.append((len(reqs), round_tokens))
-        sched.record_decode(time.perf_counter() - t0, round_tokens)
+        sched.record_decode(time.perf_counter() - batch.started, round_tokens)

@@ -59,8 +59,8 @@ def test_buckets() -> None:
 
 def test_warm_up_compiled_every_bucket(cores: tuple[EngineCore, EngineCore]) -> None:
     compiled, eager = cores
-    ce = compiled.compiled_extend
-    assert ce is not None and eager.compiled_extend is None
+    ce = compiled.runner.compiled_extend
+    assert ce is not None and eager.runner.compiled_extend is None
     assert ce.report.enabled, ce.report.reason
     assert ce.buckets == (8, 16) and ce.report.graphs == 2
     assert not ce.forwards_by_bucket  # warm-up's own forwards are not counted
@@ -78,12 +78,12 @@ def test_greedy_identical_to_eager(
     compiled, eager = cores
     for core in cores:
         assert core.scheduler.flush_cache()
-    before = compiled.compiled_extend.forwards_by_bucket.total() if compiled.compiled_extend else 0
+    before = compiled.runner.compiled_extend.forwards_by_bucket.total() if compiled.runner.compiled_extend else 0
     prompts = [doc + q for q in questions] + [doc + questions[-1], fresh]
     for i, prompt in enumerate(prompts):
         assert _run(compiled, f"c{i}", prompt) == _run(eager, f"e{i}", prompt), f"prompt {i} of {prompts}"
-    assert compiled.compiled_extend is not None
-    assert compiled.compiled_extend.forwards_by_bucket.total() > before  # the fresh prompt at least
+    assert compiled.runner.compiled_extend is not None
+    assert compiled.runner.compiled_extend.forwards_by_bucket.total() > before  # the fresh prompt at least
 
 
 @pytest.mark.parametrize("traced", [True, False])
@@ -94,7 +94,7 @@ def test_branch_point_checkpoint_caches_the_right_state(cores: tuple[EngineCore,
     without traced checkpoints). A third
     prompt then resumes exactly at the branch point, from that state."""
     compiled, eager = cores
-    ce = compiled.compiled_extend
+    ce = compiled.runner.compiled_extend
     assert ce is not None and ce.traced_checkpoints  # the demo model is a Qwen3-Next
     doc = list(range(100, 140))  # 40 tokens
     results = {}
@@ -119,7 +119,7 @@ def test_branch_point_checkpoint_caches_the_right_state(cores: tuple[EngineCore,
 
 def test_no_recompile_after_warm_up(cores: tuple[EngineCore, EngineCore]) -> None:
     compiled, eager = cores
-    ce = compiled.compiled_extend
+    ce = compiled.runner.compiled_extend
     assert ce is not None
     ce.skip_guards = False  # every guard evaluated: an extend that needs another graph would compile one
     try:
@@ -134,7 +134,7 @@ def test_no_recompile_after_warm_up(cores: tuple[EngineCore, EngineCore]) -> Non
 
 def test_long_extends_and_batches_stay_eager(cores: tuple[EngineCore, EngineCore]) -> None:
     compiled, _ = cores
-    ce = compiled.compiled_extend
+    ce = compiled.runner.compiled_extend
     assert ce is not None
     before = ce.forwards_by_bucket.total()
     _run(compiled, "long", list(range(300, 300 + MAX_EXTEND + 1)))
@@ -145,7 +145,7 @@ def test_long_extends_and_batches_stay_eager(cores: tuple[EngineCore, EngineCore
 
 def test_off_with_zero_max_tokens(demo_model_dir: Path) -> None:
     core = _core(demo_model_dir, enable_torch_compile=True, torch_compile_max_bs=4, torch_compile_max_extend_tokens=0)
-    assert core.compiled_decode is not None and core.compiled_extend is None
+    assert core.runner.compiled_decode is not None and core.runner.compiled_extend is None
     assert torch.get_num_threads() == 1
 
 
@@ -157,7 +157,7 @@ def test_mamba2_layers_write_the_checkpoint_in_the_graph(tmp_path_factory: pytes
         model_dir, enable_torch_compile=True, torch_compile_max_bs=2, torch_compile_max_extend_tokens=MAX_EXTEND
     )
     eager = _core(model_dir)
-    ce = compiled.compiled_extend
+    ce = compiled.runner.compiled_extend
     assert ce is not None and ce.traced_checkpoints, ce and ce.report.reason
     doc = [(13 * j + 5) % 200 + 3 for j in range(40)]
     prompts = [doc + [7, 8, 9], doc + [11, 12, 13, 14], doc + [21, 22], [5, 6, 7], [9] * 14]

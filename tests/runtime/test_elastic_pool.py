@@ -122,7 +122,7 @@ def test_start_up_is_linear_in_the_pool_size() -> None:
                          snapshot_on_match=True, copy_on_write=True)  # fmt: skip
     pool = ElasticPool(geo, torch.empty(0, dtype=torch.uint8), timeout_s=5.0, mode="cpu-repartition")
     state_chunks = 7000
-    worker = threading.Thread(target=pool.attach, args=(cache, None, state_chunks), daemon=True)
+    worker = threading.Thread(target=pool.attach, args=(cache, state_chunks), daemon=True)
     worker.start()
     worker.join(timeout=60)
     assert not worker.is_alive(), "the elastic pool's start-up did not finish in 60 s (quadratic hand-over?)"

@@ -163,14 +163,14 @@ def test_startup_errors_name_the_key(model_dir: Path, tmp_path: Path) -> None:
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir: Path) -> None:
     client = _start(model_dir)
     assert isinstance(client, ThreadedEngineClient)
-    sched = client.core.scheduler
-    real = sched.run_model
+    runner = client.core.runner
+    real = runner.run
     try:
 
         def broken(batch):  # type: ignore[no-untyped-def]  # fault injection: the model raises mid-step
             raise RuntimeError("boom")
 
-        sched.run_model = broken
+        runner.run = broken  # type: ignore[method-assign]
         w = Waiter()
         client.add_request(GenerateRequest("a", [1, 2, 3], greedy(2)), w)
         assert w.done.wait(60)
@@ -181,7 +181,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir: Pat
             "status_code": 500,
             "err_type": "InternalServerError",
         }
-        sched.run_model = real
+        runner.run = real  # type: ignore[method-assign]
         ok = Waiter()
         client.add_request(GenerateRequest("b", [1, 2, 3], greedy(2)), ok)
         assert ok.done.wait(60) and ok.outputs[-1].finish_reason == {"type": "length", "length": 2}

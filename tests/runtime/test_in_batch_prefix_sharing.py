@@ -57,14 +57,14 @@ def _group(shared: int, n: int) -> list[GenerateRequest]:
 def _count_prefill_tokens(core: EngineCore) -> list[int]:
     """Tokens of every extend forward the model runs (the real model, observed, not replaced)."""
     counts: list[int] = []
-    run = core.scheduler.run_model
+    run = core.runner.forward
 
     def counting(fb: ForwardBatch) -> object:
         if fb.mode == "extend":
             counts.append(int(fb.input_ids.numel()))
         return run(fb)
 
-    core.scheduler.run_model = counting  # type: ignore[assignment]
+    core.runner.forward = counting  # type: ignore[method-assign]
     return counts
 
 

@@ -13,7 +13,7 @@ import torch
 
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
-from runtime.engine import engine_core
+from runtime.engine import model_runner
 from runtime.engine.engine_core import EngineCore
 
 
@@ -49,7 +49,7 @@ def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, m
         assert torch.get_num_threads() == 2  # restored after every step
         assert 2 in seen and 1 in seen  # prefills (> 64 tokens) threaded, decode steps on either (both tried)
         assert core.scheduler.flush_cache()
-        monkeypatch.setattr(engine_core, "SERIAL_FORWARD_MAX_TOKENS", 0)
+        monkeypatch.setattr(model_runner, "SERIAL_FORWARD_MAX_TOKENS", 0)
         seen.clear()
         threaded = _generate(core, prompts, 6)
         assert set(seen) == {2}
@@ -62,7 +62,7 @@ def test_small_forward_threads_pinned_by_env(demo_model_dir: Path, monkeypatch: 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        monkeypatch.setenv(engine_core.SMALL_FORWARD_THREADS_ENV, "1")
+        monkeypatch.setenv(model_runner.SMALL_FORWARD_THREADS_ENV, "1")
         core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
         seen: list[tuple[int, int]] = []
         forward = core.model.forward
@@ -73,10 +73,10 @@ def test_small_forward_threads_pinned_by_env(demo_model_dir: Path, monkeypatch: 
 
         monkeypatch.setattr(core.model, "forward", spy)
         _generate(core, [[(5 * j) % 3000 + 5 for j in range(n)] for n in (20, 90)], 12)
-        assert {t for n, t in seen if n <= engine_core.SERIAL_FORWARD_MAX_TOKENS} == {1}
-        assert {t for n, t in seen if n > engine_core.SERIAL_FORWARD_MAX_TOKENS} == {2}
-        monkeypatch.setenv(engine_core.SMALL_FORWARD_THREADS_ENV, "one")
-        with pytest.raises(ValueError, match=engine_core.SMALL_FORWARD_THREADS_ENV):
+        assert {t for n, t in seen if n <= model_runner.SERIAL_FORWARD_MAX_TOKENS} == {1}
+        assert {t for n, t in seen if n > model_runner.SERIAL_FORWARD_MAX_TOKENS} == {2}
+        monkeypatch.setenv(model_runner.SMALL_FORWARD_THREADS_ENV, "one")
+        with pytest.raises(ValueError, match=model_runner.SMALL_FORWARD_THREADS_ENV):
             EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
     finally:
         torch.set_num_threads(before)

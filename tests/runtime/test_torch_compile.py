@@ -90,12 +90,12 @@ def _tokens(core: EngineCore, tag: str, *, together: bool) -> dict[str, list[int
 
 def test_warm_up_compiled_two_graphs(cores: tuple[EngineCore, EngineCore]) -> None:
     compiled, eager = cores
-    assert compiled.compiled_decode is not None and eager.compiled_decode is None
-    report = compiled.compiled_decode.report
+    assert compiled.runner.compiled_decode is not None and eager.runner.compiled_decode is None
+    report = compiled.runner.compiled_decode.report
     assert report.enabled, report.reason
     assert report.graphs == 4  # batch 1 and one dynamic graph for 2..max_bs, for 1 and for 2 threads
     assert report.elapsed_s > 0
-    assert compiled.compiled_decode.threads.describe() == "adaptive 1|2"
+    assert compiled.runner.compiled_decode.threads.describe() == "adaptive 1|2"
 
 
 def test_thread_count_pinned_by_env(monkeypatch: pytest.MonkeyPatch, cores: tuple[EngineCore, EngineCore]) -> None:
@@ -111,7 +111,7 @@ def test_thread_count_pinned_by_env(monkeypatch: pytest.MonkeyPatch, cores: tupl
 @pytest.mark.parametrize("threads", [1, 2])
 def test_greedy_identical_and_no_recompile(cores: tuple[EngineCore, EngineCore], threads: int) -> None:
     compiled, eager = cores
-    cd = compiled.compiled_decode
+    cd = compiled.runner.compiled_decode
     assert cd is not None
     cd.skip_guards = False  # every guard evaluated: a step that needs another graph would compile one
     before = cd.steps_by_batch_size.copy()
@@ -130,7 +130,7 @@ def test_greedy_identical_and_no_recompile(cores: tuple[EngineCore, EngineCore],
 
 def test_greedy_identical_with_guards_skipped(cores: tuple[EngineCore, EngineCore]) -> None:
     compiled, eager = cores
-    cd = compiled.compiled_decode
+    cd = compiled.runner.compiled_decode
     assert cd is not None and cd.skip_guards
     before = cd.steps_by_batch_size.total()
     # Adaptive: whichever thread count the chooser runs, the tokens are the eager engine's.
@@ -144,11 +144,11 @@ def test_greedy_identical_with_guards_skipped(cores: tuple[EngineCore, EngineCor
 
 def test_extends_and_big_batches_stay_eager(cores: tuple[EngineCore, EngineCore]) -> None:
     compiled, _ = cores
-    assert compiled.compiled_decode is not None
-    before = compiled.compiled_decode.steps_by_batch_size.copy()
+    assert compiled.runner.compiled_decode is not None
+    before = compiled.runner.compiled_decode.steps_by_batch_size.copy()
     reqs = [GenerateRequest(rid=f"big{i}", input_ids=[7, i + 1], sampling=greedy(max_new_tokens=3)) for i in range(6)]
     run_to_completion(compiled, reqs, together=True)
-    new = compiled.compiled_decode.steps_by_batch_size - before
+    new = compiled.runner.compiled_decode.steps_by_batch_size - before
     assert all(bs <= MAX_BS for bs in new), new  # 6 sequences decode together: eager
 
 
@@ -187,11 +187,11 @@ def test_traced_experts_equal_the_eager_dispatch(tokens: int, num_experts: int, 
 
 def test_elastic_pool_keeps_decode_eager_and_says_why(demo_model_dir: Path) -> None:
     core = _core(demo_model_dir, enable_torch_compile=True, enable_elastic_memory_pool=True)
-    assert core.compiled_decode is not None
-    report = core.compiled_decode.report
+    assert core.runner.compiled_decode is not None
+    report = core.runner.compiled_decode.report
     assert not report.enabled and "--enable-elastic-memory-pool" in report.reason
-    assert core.compiled_extend is None  # the same reason keeps extends eager
+    assert core.runner.compiled_extend is None  # the same reason keeps extends eager
     reqs = [GenerateRequest(rid="e", input_ids=[5, 6, 7], sampling=greedy(max_new_tokens=4))]
     # check=False: the fixed-split slot invariant does not describe the elastic pool's chunks.
     assert len(run_to_completion(core, reqs, together=True, check=False).tokens("e")) == 4
-    assert not core.compiled_decode.steps_by_batch_size
+    assert not core.runner.compiled_decode.steps_by_batch_size

@@ -1,0 +1,91 @@
+"""The model runner: a scheduled batch in, logits out (nano-vllm's ModelRunner).
+
+It owns everything between the scheduler's decision and the model: the batch's tensors (`prepare`), and which
+forward runs them (`forward`): the compiled decode or short extend when one handles the batch, else the eager
+model, on one thread or all of them for a few-token forward. The scheduler never sees a tensor it did not get
+from the cache manager, and the runner never decides what runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from runtime.core.batch import ForwardBatch, ScheduledBatch
+from runtime.core.threads import intra_op_threads
+from runtime.engine.decode_threads import DecodeThreadChooser
+
+if TYPE_CHECKING:
+    from runtime.engine.compiled_decode import CompiledDecode
+    from runtime.engine.compiled_extend import CompiledExtend
+    from runtime.engine.pool_setup import Pools
+    from runtime.models.base import HybridModel
+
+# Eager forwards of at most this many tokens (decode batches, short extends) choose one thread or all of them per
+# step from measured time (see ModelRunner.forward); longer prefills run on every thread: with the short OpenMP
+# spin (runtime/__init__.py) two threads win from 128 tokens on even on a busy host (benchmarks/
+# serial_threshold.py: 128 tokens 36 vs 29 ms, 512: 108 vs 65, 2048: 452 vs 267; one thread vs two).
+SERIAL_FORWARD_MAX_TOKENS = 64
+# Pins the thread count of those small forwards ("1", "2", ...) instead of choosing it per step.
+SMALL_FORWARD_THREADS_ENV = "RUNTIME_SMALL_FORWARD_THREADS"
+
+
+class ModelRunner:
+    def __init__(self, model: HybridModel, pools: Pools) -> None:
+        self.model = model
+        self.pools = pools  # read at every forward: the elastic pool replaces the buffers at start-up
+        self.small_forward_threads = {
+            mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
+            for mode in ("extend", "decode")
+        }
+        self.compiled_decode: CompiledDecode | None = None
+        self.compiled_extend: CompiledExtend | None = None
+
+    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+        """The batch's logits: [B, vocab], or [T, vocab] with `all_logits`. Keeps the forward on the batch."""
+        fb = self.prepare(batch)
+        batch.forward = fb
+        return self.forward(fb)
+
+    @staticmethod
+    def prepare(batch: ScheduledBatch) -> ForwardBatch:
+        """The batch's tensors (CPU int64; the model moves them to its device)."""
+        ids = [t for tokens in batch.tokens for t in tokens]
+        if batch.mode == "decode":
+            positions = batch.starts
+        else:
+            spans = zip(batch.starts, batch.tokens, strict=True)
+            positions = [p for start, tokens in spans for p in range(start, start + len(tokens))]
+        return ForwardBatch(
+            mode=batch.mode,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            extend_lens=[len(tokens) for tokens in batch.tokens],
+            prefix_lens=list(batch.starts),
+            kv_locs=batch.kv_locs,
+            out_locs=torch.tensor(batch.out_locs, dtype=torch.int64),
+            state_slots=torch.tensor(batch.state_slots, dtype=torch.int64),
+            all_logits=batch.all_logits,
+            state_checkpoints=batch.checkpoints if any(batch.checkpoints) else None,
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        buffers = self.pools.buffers
+        if self.compiled_decode is not None and self.compiled_decode.handles(batch):
+            return self.compiled_decode(batch, buffers)
+        if self.compiled_extend is not None and self.compiled_extend.handles(batch):
+            return self.compiled_extend(batch, buffers)
+        tokens = batch.input_ids.numel()
+        if tokens > SERIAL_FORWARD_MAX_TOKENS:
+            return self.model.forward(batch, buffers)
+        # A few-token forward is thousands of microsecond-sized ops. On a quiet host two threads still win (peer
+        # model, Xeon: a 64-token extend over 2048 cached tokens 27 vs 22 ms, an 8-token prefill 12.1 vs 9.9 ms);
+        # on a busy one a descheduled worker stalls every op. So the count is chosen per step, per mode and
+        # token-count bucket, from measured time, as the compiled decode's is.
+        return self.small_forward_threads[batch.mode].timed(tokens, lambda n: self._forward_on(n, batch))
+
+    def _forward_on(self, threads: int, batch: ForwardBatch) -> torch.Tensor:
+        with intra_op_threads(threads):
+            return self.model.forward(batch, self.pools.buffers)
