@@ -74,6 +74,12 @@ class StateSlotPool:
     def free_slots(self) -> list[int]:
         return list(self._free)
 
+    def carry(self, per_slot: torch.Tensor) -> None:
+        """Keep `per_slot` ([capacity, ...]) with every slot's state: zeroed, copied and snapshotted with it."""
+        if per_slot.shape[0] < len(self._is_free):
+            raise ValueError(f"a per-slot tensor of {per_slot.shape[0]} rows for {len(self._is_free)} state slots")
+        self.extra.append(per_slot)
+
     def zero(self, slot: int) -> None:
         for t in self.extra:
             t[slot].zero_()

@@ -29,6 +29,7 @@ import torch
 from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.kvcache.cache_manager import Admission, CacheManager
+from runtime.scheduler.checkpoints import CheckpointPlanner
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
@@ -93,6 +94,7 @@ class Scheduler:
     ) -> None:
         self.cache = cache
         self.config = config
+        self.checkpoints = CheckpointPlanner(cache, config)
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -208,7 +210,7 @@ class Scheduler:
         batch: list[tuple[Req, int]] = []
         for req in self.running:
             if req.in_prefill and budget > 0:
-                n = self._chunk_len(req, budget)
+                n = self.checkpoints.chunk_len(req, budget)
                 batch.append((req, n))
                 budget -= n
         if budget <= 0 or not self.waiting:
@@ -241,7 +243,7 @@ class Scheduler:
             self.counters.prompt_tokens_total += len(req.prompt_ids)
             self.counters.cached_tokens_total += req.cached_tokens
             self.running.append(req)
-            n = self._chunk_len(req, budget)
+            n = self.checkpoints.chunk_len(req, budget)
             batch.append((req, n))
             budget -= n
         return batch
@@ -261,37 +263,8 @@ class Scheduler:
             min_tokens=self.config.in_batch_prefix_min_tokens,
             page_size=self.cache.page_size,
             cached_len=self._cached_prefix_len,
-            checkpoints_ahead=self._checkpoints_ahead,
+            checkpoints_ahead=self.checkpoints.ahead,
         )
-
-    def _checkpoints_ahead(self, req: Req, end: int) -> list[int]:
-        assert req.mem is not None
-        return self._checkpoints_in(req, req.mem.kv_len, end)
-
-    def _chunk_len(self, req: Req, budget: int) -> int:
-        assert req.mem is not None
-        start = req.mem.kv_len
-        end = min(len(req.prompt_ids), start + budget)
-        if not self.config.in_forward_checkpoints:
-            # Stop at the next checkpoint so the state there exists (in the request's slot) to be copied.
-            end = next(iter(self._checkpoints_in(req, start, end)), end)
-        return end - start
-
-    def _checkpoints_in(self, req: Req, start: int, end: int) -> list[int]:
-        """Prompt positions in (start, end] whose state goes into the cache: every checkpoint_interval tokens,
-        the branch point (where the tree's KV for this prompt ends without a state), and where the prompts of
-        waiting requests leave this one (share_points)."""
-        mem = req.mem
-        if mem is None or not self.cache.caching:
-            return []
-        interval = self.config.checkpoint_interval
-        points = list(range((start // interval + 1) * interval, end + 1, interval)) if interval > 0 else []
-        marks = [p for p in (mem.branch_len, *req.share_points) if start < p <= end]
-        if marks:
-            points = sorted({*points, *marks})
-        ps = self.cache.page_size
-        # The prompt's last position is left to the end-of-request insert (prompt + output[:-1]).
-        return [p for p in points if mem.tree_len < p < len(req.prompt_ids) and p % ps == 0]
 
     def extend_batch(self, items: list[tuple[Req, list[int]]], *, all_logits: bool = False) -> ScheduledBatch[Req]:
         """An extend batch that appends `tokens` after each request's cached ones, taking KV slots for them
@@ -327,21 +300,8 @@ class Scheduler:
             assert req.mem is not None
             items.append((req, req.prompt_ids[req.mem.kv_len : req.mem.kv_len + n]))
         batch = self.extend_batch(items)
-        if self.config.in_forward_checkpoints:
-            batch.checkpoints = [self._plan_checkpoints(req, len(tokens)) for req, tokens in items]
+        batch.checkpoints = [self.checkpoints.take_slots(req, len(tokens)) for req, tokens in items]
         return batch
-
-    def _plan_checkpoints(self, req: Req, n: int) -> list[tuple[int, int]]:
-        """(new tokens consumed, spare slot) for each state the model writes into the cache during this forward."""
-        assert req.mem is not None
-        start = req.mem.kv_len
-        cps: list[tuple[int, int]] = []
-        for p in self._checkpoints_in(req, start, start + n):
-            slot = self.cache.take_checkpoint_slot()
-            if slot is None:  # every slot is running a request: skip the checkpoint, not the work
-                break
-            cps.append((p - start, slot))
-        return cps
 
     def _decode_batch(self, reqs: list[Req]) -> ScheduledBatch[Req]:
         mems = [r.mem for r in reqs if r.mem is not None]
@@ -399,7 +359,7 @@ class Scheduler:
                     self.counters.state_checkpoints += 1
             if req.mem.kv_len == len(req.prompt_ids):
                 done.append(i)
-            elif not self.config.in_forward_checkpoints and self._checkpoints_in(req, start, req.mem.kv_len):
+            elif not self.config.in_forward_checkpoints and self.checkpoints.points(req, start, req.mem.kv_len):
                 if self.cache.checkpoint(req.mem, req.prompt_ids):  # the chunk ended at the checkpoint: copy it
                     self.counters.state_checkpoints += 1
         if done:

@@ -168,7 +168,7 @@ class MtpDrafter:
         # the pool's copies (checkpoints, snapshots on a hit) carry it.
         pool = cache.state_pool
         self.last_hidden = torch.zeros(pool.num_slots, model.config.hidden_size, dtype=dtype, device=device)
-        pool.extra.append(self.last_hidden)
+        pool.carry(self.last_hidden)
         self.hidden: dict[int, dict[int, torch.Tensor]] = {}  # state slot -> position -> pre-norm hidden
         self.seqs: dict[str, _MtpSeq] = {}
         model.model.layers[-1].register_forward_hook(self._capture)
