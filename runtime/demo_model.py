@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -33,7 +34,7 @@ CHAT_TEMPLATE = (
 
 # Shapes of the demo: 8 layers, 3 gated-DeltaNet layers per full-attention layer, 8 experts (top-2) plus a
 # shared expert. Small enough to build in seconds and run on a laptop CPU, big enough to exercise every path.
-DEMO_CONFIG: dict[str, object] = {
+DEMO_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3NextForCausalLM"],
     "model_type": "qwen3_next",
     "vocab_size": 4096,
@@ -81,7 +82,7 @@ def _token_ids(tokenizer_json: dict[str, object]) -> dict[str, int]:
     return {t["content"]: t["id"] for t in added}
 
 
-def _weights(config: dict[str, object], seed: int) -> dict[str, torch.Tensor]:
+def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     """Random weights with HF tensor names, drawn in a fixed order from one seeded generator."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -90,7 +91,7 @@ def _weights(config: dict[str, object], seed: int) -> dict[str, torch.Tensor]:
         assert isinstance(value, int)
         return value
 
-    std = float(config["initializer_range"])  # type: ignore[arg-type]
+    std = float(config["initializer_range"])
     hidden, vocab = num("hidden_size"), num("vocab_size")
 
     def normal(*shape: int, scale: float = std) -> torch.Tensor:
@@ -107,7 +108,7 @@ def _weights(config: dict[str, object], seed: int) -> dict[str, torch.Tensor]:
     shared_i = num("shared_expert_intermediate_size")
     conv_dim = 2 * nk * dk + nv * dv
     w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(vocab, hidden)}
-    for i, kind in enumerate(config["layer_types"]):  # type: ignore[arg-type]
+    for i, kind in enumerate(config["layer_types"]):
         p = f"model.layers.{i}"
         # RMSNorm weights are offsets from 1 in Qwen3-Next; small noise keeps them near identity.
         w[f"{p}.input_layernorm.weight"] = normal(hidden, scale=0.1)
@@ -179,7 +180,7 @@ def build_demo_model(out_dir: str | Path, *, seed: int = 0, force: bool = False)
     if out.exists() and any(out.iterdir()) and not force:
         raise DemoModelError(f"{out}: already exists and is not empty; pass --force to replace it.")
     config = dict(DEMO_CONFIG)
-    tokenizer_json = _train_tokenizer(int(config["vocab_size"]))  # type: ignore[arg-type]
+    tokenizer_json = _train_tokenizer(int(config["vocab_size"]))
     ids = _token_ids(tokenizer_json)
     config.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=None)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +201,7 @@ def build_demo_model(out_dir: str | Path, *, seed: int = 0, force: bool = False)
                 "add_bos_token": False,
                 "add_eos_token": False,
                 "clean_up_tokenization_spaces": False,
-                "model_max_length": int(config["max_position_embeddings"]),  # type: ignore[arg-type]
+                "model_max_length": int(config["max_position_embeddings"]),
                 "chat_template": CHAT_TEMPLATE,
             },
         )

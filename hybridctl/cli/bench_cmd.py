@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -18,6 +18,7 @@ from hybridctl.cli.output import fail, print_json
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from hybridctl.bench.datasets import DatasetName
     from hybridctl.bench.results import BenchResult
     from hybridctl.bench.runner import BenchOptions
     from hybridctl.config.schema import HybridConfig
@@ -41,26 +42,16 @@ def bench(
     question_len: int = typer.Option(64, "--question-len", help="Question tokens."),
     num_prompts: int = typer.Option(16, "--num-prompts", help="Requests of the random dataset."),
     input_len: int = typer.Option(256, "--input-len", help="Prompt tokens of the random dataset."),
-    range_ratio: float = typer.Option(
-        1.0, "--range-ratio", help="random: lengths drawn from [len*ratio, len]."
-    ),
+    range_ratio: float = typer.Option(1.0, "--range-ratio", help="random: lengths drawn from [len*ratio, len]."),
     output_len: int = typer.Option(32, "--output-len", help="Tokens generated per request."),
-    max_concurrency: int = typer.Option(
-        8, "--max-concurrency", help="Requests in flight at most (0: no limit)."
-    ),
-    request_rate: float = typer.Option(
-        math.inf, "--request-rate", help="Poisson arrivals per second (inf: all)."
-    ),
+    max_concurrency: int = typer.Option(8, "--max-concurrency", help="Requests in flight at most (0: no limit)."),
+    request_rate: float = typer.Option(math.inf, "--request-rate", help="Poisson arrivals per second (inf: all)."),
     seed: int = typer.Option(0, "--seed", help="Seed for prompts, order and arrivals."),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="Flush the prefix cache before the run."),
-    plot: str | None = typer.Option(
-        None, "--plot", help="Write latency histograms to this PNG (matplotlib)."
-    ),
+    plot: str | None = typer.Option(None, "--plot", help="Write latency histograms to this PNG (matplotlib)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Benchmark a running server: TTFT, TPOT, ITL, E2E, throughput, cache hit rate, accept length."""
-    import importlib.util
-
     from rich.console import Console
 
     from hybridctl.bench.datasets import DatasetError, RandomShape, SharedPrefixShape
@@ -72,15 +63,10 @@ def bench(
 
     config_path, settings_path = config_files(config, settings, config_opt, settings_opt)  # None: ./config.toml
     err = Console(stderr=True)
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise fail(
-            "--plot needs matplotlib, which is not installed: `pip install matplotlib`, or drop --plot"
-        )
+    _check_plot(plot)
     options = BenchOptions(
-        dataset=dataset,  # type: ignore[arg-type]
-        shared_prefix=SharedPrefixShape(
-            num_groups, prompts_per_group, system_prompt_len, question_len, output_len
-        ),
+        dataset=cast("DatasetName", dataset),  # options.validate() refuses an unknown name
+        shared_prefix=SharedPrefixShape(num_groups, prompts_per_group, system_prompt_len, question_len, output_len),
         random=RandomShape(num_prompts, input_len, output_len, range_ratio),
         load=LoadShape(max_concurrency=max_concurrency or None, request_rate=request_rate, seed=seed),
         flush=flush,
@@ -95,6 +81,21 @@ def bench(
         result = _run_with_progress(target, options, cfg, err, show=not as_json)
     except (ServerUnreachable, ServerError, DatasetError) as exc:
         raise fail(str(exc)) from None
+    _show(result, plot, as_json)
+    raise typer.Exit(0 if result.failed == 0 else 1)
+
+
+def _check_plot(plot: str | None) -> None:
+    import importlib.util
+
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise fail("--plot needs matplotlib, which is not installed: `pip install matplotlib`, or drop --plot")
+
+
+def _show(result: BenchResult, plot: str | None, as_json: bool) -> None:
+    """The histograms to --plot's file, then the result as a table or JSON."""
+    from rich.console import Console
+
     if plot is not None and result.run is not None:
         from hybridctl.bench.plot import plot_latencies
 
@@ -106,7 +107,6 @@ def bench(
         from hybridctl.bench.render import render_bench
 
         render_bench(result, Console())
-    raise typer.Exit(0 if result.failed == 0 else 1)
 
 
 def _run_with_progress(

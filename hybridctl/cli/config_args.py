@@ -8,10 +8,14 @@ to the one beside config.toml (config.loader.settings_path_for).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import typer
 
 from hybridctl.cli.output import fail
+
+if TYPE_CHECKING:
+    from hybridctl.config.schema import EngineName
 
 DEFAULT_CONFIG = Path("config.toml")
 CONFIG_ARG = typer.Argument(
@@ -42,3 +46,12 @@ def config_files(
 ) -> tuple[Path | None, Path | None]:
     """(config, settings) from either form; None where neither gave it (the command applies its default)."""
     return _one("CONFIG", config, config_opt), _one("SETTINGS", settings, settings_opt)
+
+
+def engine_option(engine: str | None) -> EngineName | None:
+    """--engine as given, checked against the engine names (launch, plan and validate take the same ones)."""
+    from hybridctl.launch.plan import ENGINE_NAMES
+
+    if engine is not None and engine not in ENGINE_NAMES:
+        raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
+    return cast("EngineName | None", engine)

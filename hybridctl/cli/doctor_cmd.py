@@ -15,6 +15,9 @@ from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, DEFAULT_CONFIG, SE
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from contextlib import ExitStack
+
     from rich.console import Console
 
     from hybridctl.doctor.fix import FileEdit
@@ -32,9 +35,7 @@ _SEVERITY = {"error": "[red]✗ error[/]", "warning": "[yellow]! warning[/]", "i
 def render(report: DoctorReport, console: Console, verbose: bool) -> None:
     from rich.markup import escape
 
-    console.print(
-        "Doctor summary" + ("" if verbose else " (to see all details, run hybridctl doctor -v)") + ":"
-    )
+    console.print("Doctor summary" + ("" if verbose else " (to see all details, run hybridctl doctor -v)") + ":")
     for c in report.checks:
         console.print(f"{_MARK[c.status]} [bold]{escape(c.name)}[/]  {escape(c.summary)}")
         if verbose:
@@ -56,9 +57,7 @@ def render(report: DoctorReport, console: Console, verbose: bool) -> None:
     console.print(f"[{style}]{escape(report.summary())}[/]")
 
 
-def _apply_fixes(
-    report: DoctorReport, config: Path, settings: Path, yes: bool, console: Console
-) -> list[FileEdit]:
+def _apply_fixes(report: DoctorReport, config: Path, settings: Path, yes: bool, console: Console) -> list[FileEdit]:
     import sys
 
     from rich.markup import escape
@@ -77,9 +76,7 @@ def _apply_fixes(
         console.print(escape(edit.diff()), end="")
     if not yes:
         if not sys.stdin.isatty():
-            raise fail(
-                "--fix needs a confirmation and stdin is not a terminal; pass --yes to write the changes."
-            )
+            raise fail("--fix needs a confirmation and stdin is not a terminal; pass --yes to write the changes.")
         if not typer.confirm("Write these changes?", default=False):
             console.print("Nothing written.")
             return []
@@ -107,9 +104,7 @@ def doctor(
     gpu_mem_gib: float | None = typer.Option(
         None, "--gpu-mem-gib", min=0.1, help="GPU memory to plan for (default: the first GPU's)."
     ),
-    fix: bool = typer.Option(
-        False, "--fix", help="Write the suggested changes into config.toml / settings.json."
-    ),
+    fix: bool = typer.Option(False, "--fix", help="Write the suggested changes into config.toml / settings.json."),
     yes: bool = typer.Option(False, "--yes", "-y", help="With --fix: do not ask for confirmation."),
     probe: bool = typer.Option(
         True, "--host/--no-host", help="Probe this machine (driver, GPUs, torch, sglang); --no-host skips it."
@@ -121,7 +116,6 @@ def doctor(
 
     Exit codes: 0 clean, 1 warnings, 2 errors.
     """
-    import sys
     from contextlib import ExitStack
 
     from rich.console import Console
@@ -140,14 +134,7 @@ def doctor(
         raise fail(f"--peer {peer}: no such file; pass the other server's config.toml.")
     console = Console(highlight=False, soft_wrap=True, stderr=as_json)
     with ExitStack() as stack:
-        lines = None
-        if log == "-":
-            lines = sys.stdin
-        elif log is not None:
-            try:
-                lines = stack.enter_context(open(log, encoding="utf-8", errors="replace"))
-            except OSError as exc:
-                raise fail(f"--log {log}: cannot read it ({exc.strerror}).") from None
+        lines = _open_log(stack, log)
         options = DoctorOptions(
             config_path=config,
             settings_path=settings_path,
@@ -159,18 +146,37 @@ def doctor(
             url=url,
         )
         report = run_doctor(options, None if probe else unprobed_host())
-    edits = []
     if as_json:
-        if fix and not yes:
-            raise fail("--fix with --json cannot ask for confirmation; add --yes.")
-        if fix:
-            edits = _apply_fixes(report, config, settings_path, yes, console)
-        out = report.to_dict()
-        if fix:
-            out["fixed"] = [{"path": str(e.path), "diff": e.diff()} for e in edits]
-        print_json(out)
+        _print_json_report(report, config, settings_path, fix, yes, console)
     else:
         render(report, console, verbose)
         if fix:
             _apply_fixes(report, config, settings_path, yes, console)
     raise typer.Exit(report.exit_code())
+
+
+def _open_log(stack: ExitStack, log: str | None) -> Iterable[str] | None:
+    """--log's lines: stdin for -, else the file (closed with `stack`); None without --log."""
+    import sys
+
+    if log == "-":
+        return sys.stdin
+    if log is None:
+        return None
+    try:
+        return stack.enter_context(open(log, encoding="utf-8", errors="replace"))
+    except OSError as exc:
+        raise fail(f"--log {log}: cannot read it ({exc.strerror}).") from None
+
+
+def _print_json_report(
+    report: DoctorReport, config: Path, settings_path: Path, fix: bool, yes: bool, console: Console
+) -> None:
+    """The report as JSON; with --fix (which needs --yes here) the edits made, as diffs."""
+    if fix and not yes:
+        raise fail("--fix with --json cannot ask for confirmation; add --yes.")
+    edits = _apply_fixes(report, config, settings_path, yes, console) if fix else []
+    out = report.to_dict()
+    if fix:
+        out["fixed"] = [{"path": str(e.path), "diff": e.diff()} for e in edits]
+    print_json(out)

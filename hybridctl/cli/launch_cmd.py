@@ -24,6 +24,7 @@ from hybridctl.cli.config_args import (
     SETTINGS_OPT,
     UNUSED_SETTINGS_OPT,
     config_files,
+    engine_option,
 )
 from hybridctl.cli.output import fail, print_json
 
@@ -52,9 +53,7 @@ def launch(
     write_yaml: Path | None = typer.Option(
         None, "--write-yaml", help="Write the equivalent SGLang --config YAML to this file."
     ),
-    k8s: Path | None = typer.Option(
-        None, "--k8s", help="Write Kubernetes manifests for the same deployment."
-    ),
+    k8s: Path | None = typer.Option(None, "--k8s", help="Write Kubernetes manifests for the same deployment."),
     k8s_image: str | None = typer.Option(None, "--k8s-image", help="Container image for --k8s."),
     force: bool = typer.Option(False, "--force", help="Overwrite files written by --write-yaml / --k8s."),
     detach: bool = typer.Option(False, "--detach", help="Leave the server running in the background."),
@@ -64,9 +63,7 @@ def launch(
     sglang_version: str | None = typer.Option(
         None, "--sglang-version", help="Write SGLang flags for this version (default: the installed one)."
     ),
-    timeout: float = typer.Option(
-        900.0, "--timeout", help="Seconds to wait for the server to become healthy."
-    ),
+    timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for the server to become healthy."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan / result as JSON."),
 ) -> None:
     """Serve CONFIG with SGLang or the bundled runtime; wait until ready and show the pools it allocated.
@@ -79,27 +76,17 @@ def launch(
 
     from hybridctl.cli.validate_cmd import render_report
     from hybridctl.config.loader import check_files, settings_path_for
-    from hybridctl.launch.plan import ENGINE_NAMES, make_launch_plan
-    from hybridctl.launch.render import render_plan
+    from hybridctl.launch.plan import auto_engine_here, make_launch_plan
     from hybridctl.launch.translate import LaunchError
 
     console = Console(highlight=False, soft_wrap=True)
     given, settings = config_files(config, settings, config_opt, settings_opt)
     config = given or DEFAULT_CONFIG
     settings = settings_path_for(config, settings)
-    if engine is not None and engine not in ENGINE_NAMES:
-        raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
-    if sglang_version is not None:
-        from hybridctl.config.sglang_version import VersionError, version_key
-
-        try:
-            version_key(sglang_version)
-        except VersionError as exc:
-            raise fail(f"--sglang-version: {exc}") from None
-    from hybridctl.launch.plan import auto_engine_here
-
+    engine_name = engine_option(engine)
+    _check_sglang_version(sglang_version)
     report = check_files(
-        config, settings, engine_version=sglang_version, engine=engine, auto_engine=auto_engine_here()
+        config, settings, engine_version=sglang_version, engine=engine_name, auto_engine=auto_engine_here()
     )
     if report.errors or report.config is None:
         render_report(report)
@@ -107,30 +94,42 @@ def launch(
     cfg = report.config
     try:
         # A dry run shows the command whatever the engine would ignore, and lists those keys; a launch refuses.
-        plan = make_launch_plan(
-            cfg,
-            engine,  # type: ignore[arg-type]
-            sglang_version=sglang_version,
-            allow_ignored=allow_ignored or dry_run,
-        )
+        plan = make_launch_plan(cfg, engine_name, sglang_version=sglang_version, allow_ignored=allow_ignored or dry_run)
         written = _write_files(cfg, plan, write_yaml, k8s, k8s_image, force, allow_ignored)
     except (LaunchError, OSError) as exc:  # OSError: WouldOverwriteError, WriteFailed
         raise fail(str(exc)) from None
     for path in written:
         console.print(f"wrote {path}")
     if dry_run:
-        if as_json:
-            print_json({**plan.to_dict(), "launch_refuses_ignored": bool(plan.ignored) and not allow_ignored})
-            return
-        render_plan(console, plan, allowed=allow_ignored)
-        for command in plan.commands[:-1]:
-            console.print(f"# {command.role} server ({command.url}):")
-            typer.echo(command.shell())
-        if len(plan.commands) > 1:
-            console.print(f"# {plan.commands[-1].role} ({plan.commands[-1].url}):")
-        typer.echo(plan.commands[-1].shell())  # last line: the command itself, shell-quoted
+        _print_dry_run(console, plan, allow_ignored, as_json)
         return
     _serve(console, config, settings, plan, detach, timeout, as_json)
+
+
+def _check_sglang_version(sglang_version: str | None) -> None:
+    if sglang_version is not None:
+        from hybridctl.config.sglang_version import VersionError, version_key
+
+        try:
+            version_key(sglang_version)
+        except VersionError as exc:
+            raise fail(f"--sglang-version: {exc}") from None
+
+
+def _print_dry_run(console: Console, plan: LaunchPlan, allow_ignored: bool, as_json: bool) -> None:
+    """The plan, then the command(s); the last line is the command itself, shell-quoted."""
+    from hybridctl.launch.render import render_plan
+
+    if as_json:
+        print_json({**plan.to_dict(), "launch_refuses_ignored": bool(plan.ignored) and not allow_ignored})
+        return
+    render_plan(console, plan, allowed=allow_ignored)
+    for command in plan.commands[:-1]:
+        console.print(f"# {command.role} server ({command.url}):")
+        typer.echo(command.shell())
+    if len(plan.commands) > 1:
+        console.print(f"# {plan.commands[-1].role} ({plan.commands[-1].url}):")
+    typer.echo(plan.commands[-1].shell())
 
 
 def _write_files(
@@ -192,9 +191,7 @@ def _serve(
                     status.update(f"[bold]{role}[/] starting, {waited:.0f}s: [dim]{escape(line[-120:])}[/]")
 
                 try:
-                    handle = start_server(
-                        config, settings, plan=plan, startup_timeout_s=timeout, on_progress=progress
-                    )
+                    handle = start_server(config, settings, plan=plan, startup_timeout_s=timeout, on_progress=progress)
                 except StartupFailed as exc:
                     raise fail(str(exc), 1) from None
                 except LaunchError as exc:
@@ -270,9 +267,7 @@ def status(
         console.print(f"not running (no state file {escape(st.state_path)})")
     else:
         health = "healthy" if st.healthy else ("UNHEALTHY" if st.running else "-")
-        console.print(
-            f"{'running' if st.running else 'not running'}: {st.state.url} ({st.state.engine}), {health}"
-        )
+        console.print(f"{'running' if st.running else 'not running'}: {st.state.url} ({st.state.engine}), {health}")
         for p in st.state.processes:
             alive = "alive" if st.alive.get(p.pid) else "dead"
             console.print(f"  {p.role}: pid {p.pid} {alive}, {p.url}, log {escape(p.log_path)}")
@@ -293,9 +288,7 @@ def stop(
     config: Path | None = CONFIG_ARG,
     config_opt: Path | None = CONFIG_OPT,
     _settings: Path | None = UNUSED_SETTINGS_OPT,
-    timeout: float = typer.Option(
-        20.0, "--timeout", min=0.0, help="Seconds between SIGTERM and SIGKILL."
-    ),
+    timeout: float = typer.Option(20.0, "--timeout", min=0.0, help="Seconds between SIGTERM and SIGKILL."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Stop the server launched from CONFIG: SIGTERM, then SIGKILL after --timeout; removes the state file."""

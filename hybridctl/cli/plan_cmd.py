@@ -4,12 +4,12 @@ the target SGLang release's sizing for engine sglang, the bundled runtime's own 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, SETTINGS_ARG, SETTINGS_OPT, config_files
+from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, SETTINGS_ARG, SETTINGS_OPT, config_files, engine_option
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -88,66 +88,84 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
     console.print(f"[bold green]verdict:[/] {escape(plan.verdict)}")
 
 
+# plan's own options, declared once here so the command's signature reads as a list of names.
+_MODEL = typer.Option(None, "--model", help="Model directory or its config.json.")
+_TP = typer.Option(None, "--tp", min=1, max=64, help="Tensor-parallel degree.")
+_GPU_MEM_GIB = typer.Option(
+    None, "--gpu-mem-gib", min=0.001, help="Memory of one GPU in GiB (default: detected with NVML)."
+)
+_MEM_FRACTION_STATIC = typer.Option(
+    None, "--mem-fraction-static", min=0.0, max=1.0, help="Fraction of GPU memory for weights + pools."
+)
+_MAMBA_FULL_MEMORY_RATIO = typer.Option(
+    None, "--mamba-full-memory-ratio", min=0.0, help="State-pool bytes per KV-pool byte (SGLang: 0.9)."
+)
+_MAMBA_SSM_DTYPE = typer.Option(None, "--mamba-ssm-dtype", help="SSM state dtype: float32, bfloat16 or float16.")
+_MAMBA_RADIX_CACHE_STRATEGY = typer.Option(
+    None, "--mamba-radix-cache-strategy", help="auto, no_buffer, extra_buffer or extra_buffer_lazy."
+)
+_PAGE_SIZE = typer.Option(None, "--page-size", min=1, help="Tokens per KV page.")
+_DISABLE_RADIX_CACHE = typer.Option(False, "--disable-radix-cache", help="Prefix cache off.")
+_DISABLE_OVERLAP_SCHEDULE = typer.Option(
+    False, "--disable-overlap-schedule", help="Turn off SGLang's overlap scheduler."
+)
+_SPECULATIVE_NUM_DRAFT_TOKENS = typer.Option(
+    None, "--speculative-num-draft-tokens", min=0, help="Draft tokens per verify (0: no speculation)."
+)
+_MAX_RUNNING_REQUESTS = typer.Option(
+    None, "--max-running-requests", min=1, help="Cap on concurrently running requests."
+)
+_POOL_BYTES = typer.Option(
+    None, "--pool-bytes", min=1, help="Bytes both pools share (skips the GPU/weights arithmetic)."
+)
+_POOL_GIB = typer.Option(None, "--pool-gib", min=0.0, help="Same as --pool-bytes, in GiB.")
+_MAX_TOTAL_TOKENS = typer.Option(
+    None, "--max-total-tokens", min=1, help="Cap on the KV pool in tokens (SGLang's --max-total-tokens)."
+)
+_ENGINE = typer.Option(
+    None, "--engine", help="sglang or builtin: whose sizing (default: server.engine; auto as launch picks)."
+)
+_SGLANG_VERSION = typer.Option(
+    None,
+    "--sglang-version",
+    help="Size as this SGLang release does (default: installed, else config, else newest).",
+)
+_JSON = typer.Option(False, "--json", help="Print the plan and the model spec as JSON.")
+
+
 @app.command("plan")
 def plan(
     config: Path | None = CONFIG_ARG,
     settings: Path | None = SETTINGS_ARG,
     config_opt: Path | None = CONFIG_OPT,
     settings_opt: Path | None = SETTINGS_OPT,
-    model: str | None = typer.Option(None, "--model", help="Model directory or its config.json."),
-    tp: int | None = typer.Option(None, "--tp", min=1, max=64, help="Tensor-parallel degree."),
-    gpu_mem_gib: float | None = typer.Option(
-        None, "--gpu-mem-gib", min=0.001, help="Memory of one GPU in GiB (default: detected with NVML)."
-    ),
-    mem_fraction_static: float | None = typer.Option(
-        None, "--mem-fraction-static", min=0.0, max=1.0, help="Fraction of GPU memory for weights + pools."
-    ),
-    mamba_full_memory_ratio: float | None = typer.Option(
-        None, "--mamba-full-memory-ratio", min=0.0, help="State-pool bytes per KV-pool byte (SGLang: 0.9)."
-    ),
-    mamba_ssm_dtype: str | None = typer.Option(
-        None, "--mamba-ssm-dtype", help="SSM state dtype: float32, bfloat16 or float16."
-    ),
-    mamba_radix_cache_strategy: str | None = typer.Option(
-        None, "--mamba-radix-cache-strategy", help="auto, no_buffer, extra_buffer or extra_buffer_lazy."
-    ),
-    page_size: int | None = typer.Option(None, "--page-size", min=1, help="Tokens per KV page."),
-    disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache", help="Prefix cache off."),
-    disable_overlap_schedule: bool = typer.Option(
-        False, "--disable-overlap-schedule", help="Turn off SGLang's overlap scheduler."
-    ),
-    speculative_num_draft_tokens: int | None = typer.Option(
-        None, "--speculative-num-draft-tokens", min=0, help="Draft tokens per verify (0: no speculation)."
-    ),
-    max_running_requests: int | None = typer.Option(
-        None, "--max-running-requests", min=1, help="Cap on concurrently running requests."
-    ),
-    pool_bytes: int | None = typer.Option(
-        None, "--pool-bytes", min=1, help="Bytes both pools share (skips the GPU/weights arithmetic)."
-    ),
-    pool_gib: float | None = typer.Option(None, "--pool-gib", min=0.0, help="Same as --pool-bytes, in GiB."),
-    max_total_tokens: int | None = typer.Option(
-        None, "--max-total-tokens", min=1, help="Cap on the KV pool in tokens (SGLang's --max-total-tokens)."
-    ),
-    engine: str | None = typer.Option(
-        None, "--engine", help="sglang or builtin: whose sizing (default: server.engine; auto as launch picks)."
-    ),
-    sglang_version: str | None = typer.Option(
-        None,
-        "--sglang-version",
-        help="Size as this SGLang release does (default: installed, else config, else newest).",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan and the model spec as JSON."),
+    model: str | None = _MODEL,
+    tp: int | None = _TP,
+    gpu_mem_gib: float | None = _GPU_MEM_GIB,
+    mem_fraction_static: float | None = _MEM_FRACTION_STATIC,
+    mamba_full_memory_ratio: float | None = _MAMBA_FULL_MEMORY_RATIO,
+    mamba_ssm_dtype: str | None = _MAMBA_SSM_DTYPE,
+    mamba_radix_cache_strategy: str | None = _MAMBA_RADIX_CACHE_STRATEGY,
+    page_size: int | None = _PAGE_SIZE,
+    disable_radix_cache: bool = _DISABLE_RADIX_CACHE,
+    disable_overlap_schedule: bool = _DISABLE_OVERLAP_SCHEDULE,
+    speculative_num_draft_tokens: int | None = _SPECULATIVE_NUM_DRAFT_TOKENS,
+    max_running_requests: int | None = _MAX_RUNNING_REQUESTS,
+    pool_bytes: int | None = _POOL_BYTES,
+    pool_gib: float | None = _POOL_GIB,
+    max_total_tokens: int | None = _MAX_TOTAL_TOKENS,
+    engine: str | None = _ENGINE,
+    sglang_version: str | None = _SGLANG_VERSION,
+    as_json: bool = _JSON,
 ) -> None:
     """Size the KV pool and the recurrent-state pool exactly as the engine will: the target SGLang release's
     sizing for engine sglang, the bundled runtime's own for engine builtin (auto: the engine launch picks here).
 
     Exit codes: 0 planned, 1 the pools do not fit (the message says what to change), 2 bad input.
     """
-    from hybridctl.launch.plan import ENGINE_NAMES, auto_engine_here
+    from hybridctl.launch.plan import auto_engine_here
 
-    if engine is not None and engine not in ENGINE_NAMES:
-        raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
+    engine_option(engine)
 
     from hybridctl.config.findings import ConfigError
     from hybridctl.model.errors import ModelSpecError
@@ -180,14 +198,19 @@ def plan(
     try:
         spec, result = run_plan(req)
     except PoolSizingError as exc:
-        if as_json:
-            print_json({"fits": False, "error": str(exc)})
-        else:
-            typer.echo(f"does not fit: {exc}", err=True)
-        raise typer.Exit(1) from None
+        _does_not_fit(exc, as_json)
     except (PlanRequestError, ModelSpecError, ConfigError) as exc:
         raise fail(str(exc)) from None
     if as_json:
         print_json({"fits": True, **result.to_dict(), "model": spec.to_dict()})
         return
     render_plan(spec, result)
+
+
+def _does_not_fit(exc: Exception, as_json: bool) -> NoReturn:
+    """Exit 1: the pools do not fit; the message says what to change."""
+    if as_json:
+        print_json({"fits": False, "error": str(exc)})
+    else:
+        typer.echo(f"does not fit: {exc}", err=True)
+    raise typer.Exit(1) from None

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, DEFAULT_CONFIG, SETTINGS_ARG, SETTINGS_OPT, config_files
+from hybridctl.cli.config_args import (
+    CONFIG_ARG,
+    CONFIG_OPT,
+    DEFAULT_CONFIG,
+    SETTINGS_ARG,
+    SETTINGS_OPT,
+    config_files,
+    engine_option,
+)
 from hybridctl.cli.output import print_json
 
 if TYPE_CHECKING:
@@ -72,12 +80,9 @@ def validate(
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules), and
     # engine = "auto" against the engine launch would pick on this host.
     version = engine_version or installed_sglang_version()
-    from hybridctl.cli.output import fail
-    from hybridctl.launch.plan import ENGINE_NAMES
     from hybridctl.launch.translate import engine_findings
 
-    if engine is not None and engine not in ENGINE_NAMES:
-        raise fail(f"--engine {engine}: use {', '.join(ENGINE_NAMES)}")
+    engine_option(engine)
 
     given, settings = config_files(config, settings, config_opt, settings_opt)
     config = given or DEFAULT_CONFIG

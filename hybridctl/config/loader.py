@@ -215,12 +215,27 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
         )
         return parsed
     parsed.locator = KeyLocator.for_json(text)
+    parsed.findings.extend(_duplicate_key_findings(parsed.locator, data, duplicates, path))
+    if data is None:  # the schema check skips a file without data, so say it here
+        parsed.findings.append(_null_document_finding(path))
+        return parsed
+    if isinstance(data, dict) and isinstance(data.get(SCHEMA_REF_KEY), str):
+        data = {k: v for k, v in data.items() if k != SCHEMA_REF_KEY}
+    parsed.data = data
+    return parsed
+
+
+def _duplicate_key_findings(
+    locator: KeyLocator, data: Any, duplicates: list[tuple[dict[str, Any], str]], path: str
+) -> list[Finding]:
+    """One DUPLICATE_KEY warning per repeated key (JSON keeps the last), at its place in the file."""
+    findings: list[Finding] = []
     paths = object_paths(data)
     for dotted in dict.fromkeys(".".join((*paths.get(id(obj), ()), key)) for obj, key in duplicates):
         keys = tuple(dotted.split("."))
-        line, column = parsed.locator.find(keys) or (None, None)
+        line, column = locator.find(keys) or (None, None)
         where = f' in the "{".".join(keys[:-1])}" object' if len(keys) > 1 else ""
-        parsed.findings.append(
+        findings.append(
             Finding(
                 "warning",
                 "DUPLICATE_KEY",
@@ -232,26 +247,22 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
                 f"keep one `{keys[-1]}`{where} of {path}.",
             )
         )
-    if data is None:  # the schema check skips a file without data, so say it here
-        parsed.findings.append(
-            Finding(
-                "error",
-                "WRONG_TYPE",
-                path,
-                1,
-                1,
-                "",
-                f"{path} holds null at the top level; it must be one JSON object "
-                '({"runtime": {...}, "mamba": {...}, "logging": {...}, "api": {...}}).',
-                f"replace the content of {path} with an object, e.g. {{}} for all defaults "
-                "(`hybridctl init` writes a full one).",
-            )
-        )
-        return parsed
-    if isinstance(data, dict) and isinstance(data.get(SCHEMA_REF_KEY), str):
-        data = {k: v for k, v in data.items() if k != SCHEMA_REF_KEY}
-    parsed.data = data
-    return parsed
+    return findings
+
+
+def _null_document_finding(path: str) -> Finding:
+    return Finding(
+        "error",
+        "WRONG_TYPE",
+        path,
+        1,
+        1,
+        "",
+        f"{path} holds null at the top level; it must be one JSON object "
+        '({"runtime": {...}, "mamba": {...}, "logging": {...}, "api": {...}}).',
+        f"replace the content of {path} with an object, e.g. {{}} for all defaults "
+        "(`hybridctl init` writes a full one).",
+    )
 
 
 def _other_file_keys(model: type[BaseModel], file_name: str, fmt: FileFormat) -> dict[str, str]:

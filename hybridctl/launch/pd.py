@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
-from hybridctl.launch.command import EngineCommand, add_extra_args, flags_to_argv, require_model_path
+from hybridctl.launch.command import EngineCommand, Role, add_extra_args, flags_to_argv, require_model_path
 from hybridctl.launch.sglang import check_multinode, sglang_argv, sglang_translation
 from hybridctl.launch.translate import Flags, LaunchError, refuse_ignored, translate
 
@@ -83,9 +83,9 @@ def pd_plan(
         "--host", host, "--port", str(server.port),
     ]  # fmt: skip
 
-    def worker(role: str, flags: Flags, port: int) -> EngineCommand:
+    def worker(role: Role, flags: Flags, port: int) -> EngineCommand:
         return EngineCommand(
-            engine="sglang", role=role, argv=sglang_argv(flags, python), host=host, port=port,  # type: ignore[arg-type]
+            engine="sglang", role=role, argv=sglang_argv(flags, python), host=host, port=port,
             version=version, ignored=base.ignored,
         )  # fmt: skip
 
@@ -121,11 +121,11 @@ def builtin_pd_plan(cfg: HybridConfig, python: str | None = None, allow_ignored:
             )
     exe = python or sys.executable
 
-    def worker(role: str, port: int, extra: Flags) -> EngineCommand:
+    def worker(role: Role, port: int, extra: Flags) -> EngineCommand:
         flags = {k: v for k, v in translation.flags.items() if k != "--port"}
         flags.update({"--port": str(port), **extra})
         argv = [exe, "-m", "runtime", *flags_to_argv(flags)]
-        return EngineCommand(engine="builtin", role=role, argv=argv, host=server.host, port=port,  # type: ignore[arg-type]
+        return EngineCommand(engine="builtin", role=role, argv=argv, host=server.host, port=port,
                              ignored=translation.ignored)  # fmt: skip
 
     prefill = worker("prefill", pd.prefill_port, {

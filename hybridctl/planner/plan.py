@@ -146,11 +146,7 @@ def make_plan(
     ratio = mem.mamba_full_memory_ratio if mamba_full_memory_ratio is None else mamba_full_memory_ratio
     page = cache.radix_cache_page_size if page_size is None else page_size
     radix_off = (not cfg.prefix_cache_enabled) if disable_radix_cache is None else disable_radix_cache
-    if speculative_num_draft_tokens is None:
-        spec_on = cfg.speculative_enabled
-        draft = cfg.config.speculative.speculative_num_draft_tokens if spec_on else 0
-    else:
-        draft = speculative_num_draft_tokens
+    draft = _draft_tokens(cfg) if speculative_num_draft_tokens is None else speculative_num_draft_tokens
     max_running = cfg.settings.runtime.max_running_requests if max_running_requests is None else max_running_requests
     max_slots = mem.max_mamba_cache_size if max_mamba_cache_size is None else max_mamba_cache_size
     from hybridctl.planner.builtin_sizing import configured_context_len
@@ -158,31 +154,8 @@ def make_plan(
     context_len = configured_context_len(cfg) or spec.context_len
 
     release = release_sizing(sglang_version or cfg.config.server.sglang_version)
-    requested = cache.mamba_radix_cache_strategy if strategy is None else strategy
-    if release.auto_strategy is not None:  # releases before 0.5.16: their own (simpler) strategy choice
-        resolved = _older_release_strategy(
-            release, requested, overlap_schedule, radix_off, sglang_version, spec.architecture
-        )
-    else:
-        resolved = resolve_strategy(
-            requested,
-            page_size=page,
-            overlap_schedule=overlap_schedule,
-            disable_radix_cache=radix_off,
-            speculative_num_draft_tokens=draft,
-            mamba_track_interval=cache.mamba_track_interval,
-            pd_disaggregation=cfg.config.pd.enable_pd_disaggregation,
-        )
-    if pool_bytes is not None:
-        pool, pool_source = pool_bytes, "given"
-    elif gpu_mem_bytes is not None:
-        pool = pool_bytes_for(
-            gpu_mem_bytes, mem_fraction_static=fraction, weights_bytes_per_rank=spec.weights_bytes_per_rank
-        )
-        pool_source = "derived"
-    else:
-        raise ValueError("make_plan needs gpu_mem_bytes (per GPU) or pool_bytes")
-
+    resolved = _strategy(cfg, spec, release, strategy, sglang_version, page, overlap_schedule, radix_off, draft)
+    pool, pool_source = _pool_budget(spec, pool_bytes=pool_bytes, gpu_mem_bytes=gpu_mem_bytes, fraction=fraction)
     pools = size_pools(
         PoolInputs(
             pool_bytes=pool,
@@ -202,13 +175,9 @@ def make_plan(
         )
     )
     return Plan(
-        family=spec.family,
-        model_source=spec.source,
-        tp=spec.tp,
+        **_model_fields(spec),
         gpu_mem_bytes=gpu_mem_bytes,
         mem_fraction_static=fraction,
-        weights_bytes=spec.weights_bytes_per_rank,
-        weights_source=spec.weights_source,
         pool_bytes=pool,
         pool_source=pool_source,
         strategy=resolved.strategy,
@@ -218,15 +187,73 @@ def make_plan(
         disable_radix_cache=radix_off,
         mamba_full_memory_ratio=ratio,
         speculative_num_draft_tokens=draft,
-        ssm_dtype=spec.ssm_dtype,
-        kv_dtype=spec.kv_dtype,
         context_len=context_len,
-        mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
-        kv_bytes_per_token=spec.kv_bytes_per_token,
         pools=pools,
         sglang_release=sglang_version or cfg.config.server.sglang_version or DEFAULT_SGLANG_VERSION,
         sizing_code=release.code,
     )
+
+
+def _draft_tokens(cfg: HybridConfig) -> int:
+    """Draft tokens per verify as the config sets them; 0 when speculative decoding is off."""
+    return cfg.config.speculative.speculative_num_draft_tokens if cfg.speculative_enabled else 0
+
+
+def _strategy(
+    cfg: HybridConfig,
+    spec: ModelSpec,
+    release: ReleaseSizing,
+    strategy: str | None,
+    sglang_version: str | None,
+    page: int,
+    overlap: bool,
+    radix_off: bool,
+    draft: int,
+) -> StrategyResolution:
+    """The radix-cache strategy (the override, else the config's; `auto` included) as the target release resolves
+    it."""
+    requested = cfg.config.cache.mamba_radix_cache_strategy if strategy is None else strategy
+    if release.auto_strategy is not None:  # releases before 0.5.16: their own (simpler) strategy choice
+        return _older_release_strategy(release, requested, overlap, radix_off, sglang_version, spec.architecture)
+    return resolve_strategy(
+        requested,
+        page_size=page,
+        overlap_schedule=overlap,
+        disable_radix_cache=radix_off,
+        speculative_num_draft_tokens=draft,
+        mamba_track_interval=cfg.config.cache.mamba_track_interval,
+        pd_disaggregation=cfg.config.pd.enable_pd_disaggregation,
+    )
+
+
+def _pool_budget(
+    spec: ModelSpec, *, pool_bytes: int | None, gpu_mem_bytes: int | None, fraction: float
+) -> tuple[int, str]:
+    """(bytes both pools share per GPU, "given" | "derived"): --pool-bytes as given, else GPU memory x fraction
+    minus the weights."""
+    if pool_bytes is not None:
+        return pool_bytes, "given"
+    if gpu_mem_bytes is not None:
+        pool = pool_bytes_for(
+            gpu_mem_bytes, mem_fraction_static=fraction, weights_bytes_per_rank=spec.weights_bytes_per_rank
+        )
+        return pool, "derived"
+    raise ValueError("make_plan needs gpu_mem_bytes (per GPU) or pool_bytes")
+
+
+def _model_fields(spec: ModelSpec) -> dict[str, Any]:
+    """What the plan takes from the model as it is."""
+    return {
+        "family": spec.family,
+        "model_source": spec.source,
+        "tp": spec.tp,
+        "weights_bytes": spec.weights_bytes_per_rank,
+        "weights_source": spec.weights_source,
+        "ssm_dtype": spec.ssm_dtype,
+        "kv_dtype": spec.kv_dtype,
+        "mamba_state_bytes_per_request": spec.mamba_state_bytes_per_request,
+        "kv_bytes_per_token": spec.kv_bytes_per_token,
+    }
 
 
 def _older_release_strategy(

@@ -134,68 +134,101 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
     inp = inputs
     _validate(inp)
     rel = inp.release
-    if rel.strategies:
-        ratio = slots_per_request(
-            disable_radix_cache=inp.disable_radix_cache,
-            strategy=inp.strategy,
-            overlap_schedule=inp.overlap_schedule,
-        )
-    else:  # model_runner.py (0.5.6): MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO with the radix cache, else 1
-        ratio = 1 if inp.disable_radix_cache else MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+    ratio = _slot_ratio(inp)
     per_req = inp.mamba_state_bytes_per_request
     draft = inp.speculative_num_draft_tokens
-    spec = draft > 0
     max_running = inp.max_running_requests
-    if spec and max_running is None:
+    if draft > 0 and max_running is None:
         max_running = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
     rest_gb = inp.pool_bytes / GIB
     intermediate = 0
-    if rel.spec_scratch == "per_running_request" and spec:
+    if rel.spec_scratch == "per_running_request" and draft > 0:
         # model_runner_kv_cache_mixin.py: max_running x draft states, reserved before the slots are sized
         assert max_running is not None
         intermediate = per_req * max_running * draft
         rest_gb -= intermediate / GIB
     ratio_rest_gb = rest_gb if rel.ratio_budget_after_scratch else inp.pool_bytes / GIB
-
-    explicit_k = inp.max_mamba_cache_size is not None and (rel.code != "model_runner" or inp.disable_radix_cache)
-    if explicit_k:
-        # kv_cache_configurator.py:3303-3324 (0.5.6 honours it only with the radix cache off)
-        assert inp.max_mamba_cache_size is not None
-        k, k_source = inp.max_mamba_cache_size, "max_mamba_cache_size"
-        if spec and rel.spec_scratch == "per_capped_request":
-            assert max_running is not None
-            capped = min(max(1, max_running), k // ratio)
-            intermediate = per_req * (capped + 1) * draft
-    elif inp.disable_radix_cache and (max_running is not None or rel.radix_off_default_slots is not None):
-        # kv_cache_configurator.py:3325-3344 (max_running includes speculative decoding's default of 48)
-        slots = max(1, max_running) if max_running is not None else rel.radix_off_default_slots
-        assert slots is not None  # the branch's condition
-        k = slots
-        k_source = "max_running_requests" if max_running is not None else "release_default"
-        if spec and rel.spec_scratch == "per_capped_request":
-            intermediate = per_req * (k + 1) * draft
-    else:
-        # kv_cache_configurator.py:3345-3386: K so states (+ spec scratch) use r / (1 + r) of the budget.
-        r = inp.mamba_full_memory_ratio
-        budget_bytes = ratio_rest_gb * r / (1 + r) * GIB
-        k_source = "ratio"
-        if rel.spec_scratch == "per_slot":  # model_runner.py (0.5.6): each slot carries its draft states
-            k = int(budget_bytes // per_req // (1 + draft))
-        elif rel.spec_scratch == "per_running_request":
-            k = int(budget_bytes // per_req)
-        elif spec:
-            assert max_running is not None
-            k = int((budget_bytes - per_req * (1 + draft)) // (per_req * (1 + draft / ratio)))
-            k_source = "ratio_spec"
-            capped = min(max(1, max_running), k // ratio)
-            intermediate = per_req * (capped + 1) * draft
-        else:
-            k = int((budget_bytes - per_req) // per_req)
+    k, k_source, intermediate = _state_slots(inp, ratio, max_running, ratio_rest_gb, intermediate)
     if rel.spec_scratch == "per_slot":
         intermediate = k * per_req * draft  # charged below with the slots, in one sum as model_runner.py does
     elif rel.spec_scratch == "per_capped_request":
         rest_gb -= intermediate / GIB
+    mamba_pool_bytes, kv_budget = _kv_budget(inp, k, rest_gb, intermediate)
+    tokens, profiled = _kv_tokens(inp, kv_budget)
+    estimate_from = profiled if inp.release.request_cap == "as_given" else tokens
+    max_reqs, limited_by = _max_running_requests(tokens, k, ratio, inp, estimate_from)
+    return PoolPlan(
+        max_mamba_cache_size=k,
+        mamba_pool_slots=k + 1,
+        slots_per_request=ratio,
+        max_running_requests=max_reqs,
+        mamba_pool_bytes=mamba_pool_bytes,
+        spec_intermediate_bytes=intermediate,
+        max_total_num_tokens=tokens,
+        kv_pool_bytes=tokens * inp.kv_bytes_per_token,
+        k_source=k_source,
+        capped_by_mamba=limited_by == "state_pool",
+        limited_by=limited_by,
+        kv_budget_bytes=kv_budget,
+    )
 
+
+def _slot_ratio(inp: PoolInputs) -> int:
+    """State slots per running request for the release's code."""
+    if inp.release.strategies:
+        return slots_per_request(
+            disable_radix_cache=inp.disable_radix_cache,
+            strategy=inp.strategy,
+            overlap_schedule=inp.overlap_schedule,
+        )
+    # model_runner.py (0.5.6): MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO with the radix cache, else 1
+    return 1 if inp.disable_radix_cache else MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+
+
+def _state_slots(
+    inp: PoolInputs, ratio: int, max_running: int | None, ratio_rest_gb: float, intermediate: int
+) -> tuple[int, str, int]:
+    """(K, how K was chosen, speculative scratch bytes): kv_cache_configurator.py:3303-3386. The scratch is
+    returned as given unless the release sizes it from K (per_capped_request)."""
+    rel = inp.release
+    per_req = inp.mamba_state_bytes_per_request
+    draft = inp.speculative_num_draft_tokens
+    spec = draft > 0
+    if inp.max_mamba_cache_size is not None and (rel.code != "model_runner" or inp.disable_radix_cache):
+        # kv_cache_configurator.py:3303-3324 (0.5.6 honours it only with the radix cache off)
+        k = inp.max_mamba_cache_size
+        if spec and rel.spec_scratch == "per_capped_request":
+            assert max_running is not None
+            capped = min(max(1, max_running), k // ratio)
+            intermediate = per_req * (capped + 1) * draft
+        return k, "max_mamba_cache_size", intermediate
+    if inp.disable_radix_cache and (max_running is not None or rel.radix_off_default_slots is not None):
+        # kv_cache_configurator.py:3325-3344 (max_running includes speculative decoding's default of 48)
+        slots = max(1, max_running) if max_running is not None else rel.radix_off_default_slots
+        assert slots is not None  # the branch's condition
+        k_source = "max_running_requests" if max_running is not None else "release_default"
+        if spec and rel.spec_scratch == "per_capped_request":
+            intermediate = per_req * (slots + 1) * draft
+        return slots, k_source, intermediate
+    # kv_cache_configurator.py:3345-3386: K so states (+ spec scratch) use r / (1 + r) of the budget.
+    r = inp.mamba_full_memory_ratio
+    budget_bytes = ratio_rest_gb * r / (1 + r) * GIB
+    if rel.spec_scratch == "per_slot":  # model_runner.py (0.5.6): each slot carries its draft states
+        return int(budget_bytes // per_req // (1 + draft)), "ratio", intermediate
+    if rel.spec_scratch == "per_running_request":
+        return int(budget_bytes // per_req), "ratio", intermediate
+    if spec:
+        assert max_running is not None
+        k = int((budget_bytes - per_req * (1 + draft)) // (per_req * (1 + draft / ratio)))
+        capped = min(max(1, max_running), k // ratio)
+        return k, "ratio_spec", per_req * (capped + 1) * draft
+    return int((budget_bytes - per_req) // per_req), "ratio", intermediate
+
+
+def _kv_budget(inp: PoolInputs, k: int, rest_gb: float, intermediate: int) -> tuple[int, int]:
+    """(state pool bytes, bytes left for KV) once K slots (and the scratch) are charged; refuses what cannot fit."""
+    rel = inp.release
+    per_req = inp.mamba_state_bytes_per_request
     if k <= 0:
         # kv_cache_configurator.py:3392-3402
         raise PoolSizingError(
@@ -216,14 +249,17 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             f"Lower memory.max_mamba_cache_size or runtime.max_running_requests, "
             f"or raise memory.mem_fraction_static."
         )
-    kv_budget = int(rest_gb * GIB)
+    return mamba_pool_bytes, int(rest_gb * GIB)
 
-    # pool_configurator.py:637-647, then the --max-total-tokens cap (kv_cache_configurator.py:3090-3117).
+
+def _kv_tokens(inp: PoolInputs, kv_budget: int) -> tuple[int, int]:
+    """(KV tokens, page aligned and capped; the tokens before either, which 0.5.6 estimates the request cap
+    from): pool_configurator.py:637-647, then the --max-total-tokens cap (kv_cache_configurator.py:3090-3117)."""
     if inp.kv_bytes_per_token:
         tokens = kv_budget // inp.kv_bytes_per_token
     else:
         tokens = inp.max_total_tokens or inp.context_len or 0
-    profiled = tokens  # model_runner.py (0.5.6) estimates the request cap from this, before cap and paging
+    profiled = tokens
     tokens = tokens // inp.page_size * inp.page_size
     if inp.max_total_tokens is not None:
         tokens = min(tokens, inp.max_total_tokens // inp.page_size * inp.page_size)
@@ -233,28 +269,10 @@ def size_pools(inputs: PoolInputs) -> PoolPlan:
             f"holds no {inp.page_size}-token page at {inp.kv_bytes_per_token} bytes per token. Raise "
             f"memory.mem_fraction_static or lower memory.mamba_full_memory_ratio."
         )
-
-    estimate_from = profiled if inp.release.request_cap == "as_given" else tokens
-    max_reqs, limited_by = _max_running_requests(tokens, k, ratio, inp, estimate_from)
-    return PoolPlan(
-        max_mamba_cache_size=k,
-        mamba_pool_slots=k + 1,
-        slots_per_request=ratio,
-        max_running_requests=max_reqs,
-        mamba_pool_bytes=mamba_pool_bytes,
-        spec_intermediate_bytes=intermediate,
-        max_total_num_tokens=tokens,
-        kv_pool_bytes=tokens * inp.kv_bytes_per_token,
-        k_source=k_source,
-        capped_by_mamba=limited_by == "state_pool",
-        limited_by=limited_by,
-        kv_budget_bytes=kv_budget,
-    )
+    return tokens, profiled
 
 
-def _max_running_requests(
-    tokens: int, k: int, ratio: int, inp: PoolInputs, estimate_from: int
-) -> tuple[int, str]:
+def _max_running_requests(tokens: int, k: int, ratio: int, inp: PoolInputs, estimate_from: int) -> tuple[int, str]:
     """kv_cache_configurator.py:3119-3172 (`resolve_max_num_reqs`, one data-parallel worker)."""
     if inp.context_len is not None:
         estimated = max(min(int(estimate_from / inp.context_len * 512), 4096), 2048)

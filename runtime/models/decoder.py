@@ -167,7 +167,7 @@ class DecoderLM(HybridModel):
     def layout(self) -> ModelLayout:
         attn, linear = cache_layer_ids(self.layer_types)
         # State shapes come from the mixer itself: one definition for allocation and for use.
-        mixer = next((m for m in self.modules() if hasattr(m, "conv_state_shape")), None)
+        mixer: Any = next((m for m in self.modules() if hasattr(m, "conv_state_shape")), None)
         if mixer is None:
             raise ValueError(f"{type(self).__name__}: no recurrent layer; the bundled runtime serves hybrid models")
         return ModelLayout(

@@ -13,7 +13,7 @@ from runtime.models.base import StepContext
 from runtime.models.decoder import PARALLEL, CosSin, DecoderBody, DecoderLM, HybridLayer
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
-from runtime.models.layers.mamba2 import Mamba2Mixer
+from runtime.models.layers.mamba2 import GatedNorm, Mamba2Mixer
 from runtime.models.layers.norm import RMSNorm
 from runtime.models.layers.rotary import RotaryEmbedding
 from runtime.models.layers.rotary_attention import AttentionOptions, RotaryAttention
@@ -132,7 +132,9 @@ class FalconH1DecoderLayer(HybridLayer):
     def __init__(self, c: FalconH1Config, index: int) -> None:
         super().__init__(PARALLEL, index)  # every layer holds both KV and Mamba state: one ordinal for both pools
         self.c = c
-        gated = ("norm_then_gate" if c.mamba_norm_before_gate else "gate_then_norm") if c.mamba_rms_norm else None
+        gated: GatedNorm | None = (
+            ("norm_then_gate" if c.mamba_norm_before_gate else "gate_then_norm") if c.mamba_rms_norm else None
+        )
         self.mamba = Mamba2Mixer(
             c.hidden_size,
             c.mamba_n_heads,

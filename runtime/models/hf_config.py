@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +54,25 @@ class HFConfig:
             )
         return float(value)
 
-    def float_pair(self, key: str, default: tuple[float, float]) -> tuple[float, float]:
+    def float_pair(
+        self, key: str, default: tuple[builtins.float, builtins.float]
+    ) -> tuple[builtins.float, builtins.float]:
         """A [lo, hi] pair like `time_step_limit` (transformers writes inf as {"__float__": "Infinity"})."""
         value = self.data.get(key) or default
         try:
-            lo, hi = (float(v.get("__float__") if isinstance(v, dict) else v) for v in value)
+            lo, hi = (float(_json_number(v)) for v in value)
         except (TypeError, ValueError):
             raise ModelLoadError(
                 f"{self.path}: key '{self.prefix}{key}' must be a pair of numbers, got {value!r}; fix the file."
             ) from None
         return lo, hi
 
-    def rope(self, default_theta: float = 10000.0, default_partial: float = 1.0) -> tuple[float, float]:
+    def rope(
+        self, default_theta: builtins.float = 10000.0, default_partial: builtins.float = 1.0
+    ) -> tuple[builtins.float, builtins.float]:
         """(rope_theta, partial_rotary_factor) from either the transformers-5 `rope_parameters` dict or
         the older top-level keys. Only unscaled ("default") RoPE is implemented; others are refused."""
-        params = self.data.get("rope_parameters") or {}
+        params: dict[str, Any] = self.data.get("rope_parameters") or {}
         scaling = self.data.get("rope_scaling") or {}
         kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
         if kind != "default":
@@ -79,8 +84,13 @@ class HFConfig:
         partial = params.get("partial_rotary_factor", self.data.get("partial_rotary_factor", default_partial))
         return float(theta), float(partial)
 
-    def eos_token_ids(self) -> tuple[int, ...]:
+    def eos_token_ids(self) -> tuple[builtins.int, ...]:
         eos = self.data.get("eos_token_id")
         if eos is None:
             return ()
         return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def _json_number(value: Any) -> Any:
+    """transformers writes inf/nan as {"__float__": "Infinity"}; anything else is the value itself."""
+    return value.get("__float__") if isinstance(value, dict) else value

@@ -8,6 +8,7 @@ conv state uses SGLang's `(kernel-1, channels)` layout."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +82,7 @@ class KimiLinearConfig:
                 "layers with full_attention / linear_attention and dense / sparse; fix the file."
             )
 
-        def pick(*keys: str, default: object = None) -> object:
+        def pick(*keys: str, default: object = None) -> Any:
             for key in keys:
                 if cfg.data.get(key) is not None:
                     return cfg.data[key]
@@ -102,16 +103,14 @@ class KimiLinearConfig:
             qk_nope_head_dim=cfg.int("qk_nope_head_dim"),
             qk_rope_head_dim=cfg.int("qk_rope_head_dim"),
             v_head_dim=cfg.int("v_head_dim"),
-            linear_num_heads=int(pick("linear_num_heads", default=linear.get("num_heads"))),  # type: ignore[arg-type]
-            linear_head_dim=int(pick("linear_head_dim", default=linear.get("head_dim"))),  # type: ignore[arg-type]
-            linear_conv_kernel_dim=int(
-                pick("linear_conv_kernel_dim", default=linear.get("short_conv_kernel_size", 4))  # type: ignore[arg-type]
-            ),
-            num_experts=int(pick("num_experts", "num_local_experts", default=0)),  # type: ignore[arg-type]
-            num_experts_per_token=int(pick("num_experts_per_token", "num_experts_per_tok", default=1)),  # type: ignore[arg-type]
+            linear_num_heads=int(pick("linear_num_heads", default=linear.get("num_heads"))),
+            linear_head_dim=int(pick("linear_head_dim", default=linear.get("head_dim"))),
+            linear_conv_kernel_dim=int(pick("linear_conv_kernel_dim", default=linear.get("short_conv_kernel_size", 4))),
+            num_experts=int(pick("num_experts", "num_local_experts", default=0)),
+            num_experts_per_token=int(pick("num_experts_per_token", "num_experts_per_tok", default=1)),
             moe_intermediate_size=cfg.int("moe_intermediate_size", 0),
-            num_shared_experts=int(pick("num_shared_experts", "n_shared_experts", default=1)),  # type: ignore[arg-type]
-            num_expert_group=int(pick("num_expert_group", "n_group", default=1)),  # type: ignore[arg-type]
+            num_shared_experts=int(pick("num_shared_experts", "n_shared_experts", default=1)),
+            num_expert_group=int(pick("num_expert_group", "n_group", default=1)),
             topk_group=cfg.int("topk_group", 1),
             moe_renormalize=bool(pick("moe_renormalize", "norm_topk_prob", default=True)),
             routed_scaling_factor=cfg.float("routed_scaling_factor", 1.0),
@@ -328,7 +327,7 @@ class KimiLinearForCausalLM(DecoderLM):
 
     def checkpoint_sources(self) -> dict[str, list[str]]:
         sources: dict[str, list[str]] = {}
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(self.body.layers):
             p = f"model.layers.{i}"
             if layer.kind == "linear_attention":
                 sources[f"{p}.self_attn.conv1d.weight"] = [f"{p}.self_attn.{n}_conv1d.weight" for n in "qkv"]

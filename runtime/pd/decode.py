@@ -72,10 +72,10 @@ class DecodeClient(EngineClient):
         return bool(self.inner.flush_cache())
 
     def failure(self) -> str | None:
-        return self.inner.failure()  # type: ignore[no-any-return]
+        return self.inner.failure()
 
     def stats(self) -> EngineStats:
-        return self.inner.stats()  # type: ignore[no-any-return]
+        return self.inner.stats()
 
     def resolved_args(self) -> dict[str, Any]:
         return {**self.inner.resolved_args(), "disaggregation_mode": "decode"}

@@ -102,10 +102,10 @@ class PrefillClient(EngineClient):
         return bool(self.inner.flush_cache())
 
     def failure(self) -> str | None:
-        return self.inner.failure()  # type: ignore[no-any-return]
+        return self.inner.failure()
 
     def stats(self) -> EngineStats:
-        return self.inner.stats()  # type: ignore[no-any-return]
+        return self.inner.stats()
 
     def resolved_args(self) -> dict[str, Any]:
         return {**self.inner.resolved_args(), "disaggregation_mode": "prefill"}
@@ -206,7 +206,8 @@ class PrefillClient(EngineClient):
 
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
-        client: PrefillClient = self.server.client  # type: ignore[attr-defined]
+        assert isinstance(self.server, _BootstrapServer)  # the only server this handler is given to
+        client = self.server.client
         sock: socket.socket = self.request
         sock.settimeout(FETCH_WAIT_S + 30)
         try:

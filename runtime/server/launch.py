@@ -13,7 +13,8 @@ from dataclasses import fields
 from typing import Any
 
 from runtime.args import RuntimeArgs
-from runtime.core.config import read_hf_config
+from runtime.core.config import EngineArgs, read_hf_config
+from runtime.core.flags import engine_targets
 from runtime.server.context import ServerContext
 from runtime.server.tokenizer import ServerTokenizer, TokenizerLoadError
 
@@ -28,51 +29,12 @@ class StartupError(Exception):
     pass
 
 
-def _engine_args(args: RuntimeArgs, device: str) -> Any:
-    from runtime.core.config import EngineArgs
-
-    dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
-    wanted: dict[str, Any] = {
-        "model_path": args.model_path,
-        "tokenizer_path": args.tokenizer_path,
-        "dtype": dtype,
-        "device": device,
-        "page_size": args.page_size,
-        "disable_radix_cache": args.disable_radix_cache,
-        "mem_fraction_static": args.mem_fraction_static,
-        "memory_budget_gib": args.memory_budget_gib,
-        "mamba_full_memory_ratio": args.mamba_full_memory_ratio,
-        "max_mamba_cache_size": args.max_mamba_cache_size,
-        "mamba_ssm_dtype": args.mamba_ssm_dtype,
-        "mamba_radix_cache_strategy": args.mamba_radix_cache_strategy,
-        "mamba_track_interval": args.mamba_track_interval,
-        "max_running_requests": args.max_running_requests,
-        "max_total_tokens": args.max_total_tokens,
-        "chunked_prefill_size": args.chunked_prefill_size,
-        "schedule_policy": args.schedule_policy,
-        "state_snapshot_on_match": not args.disable_state_snapshot_on_match,
-        "state_copy_on_write": not args.disable_state_copy_on_write,
-        "dual_lru_eviction": not args.disable_dual_lru_eviction,
-        "random_seed": args.random_seed,
-        "log_mamba_state_stats": args.log_mamba_state_stats,
-        "context_length": args.context_length,
-        "speculative_algorithm": args.speculative_algorithm,
-        "speculative_num_steps": args.speculative_num_steps,
-        "speculative_num_draft_tokens": args.speculative_num_draft_tokens,
-        "speculative_eagle_topk": args.speculative_eagle_topk,
-        "speculative_draft_model_path": args.speculative_draft_model_path,
-        "enable_mamba_state_sandbox": not args.disable_mamba_state_sandbox,
-        "enable_elastic_memory_pool": args.enable_elastic_memory_pool,
-        "elastic_realloc_timeout_s": args.elastic_realloc_timeout_s,
-        "enable_torch_compile": args.enable_torch_compile,
-        "torch_compile_max_bs": args.torch_compile_max_bs,
-        "torch_compile_max_extend_tokens": args.torch_compile_max_extend_tokens,
-    }
-    missing = set(wanted) - {f.name for f in fields(EngineArgs)}
+def _engine_args(args: RuntimeArgs, device: str) -> EngineArgs:
+    """The engine's options, derived from the flags' metadata (runtime/args.py), on the resolved device."""
+    missing = set(engine_targets(RuntimeArgs).values()) - {f.name for f in fields(EngineArgs)}
     if missing:  # a flag the engine stopped taking must fail loudly, never be dropped silently
         raise StartupError(f"the engine does not take these options: {', '.join(sorted(missing))}")
-    # None means "derive it": leave those to the engine's defaults, as SGLang leaves them to its resolution.
-    return EngineArgs(**{k: v for k, v in wanted.items() if v is not None})
+    return args.engine_args(device)
 
 
 def _resolve_device(requested: str) -> str:

@@ -1,4 +1,4 @@
-"""mypy over the packages pyproject.toml's [tool.mypy] names (hybridctl/; runtime/ joins there later).
+"""mypy over the packages pyproject.toml's [tool.mypy] names: hybridctl/ and runtime/.
 
 Runs the real checker, so an annotation that no longer matches its callers fails the README's test command, not a
 user. A cold run takes about half a minute; mypy's own cache (.mypy_cache, ignored by git) makes reruns fast.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -16,10 +17,28 @@ import tomllib
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_mypy_config_covers_the_control_plane() -> None:
-    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+def _mypy_config() -> dict[str, Any]:
+    config: dict[str, Any] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    return config
+
+
+def test_mypy_config_covers_the_control_plane_and_the_runtime() -> None:
+    config = _mypy_config()
     assert "hybridctl" in config["files"]
+    assert "runtime" in config["files"]
     assert config["warn_unused_ignores"] is True  # a `# type: ignore` that hides nothing any more must go
+
+
+def test_the_runtime_layers_below_the_scheduler_are_checked_in_full() -> None:
+    """The shared types, memory and model code, and the torch-free option layer may not be exempted."""
+    exempt = {
+        module
+        for override in _mypy_config().get("overrides", [])
+        if override.get("ignore_errors")
+        for module in override["module"]
+    }
+    for checked in ("runtime.core", "runtime.kvcache", "runtime.models", "runtime.pd", "runtime.args"):
+        assert not any(checked == m or checked.startswith(m.rstrip("*").rstrip(".")) for m in exempt), checked
 
 
 @pytest.mark.slow

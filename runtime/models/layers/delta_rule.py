@@ -182,8 +182,8 @@ def _checkpoint_states(
         return list(at.unbind(0))
     found: list[torch.Tensor | None] = [None] * len(checkpoints.seq)
     inside: list[tuple[int, int, int, int]] = []
-    for m, (b, n) in enumerate(zip(checkpoints.seq, checkpoints.tokens, strict=True)):
-        chunk, r = divmod(n, chunk_size)
+    for m, (b, tokens) in enumerate(zip(checkpoints.seq, checkpoints.tokens, strict=True)):
+        chunk, r = divmod(tokens, chunk_size)
         if r == 0:
             found[m] = per_seq[chunk, b]
         else:

@@ -70,7 +70,7 @@ class RotaryAttention(nn.Module):
         if self.key_multiplier != 1.0:
             k = k * self.key_multiplier
         if cos_sin is not None:
-            q, k = RotaryEmbedding.apply(q, *cos_sin), RotaryEmbedding.apply(k, *cos_sin)
+            q, k = RotaryEmbedding.rotate(q, *cos_sin), RotaryEmbedding.rotate(k, *cos_sin)
         out = paged_attention(
             q, k, v, ctx.buffers.k[ordinal], ctx.buffers.v[ordinal], ctx.out_locs, ctx.attn, self.scale
         ).reshape(tokens, -1)
