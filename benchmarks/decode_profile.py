@@ -83,6 +83,13 @@ def schedstat(pid: int) -> dict[str, tuple[str, int, int]]:
     return out
 
 
+def vm_mib(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def start_server(model: Path, threads: int, extra: list[str]) -> tuple[subprocess.Popen[bytes], str, Path]:
     port = engines.free_port()
     log = Path(tempfile.mkdtemp(prefix="decode-profile-")) / "server.log"
@@ -119,6 +126,8 @@ def profile(a: argparse.Namespace, model: Path) -> None:
     proc, url, log = start_server(model, a.threads, a.runtime_arg)
     rng = random.Random(0)
     try:
+        time.sleep(2.0)
+        idle_rss = vm_mib(proc.pid, "VmRSS")
         asyncio.run(stream(url, [rng.randrange(10, 4000) for _ in range(PROMPT)], 32))  # warm-up
         raw = a.raw or Path(tempfile.mkdtemp(prefix="decode-profile-")) / "stacks.txt"
         cmd = [spy, "record", "--pid", str(proc.pid), "--rate", str(a.rate), "--format", "raw", "--threads",
@@ -131,12 +140,14 @@ def profile(a: argparse.Namespace, model: Path) -> None:
         before, t0 = schedstat(proc.pid), time.perf_counter()
         tok_s, tokens = asyncio.run(stream(url, [rng.randrange(10, 4000) for _ in range(PROMPT)], a.tokens))
         after, wall = schedstat(proc.pid), time.perf_counter() - t0
+        peak_rss = vm_mib(proc.pid, "VmHWM")
         sampler.send_signal(signal.SIGINT)
         sampler.wait(timeout=60)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
     print(f"server: {' '.join(a.runtime_arg) or 'default flags'}, --num-threads {a.threads}; log {log}")
+    print(f"resident memory: idle {idle_rss:.0f} MiB, peak {peak_rss:.0f} MiB (VmRSS / VmHWM of the server)")
     print(f"single stream: {tokens} tokens, decode {tok_s:.1f} tok/s ({1000 / tok_s:.2f} ms/token); stacks {raw}")
     report_schedstat(before, after, wall, tokens, proc.pid)
     if not raw.is_file():
