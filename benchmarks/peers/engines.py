@@ -61,8 +61,15 @@ RUNTIME_COMPILE = True
 RUNTIME_EXTRA_ARGS: list[str] = []
 
 
+# llama.cpp's context and concurrency (`-c 16384 -np 8 -kvu`: any one of 8 slots may use all 16384 tokens), given
+# to every engine that takes them, so resident memory is compared for the same capacity.
+CONTEXT_LEN = 16384
+PARALLEL = 8
+
+
 def runtime_launch(model_dir: Path, threads: int, port: int) -> Launch:
-    # Defaults otherwise: radix cache on, SGLang's chunked prefill; greedy identity under both is tested.
+    # Defaults otherwise (4 GiB budget as an upper bound, radix cache on, SGLang's chunked prefill); greedy
+    # identity under both is tested.
     cmd = [
         sys.executable,
         "-m",
@@ -75,14 +82,13 @@ def runtime_launch(model_dir: Path, threads: int, port: int) -> Launch:
         str(port),
         "--num-threads",
         str(threads),
-        "--memory-budget-gib",
-        "2",
     ]
+    sizing = ["--context-length", str(CONTEXT_LEN), "--max-running-requests", str(PARALLEL)]
     flags = (["--enable-torch-compile"] if RUNTIME_COMPILE else []) + RUNTIME_EXTRA_ARGS
     return Launch(
-        cmd + flags,
+        cmd + sizing + flags,
         RuntimeClient(f"http://127.0.0.1:{port}"),
-        ", ".join(["fp32, radix cache on", f"--num-threads {threads}", "--memory-budget-gib 2", " ".join(flags)]),
+        ", ".join(["fp32, radix cache on", f"--num-threads {threads}", " ".join(sizing), " ".join(flags)]),
         startup_timeout_s=900.0 if RUNTIME_COMPILE else 300.0,
     )
 
@@ -123,9 +129,9 @@ def llamacpp_launch(model_dir: Path, threads: int, port: int) -> Launch:
         "-tb",
         str(threads),
         "-c",
-        "16384",
+        str(CONTEXT_LEN),
         "-np",
-        "8",
+        str(PARALLEL),
         "-kvu",
         "--no-webui",
         "--cache-prompt",
@@ -133,7 +139,7 @@ def llamacpp_launch(model_dir: Path, threads: int, port: int) -> Launch:
     return Launch(
         cmd,
         LlamaCppClient(f"http://127.0.0.1:{port}"),
-        f"f32 GGUF, -t {threads} -c 16384 -np 8 -kvu, cache_prompt",
+        f"f32 GGUF, -t {threads} -c {CONTEXT_LEN} -np {PARALLEL} -kvu, cache_prompt",
     )
 
 
@@ -167,7 +173,7 @@ def vllm_launch(model_dir: Path, threads: int, port: int) -> Launch:
         "--prefix-cache-retention-interval",
         "256",
         "--max-num-seqs",
-        "8",
+        str(PARALLEL),
         "--enable-prompt-tokens-details",
         "--disable-log-stats",
     ]
@@ -242,3 +248,26 @@ def stop(running: Running) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group (worker processes)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def resident_mib(running: Running) -> tuple[float, float]:
+    """(VmRSS, VmHWM) in MiB summed over the engine's process group (vLLM's workers included), from /proc.
+
+    VmHWM is each process's own peak; their sum bounds the group's peak from above (the processes may not all
+    peak at once). Processes that exit between listing and reading are skipped."""
+    rss = hwm = 0
+    group = running.process.pid  # start_new_session: the group id is the leader's pid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1])
+                elif line.startswith("VmHWM:"):
+                    hwm += int(line.split()[1])
+        except (OSError, ProcessLookupError):
+            continue
+    return rss / 1024, hwm / 1024

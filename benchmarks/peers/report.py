@@ -25,6 +25,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("repeat_cached_tokens", "repeat: cached prompt tokens", "{}"),
     ("repeat_output_matches_cold", "repeat output == cold output", "{}"),
     ("agrees_with_transformers", "greedy tokens equal to transformers fp32", "{}"),
+    ("idle_rss_mib", "resident memory, idle after start-up (MiB) ↓", "{:.0f}"),
+    ("peak_rss_mib", "resident memory, peak over the run (MiB, VmHWM) ↓", "{:.0f}"),
 )
 
 
@@ -56,6 +58,8 @@ def render_table(report: dict[str, Any]) -> str:
     notes = [
         "",
         "Ratios are engine / runtime (for ↓ rows below 1 means faster than the runtime, for ↑ above 1).",
+        "Resident memory: VmRSS / VmHWM of the server's process group (/proc); transformers runs inside the "
+        "harness, so it has none.",
     ]
     for name, result in results.items():
         if result.get("status") == "ok":

@@ -31,6 +31,7 @@ from report import render_table  # noqa: E402
 from workloads import agreement, build_prompts, measure  # noqa: E402
 
 ALL_ENGINES = ("runtime", "llamacpp", "vllm", "transformers")
+IDLE_SETTLE_S = 2.0  # after /health answers, before idle resident memory is read
 
 
 def machine() -> dict[str, Any]:
@@ -76,9 +77,13 @@ def run_server_engine(name: str, model: Path, prompts: Any, threads: int, logs: 
         print(f"[{name}] {exc}", flush=True)
         return {"status": "unavailable", "reason": exc.reason, "setup": exc.setup}
     try:
+        time.sleep(IDLE_SETTLE_S)  # the server's own start-up warm-up, if any, has finished by /health
+        idle_rss, _ = engines.resident_mib(running)
         start = time.monotonic()
         metrics = asyncio.run(measure(launch.client, prompts))
         print(f"[{name}] measured in {time.monotonic() - start:.0f}s", flush=True)
+        metrics["idle_rss_mib"] = idle_rss
+        metrics["rss_after_mib"], metrics["peak_rss_mib"] = engines.resident_mib(running)
         return {"status": "ok", "config": launch.config, "metrics": metrics, "log": str(running.log_path)}
     except Exception as exc:  # noqa: BLE001 - any failure of a peer is a row of the report, not a crash
         reason = f"{type(exc).__name__}: {exc} (log: {running.log_path}: {running.log_tail(3)})"

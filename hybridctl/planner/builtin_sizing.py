@@ -6,13 +6,19 @@ the config alone, by computing the runtime's inputs the way it does: activations
 window) in float32 on CPU and bfloat16 on a GPU, weights held at that dtype, `auto` meaning extra_buffer, no
 overlap schedule, one state slot per draft token under speculative decoding, and on CPU a memory budget of
 memory.memory_budget_gib (default 4 GiB) instead of a device's memory.
+
+The budget is an upper bound, not a target: after SGLang's split (`size_pools`), each pool is cut to what the
+resolved request cap can use (`cap_to_need`): max_running_requests x context_len KV tokens, and state slots for
+the running requests plus a checkpoint every mamba_track_interval tokens of that KV. SGLang fills a GPU on
+purpose; a CPU process holding 4 GiB for an 11M-parameter model at 8 requests of 16k tokens holds memory nothing
+can use. (The runtime also leaves the pools untouched until written: runtime/core/buffers.py.)
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +42,8 @@ class BuiltinPools:
     strategy_reason: str
     pool_budget_bytes: int
     device_bytes: int
+    # What `cap_to_need` cut (e.g. "KV tokens 926769 -> 131072"), "" when the budget was the smaller bound.
+    capped_to_need: str = ""
 
 
 def activation_dtype(on_gpu: bool) -> str:
@@ -111,7 +119,54 @@ def size_builtin_pools(
             speculative_num_draft_tokens=speculative_num_draft_tokens,
         )
     )
-    return BuiltinPools(plan, resolved, reason, pool_budget, device_bytes)
+    # The runtime checkpoints prefill states every mamba_track_interval tokens with extra_buffer and the radix cache.
+    interval = mamba_track_interval if resolved == "extra_buffer" and not disable_radix_cache else 0
+    capped, what = cap_to_need(plan, state_bytes_per_request, kv_bytes_per_token, page_size, context_len, interval)
+    return BuiltinPools(capped, resolved, reason, pool_budget, device_bytes, what)
+
+
+def cap_to_need(
+    plan: PoolPlan,
+    state_bytes_per_request: int,
+    kv_bytes_per_token: int,
+    page_size: int,
+    context_len: int | None,
+    checkpoint_interval: int,
+) -> tuple[PoolPlan, str]:
+    """`plan` with each pool cut to what its request cap can use; the request cap itself is unchanged.
+
+    KV tokens: max_running_requests x context_len, page aligned up (every running request at its longest; what
+    running requests do not hold caches prefixes). State slots: max_running_requests x slots_per_request, plus
+    one checkpoint every `checkpoint_interval` tokens of that KV (0: the runtime keeps no checkpoints), so every
+    cached prefix can keep its states; unless the state pool set the request cap (K // ratio), when K is the need.
+    Speculative scratch is sized from the request cap already. Returns the plan and what was cut ("": nothing)."""
+    reqs, ratio = plan.max_running_requests, plan.slots_per_request
+    tokens = plan.max_total_num_tokens
+    if context_len is not None:
+        tokens = min(tokens, -(-reqs * context_len // page_size) * page_size)
+    k = plan.max_mamba_cache_size
+    if plan.limited_by != "state_pool":
+        checkpoints = -(-tokens // checkpoint_interval) if checkpoint_interval > 0 else 0
+        k = min(k, reqs * ratio + checkpoints)
+    if (k, tokens) == (plan.max_mamba_cache_size, plan.max_total_num_tokens):
+        return plan, ""
+    padding = plan.mamba_pool_bytes // state_bytes_per_request - plan.max_mamba_cache_size  # the padding slot
+    cut = [
+        f"{name} {old} -> {new}"
+        for name, old, new in (
+            ("state slots", plan.max_mamba_cache_size, k),
+            ("KV tokens", plan.max_total_num_tokens, tokens),
+        )
+        if old != new
+    ]
+    return replace(
+        plan,
+        max_mamba_cache_size=k,
+        mamba_pool_slots=k + 1,
+        mamba_pool_bytes=(k + padding) * state_bytes_per_request,
+        max_total_num_tokens=tokens,
+        kv_pool_bytes=tokens * kv_bytes_per_token,
+    ), ", ".join(cut)
 
 
 def _stored_dtype_bytes(config_json: str) -> int:
@@ -218,7 +273,8 @@ def plan_builtin(
         weights_bytes=weights,
         weights_source=spec.weights_source,
         pool_bytes=pools.pool_budget_bytes,
-        pool_source="derived" if on_gpu else f"bundled runtime on CPU: {device / GIB:g} GiB budget",
+        pool_source=("derived" if on_gpu else f"bundled runtime on CPU: {device / GIB:g} GiB budget")
+        + (f"; cut to need: {pools.capped_to_need}" if pools.capped_to_need else ""),
         strategy=pools.strategy,
         strategy_reason=pools.strategy_reason,
         overlap_schedule=False,

@@ -88,7 +88,8 @@ def allocate_elastic_buffers(
     ssm_dtype: torch.dtype, device: str | torch.device,
 ) -> tuple[torch.Tensor, PoolBuffers]:  # fmt: skip
     """The one backing buffer, and the model's per-layer tensors as strided views of it (KV and state)."""
-    backing = torch.zeros(geo.num_chunks * geo.chunk_bytes, dtype=torch.uint8, device=device)
+    # Untouched (runtime/core/buffers.py): a chunk's pages become resident when a token or a state is written.
+    backing = torch.empty(geo.num_chunks * geo.chunk_bytes, dtype=torch.uint8, device=device)
     total_rows = geo.num_chunks * geo.rows_per_chunk
 
     def view(

@@ -2,11 +2,19 @@
 
 Page p covers token slots [p * page_size, (p + 1) * page_size). The allocator only tracks which pages are
 free; the prefix cache knows which are cached, and requests know which they hold privately.
+
+Pages never handed out are not listed: they are the ones at or above a cursor (`_fresh`), so a pool of a
+million pages costs a byte a page (`_state`), not a Python list of a million ints (~40 MB resident). Freed and
+added pages go on a stack that is served first; the cursor serves the rest lowest first. That is the order a
+list of every page, lowest on top, gave: reuse the most recently freed page, else the lowest never used, so the
+memory a workload touches stays as small as it can (the buffers are untouched until written).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+_TAKEN, _STACKED, _FRESH = 0, 1, 2  # in use or withdrawn; free on the stack; free and never handed out
 
 
 class KVPagePool:
@@ -15,65 +23,94 @@ class KVPagePool:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.num_pages = num_pages
         self.page_size = page_size
-        # Lowest pages first: keeps early allocations contiguous, which makes dumps readable.
-        self._free: list[int] = list(range(num_pages - 1, -1, -1))
-        self._is_free = [True] * num_pages
+        self._state = bytearray([_FRESH]) * num_pages
+        self._stack: list[int] = []  # free pages that were used (or added), the most recent last
+        self._fresh = 0  # every _FRESH page is at or above this index
+        self._num_free = num_pages
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
+
+    def _is_free(self, page: int) -> bool:
+        return self._state[page] != _TAKEN
 
     def alloc(self, n: int) -> list[int] | None:
         """n pages, or None (nothing taken) when fewer than n are free."""
-        if n > len(self._free):
+        if n > self._num_free:
             return None
-        pages = [self._free.pop() for _ in range(n)]
+        take = min(n, len(self._stack))
+        pages = [self._stack.pop() for _ in range(take)]
+        state = self._state
+        while len(pages) < n:
+            page = state.find(_FRESH, self._fresh)  # withdrawn pages above the cursor are skipped
+            pages.append(page)
+            self._fresh = page + 1
         for p in pages:
-            self._is_free[p] = False
+            state[p] = _TAKEN
+        self._num_free -= n
         return pages
 
     def free(self, pages: list[int]) -> None:
+        state = self._state
         for p in pages:
-            if self._is_free[p]:
+            if state[p] != _TAKEN:
                 raise RuntimeError(f"KV page {p} freed twice")
-            self._is_free[p] = True
-            self._free.append(p)
+            state[p] = _STACKED
+            self._stack.append(p)
+        self._num_free += len(pages)
 
     def free_pages(self) -> list[int]:
-        return list(self._free)
+        """Every free page, the next to be handed out last."""
+        state = self._state
+        fresh = [p for p in range(len(state) - 1, self._fresh - 1, -1) if state[p] == _FRESH]
+        return fresh + self._stack
 
     def resize(self, capacity: int, owned: Iterable[int] | None = None) -> None:
         """Start over as a pool of page ids [0, capacity) that owns `owned` of them (all by default), all free;
         refused while any page is allocated (the elastic pool lays its chunks out at start-up)."""
-        if len(self._free) != self.num_pages:
-            raise RuntimeError(f"KV pool resized with {self.num_pages - len(self._free)} pages in use")
-        mine = sorted(set(range(capacity) if owned is None else owned), reverse=True)
-        if mine and not 0 <= mine[-1] <= mine[0] < capacity:
-            raise ValueError(f"KV pages {mine[-1]}..{mine[0]} are outside a pool of {capacity} pages")
-        self._is_free = [False] * capacity
-        for p in mine:
-            self._is_free[p] = True
-        self._free = mine  # lowest pages first, as a new pool
+        if self._num_free != self.num_pages:
+            raise RuntimeError(f"KV pool resized with {self.num_pages - self._num_free} pages in use")
+        mine = set(range(capacity) if owned is None else owned)
+        if mine and not 0 <= min(mine) <= max(mine) < capacity:
+            raise ValueError(f"KV pages {min(mine)}..{max(mine)} are outside a pool of {capacity} pages")
+        # Pages the pool does not own are marked taken, so the cursor skips them; owned ones are fresh and
+        # handed out lowest first, as a new pool.
+        self._state = bytearray([_FRESH]) * capacity if owned is None else bytearray([_TAKEN]) * capacity
+        if owned is not None:
+            for p in mine:
+                self._state[p] = _FRESH
+        self._stack = []
+        self._fresh = 0
+        self._num_free = len(mine)
         self.num_pages = len(mine)
 
     def take(self, pages: Iterable[int]) -> None:
         """Take free pages out of the pool for good (the elastic pool gives their bytes to states).
 
-        One pass over the free list for any number of pages: per page (or per chunk) it would be quadratic.
+        One pass over the stack for any number of pages: per page (or per chunk) it would be quadratic, and
+        start-up hands thousands of chunks over at once.
         """
         gone = set(pages)
+        state = self._state
+        stacked = False
         for p in gone:
-            if not self._is_free[p]:
+            if state[p] == _TAKEN:
                 raise RuntimeError(f"KV page {p} taken out of the pool while in use")
-            self._is_free[p] = False
-        self._free = [p for p in self._free if p not in gone]
+            stacked = stacked or state[p] == _STACKED
+            state[p] = _TAKEN
+        if stacked:
+            self._stack = [p for p in self._stack if p not in gone]
+        self._num_free -= len(gone)
         self.num_pages -= len(gone)
 
     def give(self, pages: list[int]) -> None:
-        """Give the pool pages it did not have (free, taken after the ones already free)."""
+        """Give the pool pages it did not have (free; handed out next, `pages[0]` first)."""
+        state = self._state
         for p in pages:
-            if self._is_free[p]:
+            if state[p] != _TAKEN:
                 raise RuntimeError(f"KV page {p} given to the pool twice")
-            self._is_free[p] = True
-        self._free.extend(reversed(pages))
+            state[p] = _STACKED
+        self._stack.extend(reversed(pages))
+        self._num_free += len(pages)
         self.num_pages += len(pages)

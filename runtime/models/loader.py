@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -15,6 +17,23 @@ from runtime.models.registry import resolve
 
 # Non-parameter tensors some exporters write; they are recomputed, never read.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The initialisers a module's reset_parameters calls; on the meta device they compute nothing, and `normal_` (every
+# nn.Embedding) runs as a Python reference that imports torch._dynamo: ~800 modules, ~75 MB resident for good.
+_INITIALISERS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                 "xavier_normal_", "zeros_", "ones_", "constant_")  # fmt: skip
+
+
+@contextmanager
+def _no_init() -> Iterator[None]:
+    """torch.nn.init's initialisers as no-ops (the model is built on meta and every value comes from the checkpoint)."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INITIALISERS}
+    try:
+        for name in saved:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
 
 
 def read_config(model_path: Path) -> HFConfig:
@@ -81,7 +100,7 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
     cfg = read_config(model_path)
     entry = resolve(cfg)
     # Built on the meta device: no random init, no memory until the checkpoint fills each parameter.
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         try:
             model = entry.build(cfg)
         except ModelLoadError:
@@ -93,7 +112,7 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
                 "fix the file or re-download the model."
             ) from None
     # Cast while still on meta so real memory is allocated once, at the target dtype.
-    model = model.cast(dtype).to_empty(device=device)
+    model = _materialize(model.cast(dtype), torch.device(device))
     files = _tensor_files(model_path)
     _fill_parameters(model, files, dtype, torch.device(device))
     for module in model.modules():  # layers that re-lay their weights for serving once they hold real values
@@ -104,6 +123,18 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
     # Serving only: no forward should record an autograd graph, whether or not its caller is in inference mode
     # (the kernels write into preallocated outputs, which autograd refuses).
     return model.eval().requires_grad_(False)
+
+
+def _materialize(model: HybridModel, device: torch.device) -> HybridModel:
+    """`model.to_empty(device)` without its Python `empty_like` reference, which imports torch's symbolic shapes
+    and sympy (~40 MB resident) for meta tensors; `torch.empty` of each shape is the same uninitialised memory."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            fresh = torch.empty(param.shape, dtype=param.dtype, device=device)
+            setattr(module, name, torch.nn.Parameter(fresh, requires_grad=param.requires_grad))
+        for name, buf in list(module.named_buffers(recurse=False)):
+            setattr(module, name, torch.empty(buf.shape, dtype=buf.dtype, device=device))
+    return model
 
 
 def _checkpoint_names(model: HybridModel, files: dict[str, Path]) -> dict[str, tuple[str, Path]]:

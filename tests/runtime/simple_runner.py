@@ -45,6 +45,7 @@ class SimpleRunner:
             conv_dtype=conv_dtype or next(model.parameters()).dtype,
             ssm_dtype=ssm_dtype,
             device=device,
+            zeroed=True,  # tests read slots back to check what a forward wrote, and where
         )
         self.num_token_slots = num_token_slots
         self.next_token_slot = 0

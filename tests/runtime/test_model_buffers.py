@@ -29,6 +29,7 @@ def test_shapes_dtypes_and_zeros() -> None:
         conv_dtype=torch.bfloat16,
         ssm_dtype=torch.float32,
         device="cpu",
+        zeroed=True,
     )
     assert len(buffers.k) == len(buffers.v) == 2 and len(buffers.conv) == len(buffers.ssm) == 6
     assert buffers.k[0].shape == (100, 2, 64) and buffers.v[1].shape == (100, 2, 48)
