@@ -95,7 +95,11 @@ def _engine_dtype(dtype: str) -> str:
 class RuntimeArgs:
     """Every launch option after parsing; None means "derive it" exactly as SGLang's None does.
 
-    Field order is the order of `--help`. `engine=None`: the server's option, not the engine's.
+    Field order is the order of `--help`. A new flag is one field, e.g. a server-side one:
+        tool_call_parser: str | None = flag("--tool-call-parser", choices=(...), help="...", engine=None)
+    Without `engine=None` the field sets the `EngineArgs` option of its name (`engine="x"` another name,
+    `to_engine` converts); tests/runtime/test_args_options.py fails on a flag the engine does not take. Checks
+    that need their own message go in `_check_values`.
     """
 
     # SGLang's own server flags, with its names.
