@@ -45,9 +45,7 @@ def fan_out(per_prompt: list[PreparedRequest]) -> list[PreparedRequest]:
             if sampling.seed is not None:
                 sampling.seed = continuation_seed(sampling.seed, j)
             rid = uuid.uuid4().hex  # as SGLang's regenerate_rid: every sample gets its own id
-            request = replace(
-                prepared.request, rid=rid, sampling=sampling, fork_of=first_rid if j else None
-            )
+            request = replace(prepared.request, rid=rid, sampling=sampling, fork_of=first_rid if j else None)
             first_rid = first_rid or rid
             out.append(replace(prepared, index=i * n + j, request=request, n=n))
     return out
