@@ -322,7 +322,9 @@ async def _stream(
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(index: int, delta: str | None, finish_reason: str | None = None, matched: Any = None) -> bytes:
+    def chunk(
+        index: int, delta: str | None, finish_reason: str | None = None, matched: Any = None, ext: Any = None
+    ) -> bytes:
         choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["matched_stop"] = matched
@@ -330,9 +332,10 @@ async def _stream(
             choice["delta"] = {} if delta is None else {"content": delta}
         else:
             choice["text"] = delta or ""
-        return sse_event(
-            {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
-        )
+        payload = {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
+        if ext is not None:
+            payload["sglext"] = ext
+        return sse_event(payload)
 
     for index in range(len(states) if chat else 0):  # OpenAI's first chat chunk of a choice announces the role
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model,
@@ -351,10 +354,14 @@ async def _stream(
             if delta:
                 yield chunk(i, delta)
             finish_reason, matched = _finish(state)
-            yield chunk(i, None if chat else "", finish_reason, matched)
+            # Completions: sglext rides on the last finish chunk. SGLang 0.5.23 sends it in a chunk with
+            # "choices": [], which its own bench_serving completions reader indexes ([0]) and fails on, so
+            # `--cache-report` on sglang-oai lost every request; the field and its value are SGLang's.
+            last = not chat and all(s.finished for s in states)
+            yield chunk(i, None if chat else "", finish_reason, matched, sglext() if last else None)
         elif delta:
             yield chunk(i, delta)
-    extension = sglext()
+    extension = sglext() if chat else None
     if extension is not None:  # SGLang sends it at response level, in a chunk of its own, before the usage
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model, "choices": [],
                          "sglext": extension})  # fmt: skip
