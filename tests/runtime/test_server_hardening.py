@@ -172,7 +172,7 @@ def test_errors_name_the_field_as_the_client_sent_it(server: RunningServer) -> N
             ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, "max_tokens"),
             ("/v1/completions", {"prompt": "hi", "max_tokens": "x"}, "max_tokens"),
             ("/v1/completions", {"prompt": "hi", "seed": 2**64}, "seed"),
-            ("/v1/completions", {"prompt": "hi", "min_tokens": 2}, "min_tokens"),
+            ("/v1/completions", {"prompt": "hi", "min_tokens": 200}, "min_tokens"),
             ("/v1/chat/completions", {**chat, "max_completion_tokens": -1}, "max_completion_tokens"),
             ("/v1/chat/completions", {**chat, "max_tokens": 10**9}, "max_tokens"),
             ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
