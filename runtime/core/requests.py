@@ -19,6 +19,12 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    # SGLang's penalties (penaltylib/): over the output tokens so far; 0 / 0 / 1 / 0 are off.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0  # EOS and stop token ids are masked until this many tokens are out
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     def validate(self) -> str | None:
         """A one-line reason when the values cannot be sampled with, else None."""
@@ -38,7 +44,37 @@ class SamplingParams:
             return f"min_p must be in [0, 1], got {self.min_p}"
         if self.max_new_tokens < 0:
             return f"max_new_tokens must be >= 0, got {self.max_new_tokens}"
+        return self._validate_penalties()
+
+    def _validate_penalties(self) -> str | None:
+        """SGLang 0.5.23's ranges (SamplingParams.verify)."""
+        for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                return f"{name} must be a finite number, got {value!r}"
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            return f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            return f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            return f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {self.repetition_penalty}"
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            return f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], got {self.min_new_tokens}"
+        for value in self.logit_bias.values():
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                return f"logit_bias values must be finite numbers, got {value!r}"
         return None
+
+    @property
+    def has_penalties(self) -> bool:
+        """Anything that changes the logits before sampling (runtime/scheduler/penalties.py)."""
+        return bool(
+            self.frequency_penalty
+            or self.presence_penalty
+            or self.repetition_penalty != 1.0
+            or self.min_new_tokens
+            or self.logit_bias
+        )
 
 
 @dataclass
@@ -52,6 +88,9 @@ class GenerateRequest:
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    # n > 1: the rid of the first continuation of the same prompt. The scheduler forks this request off it
+    # after its prefill (shared KV, a copy of the recurrent state) instead of prefilling the prompt again.
+    fork_of: str | None = None
 
 
 @dataclass
@@ -104,6 +143,7 @@ class EngineStats:
     kv_evictions: int = 0  # KV pages evicted from the prefix cache
     state_evictions: int = 0  # cached states evicted
     state_checkpoints: int = 0  # states copied into the prefix cache
+    state_forks: int = 0  # n > 1 continuations forked off a prefill (a state-slot copy each, KV shared)
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     cached_tokens_total: int = 0

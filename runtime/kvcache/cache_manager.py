@@ -153,6 +153,33 @@ class CacheManager:
         self.tree.detach_state(node)
         return src
 
+    def fork(self, mem: ReqMemory, tokens: list[int], total_tokens: int) -> ReqMemory | None:
+        """A second request continuing from `mem` (which holds tokens[:kv_len], prefilled): the KV is shared
+        through the tree (the tokens go in, locked by both) and the state slot is copied. `total_tokens` is the
+        new request's final length, as at admission. None when it cannot be shared now (caching off, the
+        prompt ends inside a page, no slot or pages free): the caller admits it the ordinary way."""
+        ps = self.page_size
+        if not self.caching or mem.kv_len % ps or mem.slot is None:
+            return None
+        need = self.pages_for(total_tokens) - mem.kv_len // ps
+        if need > self.available_pages or self.available_slots < 1:
+            return None
+        if mem.kv_len > mem.tree_len:
+            self._insert(mem, tokens, None)  # the prompt's KV now belongs to the tree, locked through mem.node
+        slot = self._alloc_slot(keep=mem.node)
+        if slot is None:
+            return None
+        self.state_pool.copy(mem.slot, slot)
+        child = ReqMemory(
+            pages=list(mem.pages), tree_len=mem.kv_len, node=mem.node, slot=slot, kv_len=mem.kv_len,
+            reserved_pages=need,
+        )  # fmt: skip
+        if child.node is not None:
+            self.tree.lock(child.node)
+        self.reserved_pages += need
+        self.live.append(child)
+        return child
+
     def grow(self, mem: ReqMemory, new_tokens: int) -> list[int]:
         """KV token slots for the next `new_tokens` tokens (allocating pages from the reservation)."""
         ps = self.page_size

@@ -30,6 +30,8 @@ from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.kvcache.cache_manager import Admission, CacheManager
 from runtime.scheduler.checkpoints import CheckpointPlanner
+from runtime.scheduler.fork import ForkHolds
+from runtime.scheduler.penalties import apply_penalties
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
@@ -109,6 +111,7 @@ class Scheduler:
         self.spec: SpecRounds | None = None
         # PD prefill (runtime/pd/prefill.py): sees a request's memory just before it goes back to the pools.
         self.on_release: Callable[[Req], None] | None = None
+        self.forks = ForkHolds()  # n > 1: continuations waiting for their prompt's prefill (fork.py)
 
     # -- requests in and out ---------------------------------------------------------------------------------
 
@@ -127,6 +130,8 @@ class Scheduler:
 
     def _admit_to_queue(self, req: Req, g: GenerateRequest) -> None:
         problem = g.sampling.validate() or self._check_length(req)
+        if problem is None and self.spec is not None and g.sampling.has_penalties:  # verify samples without them
+            problem = "penalties, min_new_tokens and logit_bias are not implemented with speculative decoding"
         if problem:
             self._finish(req, _abort(problem, 400, "BadRequestError"))
             return
@@ -136,7 +141,8 @@ class Scheduler:
         if req.max_new_tokens == 0:
             self._finish(req, {"type": "length", "length": 0})
             return
-        self.waiting.append(req)
+        if not self.forks.hold(req, g.fork_of if self.spec is None else None, self.waiting + self.running):
+            self.waiting.append(req)
 
     def _check_length(self, req: Req) -> str | None:
         if not req.prompt_ids:
@@ -153,6 +159,11 @@ class Scheduler:
         err_type = {499: "ClientDisconnect", 503: "ServiceUnavailable"}.get(
             status_code, "InternalServerError"
         )
+        held = self.forks.remove(rid)
+        if held is not None:
+            self.counters.num_requests_aborted += 1
+            self._finish(held, _abort(message, status_code, err_type))
+            return True
         for queue in (self.waiting, self.running):
             for req in queue:
                 if req.rid == rid:
@@ -363,9 +374,22 @@ class Scheduler:
                 if self.cache.checkpoint(req.mem, req.prompt_ids):  # the chunk ended at the checkpoint: copy it
                     self.counters.state_checkpoints += 1
         if done:
-            self._sample_and_emit([batch.reqs[i] for i in done], logits[done])
+            reqs, rows = self.forks.fork(
+                [batch.reqs[i] for i in done], logits[done], self.cache,
+                can_run=lambda: len(self.running) < self.config.max_running_requests,
+                on_forked=self._start_fork, on_unforked=self.waiting.append,
+            )  # fmt: skip
+            self._sample_and_emit(reqs, rows)
+
+    def _start_fork(self, req: Req) -> None:
+        """A continuation forked off its prompt's prefill runs from now on (fork.py)."""
+        self.running.append(req)
+        self.counters.state_forks += 1
+        self.counters.prompt_tokens_total += len(req.prompt_ids)
+        self.counters.cached_tokens_total += req.cached_tokens
 
     def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        logits = apply_penalties(logits, [r.sampling for r in reqs], [r.output_ids for r in reqs], self.eos_token_ids)
         generators = [self.generator_for(r) for r in reqs]
         tokens, errors = sample_isolated(logits, [r.sampling for r in reqs], generators)
         for i, exc in errors:  # this request's sampling raised: it fails alone, the batch goes on
@@ -494,6 +518,7 @@ class Scheduler:
             req.mem = None
 
     def _finish(self, req: Req, reason: dict) -> None:
+        self.waiting.extend(self.forks.release(req))  # it ended before its prefill did: they prefill themselves
         req.finish_reason = reason
         req.on_output(req.take_output())
 
@@ -502,7 +527,7 @@ class Scheduler:
     def stats(self) -> EngineStats:
         s = self.counters
         s.num_running_reqs = len(self.running)
-        s.num_queue_reqs = len(self.waiting)
+        s.num_queue_reqs = len(self.waiting) + len(self.forks)
         total, free, cached, in_use = self.cache.page_counts()
         s.kv_pages_total, s.kv_pages_free, s.kv_pages_cached, s.kv_pages_in_use = total, free, cached, in_use
         s.token_usage = (total - free - self.cache.tree.evictable_pages) / total if total else 0.0

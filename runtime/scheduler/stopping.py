@@ -16,8 +16,8 @@ def finish_reason_after(
 ) -> dict[str, Any] | None:
     """SGLang's finish_reason for a request that just produced `token`, or None to go on."""
     p = req.sampling
-    if token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids):
-        return {"type": "stop", "matched": token}
+    # SGLang's order (Req.update_finish_state): stop strings, then stop token ids and EOS (both off with
+    # ignore_eos), then the length budget.
     if p.stop and tok is not None:
         # Only the tail can hold a new match: the longest stop string plus the newest token's text.
         tail_tokens = req.output_ids[-(max(len(s) for s in p.stop) + 8) :]
@@ -25,6 +25,8 @@ def finish_reason_after(
         for s in p.stop:
             if s and s in tail:
                 return {"type": "stop", "matched": s}
+    if not p.ignore_eos and (token in p.stop_token_ids or token in eos_ids):
+        return {"type": "stop", "matched": token}
     if len(req.output_ids) >= req.max_new_tokens:
         return {"type": "length", "length": len(req.output_ids)}
     return None

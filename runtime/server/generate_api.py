@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from runtime.server.context import ServerContext, body_error, json_body, watch_disconnect
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
+from runtime.server.fanout import fan_out
 from runtime.server.generate_request import (
     ContractError,
     PreparedRequest,
@@ -104,10 +105,13 @@ async def generate(request: Request) -> Response:
             vocab_size=ctx.vocab_size,
             context_len=ctx.context_len,
         )
+        expanded = fan_out(prepared)  # n > 1: n continuations per prompt, answered as a batch
     except ContractError as e:
         return JSONResponse({"error": str(e)}, status_code=400)
     except RequestValueError as e:
         return value_error(str(e))
+    single = single and len(expanded) == len(prepared)
+    prepared = expanded
     try:
         group, states = start_group(ctx, prepared)
     except (DuplicateRequestId, RequestValueError) as e:
@@ -153,4 +157,6 @@ def _chunk_due(state: RequestState, sent: int) -> bool:
     first token at once, then whenever at least stream_interval tokens are unsent."""
     unsent = len(state.output_ids) - sent
     interval = state.prepared.stream_interval
-    return unsent > 0 and (interval == 1 or unsent >= interval or sent == 0)
+    due = unsent > 0 and (interval == 1 or unsent >= interval or sent == 0)
+    # ... and not while the text ends in what may become a stop string (its check_match_stop_str_prefix).
+    return due and (not state.prepared.request.sampling.stop or state.stream_text() == state.text())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,19 +24,13 @@ SGLANG_SAMPLING_FIELDS = (
     "watermark", "choice",
 )  # fmt: skip
 
-# Accepted only at these values: the runtime has no penalties, grammars, beams or watermarks.
+# Accepted only at these values: the runtime has no grammars, beams or watermarks.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "min_new_tokens": (None, 0),
-    "n": (None, 1),
     "stop_regex": (None, "", []),
     "json_schema": (None, ""),
     "regex": (None, ""),
     "ebnf": (None, ""),
     "structural_tag": (None, ""),
-    "logit_bias": (None, {}),
     "custom_params": (None, {}),
     "beam_width": (None, 1),
     "watermark": (None,),
@@ -154,6 +148,7 @@ class ParsedSampling:
     skip_special_tokens: bool
     no_stop_trim: bool
     stream_interval: int = 1
+    n: int = 1  # continuations per prompt (runtime/server/fanout.py)
 
 
 def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> ParsedSampling:
@@ -216,6 +211,10 @@ def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> P
             f"{name('sampling_seed')} must fit in 64 bits ({SEED_RANGE[0]} to {SEED_RANGE[1]}), "
             f"got {short_repr(p.seed)}"
         )
+    parse_penalties(raw, p, name)
+    n = _integer(name("n"), raw.get("n"))
+    if n is not None and not 1 <= n <= MAX_N:
+        raise RequestValueError(f"{name('n')} must be in [1, {MAX_N}], got {short_repr(n)}")
     interval = _integer(name("stream_interval"), raw.get("stream_interval"))
     _boolean(name("spaces_between_special_tokens"), raw.get("spaces_between_special_tokens"))
     skip = _boolean(name("skip_special_tokens"), raw.get("skip_special_tokens"))
@@ -230,7 +229,53 @@ def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> P
         no_stop_trim=bool(no_trim),
         # As SGLang: unset or 0 takes the server default (1); a negative one streams every step too.
         stream_interval=interval if interval is not None and interval > 0 else 1,
+        n=1 if n is None else n,
     )
+
+
+MAX_N = 128  # continuations per prompt: SGLang sets no limit, but a request must not fill the engine by itself
+
+
+def parse_penalties(raw: dict[str, Any], p: SamplingParams, name: Callable[[str], str]) -> None:
+    """SGLang's penalties, min_new_tokens and logit_bias with its ranges (SamplingParams.verify); errors name
+    the field as the client spelled it (`name`). logit_bias keys are checked against the vocabulary later."""
+    for key, low, high, low_open in (
+        ("frequency_penalty", -2.0, 2.0, False),
+        ("presence_penalty", -2.0, 2.0, False),
+        ("repetition_penalty", 0.0, 2.0, True),
+    ):
+        value = _number(name(key), raw.get(key))
+        if value is None:
+            continue
+        if not (low < value if low_open else low <= value) or value > high:
+            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+            raise RequestValueError(f"{name(key)} must be in {bounds}, got {value:g}")
+        setattr(p, key, value)
+    min_new = _integer(name("min_new_tokens"), raw.get("min_new_tokens"))
+    if min_new is not None:
+        if min_new < 0:
+            raise RequestValueError(f"{name('min_new_tokens')} must be >= 0, got {short_repr(min_new)}")
+        if min_new > p.max_new_tokens:
+            raise RequestValueError(
+                f"{name('min_new_tokens')} must be in [0, {name('max_new_tokens')}({p.max_new_tokens})], "
+                f"got {short_repr(min_new)}"
+            )
+        p.min_new_tokens = min_new
+    bias = raw.get("logit_bias")
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise _invalid(name("logit_bias"), bias, "a map of token id to bias")
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise RequestValueError(
+                f"{name('logit_bias')} keys must be token ids (integers as strings), got {short_repr(key)}"
+            ) from None
+        number = _number(f"{name('logit_bias')}[{key}]", value)
+        if number is not None:
+            p.logit_bias[token] = number  # "1" and "01" are one token: the last value wins, as in SGLang
 
 
 @dataclass
@@ -242,6 +287,7 @@ class PreparedRequest:
     skip_special_tokens: bool
     no_stop_trim: bool
     stream_interval: int = 1  # streamed: a chunk at the first token, then once this many tokens are unsent
+    n: int = 1  # continuations of this prompt (sampling_params.n / OpenAI n); fanout.py expands them
 
 
 def _prompts(body: dict[str, Any], encode: Any) -> tuple[list[list[int]], bool]:
@@ -355,6 +401,10 @@ def prepare_request(
             f"The input ({len(ids)} tokens) is longer than the model's context length ({context_len} tokens)."
         )
     sampling = SamplingParams(**vars(ps.sampling))
+    sampling.logit_bias = dict(sampling.logit_bias)
+    outside = [t for t in sampling.logit_bias if not 0 <= t < vocab_size]
+    if outside:
+        raise RequestValueError(f"logit_bias must have keys in [0, {vocab_size - 1}], got {outside[0]}")
     budget = context_len - len(ids)
     if sampling.max_new_tokens > budget:
         if ps.max_new_tokens_given:
@@ -366,5 +416,7 @@ def prepare_request(
                 "completion to fit within the limit."
             )
         sampling.max_new_tokens = budget
+    # As SGLang when the context budget clips max_new_tokens below it (parse_penalties checked the rest).
+    sampling.min_new_tokens = min(sampling.min_new_tokens, sampling.max_new_tokens)
     request = GenerateRequest(rid=rid, input_ids=ids, sampling=sampling, stream=stream)
-    return PreparedRequest(index, request, ps.skip_special_tokens, ps.no_stop_trim, ps.stream_interval)
+    return PreparedRequest(index, request, ps.skip_special_tokens, ps.no_stop_trim, ps.stream_interval, ps.n)

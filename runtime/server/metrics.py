@@ -146,6 +146,12 @@ class SnapshotCollector(Collector):
             for name, kind, doc, value in _elastic(self.stats):
                 family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
                 yield self._one(family(name, doc, labels=BASE_LABELS), value)
+        forks = CounterMetricFamily(
+            "runtime:state_forks_total",
+            "n > 1 continuations forked off one prefill (a recurrent-state slot copy each; KV shared).",
+            labels=BASE_LABELS,
+        )
+        yield self._one(forks, self.stats.state_forks)
         cached = CounterMetricFamily(
             "sglang:cached_tokens_total",
             "Number of cached prompt tokens by source (device/host/storage).",

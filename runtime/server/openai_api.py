@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from runtime.server.context import ServerContext, body_error, error_response, json_body
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
+from runtime.server.fanout import fan_out
 from runtime.server.generate_api import EngineUnavailable, abort_error, run_to_end, start_group
 from runtime.server.generate_request import (
     ContractError,
@@ -139,14 +140,24 @@ def _prepare(
 
 
 def _usage(states: list[RequestState]) -> dict[str, Any]:
-    prompt = sum(s.prompt_tokens for s in states)
+    # As SGLang's UsageProcessor: a prompt's tokens count once, not once per continuation (n > 1).
+    firsts = [s for s in states if s.prepared.index % s.prepared.n == 0]
+    prompt = sum(s.prompt_tokens for s in firsts)
     completion = sum(s.completion_tokens for s in states)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in states)},
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in firsts)},
     }
+
+
+def _sglext(body: dict[str, Any], states: list[RequestState]) -> dict[str, Any] | None:
+    """SGLang's response-level `sglext` with `return_cached_tokens_details`: the first request's details."""
+    if body.get("return_cached_tokens_details") is not True:
+        return None
+    details = next((d for s in states if (d := s.meta_info()["cached_tokens_details"]) is not None), None)
+    return None if details is None else {"cached_tokens_details": details}
 
 
 def _finish(state: RequestState) -> tuple[str | None, Any]:
@@ -191,6 +202,7 @@ async def completions(request: Request) -> Response:
         if body.get("max_tokens") is None:
             body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions
         prepared = [_prepare(ctx, body, ids, ("max_tokens",), index=i) for i, ids in enumerate(prompts)]
+        prepared = fan_out(prepared)  # n > 1: choice i*n + j is sample j of prompt i
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
     return await _serve(ctx, request, body, prepared, chat=False)
@@ -242,10 +254,10 @@ async def chat_completions(request: Request) -> Response:
     try:
         messages = _check_messages(body.get("messages"))
         ids = await asyncio.to_thread(_chat_prompt, ctx, messages)
-        prepared = _prepare(ctx, body, ids, ("max_completion_tokens", "max_tokens"))
+        prepared = fan_out([_prepare(ctx, body, ids, ("max_completion_tokens", "max_tokens"))])
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
-    return await _serve(ctx, request, body, [prepared], chat=True)
+    return await _serve(ctx, request, body, prepared, chat=True)
 
 
 async def _serve(
@@ -262,7 +274,7 @@ async def _serve(
     if prepared[0].request.stream:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        chunks = _stream(ctx, group, states, response_id, model, chat, include_usage)
+        chunks = _stream(ctx, group, states, response_id, model, chat, include_usage, _sglext_later(body, states))
         return AbortingStreamingResponse(chunks, on_close=group.close)
     await run_to_end(ctx, request, group, states)
     failure = abort_error(states)
@@ -283,16 +295,18 @@ async def _serve(
         else:
             choice["text"] = state.text()
         choices.append(choice)
-    return JSONResponse(
-        {
-            "id": response_id,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": choices,
-            "usage": _usage(states),
-        }
-    )
+    answer = {
+        "id": response_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _usage(states),
+    }
+    sglext = _sglext(body, states[:1])  # SGLang: from the first choice's request only
+    if sglext is not None:
+        answer["sglext"] = sglext
+    return JSONResponse(answer)
 
 
 async def _stream(
@@ -303,11 +317,14 @@ async def _stream(
     model: str,
     chat: bool,
     include_usage: bool,
+    sglext: Callable[[], dict[str, Any] | None],
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(index: int, delta: str | None, finish_reason: str | None = None, matched: Any = None) -> bytes:
+    def chunk(
+        index: int, delta: str | None, finish_reason: str | None = None, matched: Any = None, ext: Any = None
+    ) -> bytes:
         choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["matched_stop"] = matched
@@ -315,19 +332,20 @@ async def _stream(
             choice["delta"] = {} if delta is None else {"content": delta}
         else:
             choice["text"] = delta or ""
-        return sse_event(
-            {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
-        )
+        payload = {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
+        if ext is not None:
+            payload["sglext"] = ext
+        return sse_event(payload)
 
-    if chat:  # OpenAI's first chat chunk announces the role
+    for index in range(len(states) if chat else 0):  # OpenAI's first chat chunk of a choice announces the role
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model,
-                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                         "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}]})  # fmt: skip
     sent = [""] * len(states)
     async for i, out in group.updates():
         state = states[i]
         state.update(out)
-        text = state.text()
+        text = state.stream_text()  # a possible start of a stop string waits until it cannot be one
         # A stop string trimmed at the end can shorten the text: nothing more is sent then.
         delta = text[len(sent[i]) :] if text.startswith(sent[i]) else ""
         sent[i] += delta
@@ -336,13 +354,26 @@ async def _stream(
             if delta:
                 yield chunk(i, delta)
             finish_reason, matched = _finish(state)
-            yield chunk(i, None if chat else "", finish_reason, matched)
+            # Completions: sglext rides on the last finish chunk. SGLang 0.5.23 sends it in a chunk with
+            # "choices": [], which its own bench_serving completions reader indexes ([0]) and fails on, so
+            # `--cache-report` on sglang-oai lost every request; the field and its value are SGLang's.
+            last = not chat and all(s.finished for s in states)
+            yield chunk(i, None if chat else "", finish_reason, matched, sglext() if last else None)
         elif delta:
             yield chunk(i, delta)
+    extension = sglext() if chat else None
+    if extension is not None:  # SGLang sends it at response level, in a chunk of its own, before the usage
+        yield sse_event({"id": response_id, "object": kind, "created": created, "model": model, "choices": [],
+                         "sglext": extension})  # fmt: skip
     if include_usage:
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model, "choices": [],
                          "usage": _usage(states)})  # fmt: skip
     yield DONE
+
+
+def _sglext_later(body: dict[str, Any], states: list[RequestState]) -> Callable[[], dict[str, Any] | None]:
+    """`_sglext` once the stream has ended: SGLang takes the first choice that reported details."""
+    return lambda: _sglext(body, states)
 
 
 def routes() -> list[Route]:

@@ -87,6 +87,14 @@ class RequestState:
                 text = text[: pos + len(matched)] if self.prepared.no_stop_trim else text[:pos]
         return text
 
+    def stream_text(self) -> str:
+        """`text()` for a stream: until the request finishes, a tail that may still grow into a stop string is
+        held back (SGLang's check_match_stop_str_prefix), so the concatenated deltas equal the final text."""
+        text = self.text()
+        if self.finished:
+            return text
+        return text[: len(text) - held_stop_prefix(text, self.prepared.request.sampling.stop)]
+
     @property
     def e2e_latency(self) -> float:
         end = self.finished_time if self.finished_time is not None else time.perf_counter()
@@ -104,6 +112,8 @@ class RequestState:
             "weight_version": "default",
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
+            # SGLang's OutputStreamer.get_cached_tokens_details: all of it on the device, None without a hit.
+            "cached_tokens_details": {"device": self.cached_tokens, "host": 0} if self.cached_tokens > 0 else None,
         }
         if self.prepared.request.return_logprob:
             # SGLang's [logprob, token_id, text] triples; text would need return_text_in_logprobs.
@@ -134,3 +144,14 @@ class RequestState:
         if with_index:
             out["index"] = self.prepared.index
         return out
+
+
+def held_stop_prefix(text: str, stops: list[str]) -> int:
+    """Length of the longest end of `text` that is the start of (or is) a stop string; 0 when none."""
+    held = 0
+    for stop in stops:
+        for k in range(min(len(stop), len(text)), held, -1):
+            if text.endswith(stop[:k]):
+                held = k
+                break
+    return held

@@ -50,9 +50,11 @@ def malformed_requests() -> list[tuple[str, str, dict[str, str], bytes]]:
         ("top_p", 0), ("top_p", 1.5), ("top_p", -0.1), ("top_k", 0), ("top_k", -5), ("top_k", 1.5),
         ("min_p", 2), ("min_p", -1), ("max_new_tokens", -1), ("max_new_tokens", 10**30),
         ("max_new_tokens", 1.5), ("max_new_tokens", "8"), ("sampling_seed", 2**64), ("sampling_seed", -(2**70)),
-        ("sampling_seed", 10**400), ("sampling_seed", 1.5), ("frequency_penalty", 0.5), ("n", 3),
-        ("stop", 5), ("stop", [1, 2]), ("stop_token_ids", ["a"]), ("ignore_eos", "yes"), ("min_new_tokens", 5),
-        ("stream_interval", "x"), ("logit_bias", {"1": 100}), ("no_such_param", 1),
+        ("sampling_seed", 10**400), ("sampling_seed", 1.5), ("frequency_penalty", 2.5), ("n", 0),
+        ("stop", 5), ("stop", [1, 2]), ("stop_token_ids", ["a"]), ("ignore_eos", "yes"), ("min_new_tokens", 500),
+        ("stream_interval", "x"), ("logit_bias", {"x": 100}), ("logit_bias", {"1": "a"}),
+        ("logit_bias", {"99999999": 1}), ("repetition_penalty", 0), ("presence_penalty", -3), ("n", 10**6),
+        ("no_such_param", 1),
     ]  # fmt: skip
     for key, value in bad_values:
         post("/generate", {"text": "hi", "sampling_params": {key: value}})
@@ -62,8 +64,8 @@ def malformed_requests() -> list[tuple[str, str, dict[str, str], bytes]]:
     # ... and on the OpenAI routes, with OpenAI's names.
     openai_bad: list[tuple[str, object]] = [
         ("seed", 2**64), ("seed", 2**100), ("seed", "abc"), ("max_tokens", -1), ("max_tokens", 10**9),
-        ("max_tokens", "ten"), ("temperature", -2), ("top_p", 7), ("top_k", 0), ("n", 2), ("logprobs", True),
-        ("stream", "yes"), ("frequency_penalty", 1.0), ("min_tokens", 3), ("echo", True),
+        ("max_tokens", "ten"), ("temperature", -2), ("top_p", 7), ("top_k", 0), ("n", 0), ("logprobs", True),
+        ("stream", "yes"), ("frequency_penalty", 3.0), ("min_tokens", 300), ("echo", True),
     ]  # fmt: skip
     for key, value in openai_bad:
         post("/v1/completions", {"prompt": "hi", key: value})
@@ -170,7 +172,7 @@ def test_errors_name_the_field_as_the_client_sent_it(server: RunningServer) -> N
             ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, "max_tokens"),
             ("/v1/completions", {"prompt": "hi", "max_tokens": "x"}, "max_tokens"),
             ("/v1/completions", {"prompt": "hi", "seed": 2**64}, "seed"),
-            ("/v1/completions", {"prompt": "hi", "min_tokens": 2}, "min_tokens"),
+            ("/v1/completions", {"prompt": "hi", "min_tokens": 200}, "min_tokens"),
             ("/v1/chat/completions", {**chat, "max_completion_tokens": -1}, "max_completion_tokens"),
             ("/v1/chat/completions", {**chat, "max_tokens": 10**9}, "max_tokens"),
             ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),

@@ -164,7 +164,9 @@ def test_stop_token_inside_an_accepted_run_truncates_and_rolls_back(cores: dict[
     stop = tokens[5]
     expected = tokens[: tokens.index(stop) + 1]
     core = cores["self_draft"]
-    got = run_to_completion(core, [GenerateRequest("s", prompt, greedy(12, stop_token_ids=[stop]))], together=False)
+    # Not greedy(): its ignore_eos turns stop_token_ids off too, as in SGLang.
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=[stop])
+    got = run_to_completion(core, [GenerateRequest("s", prompt, params)], together=False)
     assert got.tokens("s") == expected
     assert got.final("s").finish_reason == {"type": "stop", "matched": stop}
 
