@@ -88,7 +88,7 @@ def runtime_launch(model_dir: Path, threads: int, port: int) -> Launch:
     return Launch(
         cmd + sizing + flags,
         RuntimeClient(f"http://127.0.0.1:{port}"),
-        ", ".join(["fp32, radix cache on", f"--num-threads {threads}", " ".join(sizing), " ".join(flags)]),
+        ", ".join(p for p in ["fp32, radix cache on", f"--num-threads {threads}", " ".join(sizing), " ".join(flags)] if p),
         startup_timeout_s=900.0 if RUNTIME_COMPILE else 300.0,
     )
 
