@@ -90,7 +90,9 @@ def vm_mib(pid: int, key: str) -> float:
     return float("nan")
 
 
-def start_server(model: Path, threads: int, extra: list[str]) -> tuple[subprocess.Popen[bytes], str, Path]:
+def start_server(
+    model: Path, threads: int, extra: list[str], a_timeout: float = 1800.0
+) -> tuple[subprocess.Popen[bytes], str, Path]:
     port = engines.free_port()
     log = Path(tempfile.mkdtemp(prefix="decode-profile-")) / "server.log"
     cmd = [sys.executable, "-m", "runtime", "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port),
@@ -99,7 +101,7 @@ def start_server(model: Path, threads: int, extra: list[str]) -> tuple[subproces
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + a_timeout  # a compile on a busy 2-core host takes 10-20 min
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"server exited ({proc.returncode}); log {log}")
@@ -109,7 +111,8 @@ def start_server(model: Path, threads: int, extra: list[str]) -> tuple[subproces
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    raise SystemExit(f"server not healthy; log {log}")
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise SystemExit(f"server not healthy after {a_timeout:.0f}s; log {log}")
 
 
 async def stream(url: str, prompt: list[int], n: int) -> tuple[float, int]:

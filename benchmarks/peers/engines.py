@@ -85,10 +85,11 @@ def runtime_launch(model_dir: Path, threads: int, port: int) -> Launch:
     ]
     sizing = ["--context-length", str(CONTEXT_LEN), "--max-running-requests", str(PARALLEL)]
     flags = (["--enable-torch-compile"] if RUNTIME_COMPILE else []) + RUNTIME_EXTRA_ARGS
+    sizing_and_flags = (" ".join(sizing), " ".join(flags))
     return Launch(
         cmd + sizing + flags,
         RuntimeClient(f"http://127.0.0.1:{port}"),
-        ", ".join(["fp32, radix cache on", f"--num-threads {threads}", " ".join(sizing), " ".join(flags)]),
+        ", ".join(p for p in ("fp32, radix cache on", f"--num-threads {threads}", *sizing_and_flags) if p),
         startup_timeout_s=900.0 if RUNTIME_COMPILE else 300.0,
     )
 

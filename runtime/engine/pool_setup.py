@@ -114,10 +114,8 @@ def size_and_allocate(
         raise EngineStartupError(f"{exc} (bundled runtime: --memory-budget-gib sets the device memory)") from None
     plan, strategy, pool_budget = sized.plan, sized.strategy, sized.pool_budget_bytes
     if sized.capped_to_need:  # the budget is an upper bound: pools hold what the request cap can use
-        logger.info(
-            "Pools cut to need (%d requests x %d tokens): %s", plan.max_running_requests, context_len,
-            sized.capped_to_need,
-        )  # fmt: skip
+        logger.info("Pools cut to need (%d requests x %d tokens): %s", plan.max_running_requests, context_len,
+                    sized.capped_to_need)  # fmt: skip
     sandbox_slots = plan.spec_intermediate_bytes // per_request
     # With the elastic pool the split's tensors are replaced at once by one buffer of the same bytes
     # (kvcache/elastic_pool.make_elastic): give them no memory ("meta"), or start-up would zero the bytes twice.

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from runtime.kvcache.page_list import PageList
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.radix_cache import RadixCache, RadixNode
 from runtime.kvcache.state_pool import StateSlotPool
@@ -24,7 +25,7 @@ logger = logging.getLogger("runtime.kvcache")
 
 @dataclass
 class ReqMemory:
-    pages: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=PageList)  # always a PageList (see __setattr__)
     tree_len: int = 0  # tokens whose pages belong to the cache (a multiple of page_size)
     node: RadixNode | None = None  # locked node ending at tree_len (None: nothing locked)
     slot: int | None = None  # private state slot: the state after kv_len tokens
@@ -33,6 +34,11 @@ class ReqMemory:
     # Where the tree's KV for this prompt ends without a state (0: nowhere past the match): checkpointing the
     # state there lets the next request that branches off at the same place resume from it.
     branch_len: int = 0
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "pages" and not isinstance(value, PageList):
+            value = PageList(value)  # type: ignore[arg-type]
+        super().__setattr__(name, value)
 
 
 class Admission:
@@ -193,14 +199,12 @@ class CacheManager:
 
     def grow_for_decode(self, mems: list[ReqMemory]) -> tuple[list[int], list[torch.Tensor]]:
         """One decode step's memory: a slot for each sequence's next token (allocated), and each sequence's KV
-        slots including it, as int64 tensors (views of one tensor for the batch when a page is a token: a tensor
-        per sequence and a cat with its new slot were 3 ops each, ~15% of the non-model time of a batch-8 step)."""
+        slots including it, as int64 tensors. When a page is a token, each request's page list keeps its tensor
+        up to date (runtime/kvcache/page_list.py): one element written per step instead of O(context) work."""
         news = [self.grow(mem, 1) for mem in mems]
         out_locs = [slot for new in news for slot in new]
-        if self.page_size == 1:  # a token's slot is its page
-            rows = [mem.pages[: mem.kv_len] + new for mem, new in zip(mems, news, strict=True)]
-            flat = torch.tensor([slot for row in rows for slot in row], dtype=torch.int64)
-            return out_locs, list(torch.split(flat, [len(row) for row in rows]))
+        if self.page_size == 1:  # a token's slot is its page: the row is pages[: kv_len + 1], kept as a tensor
+            return out_locs, [mem.pages.as_tensor(mem.kv_len + 1) for mem in mems]  # type: ignore[attr-defined]
         return out_locs, [
             torch.cat([self.token_slots(mem, mem.kv_len), torch.tensor(new, dtype=torch.int64)])
             for mem, new in zip(mems, news, strict=True)
