@@ -238,7 +238,9 @@ def test_health_answers_fast_while_an_8mb_request_is_refused(server: RunningServ
             sender.join(timeout=60)
             assert status and status[0] in (413, -1), status
             latencies.sort()
-            assert latencies[len(latencies) // 2] < 0.1, f"median /health {latencies[len(latencies) // 2]:.3f}s"
+            # A loop blocked on the body would stall /health for the whole upload (seconds); the bound leaves room
+            # for a loaded 2-core host (medians of 0.10-0.11 s were seen at load 12), not a speed claim.
+            assert latencies[len(latencies) // 2] < 0.3, f"median /health {latencies[len(latencies) // 2]:.3f}s"
 
 
 @pytest.mark.slow
@@ -267,7 +269,9 @@ def test_health_answers_while_a_long_prompt_is_tokenized(server: RunningServer) 
         sender.join(timeout=120)
     assert status == [400]
     latencies.sort()
-    assert latencies[len(latencies) // 2] < 0.1 and latencies[-1] < 0.5, f"/health latencies {latencies[-3:]}"
+    # The GIL-holding encode stalled the loop ~1-1.75 s; the bounds sit well under that and above what a loaded
+    # 2-core host gives (medians of 0.10-0.11 s at load 12).
+    assert latencies[len(latencies) // 2] < 0.3 and latencies[-1] < 0.9, f"/health latencies {latencies[-3:]}"
 
 
 def test_flush_cache_waits_up_to_its_timeout(server: RunningServer) -> None:
