@@ -1,0 +1,85 @@
+"""Structured output on the server side: the grammar engine for this tokenizer, and each request's constraint
+compiled before it reaches the engine (a constraint that does not compile is that request's 400)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runtime.args import RuntimeArgs
+from runtime.server.generate_request import PreparedRequest, RequestValueError
+
+if TYPE_CHECKING:  # torch loads with the engine, not with the request parser
+    from runtime.scheduler.grammar import GrammarBackend
+
+logger = logging.getLogger("runtime.server")
+
+NONE_MESSAGE = (
+    "Grammar-based generation (json_schema, regex, ebnf, structural_tag) is not supported when the server is "
+    "launched with --grammar-backend none"
+)  # SGLang's words
+
+
+class GrammarBackendUnavailable(RuntimeError):
+    """--grammar-backend llguidance but the package is not installed."""
+
+
+def _eos_ids(model_dir: Path, hf_config: dict[str, Any]) -> list[int]:
+    """The tokens that end a completed grammar: the model's EOS ids (config.json, generation_config.json)."""
+    ids: list[int] = []
+    sources: list[Any] = [hf_config.get("eos_token_id")]
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        try:
+            sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+        except (json.JSONDecodeError, OSError):
+            pass  # the model loader reports a broken file; the grammar then uses config.json's ids
+    for value in sources:
+        for token in value if isinstance(value, list) else [value]:
+            if isinstance(token, int) and token not in ids:
+                ids.append(token)
+    return ids
+
+
+def load_grammar_backend(args: RuntimeArgs, vocab_size: int, hf_config: dict[str, Any]) -> GrammarBackend | None:
+    if args.grammar_backend == "none":
+        return None
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        raise GrammarBackendUnavailable(
+            "--grammar-backend llguidance: the llguidance package is not installed; "
+            "pip install 'llguidance==1.9.1' (the runtime extra has it), or start with --grammar-backend none"
+        ) from None
+    from runtime.scheduler.grammar import GrammarBackend
+
+    return GrammarBackend.load(
+        args.resolved_tokenizer_path,
+        vocab_size,
+        _eos_ids(Path(args.model_path), hf_config),
+        any_whitespace=not args.constrained_json_disable_any_whitespace,
+        whitespace_pattern=args.constrained_json_whitespace_pattern,
+    )
+
+
+def attach_grammars(backend: GrammarBackend | None, prepared: list[PreparedRequest], pd_mode: str = "null") -> None:
+    """Compile each request's constraint into its grammar state; RequestValueError (400) when one cannot be."""
+    from runtime.scheduler.grammar import GrammarError
+
+    for p in prepared:
+        if p.constraint is None:
+            continue
+        if backend is None:
+            raise RequestValueError(NONE_MESSAGE)
+        if pd_mode != "null":
+            raise RequestValueError(
+                f"{p.constraint[0]}: structured output is not supported by the bundled runtime with "
+                f"--disaggregation-mode {pd_mode}; send it to a server without disaggregation"
+            )
+        try:
+            p.request.grammar = backend.compile(*p.constraint)
+        except GrammarError as e:
+            logger.info("request %s: %s", p.request.rid, e)
+            raise RequestValueError(str(e)) from None
