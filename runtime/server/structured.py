@@ -83,3 +83,34 @@ def attach_grammars(backend: GrammarBackend | None, prepared: list[PreparedReque
         except GrammarError as e:
             logger.info("request %s: %s", p.request.rid, e)
             raise RequestValueError(str(e)) from None
+
+
+def response_format_schema(response_format: Any) -> str | None:
+    """OpenAI `response_format` as SGLang's `json_schema` sampling parameter (serving_completions.py):
+    json_object is `{"type": "object"}`, json_schema its `schema` (required), text nothing."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise RequestValueError(f"response_format must be an object, got {type(response_format).__name__}")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return '{"type": "object"}'
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise RequestValueError("response_format.json_schema must be an object with a name and a schema")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise RequestValueError(f"response_format.json_schema.strict must be a boolean, got {strict!r}")
+        schema = spec.get("schema")
+        if schema is None:
+            raise RequestValueError("schema_ is required for json_schema response format request.")
+        if not isinstance(schema, dict):
+            raise RequestValueError("response_format.json_schema.schema must be a JSON object (a JSON Schema)")
+        return json.dumps(schema)
+    raise RequestValueError(
+        f"response_format.type={kind!r} is not implemented by the bundled runtime (accepted: 'text', "
+        "'json_object', 'json_schema')"
+    )
