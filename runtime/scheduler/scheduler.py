@@ -127,9 +127,10 @@ class Scheduler:
         req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
         if g.sampling.seed is not None:
             req.generator = self.new_generator(g.sampling.seed)
-        if req.max_new_tokens == 0:
+        if req.max_new_tokens == 0 and lp.prompt_start(req) >= len(req.prompt_ids) - 1:
+            lp.close_prompt(req)
             self._finish(req, {"type": "length", "length": 0})
-            return
+            return  # (with prompt logprobs asked for, the prompt is still run: SGLang's scoring requests)
         self.waiting.append(req)
 
     def _check_length(self, req: Req) -> str | None:
@@ -216,7 +217,8 @@ class Scheduler:
                 break
             if self._prefix_leader(req) is not None:
                 continue  # admitted once the leader has cached the prefix they share
-            total = len(req.prompt_ids) + req.max_new_tokens - 1  # the last token's KV is never computed
+            # The last token's KV is never computed (but a prompt-only scoring request computes the whole prompt).
+            total = len(req.prompt_ids) + max(req.max_new_tokens, 1) - 1
             if self.spec is not None:
                 total += self.spec.extra_tokens  # a verify forward runs past the final length
             try:
@@ -355,6 +357,9 @@ class Scheduler:
             elif not self.config.in_forward_checkpoints and self._checkpoints_in(req, planned[i][0], req.mem.kv_len):
                 if self.cache.checkpoint(req.mem, req.prompt_ids):  # the chunk ended at the checkpoint: copy it
                     self.counters.state_checkpoints += 1
+        for i in [i for i in done if batch[i][0].max_new_tokens == 0]:  # prompt logprobs only: no token to sample
+            self.finish_running(batch[i][0], {"type": "length", "length": 0})
+        done = [i for i in done if batch[i][0].max_new_tokens > 0]
         if done:
             self._sample_and_emit([batch[i][0] for i in done], logits[done])
 
