@@ -220,3 +220,32 @@ def test_grammar_backend_flag_refuses_engines_it_does_not_ship(demo_model_dir: P
         assert done.returncode == 2
         assert f"--grammar-backend {name}" in done.stderr and "llguidance" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def _hybridctl(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "hybridctl", *args]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_verify_structured_passes_and_fails_with_reasons(server: RunningServer, tmp_path: Path) -> None:
+    ok = _hybridctl("verify", "structured", "--url", server.url, "--requests", "20", "--json")
+    assert "Traceback" not in ok.stderr, ok.stderr
+    report = json.loads(ok.stdout)
+    assert ok.returncode == 0, ok.stdout
+    m = report["checks"][0]["measurements"]
+    assert report["checks"][0]["name"] == "structured" and report["passed"] is True
+    assert m["requests"] == m["answered"] == m["schema_valid"] == 20 and m["valid_rate"] == 1.0
+    # A budget too small for any record: every answer is cut, the check fails and says what to raise.
+    cut = _hybridctl("verify", "structured", "--url", server.url, "--requests", "4", "--max-new-tokens", "3", "--json")
+    assert cut.returncode == 1, cut.stdout
+    failed = json.loads(cut.stdout)["checks"][0]
+    assert failed["status"] == "failed" and failed["measurements"]["truncated"] == 4
+    assert "raise --max-new-tokens" in failed["reasons"][0]
+    # A schema file of the user's: used when valid, refused by name (exit 2) when it is not a schema.
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
+    own = _hybridctl("verify", "structured", "--url", server.url, "--requests", "3", "--schema", str(schema))
+    assert own.returncode == 0, own.stdout + own.stderr
+    schema.write_text(json.dumps({"type": 5}))
+    bad = _hybridctl("verify", "structured", "--url", server.url, "--schema", str(schema))
+    assert bad.returncode == 2 and "not a valid JSON schema" in bad.stderr and "Traceback" not in bad.stderr
