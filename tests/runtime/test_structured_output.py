@@ -243,7 +243,8 @@ def test_verify_structured_passes_and_fails_with_reasons(server: RunningServer, 
     assert "raise --max-new-tokens" in failed["reasons"][0]
     # A schema file of the user's: used when valid, refused by name (exit 2) when it is not a schema.
     schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
+    own_schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    schema.write_text(json.dumps({**own_schema, "additionalProperties": False}))
     own = _hybridctl("verify", "structured", "--url", server.url, "--requests", "3", "--schema", str(schema))
     assert own.returncode == 0, own.stdout + own.stderr
     schema.write_text(json.dumps({"type": 5}))
