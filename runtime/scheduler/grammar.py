@@ -181,7 +181,7 @@ def mask_logits(logits: torch.Tensor, grammars: list[RequestGrammar | None]) -> 
         return logits
     masked = logits.float().clone()
     allowed = allowed_tokens([g for g in grammars if g is not None], masked.shape[-1])
-    masked[rows] = masked[rows].masked_fill(~allowed, float("-inf"))
+    masked[rows] = masked[rows].masked_fill(~allowed.to(masked.device), float("-inf"))
     return masked
 
 
