@@ -58,6 +58,12 @@ class RequestGrammar:
             self.matcher.rollback(tokens)
             self.consumed -= tokens
 
+    def fork(self) -> RequestGrammar:
+        """An independent copy in the same state (n > 1 continuations each need their own)."""
+        copy = RequestGrammar(self.matcher.deep_copy(), self.kind)
+        copy.consumed = self.consumed
+        return copy
+
     @property
     def terminated(self) -> bool:
         """The grammar is complete and allows nothing but EOS."""
