@@ -144,7 +144,10 @@ def test_streamed_generate_carries_cumulative_logprobs(runtime_server: RunningSe
                 assert len(meta["output_token_logprobs"]) == len(last["output_ids"])
                 assert len(meta["output_top_logprobs"]) == len(last["output_ids"])
     whole = _generate(runtime_server.url, {**body, "stream": False})
-    assert last["meta_info"]["output_token_logprobs"] == whole["meta_info"]["output_token_logprobs"]
+    streamed, full = last["meta_info"]["output_token_logprobs"], whole["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in streamed] == [t for _, t, _ in full]
+    # The second run reuses the cached prompt: the same values up to float rounding of another compute path.
+    assert [v for v, _, _ in streamed] == pytest.approx([v for v, _, _ in full], abs=1e-4)
 
 
 def test_openai_chat_logprobs_sync_async_and_stream(runtime_server: RunningServer) -> None:
