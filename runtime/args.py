@@ -34,6 +34,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 SPEC_ALGORITHMS = ALGORITHMS  # runtime/core/spec_config.py: no torch there, parsing stays instant
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
+GRAMMAR_BACKENDS = ("llguidance", "none")  # SGLang also has xgrammar (its default) and outlines
 
 SPEC = "speculative decoding (runtime/spec)"
 PD = "prefill/decode disaggregation (runtime/pd)"
@@ -161,6 +162,24 @@ class RuntimeArgs:
         "--served-model-name",
         help="Model name in the OpenAI API (default: the model path).",
         engine=None,
+    )
+    # Structured output (runtime/scheduler/grammar.py) is compiled and masked by the server's request path, not
+    # configured in the engine.
+    grammar_backend: str = flag(
+        "--grammar-backend",
+        default="llguidance",
+        help="Structured-output engine: llguidance (default here) or none. SGLang's xgrammar and outlines are "
+        "not bundled.",
+        engine=None,
+    )
+    constrained_json_disable_any_whitespace: bool = flag(
+        "--constrained-json-disable-any-whitespace",
+        default=False,
+        help="JSON-schema output: no free whitespace between tokens.",
+        engine=None,
+    )
+    constrained_json_whitespace_pattern: str | None = flag(
+        "--constrained-json-whitespace-pattern", help="JSON-schema output: regex for whitespace.", engine=None
     )
     context_length: int | None = flag(
         "--context-length", type=human_readable_int, help="Max tokens per request (prompt + output)."
@@ -374,6 +393,16 @@ def _check_values(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> No
     """What argparse's per-flag types cannot say: ranges with their own message, and what the runtime lacks."""
     if ns.tp_size != 1:
         parser.error(f"--tp-size {ns.tp_size}: the bundled runtime runs on one device; use --tp-size 1")
+    if ns.grammar_backend not in GRAMMAR_BACKENDS:
+        parser.error(
+            f"--grammar-backend {ns.grammar_backend}: the bundled runtime's grammar engine is llguidance "
+            + (
+                "(SGLang's xgrammar and outlines are not bundled: xgrammar's Linux wheel requires triton); "
+                if ns.grammar_backend in ("xgrammar", "outlines")
+                else ""
+            )
+            + f"use --grammar-backend {' or '.join(GRAMMAR_BACKENDS)}"
+        )
     if ns.schedule_policy not in SCHEDULE_POLICIES:
         parser.error(
             f"--schedule-policy {ns.schedule_policy}: the bundled runtime implements {', '.join(SCHEDULE_POLICIES)}"

@@ -27,13 +27,14 @@ _VALUE_FLAGS = (
     "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
     "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--disaggregation-mode",
     "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s", "--torch-compile-max-bs",
-    "--torch-compile-max-extend-tokens", "--api-key-env", "--max-request-body-bytes",
+    "--torch-compile-max-extend-tokens", "--api-key-env", "--max-request-body-bytes", "--grammar-backend",
+    "--constrained-json-whitespace-pattern",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
     "--disable-overlap-schedule", "--disable-state-snapshot-on-match", "--disable-state-copy-on-write",
     "--disable-dual-lru-eviction", "--log-mamba-state-stats", "--disable-mamba-state-sandbox",
-    "--enable-elastic-memory-pool", "--enable-torch-compile",
+    "--enable-elastic-memory-pool", "--enable-torch-compile", "--constrained-json-disable-any-whitespace",
 )  # fmt: skip
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
@@ -41,6 +42,7 @@ _CHOICES = {
     "--schedule-policy": ("fcfs", "lpm"),
     "--speculative-algorithm": ("NGRAM", "STANDALONE", "NEXTN", "EAGLE"),
     "--disaggregation-mode": ("null", "prefill", "decode"),
+    "--grammar-backend": ("llguidance", "none"),
 }
 
 RUNTIME_FLAGS: dict[str, FlagSpec] = {

@@ -106,6 +106,8 @@ async def generate(request: Request) -> Response:
             context_len=ctx.context_len,
         )
         expanded = fan_out(prepared)  # n > 1: n continuations per prompt, answered as a batch
+        # Structured output, after the fan-out so that each continuation owns its grammar; a bad one is a 400.
+        await asyncio.to_thread(ctx.compile_grammars, expanded)
     except ContractError as e:
         return JSONResponse({"error": str(e)}, status_code=400)
     except RequestValueError as e:

@@ -24,9 +24,11 @@ import torch
 
 from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.spec_config import SpecConfig
+from runtime.scheduler.grammar import ConstrainedRound, accept_drafts_constrained
+from runtime.scheduler.logprobs import record_output
 from runtime.spec.drafter import Drafter
 from runtime.spec.sandbox import StateSandbox
-from runtime.spec.verify import accept_drafts
+from runtime.spec.verify import RoundResult, accept_drafts
 
 if TYPE_CHECKING:
     from runtime.scheduler.request import Req
@@ -109,9 +111,27 @@ class SpecDecoder:
         logits = logits.view(len(reqs), width, -1)
         kept: list[int] = []
         reasons: list[dict | None] = []
+        failed: dict[int, Exception] = {}
         for i, (req, d) in enumerate(zip(reqs, drafts, strict=True)):
-            result = accept_drafts(d, logits[i], req.sampling, sched.generator_for(req), req.return_logprob)
-            m, reason = sched.append_tokens(req, result.emitted, result.logprobs)
+            # Structured output: drafts are checked against the grammar's mask row by row (grammar.py).
+            constrained: ConstrainedRound | None = None
+            if req.grammar is not None:
+                try:
+                    constrained = accept_drafts_constrained(
+                        d, logits[i], req.sampling, sched.generator_for(req), req.grammar
+                    )
+                except Exception as exc:  # noqa: BLE001 - this request fails after the round; the others go on
+                    failed[i] = exc
+            if constrained is not None:
+                result = RoundResult(constrained.emitted, constrained.accepted_drafts, None)
+            else:
+                result = accept_drafts(d, logits[i], req.sampling, sched.generator_for(req))
+            m, reason = sched.append_tokens(req, result.emitted, None)  # logprobs: record_output below
+            if reason is None and constrained is not None and constrained.ended and m == len(result.emitted):
+                reason = {"type": "stop", "matched": result.emitted[-1]}  # the grammar was complete
+            if constrained is not None and req.grammar is not None:
+                constrained.rollback_to(req.grammar, m)  # the grammar follows the kept tokens only
+            record_output(req, constrained.logits if constrained is not None else logits[i], result.emitted[:m])
             kept.append(m)
             reasons.append(reason)
             correct = min(result.accepted_drafts, m)
@@ -127,8 +147,11 @@ class SpecDecoder:
         for req, start, m in zip(reqs, batch.starts, kept, strict=True):
             assert req.mem is not None
             sched.cache.truncate(req.mem, start + m)
-        for req, reason in zip(reqs, reasons, strict=True):
-            sched.emit(req, reason)
+        for i, (req, reason) in enumerate(zip(reqs, reasons, strict=True)):
+            if i in failed:
+                sched.fail(req, "grammar", failed[i])
+            else:
+                sched.emit(req, reason)
         round_tokens = sum(kept)
         self.counters.recent.append((len(reqs), round_tokens))
         sched.record_decode(time.perf_counter() - batch.started, round_tokens)

@@ -10,6 +10,7 @@ from hybridctl.cli import app
 from hybridctl.cli.verify_cmd import SPEC_FLAGS, _options
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.spec import SpecOptions
+from hybridctl.verify.structured import StructuredOptions
 
 _TARGET_PARAMS = {"url", "config", "settings", "config_opt", "settings_opt", "api_key_env", "as_json"}
 
@@ -28,7 +29,9 @@ def test_flag_defaults_are_the_library_defaults() -> None:
         {flag: next(f.default for f in fields(SpecOptions) if f.name == field) for flag, field in SPEC_FLAGS.items()}
     )
     params = _verify_params()
-    assert set(params) == {"all", "basic", "prefix-cache", "spec"}
+    assert set(params) == {"all", "basic", "prefix-cache", "spec", "structured"}
+    structured = {f.name: f.default for f in fields(StructuredOptions) if f.name != "schema"}
+    assert params.pop("structured") == {**structured, "schema": None}  # None: the built-in DEFAULT_SCHEMA
     for command, defaults in params.items():
         for name, default in defaults.items():
             assert default == library[name], f"verify {command} --{name.replace('_', '-')}"
