@@ -26,6 +26,8 @@ MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+TOOL_CALL_PARSERS = ("qwen25", "qwen", "hermes", "qwen3_coder", "kimi_k2")  # tool_calls.py checks it has these
+REASONING_PARSERS = ("qwen3", "qwen3-thinking", "deepseek-r1", "nemotron_3", "kimi", "kimi_k2")  # and reasoning.py
 SPEC_ALGORITHMS = ALGORITHMS  # runtime/core/spec_config.py: no torch there, parsing stays instant
 
 # The runtime's own flags: seed keys SGLang has no flag for (SGLang builds these behaviours into its cache).
@@ -99,6 +101,8 @@ class RuntimeArgs:
     disaggregation_bootstrap_port: int = 8998
     enable_elastic_memory_pool: bool = False
     elastic_realloc_timeout_s: float = 5.0
+    tool_call_parser: str | None = None  # runtime/server/tool_calls.py
+    reasoning_parser: str | None = None  # runtime/server/reasoning.py
 
     @property
     def resolved_tokenizer_path(self) -> str:
@@ -233,6 +237,9 @@ def _add_sglang_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="torch.compile the decode forward and short extends (compiles at start).",
     )
+    # The formats the runtime parses (runtime/server/tool_calls.py, reasoning.py); other SGLang names: exit 2.
+    p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, help="Tool-call format of the model's output.")
+    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, help="Think-block format of the model's output.")
     p.add_argument(
         "--torch-compile-max-bs", type=_positive_int,
         default=DEFAULT_TORCH_COMPILE_MAX_BS,

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.server.chat import ChatOptions, ChatOutput, ChatPrompt, chat_prompt_and_options
 from runtime.server.context import ServerContext, body_error, error_response, json_body
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
 from runtime.server.generate_api import EngineUnavailable, abort_error, run_to_end, start_group
@@ -25,11 +26,13 @@ from runtime.server.generate_request import (
     PreparedRequest,
     RequestValueError,
     apply_bootstrap_fields,
+    grammar_available,
     parse_sampling_params,
     prepare_request,
     short_repr,
 )
 from runtime.server.limits import BadJson
+from runtime.server.reasoning import ReasoningParser
 from runtime.server.request_state import RequestState
 from runtime.server.sse import DONE, AbortingStreamingResponse, sse_event
 
@@ -58,13 +61,12 @@ _SAMPLING_MAP = {
 }
 
 
-# Accepted only at their neutral values: the runtime returns no logprobs and runs no tools or grammars.
+# Accepted only at their neutral values: the runtime returns no logprobs and runs no grammars.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
     "echo": (None, False),
     "best_of": (None, 1),
-    "tools": (None, []),
     "response_format": (None, {"type": "text"}),
 }
 
@@ -193,45 +195,27 @@ async def completions(request: Request) -> Response:
         prepared = [_prepare(ctx, body, ids, ("max_tokens",), index=i) for i, ids in enumerate(prompts)]
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
-    return await _serve(ctx, request, body, prepared, chat=False)
+    return await _serve(ctx, request, body, prepared, chat=None)
 
 
-def _check_messages(messages: Any) -> list[dict[str, Any]]:
-    """OpenAI chat messages, checked and normalized for the chat template (whose own errors are not the
-    client's to read as a 500): roles are strings, content is text, text parts, or null (a tool-call turn)."""
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise RequestValueError("messages must be a non-empty list of {role, content} objects")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        role = m.get("role")
-        if not isinstance(role, str) or not role:
-            raise RequestValueError(f"messages[{i}].role must be a non-empty string, got {short_repr(role)}")
-        content = m.get("content")
-        if content is None:  # OpenAI's assistant turn with tool_calls and no text
-            content = ""
-        elif isinstance(content, list):  # OpenAI content parts: only text is understood here
-            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                raise RequestValueError("only text content parts are supported by the bundled runtime")
-            if any(not isinstance(p.get("text", ""), str) for p in content):
-                raise RequestValueError(f"messages[{i}].content: a text part's text must be a string")
-            content = "".join(p.get("text", "") for p in content)
-        elif not isinstance(content, str):
-            raise RequestValueError(
-                f"messages[{i}].content must be a string, a list of text parts, or null; got {short_repr(content)}"
-            )
-        out.append({**m, "content": content})
-    return out
-
-
-def _chat_prompt(ctx: ServerContext, messages: list[dict[str, Any]]) -> list[int]:
+def _chat_prompt(ctx: ServerContext, prompt: ChatPrompt, opts: ChatOptions) -> list[int]:
     """Render and tokenize (worker thread): any template error is the request's 400, never a 500."""
     try:
-        text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = ctx.tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=True, tools=prompt.tools, template_kwargs=prompt.template_kwargs
+        )
     except ValueError as e:
         raise RequestValueError(str(e)) from None
     except Exception as e:  # noqa: BLE001 - a template failing on these messages (TypeError, UndefinedError)
         raise RequestValueError(f"chat template error for these messages: {type(e).__name__}: {e}") from None
-    return ctx.encode_prompt(text)
+    if opts.reasoning_parser is not None:  # a think block the template (or the continued message) left open
+        opts.starts_in_reasoning = ReasoningParser.prompt_opens_reasoning(
+            opts.reasoning_parser, text + (prompt.assistant_prefix or "")
+        )
+    ids = ctx.encode_prompt(text)
+    if prompt.assistant_prefix:  # SGLang appends the continued message's tokens after the generation prompt
+        ids += ctx.tokenizer.encode(prompt.assistant_prefix)
+    return ids
 
 
 async def chat_completions(request: Request) -> Response:
@@ -240,16 +224,21 @@ async def chat_completions(request: Request) -> Response:
     if isinstance(body, Response):
         return body
     try:
-        messages = _check_messages(body.get("messages"))
-        ids = await asyncio.to_thread(_chat_prompt, ctx, messages)
+        prompt, opts = chat_prompt_and_options(body, ctx.args.tool_call_parser, ctx.args.reasoning_parser)
+        if opts.constraint is not None and grammar_available():
+            body = {**body, "json_schema": json.dumps(opts.constraint)}  # SGLang's constraint for these choices
+        ids = await asyncio.to_thread(_chat_prompt, ctx, prompt, opts)
         prepared = _prepare(ctx, body, ids, ("max_completion_tokens", "max_tokens"))
+        if opts.parses_tools:  # SGLang keeps special tokens then: call markers often are special tokens
+            prepared.skip_special_tokens = False
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
-    return await _serve(ctx, request, body, [prepared], chat=True)
+    return await _serve(ctx, request, body, [prepared], chat=opts)
 
 
 async def _serve(
-    ctx: ServerContext, request: Request, body: dict[str, Any], prepared: list[PreparedRequest], chat: bool
+    ctx: ServerContext, request: Request, body: dict[str, Any], prepared: list[PreparedRequest],
+    chat: ChatOptions | None,
 ) -> Response:
     try:
         group, states = start_group(ctx, prepared)
@@ -258,7 +247,8 @@ async def _serve(
     except EngineUnavailable as e:
         return error_response(str(e), 503, "ServiceUnavailable")
     model = body.get("model") if isinstance(body.get("model"), str) else ctx.model_name
-    response_id = ("chatcmpl-" if chat else "cmpl-") + prepared[0].request.rid
+    chat_mode = chat is not None
+    response_id = ("chatcmpl-" if chat_mode else "cmpl-") + prepared[0].request.rid
     if prepared[0].request.stream:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -277,16 +267,19 @@ async def _serve(
             "finish_reason": finish_reason,
             "matched_stop": matched,
         }
-        if chat:
-            choice["message"] = {"role": "assistant", "content": state.text(), "reasoning_content": None,
-                                 "tool_calls": None}  # fmt: skip
+        if chat is not None:
+            output = ChatOutput(chat)
+            choice["message"] = output.message(state.text())
+            choice["finish_reason"] = output.finish_reason(finish_reason)
+            if choice["finish_reason"] != finish_reason:
+                choice["matched_stop"] = None
         else:
             choice["text"] = state.text()
         choices.append(choice)
     return JSONResponse(
         {
             "id": response_id,
-            "object": "chat.completion" if chat else "text_completion",
+            "object": "chat.completion" if chat_mode else "text_completion",
             "created": int(time.time()),
             "model": model,
             "choices": choices,
@@ -301,25 +294,27 @@ async def _stream(
     states: list[RequestState],
     response_id: str,
     model: str,
-    chat: bool,
+    chat: ChatOptions | None,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
-    kind = "chat.completion.chunk" if chat else "text_completion"
+    kind = "chat.completion.chunk" if chat is not None else "text_completion"
+    outputs = [ChatOutput(chat) for _ in states] if chat is not None else []
 
-    def chunk(index: int, delta: str | None, finish_reason: str | None = None, matched: Any = None) -> bytes:
+    def chunk(index: int, delta: str | dict[str, Any] | None, finish_reason: str | None = None,
+              matched: Any = None) -> bytes:  # fmt: skip
         choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["matched_stop"] = matched
-        if chat:
-            choice["delta"] = {} if delta is None else {"content": delta}
+        if chat is not None:
+            choice["delta"] = delta if isinstance(delta, dict) else {}
         else:
             choice["text"] = delta or ""
         return sse_event(
             {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
         )
 
-    if chat:  # OpenAI's first chat chunk announces the role
+    if chat is not None:  # OpenAI's first chat chunk announces the role
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model,
                          "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}]})  # fmt: skip
@@ -331,14 +326,17 @@ async def _stream(
         # A stop string trimmed at the end can shorten the text: nothing more is sent then.
         delta = text[len(sent[i]) :] if text.startswith(sent[i]) else ""
         sent[i] += delta
-        if out.finished:
-            ctx.finish(state, streaming=True)
-            if delta:
-                yield chunk(i, delta)
-            finish_reason, matched = _finish(state)
-            yield chunk(i, None if chat else "", finish_reason, matched)
+        if chat is not None:  # reasoning and tool calls split out of the text
+            for piece in outputs[i].deltas(delta, final=out.finished):
+                yield chunk(i, piece)
         elif delta:
             yield chunk(i, delta)
+        if out.finished:
+            ctx.finish(state, streaming=True)
+            finish_reason, matched = _finish(state)
+            if chat is not None and outputs[i].finish_reason(finish_reason) != finish_reason:
+                finish_reason, matched = outputs[i].finish_reason(finish_reason), None
+            yield chunk(i, None if chat is not None else "", finish_reason, matched)
     if include_usage:
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model, "choices": [],
                          "usage": _usage(states)})  # fmt: skip
