@@ -113,8 +113,9 @@ def chat_prompt_and_options(
     if kwargs is not None and not isinstance(kwargs, dict):
         raise RequestValueError(f"chat_template_kwargs must be an object, got {short_repr(kwargs)}")
     prefix = None
+    continue_final = _bool(body, "continue_final_message", False)
     if messages[-1]["role"] == "assistant":  # SGLang: continue it, or read it as the user's turn
-        if _bool(body, "continue_final_message", False):
+        if continue_final:
             prefix = messages.pop()["content"]
         else:
             messages[-1] = {"role": "user", "content": messages[-1]["content"]}

@@ -226,7 +226,10 @@ async def chat_completions(request: Request) -> Response:
     try:
         prompt, opts = chat_prompt_and_options(body, ctx.args.tool_call_parser, ctx.args.reasoning_parser)
         if opts.constraint is not None and grammar_available():
-            body = {**body, "json_schema": json.dumps(opts.constraint)}  # SGLang's constraint for these choices
+            # SGLang's constraint for these choices: the JSON array of calls from the first token, so there is
+            # no think block to split off.
+            body = {**body, "json_schema": json.dumps(opts.constraint)}
+            opts.reasoning_parser = None
         ids = await asyncio.to_thread(_chat_prompt, ctx, prompt, opts)
         prepared = _prepare(ctx, body, ids, ("max_completion_tokens", "max_tokens"))
         if opts.parses_tools:  # SGLang keeps special tokens then: call markers often are special tokens
