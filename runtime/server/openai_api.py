@@ -20,6 +20,7 @@ from starlette.routing import Route
 from runtime.server.chat import ChatOptions, ChatOutput, ChatPrompt, chat_prompt_and_options
 from runtime.server.context import ServerContext, body_error, error_response, json_body
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
+from runtime.server.field_refusals import CHAT_REFUSED, COMPLETIONS_REFUSED, OPENAI_REFUSED, refuse_unimplemented
 from runtime.server.generate_api import EngineUnavailable, abort_error, run_to_end, start_group
 from runtime.server.generate_request import (
     ContractError,
@@ -189,6 +190,7 @@ async def completions(request: Request) -> Response:
     if isinstance(body, Response):
         return body
     try:
+        refuse_unimplemented(body, OPENAI_REFUSED, COMPLETIONS_REFUSED)
         prompts = await asyncio.to_thread(_completion_prompts, ctx, body.get("prompt"))  # tokenizing: off the loop
         if body.get("max_tokens") is None:
             body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions
@@ -224,6 +226,7 @@ async def chat_completions(request: Request) -> Response:
     if isinstance(body, Response):
         return body
     try:
+        refuse_unimplemented(body, OPENAI_REFUSED, CHAT_REFUSED)
         prompt, opts = chat_prompt_and_options(body, ctx.args.tool_call_parser, ctx.args.reasoning_parser)
         if opts.constraint is not None and grammar_available():
             # SGLang's constraint for these choices: the JSON array of calls from the first token, so there is
