@@ -46,6 +46,7 @@ RUNTIME_ONLY_FLAGS = (
     "--max-request-body-bytes",
 )
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
+GRAMMAR_BACKENDS = ("llguidance", "none")  # SGLang also has xgrammar (its default) and outlines
 
 
 @dataclass
@@ -103,6 +104,9 @@ class RuntimeArgs:
     elastic_realloc_timeout_s: float = 5.0
     tool_call_parser: str | None = None  # runtime/server/tool_calls.py
     reasoning_parser: str | None = None  # runtime/server/reasoning.py
+    grammar_backend: str = "llguidance"  # structured output (runtime/scheduler/grammar.py); "none": refused
+    constrained_json_disable_any_whitespace: bool = False  # JSON schemas: compact separators only
+    constrained_json_whitespace_pattern: str | None = None  # JSON schemas: whitespace matches this regex
 
     @property
     def resolved_tokenizer_path(self) -> str:
@@ -226,6 +230,18 @@ def _add_sglang_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1, help="Only 1.")
     p.add_argument("--random-seed", type=int)
     p.add_argument("--served-model-name", help="Model name in the OpenAI API (default: the model path).")
+    p.add_argument(
+        "--grammar-backend",
+        default="llguidance",
+        help="Structured-output engine: llguidance (default here) or none. SGLang's xgrammar and outlines are "
+        "not bundled.",
+    )
+    p.add_argument(
+        "--constrained-json-disable-any-whitespace",
+        action="store_true",
+        help="JSON-schema output: no free whitespace between tokens.",
+    )
+    p.add_argument("--constrained-json-whitespace-pattern", help="JSON-schema output: regex for whitespace.")
     p.add_argument(
         "--context-length", type=human_readable_int, help="Max tokens per request (prompt + output)."
     )
@@ -363,6 +379,16 @@ def parse_args(argv: Sequence[str] | None = None) -> RuntimeArgs:
     if ns.chunked_prefill_size is not None and (ns.chunked_prefill_size == 0 or ns.chunked_prefill_size < -1):
         parser.error(
             f"--chunked-prefill-size {ns.chunked_prefill_size}: use a positive number, or -1 to disable"
+        )
+    if ns.grammar_backend not in GRAMMAR_BACKENDS:
+        parser.error(
+            f"--grammar-backend {ns.grammar_backend}: the bundled runtime's grammar engine is llguidance "
+            + (
+                "(SGLang's xgrammar and outlines are not bundled: xgrammar's Linux wheel requires triton); "
+                if ns.grammar_backend in ("xgrammar", "outlines")
+                else ""
+            )
+            + f"use --grammar-backend {' or '.join(GRAMMAR_BACKENDS)}"
         )
     if ns.port < 0 or ns.port > 65535:
         parser.error(f"--port {ns.port}: must be in 0..65535")

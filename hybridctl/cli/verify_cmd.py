@@ -1,4 +1,4 @@
-"""`hybridctl verify {all,basic,prefix-cache,spec,upstream}`: check a running server against its config.
+"""`hybridctl verify {all,basic,prefix-cache,spec,structured,upstream}`: check a running server against its config.
 
 Exit codes: 0 every check that ran passed (skipped ones do not count), 1 a check failed, 2 the server cannot be reached
 or the target/config cannot be determined.
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from hybridctl.verify.runner import VerifyOptions
 
 verify_app = typer.Typer(
-    help="Check a running server: it answers, prefix caching works, speculative decoding accepts drafts.",
+    help="Check a running server: it answers, prefix caching works, speculative decoding accepts drafts, "
+    "structured output is valid.",
     no_args_is_help=True,
     rich_markup_mode=None,  # as the main app: help texts are plain text
 )
@@ -46,14 +47,16 @@ def _execute(
     from hybridctl.verify.render import render_report
     from hybridctl.verify.report import unreachable_report
     from hybridctl.verify.runner import TargetError, load_config, resolve_target, run_checks
+    from hybridctl.verify.structured import SchemaFileError
 
     config_path, settings_path = config_files(*files)  # None: ./config.toml when present
     err = Console(stderr=True)
     try:
         options.prefix_cache.validate()
+        options.structured.validate()
         config = load_config(str(config_path) if config_path else None, str(settings_path) if settings_path else None)
         target = resolve_target(url, config, api_key_env)
-    except (ConfigError, TargetError, OptionsError) as exc:
+    except (ConfigError, TargetError, OptionsError, SchemaFileError) as exc:
         raise fail(str(exc)) from None
     try:
         if as_json:
@@ -210,6 +213,49 @@ def verify_spec(
         as_json,
         _options(spec_requests=spec_requests, min_accept_length=min_accept_length),
     )
+
+
+_S_REQUESTS = typer.Option(20, "--requests", help="JSON-schema requests to send.")
+_S_MAX_NEW = typer.Option(256, "--max-new-tokens", help="Token budget per answer (a cut answer is invalid).")
+_S_TEMP = typer.Option(1.0, "--temperature", help="Sampling temperature (1.0: the grammar alone keeps it valid).")
+_S_CONC = typer.Option(8, "--concurrency", help="Requests in flight at once.")
+_S_RATE = typer.Option(1.0, "--min-valid-rate", help="Pass when at least this fraction of answers validate.")
+_S_SCHEMA = typer.Option(None, "--schema", help="JSON schema file (default: a built-in record schema).")
+
+
+@verify_app.command("structured")
+def verify_structured(
+    url: str | None = _URL,
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
+    api_key_env: str | None = _KEY_ENV,
+    as_json: bool = _JSON,
+    requests: int = _S_REQUESTS,
+    max_new_tokens: int = _S_MAX_NEW,
+    temperature: float = _S_TEMP,
+    concurrency: int = _S_CONC,
+    min_valid_rate: float = _S_RATE,
+    schema: Path | None = _S_SCHEMA,
+) -> None:
+    """JSON-schema constrained requests: the share of answers that parse and validate."""
+    from hybridctl.verify.structured import SchemaFileError, StructuredOptions, load_schema
+
+    opts = _options()
+    opts.structured = StructuredOptions(
+        requests=requests,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        concurrency=concurrency,
+        min_valid_rate=min_valid_rate,
+    )
+    if schema is not None:
+        try:
+            opts.structured.schema = load_schema(schema)
+        except SchemaFileError as exc:
+            raise fail(str(exc)) from None
+    _execute(("structured",), url, (config, settings, config_opt, settings_opt), api_key_env, as_json, opts)
 
 
 _PROMPTS = typer.Option(4, "--prompts", help="Prompts sent to both sides (1-8).")

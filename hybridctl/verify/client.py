@@ -222,6 +222,20 @@ class SGLangClient:
             raise ServerError(f"POST /generate: no meta_info in the answer: {str(out)[:200]}")
         return out
 
+    def post_generate(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """POST /generate with a full body: (HTTP status, the JSON answer or the text), for checks that judge
+        a refusal themselves (an unreachable server still raises ServerUnreachable)."""
+        resp = self._request("POST", "/generate", json=body)
+        if resp.status_code in (401, 403):
+            raise ServerError(
+                f"POST /generate: HTTP {resp.status_code} — the server wants an API key; "
+                "pass --api-key-env NAME with the key in that environment variable."
+            )
+        try:
+            return resp.status_code, resp.json()
+        except ValueError:
+            return resp.status_code, resp.text[:300]
+
     def generate_stream(self, prompt: Prompt, *, max_new_tokens: int, **sampling: Any) -> StreamResult:
         body = generate_payload(prompt, max_new_tokens=max_new_tokens, stream=True, **sampling)
         start = time.perf_counter()

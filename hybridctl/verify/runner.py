@@ -16,9 +16,10 @@ from hybridctl.verify.prefix_cache import run_prefix_cache
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.report import CheckResult, VerifyReport
 from hybridctl.verify.spec import SpecOptions, run_spec
+from hybridctl.verify.structured import StructuredOptions, run_structured
 from hybridctl.verify.upstream import UpstreamOptions, run_upstream
 
-CHECK_NAMES = ("basic", "prefix-cache", "spec")
+CHECK_NAMES = ("basic", "prefix-cache", "spec", "structured")
 
 
 class TargetError(ValueError):
@@ -29,6 +30,7 @@ class TargetError(ValueError):
 class VerifyOptions:
     prefix_cache: PrefixCacheOptions = field(default_factory=PrefixCacheOptions)
     spec: SpecOptions = field(default_factory=SpecOptions)
+    structured: StructuredOptions = field(default_factory=StructuredOptions)
 
 
 def url_from_config(config: HybridConfig) -> str:
@@ -119,6 +121,8 @@ def _run_one(
             return run_prefix_cache(client, config, opts.prefix_cache)
         if name == "spec":
             return run_spec(client, config, opts.spec)
+        if name == "structured":
+            return run_structured(client, opts.structured)
     except ServerError as exc:
         reason = f"the server gave an unusable answer: {exc}"
         return CheckResult(name, "failed", reason, [reason])

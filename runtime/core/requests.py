@@ -48,6 +48,11 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     return_logprob: bool = False
+    top_logprobs_num: int = 0  # with return_logprob: the N most likely tokens at each position
+    logprob_start_len: int = -1  # with return_logprob: first prompt position with a logprob (-1: none)
+    # Structured output: the request's grammar state (runtime/scheduler/grammar.py RequestGrammar), compiled by
+    # the server; the scheduler masks each sampled token with it. None: unconstrained.
+    grammar: Any = None
     # PD disaggregation (runtime/pd): the prefill server's bootstrap address and the transfer's room id.
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
@@ -67,7 +72,11 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    new_token_logprobs: list[float] | None = None  # only with GenerateRequest.return_logprob
+    new_token_logprobs: list[float | None] | None = None  # only with GenerateRequest.return_logprob
+    new_top_logprobs: list[list[tuple[float | None, int]]] | None = None  # with top_logprobs_num > 0
+    # Prompt logprobs (logprob_start_len >= 0), once, in the first output: entry 0 is None, as SGLang's.
+    input_token_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[float | None, int]] | None] | None = None
     # Speculative decoding (0 while off): verify rounds so far; accept length = completion_tokens / this.
     spec_verify_ct: int = 0
     spec_num_correct_drafts: int = 0  # drafts accepted so far (SGLang's spec_accept_rate numerator)

@@ -98,8 +98,11 @@ class CacheManager:
 
     # -- request life ----------------------------------------------------------------------------------------
 
-    def admit(self, prompt: list[int], total_tokens: int) -> tuple[Admission, ReqMemory | None]:
+    def admit(
+        self, prompt: list[int], total_tokens: int, max_prefix: int | None = None
+    ) -> tuple[Admission, ReqMemory | None]:
         """Match the prompt in the cache and take a state slot and a KV reservation for `total_tokens` tokens.
+        `max_prefix` caps the reused prefix (prompt logprobs need the logits of the positions after it).
 
         Returns (ok, memory) or (wait) or (fail with a message). Nothing is held unless ok.
         """
@@ -112,7 +115,8 @@ class CacheManager:
         branch_len = 0
         if self.caching:
             # At least one prompt token is always computed: its logits give the first output token.
-            match = self.tree.match_prefix(prompt[: len(prompt) - 1])
+            limit = len(prompt) - 1 if max_prefix is None else min(len(prompt) - 1, max_prefix)
+            match = self.tree.match_prefix(prompt[:limit])
             branch_len = match.kv_length if match.kv_length > match.length else 0
             if match.length == 0:
                 match = None

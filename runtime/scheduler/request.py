@@ -10,6 +10,7 @@ import torch
 
 from runtime.core.requests import RequestOutput, SamplingParams
 from runtime.kvcache.cache_manager import ReqMemory
+from runtime.scheduler.grammar import RequestGrammar
 
 
 @dataclass
@@ -28,10 +29,18 @@ class Req:
     finish_reason: dict[str, Any] | None = None
     # Outputs produced since the last RequestOutput (sent once per step).
     pending_ids: list[int] = field(default_factory=list)
-    pending_logprobs: list[float] = field(default_factory=list)
+    pending_logprobs: list[float | None] = field(default_factory=list)
     prefix_hint: int = 0  # lpm: cached-prefix length seen at the last queue ordering
     # Prompt positions a waiting request sharing this prefix asked to be checkpointed (prefix_sharing.py).
     share_points: set[int] = field(default_factory=set)
+    # Logprobs (runtime/scheduler/logprobs.py) and structured output (runtime/scheduler/grammar.py).
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    pending_top_logprobs: list[list[tuple[float | None, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None  # sent once, with the first output after prefill
+    input_top_logprobs: list[list[tuple[float | None, int]] | None] | None = None
+    input_logprobs_sent: bool = False
+    grammar: RequestGrammar | None = None
     spec_verify_ct: int = 0  # speculative verify rounds this request took part in
     spec_correct_drafts: int = 0
     spec_proposed_drafts: int = 0
@@ -58,9 +67,13 @@ class Req:
             completion_tokens=len(self.output_ids),
             cached_tokens=self.cached_tokens,
             new_token_logprobs=self.pending_logprobs if self.return_logprob else None,
+            new_top_logprobs=self.pending_top_logprobs if self.top_logprobs_num > 0 else None,
             spec_verify_ct=self.spec_verify_ct,
             spec_num_correct_drafts=self.spec_correct_drafts,
             spec_num_proposed_drafts=self.spec_proposed_drafts,
         )
-        self.pending_ids, self.pending_logprobs = [], []
+        if self.input_logprobs is not None and not self.input_logprobs_sent:
+            out.input_token_logprobs, out.input_top_logprobs = self.input_logprobs, self.input_top_logprobs
+            self.input_logprobs_sent = True
+        self.pending_ids, self.pending_logprobs, self.pending_top_logprobs = [], [], []
         return out

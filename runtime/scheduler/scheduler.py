@@ -28,6 +28,8 @@ import torch
 from runtime.core.batch import ForwardBatch
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.kvcache.cache_manager import CacheManager
+from runtime.scheduler import logprobs as lp
+from runtime.scheduler.grammar import mask_isolated
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
@@ -106,6 +108,7 @@ class Scheduler:
     def add_request(self, g: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
         """Queue a request. Whatever is wrong with it, it finishes alone (with an abort), never the engine."""
         req = Req(g.rid, [], g.sampling, on_output, g.return_logprob, next(self._arrivals))
+        req.top_logprobs_num, req.logprob_start_len, req.grammar = g.top_logprobs_num, g.logprob_start_len, g.grammar
         self.counters.num_requests_total += 1
         try:
             req.prompt_ids = [int(t) for t in g.input_ids]
@@ -124,9 +127,10 @@ class Scheduler:
         req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
         if g.sampling.seed is not None:
             req.generator = self.new_generator(g.sampling.seed)
-        if req.max_new_tokens == 0:
+        if req.max_new_tokens == 0 and lp.prompt_start(req) >= len(req.prompt_ids) - 1:
+            lp.close_prompt(req)
             self._finish(req, {"type": "length", "length": 0})
-            return
+            return  # (with prompt logprobs asked for, the prompt is still run: SGLang's scoring requests)
         self.waiting.append(req)
 
     def _check_length(self, req: Req) -> str | None:
@@ -213,11 +217,12 @@ class Scheduler:
                 break
             if self._prefix_leader(req) is not None:
                 continue  # admitted once the leader has cached the prefix they share
-            total = len(req.prompt_ids) + req.max_new_tokens - 1  # the last token's KV is never computed
+            # The last token's KV is never computed (but a prompt-only scoring request computes the whole prompt).
+            total = len(req.prompt_ids) + max(req.max_new_tokens, 1) - 1
             if self.spec is not None:
                 total += self.spec.extra_tokens  # a verify forward runs past the final length
             try:
-                admission, mem = self.cache.admit(req.prompt_ids, total)
+                admission, mem = self.cache.admit(req.prompt_ids, total, max_prefix=lp.prefix_limit(req))
             except Exception as exc:  # noqa: BLE001 - this request fails alone; the others are scheduled
                 self.fail(req, "admission", exc)
                 continue
@@ -320,7 +325,8 @@ class Scheduler:
         for req, n in batch:
             assert req.mem is not None
             chunks.append((req, req.prompt_ids[req.mem.kv_len : req.mem.kv_len + n]))
-        fb = self.extend_batch(chunks)
+        prompt_rows = any(lp.needs_prompt_rows(r, r.mem.kv_len, len(c)) for r, c in chunks if r.mem is not None)
+        fb = self.extend_batch(chunks, all_logits=prompt_rows)
         planned = self._plan_checkpoints(batch)
         if any(cps for _, cps in planned):
             fb.state_checkpoints = [[(p - start, slot) for p, slot in cps] for start, cps in planned]
@@ -331,6 +337,11 @@ class Scheduler:
                 for _, slot in cps:
                     self.cache.free_slot(slot)
             raise
+        if fb.all_logits:  # prompt logprobs asked for: every position's logits, the last of each for sampling
+            ends = list(itertools.accumulate(len(c) for _, c in chunks))
+            for (req, _), end, start, n in zip(batch, ends, (p for p, _ in planned), fb.extend_lens, strict=True):
+                lp.record_prompt(req, start, logits[end - n : end])
+            logits = logits[[end - 1 for end in ends]]
         if self.spec is not None:  # before any checkpoint below is cached: the drafter completes what goes with it
             self.spec.after_prefill(fb)
         done: list[int] = []
@@ -341,10 +352,14 @@ class Scheduler:
                 if self.cache.commit_checkpoint(req.mem, req.prompt_ids, p, slot):
                     self.counters.state_checkpoints += 1
             if req.mem.kv_len == len(req.prompt_ids):
+                lp.close_prompt(req)
                 done.append(i)
             elif not self.config.in_forward_checkpoints and self._checkpoints_in(req, planned[i][0], req.mem.kv_len):
                 if self.cache.checkpoint(req.mem, req.prompt_ids):  # the chunk ended at the checkpoint: copy it
                     self.counters.state_checkpoints += 1
+        for i in [i for i in done if batch[i][0].max_new_tokens == 0]:  # prompt logprobs only: no token to sample
+            self.finish_running(batch[i][0], {"type": "length", "length": 0})
+        done = [i for i in done if batch[i][0].max_new_tokens > 0]
         if done:
             self._sample_and_emit([batch[i][0] for i in done], logits[done])
 
@@ -390,22 +405,25 @@ class Scheduler:
 
     def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
         generators = [self.generator_for(r) for r in reqs]
+        logits, grammar_errors = mask_isolated(logits, [r.grammar for r in reqs])  # structured output
+        for i, exc in grammar_errors:  # this request's grammar failed: it fails alone, the batch goes on
+            self.fail(reqs[i], "grammar", exc)
         tokens, errors = sample_isolated(logits, [r.sampling for r in reqs], generators)
         for i, exc in errors:  # this request's sampling raised: it fails alone, the batch goes on
-            self.fail(reqs[i], "sampling", exc, status_code=400)
-        logprobs = None
-        if any(r.return_logprob for r in reqs):
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            if not reqs[i].finished:
+                self.fail(reqs[i], "sampling", exc, status_code=400)
         for i, (req, tok) in enumerate(zip(reqs, tokens, strict=True)):
-            if tok is None:
+            if tok is None or req.finished:
                 continue  # failed alone above
             req.output_ids.append(tok)
             req.pending_ids.append(tok)
-            if logprobs is not None:
-                req.pending_logprobs.append(float(logprobs[i, tok]))
+            lp.record_output(req, logits[i : i + 1], [tok])
             self.counters.generation_tokens_total += 1
             try:
+                ended = req.grammar is not None and req.grammar.accept(tok)
                 reason = finish_reason_after(req, tok, self.eos_token_ids, self.tokenizer)
+                if reason is None and ended:  # the grammar was complete: this token (EOS) ends the request
+                    reason = {"type": "stop", "matched": tok}
             except Exception as exc:  # noqa: BLE001 - e.g. a stop string the detokenizer chokes on
                 self.fail(req, "stop check", exc)
                 continue

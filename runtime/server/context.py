@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -17,11 +17,15 @@ from runtime.args import RuntimeArgs
 from runtime.core.requests import EngineStats
 from runtime.engine.api import EngineClient
 from runtime.server.engine_bridge import AsyncEngine
-from runtime.server.generate_request import RequestValueError
+from runtime.server.generate_request import PreparedRequest, RequestValueError
 from runtime.server.limits import BadJson, BodyTooLarge, default_body_limit, parse_json, prompt_too_long, read_body
 from runtime.server.metrics import RequestTimings
 from runtime.server.request_state import RequestState
+from runtime.server.structured import attach_grammars
 from runtime.server.tokenizer import ServerTokenizer
+
+if TYPE_CHECKING:
+    from runtime.scheduler.grammar import GrammarBackend
 
 logger = logging.getLogger("runtime.server")
 
@@ -38,6 +42,7 @@ class ServerContext:
     startup_time: float = field(default_factory=time.time)
     ready: bool = False
     flushing: bool = False  # a /flush_cache?timeout=N is waiting for the engine to go idle
+    grammar_backend: GrammarBackend | None = None  # None: --grammar-backend none (constrained requests get 400)
     _engine: AsyncEngine | None = None
 
     @property
@@ -62,6 +67,10 @@ class ServerContext:
         if problem is not None:
             raise RequestValueError(problem)
         return self.tokenizer.encode(text)
+
+    def compile_grammars(self, prepared: list[PreparedRequest]) -> None:
+        """Compile the requests' constraints (worker thread); RequestValueError when one does not compile."""
+        attach_grammars(self.grammar_backend, prepared, self.args.disaggregation_mode)
 
     @property
     def engine(self) -> AsyncEngine:

@@ -107,6 +107,7 @@ async def generate(request: Request) -> Response:
             vocab_size=ctx.vocab_size,
             context_len=ctx.context_len,
         )
+        await asyncio.to_thread(ctx.compile_grammars, prepared)  # structured output; a bad grammar is a 400
     except ContractError as e:
         return JSONResponse({"error": str(e)}, status_code=400)
     except RequestValueError as e:

@@ -32,9 +32,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "min_new_tokens": (None, 0),
     "n": (None, 1),
     "stop_regex": (None, "", []),
-    "json_schema": (None, ""),
-    "regex": (None, ""),
-    "ebnf": (None, ""),
     "structural_tag": (None, ""),
     "logit_bias": (None, {}),
     "custom_params": (None, {}),
@@ -46,8 +43,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 # Top-level /generate fields the runtime cannot honour: accepted only at these values, refused otherwise.
 _UNSUPPORTED_TOP_LEVEL: dict[str, tuple[Any, ...]] = {
-    "logprob_start_len": (None, -1),
-    "top_logprobs_num": (None, 0),
     "token_ids_logprob": (None,),
     "return_hidden_states": (None, False),
     "image_data": (None,),
@@ -154,6 +149,23 @@ class ParsedSampling:
     skip_special_tokens: bool
     no_stop_trim: bool
     stream_interval: int = 1
+    constraint: tuple[str, str] | None = None  # (json_schema | regex | ebnf, its text): structured output
+
+
+def _constraint(raw: dict[str, Any], name: Any) -> tuple[str, str] | None:
+    """SGLang's structured-output fields: at most one; an empty string is unset (as its `x or None`)."""
+    found: list[tuple[str, str]] = []
+    for key in ("json_schema", "regex", "ebnf"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise _invalid(name(key), value, "a string")
+        if value:
+            found.append((key, value))
+    if len(found) + bool(raw.get("structural_tag")) > 1:
+        raise RequestValueError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
+    return found[0] if found else None
 
 
 def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> ParsedSampling:
@@ -230,6 +242,7 @@ def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> P
         no_stop_trim=bool(no_trim),
         # As SGLang: unset or 0 takes the server default (1); a negative one streams every step too.
         stream_interval=interval if interval is not None and interval > 0 else 1,
+        constraint=_constraint(raw, name),
     )
 
 
@@ -242,6 +255,8 @@ class PreparedRequest:
     skip_special_tokens: bool
     no_stop_trim: bool
     stream_interval: int = 1  # streamed: a chunk at the first token, then once this many tokens are unsent
+    constraint: tuple[str, str] | None = None  # compiled into request.grammar by runtime/server/structured.py
+    return_text_in_logprobs: bool = False
 
 
 def _prompts(body: dict[str, Any], encode: Any) -> tuple[list[list[int]], bool]:
@@ -279,8 +294,8 @@ def parse_generate_body(
     for key, allowed in _UNSUPPORTED_TOP_LEVEL.items():
         if body.get(key) not in allowed:
             raise RequestValueError(f"{key}={short_repr(body[key])} is not implemented by the bundled runtime")
-    return_logprob = _boolean("return_logprob", body.get("return_logprob")) or False
     prompts, single = _prompts(body, encode)
+    logprob_fields = _logprob_fields(body, len(prompts))
     raw_params = body.get("sampling_params")
     if isinstance(raw_params, list):
         if len(raw_params) != len(prompts):
@@ -309,10 +324,54 @@ def parse_generate_body(
     out: list[PreparedRequest] = []
     for i, (ids, ps, r) in enumerate(zip(prompts, params, rids, strict=True)):
         prepared = prepare_request(i, ids, ps, r, stream, vocab_size, context_len)
-        prepared.request.return_logprob = return_logprob
+        apply_logprob_fields(prepared, *logprob_fields[i])
         apply_bootstrap_fields(body, prepared.request, single)
         out.append(prepared)
     return out, single, stream
+
+
+def _per_prompt(body: dict[str, Any], key: str, n: int, parse: Any, default: Any) -> list[Any]:
+    """A /generate field given once or as a list with one value per prompt (SGLang's batch form)."""
+    value = body.get(key)
+    if isinstance(value, list):
+        if len(value) != n:
+            raise RequestValueError(f"{key} has {len(value)} entries for a batch of {n} prompts")
+        return [default if (v := parse(key, item)) is None else v for item in value]
+    parsed = parse(key, value)
+    return [default if parsed is None else parsed] * n
+
+
+def _logprob_fields(body: dict[str, Any], n: int) -> list[tuple[bool, int, int, bool]]:
+    """(return_logprob, top_logprobs_num, logprob_start_len, return_text_in_logprobs) per prompt."""
+    columns = [
+        _per_prompt(body, "return_logprob", n, _boolean, False),
+        _per_prompt(body, "top_logprobs_num", n, _integer, 0),
+        _per_prompt(body, "logprob_start_len", n, _integer, -1),
+        _per_prompt(body, "return_text_in_logprobs", n, _boolean, False),
+    ]
+    for top in columns[1]:
+        if top < 0:
+            raise RequestValueError(f"top_logprobs_num must be >= 0, got {short_repr(top)}")
+    for start in columns[2]:
+        if start < -1:
+            raise RequestValueError(f"logprob_start_len must be >= -1, got {short_repr(start)}")
+    return list(zip(*columns, strict=True))
+
+
+def apply_logprob_fields(
+    prepared: PreparedRequest, return_logprob: bool, top: int, start: int, with_text: bool
+) -> None:
+    """Logprob options onto one request; a start past its prompt is refused with SGLang's message."""
+    request = prepared.request
+    if return_logprob and start > len(request.input_ids):
+        raise RequestValueError(
+            f"req.logprob_start_len={start} is higher than the number of input tokens "
+            f"len(req.origin_input_ids)={len(request.input_ids)}. Please use a smaller logprob_start_len."
+        )
+    request.return_logprob = return_logprob
+    request.top_logprobs_num = top if return_logprob else 0
+    request.logprob_start_len = start if return_logprob else -1
+    prepared.return_text_in_logprobs = with_text
 
 
 def apply_bootstrap_fields(body: dict[str, Any], request: GenerateRequest, single: bool) -> None:
@@ -367,7 +426,9 @@ def prepare_request(
             )
         sampling.max_new_tokens = budget
     request = GenerateRequest(rid=rid, input_ids=ids, sampling=sampling, stream=stream)
-    return PreparedRequest(index, request, ps.skip_special_tokens, ps.no_stop_trim, ps.stream_interval)
+    return PreparedRequest(
+        index, request, ps.skip_special_tokens, ps.no_stop_trim, ps.stream_interval, constraint=ps.constraint
+    )
 
 
 def grammar_available() -> bool:

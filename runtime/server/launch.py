@@ -15,6 +15,7 @@ from typing import Any
 from runtime.args import RuntimeArgs
 from runtime.core.config import read_hf_config
 from runtime.server.context import ServerContext
+from runtime.server.structured import GrammarBackendUnavailable, load_grammar_backend
 from runtime.server.tokenizer import ServerTokenizer, TokenizerLoadError
 
 logger = logging.getLogger("runtime.server")
@@ -123,13 +124,20 @@ def start_context(args: RuntimeArgs) -> ServerContext:
     _ = tokenizer.max_token_bytes  # the prompt pre-check's bound, computed once before serving
     hf_config = read_hf_config(args.model_path)
     vocab = hf_config.get("vocab_size")
+    vocab_size = int(vocab) if isinstance(vocab, int) else tokenizer.vocab_size
+    try:
+        grammar_backend = load_grammar_backend(args, vocab_size, hf_config)
+    except (GrammarBackendUnavailable, ValueError, OSError) as e:
+        client.shutdown()
+        raise StartupError(str(e)) from None
     return ServerContext(
         args=args,
         client=client,
         tokenizer=tokenizer,
         hf_config=hf_config,
         context_len=stats.context_len,
-        vocab_size=int(vocab) if isinstance(vocab, int) else tokenizer.vocab_size,
+        vocab_size=vocab_size,
+        grammar_backend=grammar_backend,
     )
 
 

@@ -27,6 +27,7 @@ from runtime.server.generate_request import (
     PreparedRequest,
     RequestValueError,
     apply_bootstrap_fields,
+    apply_logprob_fields,
     grammar_available,
     parse_sampling_params,
     prepare_request,
@@ -36,6 +37,7 @@ from runtime.server.limits import BadJson
 from runtime.server.reasoning import ReasoningParser
 from runtime.server.request_state import RequestState
 from runtime.server.sse import DONE, AbortingStreamingResponse, sse_event
+from runtime.server.structured import response_format_schema
 
 # OpenAI request field -> SGLang sampling parameter (the rest of the body is ignored, as OpenAI clients send
 # many optional fields).
@@ -62,13 +64,9 @@ _SAMPLING_MAP = {
 }
 
 
-# Accepted only at their neutral values: the runtime returns no logprobs and runs no grammars.
+# Accepted only at their neutral values.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "best_of": (None, 1),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -119,11 +117,39 @@ def _sampling_from_openai(
     for key, allowed in _UNSUPPORTED.items():
         if body.get(key) not in allowed:
             raise RequestValueError(f"{key}={short_repr(body[key])} is not implemented by the bundled runtime")
+    schema = response_format_schema(body.get("response_format"))  # structured output (server/structured.py)
+    if schema is not None:
+        if raw.get("json_schema") is not None:
+            raise RequestValueError("give either response_format or json_schema, not both")
+        raw["json_schema"], names["json_schema"] = schema, "response_format"
     return raw, names
 
 
+def _logprob_options(body: dict[str, Any], chat: bool) -> tuple[bool, int, int]:
+    """(return_logprob, top_logprobs_num, logprob_start_len) as SGLang's OpenAI routes set them: chat `logprobs`
+    + `top_logprobs`; completions `logprobs=N` (N top entries), with `echo` the prompt's too (start 0)."""
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if chat:
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise RequestValueError(f"logprobs must be a boolean, got {short_repr(logprobs)}")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+            raise RequestValueError(f"top_logprobs must be a non-negative integer, got {short_repr(top)}")
+        return bool(logprobs), (top or 0) if logprobs else 0, -1
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
+        raise RequestValueError(f"logprobs must be a non-negative integer, got {short_repr(logprobs)}")
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise RequestValueError(f"echo must be a boolean, got {short_repr(echo)}")
+    return logprobs is not None, logprobs or 0, 0 if echo and logprobs is not None else -1
+
+
 def _prepare(
-    ctx: ServerContext, body: dict[str, Any], ids: list[int], max_keys: tuple[str, ...], index: int = 0
+    ctx: ServerContext,
+    body: dict[str, Any],
+    ids: list[int],
+    max_keys: tuple[str, ...],
+    index: int = 0,
+    chat: bool = False,
 ) -> PreparedRequest:
     raw, names = _sampling_from_openai(body, max_keys)
     parsed = parse_sampling_params(raw, names)
@@ -138,6 +164,7 @@ def _prepare(
         index, ids, parsed, rid, bool(stream), ctx.vocab_size, ctx.context_len, max_tokens_name=max_name
     )
     apply_bootstrap_fields(body, prepared.request, single=index == 0)  # PD: the router's one-prompt routing
+    apply_logprob_fields(prepared, *_logprob_options(body, chat), True)
     return prepared
 
 
@@ -195,6 +222,7 @@ async def completions(request: Request) -> Response:
         if body.get("max_tokens") is None:
             body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions
         prepared = [_prepare(ctx, body, ids, ("max_tokens",), index=i) for i, ids in enumerate(prompts)]
+        await asyncio.to_thread(ctx.compile_grammars, prepared)  # structured output; a bad grammar is a 400
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
     return await _serve(ctx, request, body, prepared, chat=None)
@@ -234,12 +262,37 @@ async def chat_completions(request: Request) -> Response:
             body = {**body, "json_schema": json.dumps(opts.constraint)}
             opts.reasoning_parser = None
         ids = await asyncio.to_thread(_chat_prompt, ctx, prompt, opts)
-        prepared = _prepare(ctx, body, ids, ("max_completion_tokens", "max_tokens"))
+        prepared = _prepare(ctx, body, ids, ("max_completion_tokens", "max_tokens"), chat=True)
         if opts.parses_tools:  # SGLang keeps special tokens then: call markers often are special tokens
             prepared.skip_special_tokens = False
+        await asyncio.to_thread(ctx.compile_grammars, [prepared])  # structured output; a bad grammar is a 400
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
     return await _serve(ctx, request, body, [prepared], chat=opts)
+
+
+def _choice_logprobs(
+    state: RequestState, chat: bool, start: int = 0, end: int | None = None, echo: bool = False
+) -> dict[str, Any] | None:
+    """A choice's `logprobs` for output tokens [start, end): chat `{"content": [...]}`, completions' lists."""
+    view = state.logprobs
+    if view is None:
+        return None
+    if chat:
+        return {"content": view.chat_content(start, end)}
+    return view.completion_logprobs(start, end, echo=echo)
+
+
+def _echo_texts(ctx: ServerContext, body: dict[str, Any], prepared: list[PreparedRequest]) -> list[str]:
+    """Completions `echo`: each choice's prompt, as sent when it was text (SGLang's), else decoded."""
+    if body.get("echo") is not True:
+        return [""] * len(prepared)
+    prompt = body.get("prompt")
+    texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    return [
+        texts[i] if i < len(texts) and isinstance(texts[i], str) else ctx.tokenizer.decode(p.request.input_ids)
+        for i, p in enumerate(prepared)
+    ]
 
 
 async def _serve(
@@ -258,18 +311,20 @@ async def _serve(
     if prepared[0].request.stream:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        chunks = _stream(ctx, group, states, response_id, model, chat, include_usage)
+        echo = [] if chat else _echo_texts(ctx, body, prepared)
+        chunks = _stream(ctx, group, states, response_id, model, chat, include_usage, echo)
         return AbortingStreamingResponse(chunks, on_close=group.close)
     await run_to_end(ctx, request, group, states)
     failure = abort_error(states)
     if failure is not None:
         return error_response(json.loads(failure.body)["error"]["message"], failure.status_code)
     choices: list[dict[str, Any]] = []
+    echo = [""] * len(states) if chat else _echo_texts(ctx, body, prepared)
     for state in states:
         finish_reason, matched = _finish(state)
         choice: dict[str, Any] = {
             "index": state.prepared.index,
-            "logprobs": None,
+            "logprobs": _choice_logprobs(state, chat, echo=True),
             "finish_reason": finish_reason,
             "matched_stop": matched,
         }
@@ -280,7 +335,7 @@ async def _serve(
             if choice["finish_reason"] != finish_reason:
                 choice["matched_stop"] = None
         else:
-            choice["text"] = state.text()
+            choice["text"] = echo[state.prepared.index] + state.text()
         choices.append(choice)
     return JSONResponse(
         {
@@ -302,14 +357,23 @@ async def _stream(
     model: str,
     chat: ChatOptions | None,
     include_usage: bool,
+    echo: list[str],
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
     kind = "chat.completion.chunk" if chat is not None else "text_completion"
     outputs = [ChatOutput(chat) for _ in states] if chat is not None else []
+    lp_sent = [0] * len(states)  # output tokens whose logprobs went out
+    echo_due = [bool(e) for e in echo] or [False] * len(states)
+
+    def logprobs_now(index: int) -> dict[str, Any] | None:
+        state, start = states[index], lp_sent[index]
+        lp_sent[index] = len(state.output_ids)
+        return _choice_logprobs(state, chat is not None, start, lp_sent[index], echo=start == 0)
 
     def chunk(index: int, delta: str | dict[str, Any] | None, finish_reason: str | None = None,
               matched: Any = None) -> bytes:  # fmt: skip
-        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+        logprobs = logprobs_now(index) if delta is not None and finish_reason is None else None
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["matched_stop"] = matched
         if chat is not None:
@@ -332,6 +396,8 @@ async def _stream(
         # A stop string trimmed at the end can shorten the text: nothing more is sent then.
         delta = text[len(sent[i]) :] if text.startswith(sent[i]) else ""
         sent[i] += delta
+        if echo_due[i]:  # completions echo: the prompt leads the choice's first chunk
+            delta, echo_due[i] = echo[i] + delta, False
         if chat is not None:  # reasoning and tool calls split out of the text
             for piece in outputs[i].deltas(delta, final=out.finished):
                 yield chunk(i, piece)

@@ -8,6 +8,7 @@ from typing import Any
 
 from runtime.core.requests import RequestOutput
 from runtime.server.generate_request import PreparedRequest
+from runtime.server.logprob_format import LogprobView
 from runtime.server.sse import generate_chunk
 from runtime.server.tokenizer import IncrementalDetokenizer, ServerTokenizer
 
@@ -27,7 +28,7 @@ class RequestState:
     spec_verify_ct: int = 0
     spec_num_correct_drafts: int = 0
     spec_num_proposed_drafts: int = 0
-    output_logprobs: list[float] = field(default_factory=list)
+    logprobs: LogprobView | None = None  # with return_logprob
     token_times: list[float] = field(default_factory=list)  # arrival time of each output chunk with tokens
     _detok: IncrementalDetokenizer | None = None
     # output_ids as JSON array items ("1,2,3"), grown per output: a streamed chunk re-sends the cumulative ids,
@@ -37,6 +38,9 @@ class RequestState:
     def __post_init__(self) -> None:
         self.prompt_tokens = len(self.prepared.request.input_ids)
         self._detok = IncrementalDetokenizer(self.tokenizer, self.prepared.skip_special_tokens)
+        request = self.prepared.request
+        if request.return_logprob:
+            self.logprobs = LogprobView(self.tokenizer, self.prepared.return_text_in_logprobs, request.top_logprobs_num)
 
     @property
     def rid(self) -> str:
@@ -55,8 +59,9 @@ class RequestState:
             self.output_ids.extend(out.new_token_ids)
             new_json = ",".join(map(str, out.new_token_ids))
             self._ids_json = f"{self._ids_json},{new_json}" if self._ids_json else new_json
-            if out.new_token_logprobs is not None:
-                self.output_logprobs.extend(out.new_token_logprobs)
+        if self.logprobs is not None:
+            request = self.prepared.request
+            self.logprobs.update(out, request.input_ids, max(request.logprob_start_len, 0))
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens
@@ -105,10 +110,8 @@ class RequestState:
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
         }
-        if self.prepared.request.return_logprob:
-            # SGLang's [logprob, token_id, text] triples; text would need return_text_in_logprobs.
-            pairs = zip(self.output_logprobs, self.output_ids, strict=False)
-            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in pairs]
+        if self.logprobs is not None:
+            meta.update(self.logprobs.meta_info())
         if self.spec_verify_ct > 0 and self.spec_num_proposed_drafts > 0:
             # As SGLang's _calculate_spec_decoding_metrics: rate without, length with the bonus token.
             meta["spec_accept_rate"] = self.spec_num_correct_drafts / self.spec_num_proposed_drafts

@@ -234,6 +234,7 @@ def tool_call_schema(
     def item(tool: dict[str, Any]) -> dict[str, Any]:
         fn = tool["function"]
         return {
+            "type": "object",  # SGLang's item has none, which lets a bare number through a named choice
             "properties": {
                 "name": {"type": "string", "enum": [fn["name"]]},
                 "parameters": fn.get("parameters") or {"type": "object", "properties": {}},

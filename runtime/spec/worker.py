@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING
 
 from runtime.core.batch import ForwardBatch
 from runtime.core.spec_config import SpecConfig
+from runtime.scheduler.grammar import ConstrainedRound, accept_drafts_constrained
+from runtime.scheduler.logprobs import record_output
 from runtime.scheduler.stopping import finish_reason_after
 from runtime.spec.drafter import Drafter
 from runtime.spec.sandbox import StateSandbox
-from runtime.spec.verify import accept_drafts, release_rejected_kv
+from runtime.spec.verify import RoundResult, accept_drafts, release_rejected_kv
 
 if TYPE_CHECKING:
     from runtime.scheduler.request import Req
@@ -96,19 +98,35 @@ class SpecDecoder:
         kept: list[int] = []
         reasons: list[dict | None] = []
         round_tokens = 0
+        failed: dict[int, Exception] = {}
         for i, (req, d) in enumerate(zip(reqs, drafts, strict=True)):
-            result = accept_drafts(d, logits[i], req.sampling, sched.generator_for(req), req.return_logprob)
+            # Structured output: drafts are checked against the grammar's mask row by row (grammar.py).
+            constrained: ConstrainedRound | None = None
+            if req.grammar is not None:
+                try:
+                    constrained = accept_drafts_constrained(
+                        d, logits[i], req.sampling, sched.generator_for(req), req.grammar
+                    )
+                except Exception as exc:  # noqa: BLE001 - this request fails after the round; the others go on
+                    failed[i] = exc
+            if constrained is not None:
+                result = RoundResult(constrained.emitted, constrained.accepted_drafts, None)
+            else:
+                result = accept_drafts(d, logits[i], req.sampling, sched.generator_for(req))
             reason = None
             m = 0
             for tok in result.emitted:
                 req.output_ids.append(tok)
                 req.pending_ids.append(tok)
-                if result.logprobs is not None:
-                    req.pending_logprobs.append(result.logprobs[m])
                 m += 1
                 reason = finish_reason_after(req, tok, sched.eos_token_ids, sched.tokenizer)
+                if reason is None and constrained is not None and constrained.ended and m == len(result.emitted):
+                    reason = {"type": "stop", "matched": tok}  # the grammar was complete
                 if reason is not None:
                     break
+            if constrained is not None and req.grammar is not None:
+                constrained.rollback_to(req.grammar, m)  # the grammar follows the kept tokens only
+            record_output(req, constrained.logits if constrained is not None else logits[i], result.emitted[:m])
             kept.append(m)
             reasons.append(reason)
             round_tokens += m
@@ -126,8 +144,10 @@ class SpecDecoder:
             assert req.mem is not None
             req.mem.kv_len = start + m
             release_rejected_kv(cache, req.mem)
-        for req, reason in zip(reqs, reasons, strict=True):
-            if reason is not None:
+        for i, (req, reason) in enumerate(zip(reqs, reasons, strict=True)):
+            if i in failed:
+                sched.fail(req, "grammar", failed[i])
+            elif reason is not None:
                 sched.finish_running(req, reason)
             else:
                 req.on_output(req.take_output())

@@ -7,7 +7,7 @@ import sys
 
 HELP_COMMANDS = [
     *("", "init", "validate", "plan", "schema", "launch", "status", "stop", "bench", "doctor", "demo"),
-    *("verify all", "verify basic", "verify prefix-cache", "verify spec"),
+    *("verify all", "verify basic", "verify prefix-cache", "verify spec", "verify structured"),
 ]
 
 

@@ -20,6 +20,8 @@ from safetensors.torch import load_file, save_file
 from runtime.demo_model import build_demo_model
 
 CALL_JSON = '\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+# What a grammar-forced tool_choice (required / named) makes of the same call: SGLang's JSON array of calls.
+CALL_ARRAY = '[{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}]'
 REASONING = "Let me think about the weather."
 ANSWER = "The answer is 42."
 PREFIX = "Let me continue"
@@ -28,13 +30,17 @@ EOS = "<|im_end|>"
 # Thinking on: <think> -> reasoning -> </think> -> a tool call -> end.
 # Thinking off (the generation prompt ends "<think>\n\n</think>\n\n"): the answer -> end.
 # continue_final_message with the assistant text PREFIX: the continuation -> end.
+# Under a grammar that masks the reasoning (tool_choice required / named with the grammar engine), the next best
+# token after <think> is the whole call array, then the end (RUNNER_UP: a lower logit than the chain's).
 CHAINS = [
     ["<think>", REASONING, "</think>", "<tool_call>", CALL_JSON, "</tool_call>", EOS],
     ["<|no_think|>", ANSWER, EOS],
     [PREFIX, CONTINUATION, EOS],
+    [CALL_ARRAY, EOS],
 ]
+RUNNER_UP = [("<think>", CALL_ARRAY)]
 ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>", REASONING, CALL_JSON, ANSWER, PREFIX, CONTINUATION,
-         "<|no_think|>"]  # fmt: skip
+         "<|no_think|>", CALL_ARRAY]  # fmt: skip
 
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n# Tools\n\n<tools>"
@@ -84,6 +90,8 @@ def build_scripted_model(out: Path) -> Path:
             embed[ids[cur]] = 0.0
             embed[ids[cur], slot] = 1.0
             head[ids[nxt], slot] += 50.0
+    for cur, nxt in RUNNER_UP:
+        head[ids[nxt], slots[ids[cur]]] += 25.0
     w["model.embed_tokens.weight"], w["lm_head.weight"] = embed.contiguous(), head.contiguous()
     save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out

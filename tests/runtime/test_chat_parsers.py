@@ -127,7 +127,7 @@ def test_json_array_of_forced_calls() -> None:
 
 def test_tool_call_schema_is_sglangs() -> None:
     named = tool_call_schema(TOOLS, {"type": "function", "function": {"name": "get_time"}}, parallel=False)
-    assert named == {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+    assert named == {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "object",
         "properties": {"name": {"type": "string", "enum": ["get_time"]},
                        "parameters": TOOLS[1]["function"]["parameters"]},
         "required": ["name", "parameters"]}}  # fmt: skip

@@ -210,9 +210,10 @@ def test_return_logprob_gives_greedy_token_logprobs(client: httpx.Client) -> Non
     triples = meta["output_token_logprobs"]
     assert len(triples) == GREEDY["max_new_tokens"]
     assert all(lp <= 0.0 and text is None for lp, _, text in triples)
-    unsupported = client.post("/generate", json={**body, "top_logprobs_num": 3})
+    assert meta["input_token_logprobs"] == []  # SGLang: no prompt logprobs unless logprob_start_len >= 0
+    unsupported = client.post("/generate", json={**body, "token_ids_logprob": [3]})
     assert unsupported.status_code == 400
-    assert "top_logprobs_num" in unsupported.json()["error"]["message"]
+    assert "token_ids_logprob" in unsupported.json()["error"]["message"]
 
 
 def test_flush_cache_refused_while_a_request_runs(client: httpx.Client) -> None:

@@ -53,6 +53,8 @@ def malformed_requests() -> list[tuple[str, str, dict[str, str], bytes]]:
         ("sampling_seed", 10**400), ("sampling_seed", 1.5), ("frequency_penalty", 0.5), ("n", 3),
         ("stop", 5), ("stop", [1, 2]), ("stop_token_ids", ["a"]), ("ignore_eos", "yes"), ("min_new_tokens", 5),
         ("stream_interval", "x"), ("logit_bias", {"1": 100}), ("no_such_param", 1),
+        ("regex", "[a-"), ("regex", 5), ("json_schema", "{not json"), ("json_schema", '{"type": "no-such-type"}'),
+        ("ebnf", "root ::= undefined_rule"),
     ]  # fmt: skip
     for key, value in bad_values:
         post("/generate", {"text": "hi", "sampling_params": {key: value}})
@@ -62,8 +64,9 @@ def malformed_requests() -> list[tuple[str, str, dict[str, str], bytes]]:
     # ... and on the OpenAI routes, with OpenAI's names.
     openai_bad: list[tuple[str, object]] = [
         ("seed", 2**64), ("seed", 2**100), ("seed", "abc"), ("max_tokens", -1), ("max_tokens", 10**9),
-        ("max_tokens", "ten"), ("temperature", -2), ("top_p", 7), ("top_k", 0), ("n", 2), ("logprobs", True),
-        ("stream", "yes"), ("frequency_penalty", 1.0), ("min_tokens", 3), ("echo", True),
+        ("max_tokens", "ten"), ("temperature", -2), ("top_p", 7), ("top_k", 0), ("n", 2), ("logprobs", -1),
+        ("stream", "yes"), ("frequency_penalty", 1.0), ("min_tokens", 3), ("response_format", {"type": "xml"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
     ]  # fmt: skip
     for key, value in openai_bad:
         post("/v1/completions", {"prompt": "hi", key: value})

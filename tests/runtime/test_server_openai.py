@@ -117,8 +117,8 @@ def test_openai_errors_are_400(client: httpx.Client) -> None:
     assert no_messages.json()["object"] == "error"
     bad_json = client.post("/v1/completions", content=b"[", headers={"content-type": "application/json"})
     assert bad_json.status_code == 400
-    logprobs = client.post("/v1/completions", json={"prompt": "x", "logprobs": 5})
-    assert logprobs.status_code == 400 and "logprobs" in logprobs.json()["message"]
+    best_of = client.post("/v1/completions", json={"prompt": "x", "best_of": 3})
+    assert best_of.status_code == 400 and "best_of" in best_of.json()["message"]
     assert client.get("/v1/models").status_code == 200
 
 
