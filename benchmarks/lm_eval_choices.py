@@ -8,7 +8,7 @@ per-item choices, accuracy of each, the largest log-likelihood difference.
 
 lm-eval lives in its own venv (it pulls datasets, pyarrow, scikit-learn, ...; no triton): `ensure_lm_eval`
 creates `.cache/lm-eval-venv` with `--system-site-packages` (torch and transformers come from the system) and
-installs lm-eval there.
+installs `lm-eval[api,hf]` there.
 
     python benchmarks/lm_eval_choices.py --model-dir DIR [--url http://127.0.0.1:PORT] [--out report.json]
 
@@ -41,13 +41,14 @@ VENV = REPO / ".cache" / "lm-eval-venv"
 def ensure_lm_eval(venv: Path = VENV) -> Path:
     """The venv's python with lm-eval installed (created on first use; needs PyPI)."""
     python = venv / "bin" / "python"
-    probe = "import importlib.metadata as m; print(m.version('lm_eval'))"
+    # The api and hf extras: local-completions needs tenacity, the hf model accelerate and peft.
+    probe = "import importlib.metadata as m, tenacity, accelerate, peft; print(m.version('lm_eval'))"
     if python.is_file():
         found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
         if found.returncode == 0 and found.stdout.strip() == LM_EVAL_VERSION:
             return python
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"lm-eval=={LM_EVAL_VERSION}"], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"lm-eval[api,hf]=={LM_EVAL_VERSION}"], check=True)
     return python
 
 
@@ -92,11 +93,13 @@ def prompt_logprobs_supported(url: str) -> str | None:
     return None if response.status_code == 200 else f"HTTP {response.status_code}: {response.text[:200]}"
 
 
-def run_lm_eval(python: Path, model: str, model_args: str, out_dir: Path) -> dict[int, list[float]]:
+def run_lm_eval(
+    python: Path, model: str, model_args: str, out_dir: Path, extra: tuple[str, ...] = ()
+) -> dict[int, list[float]]:
     """Per question (doc_id): each choice's log-likelihood, from lm-eval's logged samples."""
     cmd = [str(python), "-m", "lm_eval", "--model", model, "--model_args", model_args, "--tasks", TASK,
            "--include_path", str(TASK_DIR), "--batch_size", "1", "--log_samples",
-           "--output_path", str(out_dir)]  # fmt: skip
+           "--output_path", str(out_dir), *extra]  # fmt: skip
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)  # lm-eval's interpreter: the project is not imported there
     done = subprocess.run(cmd, cwd=TASK_DIR, env=env, capture_output=True, text=True, timeout=1800)
@@ -133,7 +136,7 @@ def evaluate(model_dir: Path, url: str, python: Path, work: Path) -> dict[str, A
     completions = (f"model=lm-eval-target,base_url={url}/v1/completions,tokenizer={model_dir},"
                    "tokenizer_backend=huggingface,tokenized_requests=True,num_concurrent=1,max_retries=1")  # fmt: skip
     runtime = run_lm_eval(python, "local-completions", completions, work / "runtime")
-    hf = run_lm_eval(python, "hf", f"pretrained={model_dir},dtype=float32,device=cpu", work / "hf")
+    hf = run_lm_eval(python, "hf", f"pretrained={model_dir},dtype=float32", work / "hf", ("--device", "cpu"))
     golds = [json.loads(line)["answer"] for line in (TASK_DIR / f"{TASK}.jsonl").read_text().splitlines()]
     return compare(runtime, hf, golds)
 
