@@ -28,12 +28,13 @@ _VALUE_FLAGS = (
     "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--disaggregation-mode",
     "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s", "--torch-compile-max-bs",
     "--torch-compile-max-extend-tokens", "--api-key-env", "--max-request-body-bytes",
+    "--tool-call-parser", "--reasoning-parser", "--grammar-backend", "--constrained-json-whitespace-pattern",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
     "--disable-overlap-schedule", "--disable-state-snapshot-on-match", "--disable-state-copy-on-write",
     "--disable-dual-lru-eviction", "--log-mamba-state-stats", "--disable-mamba-state-sandbox",
-    "--enable-elastic-memory-pool", "--enable-torch-compile",
+    "--enable-elastic-memory-pool", "--enable-torch-compile", "--constrained-json-disable-any-whitespace",
 )  # fmt: skip
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
@@ -41,6 +42,8 @@ _CHOICES = {
     "--schedule-policy": ("fcfs", "lpm"),
     "--speculative-algorithm": ("NGRAM", "STANDALONE", "NEXTN", "EAGLE"),
     "--disaggregation-mode": ("null", "prefill", "decode"),
+    "--tool-call-parser": ("qwen25", "qwen", "hermes", "qwen3_coder", "kimi_k2"),
+    "--reasoning-parser": ("qwen3", "qwen3-thinking", "deepseek-r1", "nemotron_3", "kimi", "kimi_k2"),
 }
 
 RUNTIME_FLAGS: dict[str, FlagSpec] = {
