@@ -10,6 +10,8 @@ from hybridctl.cli import app
 from hybridctl.cli.verify_cmd import SPEC_FLAGS, _options
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.spec import SpecOptions
+from hybridctl.verify.structured import StructuredOptions
+from hybridctl.verify.upstream import UpstreamOptions
 
 _TARGET_PARAMS = {"url", "config", "settings", "config_opt", "settings_opt", "api_key_env", "as_json"}
 
@@ -28,10 +30,14 @@ def test_flag_defaults_are_the_library_defaults() -> None:
         {flag: next(f.default for f in fields(SpecOptions) if f.name == field) for flag, field in SPEC_FLAGS.items()}
     )
     params = _verify_params()
-    assert set(params) == {"all", "basic", "prefix-cache", "spec"}
+    assert set(params) == {"all", "basic", "prefix-cache", "spec", "structured", "upstream"}
+    own = {  # commands with an options class of their own; --schema is a file, its default the built-in schema
+        "structured": {f.name: f.default for f in fields(StructuredOptions) if f.name != "schema"} | {"schema": None},
+        "upstream": {f.name: f.default for f in fields(UpstreamOptions)},
+    }
     for command, defaults in params.items():
         for name, default in defaults.items():
-            assert default == library[name], f"verify {command} --{name.replace('_', '-')}"
+            assert default == own.get(command, library)[name], f"verify {command} --{name.replace('_', '-')}"
 
 
 def test_each_flag_lands_in_its_options_field() -> None:
