@@ -100,7 +100,8 @@ def judge_answer(status: int, body: Any, schema: dict[str, Any]) -> Answer:
         if isinstance(message, dict):
             message = message.get("message")
         return Answer(status, error=f"HTTP {status}: {str(message)[:200]}")
-    text = body.get("text") if isinstance(body.get("text"), str) else ""
+    raw_text = body.get("text")
+    text = raw_text if isinstance(raw_text, str) else ""
     reason = (body.get("meta_info") or {}).get("finish_reason") or {}
     answer = Answer(status, text=text, finish=reason.get("type") if isinstance(reason, dict) else None)
     try:

@@ -58,6 +58,12 @@ class RequestGrammar:
             self.matcher.rollback(tokens)
             self.consumed -= tokens
 
+    def fork(self) -> RequestGrammar:
+        """An independent copy in the same state (n > 1 continuations each need their own)."""
+        copy = RequestGrammar(self.matcher.deep_copy(), self.kind)
+        copy.consumed = self.consumed
+        return copy
+
     @property
     def terminated(self) -> bool:
         """The grammar is complete and allows nothing but EOS."""
@@ -181,7 +187,7 @@ def mask_logits(logits: torch.Tensor, grammars: list[RequestGrammar | None]) -> 
         return logits
     masked = logits.float().clone()
     allowed = allowed_tokens([g for g in grammars if g is not None], masked.shape[-1])
-    masked[rows] = masked[rows].masked_fill(~allowed, float("-inf"))
+    masked[rows] = masked[rows].masked_fill(~allowed.to(masked.device), float("-inf"))
     return masked
 
 

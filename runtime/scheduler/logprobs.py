@@ -27,7 +27,8 @@ def _finite(value: float) -> float | None:
 
 
 def _rows(logprobs: torch.Tensor, tokens: list[int], top_n: int) -> tuple[list[float | None], list[TopRow]]:
-    picked = logprobs.gather(1, torch.tensor(tokens, dtype=torch.int64).unsqueeze(1)).squeeze(1).tolist()
+    index = torch.tensor(tokens, dtype=torch.int64, device=logprobs.device).unsqueeze(1)
+    picked = logprobs.gather(1, index).squeeze(1).tolist()
     tops: list[TopRow] = []
     if top_n > 0:
         values, ids = torch.topk(logprobs, min(top_n, logprobs.shape[-1]), dim=-1)

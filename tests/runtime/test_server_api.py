@@ -121,8 +121,11 @@ def test_bad_requests_are_400_and_the_server_stays_up(client: httpx.Client) -> N
     assert wrong_type.status_code == 400 and "invalid type" in wrong_type.json()["error"]
     out_of_range = client.post("/generate", json={"text": "hi", "sampling_params": {"top_p": 0}})
     assert out_of_range.status_code == 400 and "top_p" in out_of_range.json()["error"]["message"]
-    unsupported = client.post("/generate", json={"text": "hi", "sampling_params": {"regex": "a+"}})
-    assert unsupported.status_code == 400 and "regex" in unsupported.json()["error"]["message"]
+    unsupported = client.post("/generate", json={"text": "hi", "sampling_params": {"structural_tag": "{}"}})
+    assert unsupported.status_code == 400 and "structural_tag" in unsupported.json()["error"]["message"]
+    bad_grammar = client.post("/generate", json={"text": "hi", "sampling_params": {"regex": "(a"}})
+    assert bad_grammar.status_code == 400
+    assert "Failed to compile regex grammar" in bad_grammar.json()["error"]["message"]
     assert client.post("/generate", json={"text": "still up", "sampling_params": GREEDY}).status_code == 200
 
 
