@@ -430,12 +430,3 @@ def prepare_request(
         index, request, ps.skip_special_tokens, ps.no_stop_trim, ps.stream_interval, constraint=ps.constraint
     )
 
-
-def grammar_available() -> bool:
-    """Whether this build constrains output with a grammar engine (`json_schema` accepted): tool_choice
-    required / named then rides on it, as in SGLang; without one the output is parsed as it comes."""
-    try:
-        parse_sampling_params({"json_schema": "{}"})
-    except RequestValueError:
-        return False
-    return True

@@ -28,7 +28,6 @@ from runtime.server.generate_request import (
     RequestValueError,
     apply_bootstrap_fields,
     apply_logprob_fields,
-    grammar_available,
     parse_sampling_params,
     prepare_request,
     short_repr,
@@ -256,7 +255,7 @@ async def chat_completions(request: Request) -> Response:
     try:
         refuse_unimplemented(body, OPENAI_REFUSED, CHAT_REFUSED)
         prompt, opts = chat_prompt_and_options(body, ctx.args.tool_call_parser, ctx.args.reasoning_parser)
-        if opts.constraint is not None and grammar_available():
+        if opts.constraint is not None and ctx.grammar_backend is not None:
             # SGLang's constraint for these choices: the JSON array of calls from the first token, so there is
             # no think block to split off.
             body = {**body, "json_schema": json.dumps(opts.constraint)}

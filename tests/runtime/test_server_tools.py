@@ -216,3 +216,21 @@ def test_the_scripted_model_is_what_the_parsers_see(server: RunningServer, tmp_p
             "skip_special_tokens": False}}  # fmt: skip
     text = httpx.post(server.url + "/generate", json=body, timeout=30).json()["text"]
     assert text == f"{REASONING}</think><tool_call>{CALL_JSON}</tool_call>"
+
+
+def test_forced_tool_choice_without_a_grammar_engine_parses_the_models_own_calls(tmp_path: Path) -> None:
+    """--grammar-backend none: required / named are not constrained; the output is parsed as it comes (here the
+    model's own <tool_call> syntax after its think block), and a named choice keeps only that function."""
+    model = build_scripted_model(tmp_path / "model")
+    flags = ("--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3", "--grammar-backend", "none",
+             "--memory-budget-gib", "1")  # fmt: skip
+    with start_runtime_server(model, *flags) as plain:
+        assert not _grammar_engine(plain)
+        client = openai.OpenAI(base_url=plain.url + "/v1", api_key="unused", max_retries=0)
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            got = _create(client, messages=ASK, tools=TOOLS, tool_choice=choice).choices[0]
+            assert (got.message.reasoning_content, _calls(got.message), got.finish_reason) == (
+                REASONING, [CALL], "tool_calls")  # fmt: skip
+        other = {"type": "function", "function": {"name": "get_time"}}
+        got = _create(client, messages=ASK, tools=TOOLS, tool_choice=other).choices[0]
+        assert got.message.tool_calls is None and got.finish_reason == "stop"
