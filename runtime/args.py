@@ -32,6 +32,8 @@ MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+TOOL_CALL_PARSERS = ("qwen25", "qwen", "hermes", "qwen3_coder", "kimi_k2")  # tool_calls.py checks it has these
+REASONING_PARSERS = ("qwen3", "qwen3-thinking", "deepseek-r1", "nemotron_3", "kimi", "kimi_k2")  # and reasoning.py
 SPEC_ALGORITHMS = ALGORITHMS  # runtime/core/spec_config.py: no torch there, parsing stays instant
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 GRAMMAR_BACKENDS = ("llguidance", "none")  # SGLang also has xgrammar (its default) and outlines
@@ -180,6 +182,13 @@ class RuntimeArgs:
     )
     constrained_json_whitespace_pattern: str | None = flag(
         "--constrained-json-whitespace-pattern", help="JSON-schema output: regex for whitespace.", engine=None
+    )
+    # The formats the runtime parses (runtime/server/tool_calls.py, reasoning.py); other SGLang names: exit 2.
+    tool_call_parser: str | None = flag(
+        "--tool-call-parser", choices=TOOL_CALL_PARSERS, help="Tool-call format of the model's output.", engine=None
+    )
+    reasoning_parser: str | None = flag(
+        "--reasoning-parser", choices=REASONING_PARSERS, help="Think-block format of the model's output.", engine=None
     )
     context_length: int | None = flag(
         "--context-length", type=human_readable_int, help="Max tokens per request (prompt + output)."

@@ -1,4 +1,4 @@
-"""`hybridctl verify {all,basic,prefix-cache,spec,structured}`: check a running server against its config.
+"""`hybridctl verify {all,basic,prefix-cache,spec,structured,upstream}`: check a running server against its config.
 
 Exit codes: 0 every check that ran passed (skipped ones do not count), 1 a check failed, 2 the server cannot be reached
 or the target/config cannot be determined.
@@ -256,3 +256,55 @@ def verify_structured(
         except SchemaFileError as exc:
             raise fail(str(exc)) from None
     _execute(("structured",), url, (config, settings, config_opt, settings_opt), api_key_env, as_json, opts)
+
+
+_PROMPTS = typer.Option(4, "--prompts", help="Prompts sent to both sides (1-8).")
+_UP_MAX = typer.Option(16, "--max-tokens", help="Greedy tokens per answer.")
+_SAME = typer.Option(False, "--same-weights", help="Both serve the same weights: fail unless greedy answers match.")
+_UP_MODEL = typer.Option(None, "--upstream-model", help="Model name at the gateway (default: its first listed).")
+
+
+@verify_app.command("upstream")
+def verify_upstream(
+    url: str | None = _URL,
+    config: Path | None = CONFIG_ARG,
+    settings: Path | None = SETTINGS_ARG,
+    config_opt: Path | None = CONFIG_OPT,
+    settings_opt: Path | None = SETTINGS_OPT,
+    api_key_env: str | None = _KEY_ENV,
+    as_json: bool = _JSON,
+    prompts: int = _PROMPTS,
+    max_tokens: int = _UP_MAX,
+    same_weights: bool = _SAME,
+    upstream_model: str | None = _UP_MODEL,
+) -> None:
+    """The same greedy prompts to this server and to settings.json's api gateway: answered, latency, agreement."""
+    from rich.console import Console
+
+    from hybridctl.config.findings import ConfigError
+    from hybridctl.verify.client import ServerUnreachable
+    from hybridctl.verify.render import render_report
+    from hybridctl.verify.report import unreachable_report
+    from hybridctl.verify.runner import TargetError, load_config, resolve_gateway, resolve_target, run_upstream_check
+    from hybridctl.verify.upstream import UpstreamOptions
+
+    options = UpstreamOptions(prompts, max_tokens, same_weights, upstream_model=upstream_model)
+    config_path, settings_path = config_files(config, settings, config_opt, settings_opt)
+    try:
+        options.validate()
+        loaded = load_config(str(config_path) if config_path else None, str(settings_path) if settings_path else None)
+        target = resolve_target(url, loaded, api_key_env)
+        gateway = resolve_gateway(loaded)
+    except (ConfigError, TargetError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    try:
+        report = run_upstream_check(target, gateway, options)
+    except ServerUnreachable as exc:
+        if as_json:
+            print_json(unreachable_report(target.url, str(exc)))
+        raise fail(str(exc)) from None
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        render_report(report, Console())
+    raise typer.Exit(0 if report.passed else 1)

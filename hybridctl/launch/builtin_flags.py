@@ -28,7 +28,7 @@ _VALUE_FLAGS = (
     "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--disaggregation-mode",
     "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s", "--torch-compile-max-bs",
     "--torch-compile-max-extend-tokens", "--api-key-env", "--max-request-body-bytes", "--grammar-backend",
-    "--constrained-json-whitespace-pattern",
+    "--constrained-json-whitespace-pattern", "--tool-call-parser", "--reasoning-parser",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
@@ -43,6 +43,8 @@ _CHOICES = {
     "--speculative-algorithm": ("NGRAM", "STANDALONE", "NEXTN", "EAGLE"),
     "--disaggregation-mode": ("null", "prefill", "decode"),
     "--grammar-backend": ("llguidance", "none"),
+    "--tool-call-parser": ("qwen25", "qwen", "hermes", "qwen3_coder", "kimi_k2"),
+    "--reasoning-parser": ("qwen3", "qwen3-thinking", "deepseek-r1", "nemotron_3", "kimi", "kimi_k2"),
 }
 
 RUNTIME_FLAGS: dict[str, FlagSpec] = {

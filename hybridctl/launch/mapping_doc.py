@@ -27,7 +27,7 @@ Every key of `config.toml` and `settings.json`, and what `hybridctl launch` make
   would be silently ignored, so `launch` refuses it unless `--allow-ignored`.
 - **not supported**: no equivalent in that engine; `launch` refuses a non-default value unless
   `--allow-ignored`.
-- **hybridctl only**: read by hybridctl (engine choice, the upstream gateway of `verify`), never an
+- **hybridctl only**: read by hybridctl (engine choice, the upstream gateway of `verify upstream`), never an
   engine flag.
 - Flags marked (≥ X) exist from release X on; the gates were read from the published sglang wheels.
 

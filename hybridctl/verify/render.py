@@ -42,6 +42,23 @@ def _prefix_table(m: dict[str, Any]) -> Table:
     return table
 
 
+def _upstream_table(m: dict[str, Any]) -> Table:
+    table = Table(title=f"upstream: local {m['local_model']} vs {m['upstream_url']} ({m['upstream_model']})",
+                  title_justify="left")  # fmt: skip
+    for col in ("prompt", "local ms", "upstream ms", "tokens (local/upstream)", "agreement"):
+        table.add_column(col, justify="left" if col == "prompt" else "right", overflow="fold")
+    for row in m["prompts"]:
+        local, upstream = row["local"], row["upstream"]
+
+        def ms(side: dict[str, Any]) -> str:
+            return f"{side['latency_ms']:.0f}" if side["answered"] else "no answer"
+
+        agreement = "identical" if row["identical"] else _fmt(row["agreeing_prefix"], 2)
+        table.add_row(escape(row["prompt"]), ms(local), ms(upstream),
+                      f"{local['completion_tokens']}/{upstream['completion_tokens']}", agreement)  # fmt: skip
+    return table
+
+
 def render_report(report: VerifyReport, console: Console) -> None:
     table = Table(title=f"hybridctl verify — {report.url}", title_justify="left")
     table.add_column("check")
@@ -60,6 +77,8 @@ def render_report(report: VerifyReport, console: Console) -> None:
                     f"{_fmt(metrics['cache_hit_rate_after'], 3)}; hit rate of this check's prompt tokens "
                     f"{_fmt(metrics['hit_rate_during_check'], 3)}"
                 )
+        if check.name == "upstream" and "prompts" in check.measurements:
+            console.print(_upstream_table(check.measurements))
         if check.status == "failed":
             for reason in check.reasons:
                 console.print(f"  [red]✗ {check.name}:[/] {escape(reason)}", soft_wrap=True)

@@ -17,6 +17,7 @@ from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.report import CheckResult, VerifyReport
 from hybridctl.verify.spec import SpecOptions, run_spec
 from hybridctl.verify.structured import StructuredOptions, run_structured
+from hybridctl.verify.upstream import UpstreamOptions, run_upstream
 
 CHECK_NAMES = ("basic", "prefix-cache", "spec", "structured")
 
@@ -126,3 +127,34 @@ def _run_one(
         reason = f"the server gave an unusable answer: {exc}"
         return CheckResult(name, "failed", reason, [reason])
     raise ValueError(f"unknown check {name!r}; known: {', '.join(CHECK_NAMES)}")
+
+
+def resolve_gateway(config: HybridConfig | None) -> Target:
+    """settings.json's `api` section as a target: base_url, the key from the variable api_key_env names (never
+    the key itself), timeout_seconds."""
+    api = config.settings.api if config is not None else None
+    if api is None or not api.base_url:
+        raise TargetError(
+            'verify upstream needs the gateway: set "api": {"base_url": "https://HOST/v1", "api_key_env": "NAME"} '
+            "in settings.json (next to config.toml, or pass --settings)"
+        )
+    if not api.base_url.startswith(("http://", "https://")) or not _has_host(api.base_url):
+        raise TargetError(f"settings.json api.base_url {api.base_url!r} is not an http(s) URL")
+    key = None
+    if api.api_key_env:
+        key = os.environ.get(api.api_key_env)
+        if not key:
+            raise TargetError(
+                f"settings.json api.api_key_env names {api.api_key_env}, but that environment variable is unset "
+                f"or empty; export {api.api_key_env}=<the gateway's key> first"
+            )
+    return Target(url=api.base_url.rstrip("/"), api_key=key, timeout_s=api.timeout_seconds)
+
+
+def run_upstream_check(local: Target, gateway: Target, options: UpstreamOptions) -> VerifyReport:
+    """The local server (its OpenAI routes under /v1) and the gateway, side by side; raises ServerUnreachable
+    when either does not answer at all."""
+    openai_local = Target(url=local.url + "/v1", api_key=local.api_key, timeout_s=local.timeout_s)
+    report = VerifyReport(url=local.url)
+    report.checks.append(run_upstream(openai_local, gateway, options))
+    return report

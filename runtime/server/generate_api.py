@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from runtime.server.context import ServerContext, body_error, json_body, watch_disconnect
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
 from runtime.server.fanout import fan_out
+from runtime.server.field_refusals import GENERATE_REFUSED, refuse_unimplemented
 from runtime.server.generate_request import (
     ContractError,
     PreparedRequest,
@@ -97,6 +98,8 @@ async def generate(request: Request) -> Response:
     except BadJson as e:
         return body_error(e)
     try:
+        if isinstance(body, dict):
+            refuse_unimplemented(body, GENERATE_REFUSED)
         # Tokenizing is CPU work: on a worker thread, so /health and other requests are answered meanwhile.
         prepared, single, stream = await asyncio.to_thread(
             parse_generate_body,

@@ -481,3 +481,4 @@ def prepare_request(
     return PreparedRequest(
         index, request, ps.skip_special_tokens, ps.no_stop_trim, ps.stream_interval, ps.n, constraint=ps.constraint
     )
+

@@ -17,9 +17,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.server.chat import ChatOptions, ChatOutput, ChatPrompt, chat_prompt_and_options
 from runtime.server.context import ServerContext, body_error, error_response, json_body
 from runtime.server.engine_bridge import DuplicateRequestId, RequestGroup
 from runtime.server.fanout import fan_out
+from runtime.server.field_refusals import CHAT_REFUSED, COMPLETIONS_REFUSED, OPENAI_REFUSED, refuse_unimplemented
 from runtime.server.generate_api import EngineUnavailable, abort_error, run_to_end, start_group
 from runtime.server.generate_request import (
     ContractError,
@@ -32,6 +34,7 @@ from runtime.server.generate_request import (
     short_repr,
 )
 from runtime.server.limits import BadJson
+from runtime.server.reasoning import ReasoningParser
 from runtime.server.request_state import RequestState
 from runtime.server.sse import DONE, AbortingStreamingResponse, sse_event
 from runtime.server.structured import response_format_schema
@@ -61,10 +64,9 @@ _SAMPLING_MAP = {
 }
 
 
-# Accepted only at their neutral values: the runtime runs no tools.
+# Accepted only at their neutral values.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
-    "tools": (None, []),
 }
 
 
@@ -225,6 +227,7 @@ async def completions(request: Request) -> Response:
     if isinstance(body, Response):
         return body
     try:
+        refuse_unimplemented(body, OPENAI_REFUSED, COMPLETIONS_REFUSED)
         prompts = await asyncio.to_thread(_completion_prompts, ctx, body.get("prompt"))  # tokenizing: off the loop
         if body.get("max_tokens") is None:
             body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions
@@ -233,45 +236,27 @@ async def completions(request: Request) -> Response:
         await asyncio.to_thread(ctx.compile_grammars, prepared)  # structured output; a bad grammar is a 400
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
-    return await _serve(ctx, request, body, prepared, chat=False)
+    return await _serve(ctx, request, body, prepared, chat=None)
 
 
-def _check_messages(messages: Any) -> list[dict[str, Any]]:
-    """OpenAI chat messages, checked and normalized for the chat template (whose own errors are not the
-    client's to read as a 500): roles are strings, content is text, text parts, or null (a tool-call turn)."""
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise RequestValueError("messages must be a non-empty list of {role, content} objects")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        role = m.get("role")
-        if not isinstance(role, str) or not role:
-            raise RequestValueError(f"messages[{i}].role must be a non-empty string, got {short_repr(role)}")
-        content = m.get("content")
-        if content is None:  # OpenAI's assistant turn with tool_calls and no text
-            content = ""
-        elif isinstance(content, list):  # OpenAI content parts: only text is understood here
-            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                raise RequestValueError("only text content parts are supported by the bundled runtime")
-            if any(not isinstance(p.get("text", ""), str) for p in content):
-                raise RequestValueError(f"messages[{i}].content: a text part's text must be a string")
-            content = "".join(p.get("text", "") for p in content)
-        elif not isinstance(content, str):
-            raise RequestValueError(
-                f"messages[{i}].content must be a string, a list of text parts, or null; got {short_repr(content)}"
-            )
-        out.append({**m, "content": content})
-    return out
-
-
-def _chat_prompt(ctx: ServerContext, messages: list[dict[str, Any]]) -> list[int]:
+def _chat_prompt(ctx: ServerContext, prompt: ChatPrompt, opts: ChatOptions) -> list[int]:
     """Render and tokenize (worker thread): any template error is the request's 400, never a 500."""
     try:
-        text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = ctx.tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=True, tools=prompt.tools, template_kwargs=prompt.template_kwargs
+        )
     except ValueError as e:
         raise RequestValueError(str(e)) from None
     except Exception as e:  # noqa: BLE001 - a template failing on these messages (TypeError, UndefinedError)
         raise RequestValueError(f"chat template error for these messages: {type(e).__name__}: {e}") from None
-    return ctx.encode_prompt(text)
+    if opts.reasoning_parser is not None:  # a think block the template (or the continued message) left open
+        opts.starts_in_reasoning = ReasoningParser.prompt_opens_reasoning(
+            opts.reasoning_parser, text + (prompt.assistant_prefix or "")
+        )
+    ids = ctx.encode_prompt(text)
+    if prompt.assistant_prefix:  # SGLang appends the continued message's tokens after the generation prompt
+        ids += ctx.tokenizer.encode(prompt.assistant_prefix)
+    return ids
 
 
 async def chat_completions(request: Request) -> Response:
@@ -280,13 +265,22 @@ async def chat_completions(request: Request) -> Response:
     if isinstance(body, Response):
         return body
     try:
-        messages = _check_messages(body.get("messages"))
-        ids = await asyncio.to_thread(_chat_prompt, ctx, messages)
+        refuse_unimplemented(body, OPENAI_REFUSED, CHAT_REFUSED)
+        prompt, opts = chat_prompt_and_options(body, ctx.args.tool_call_parser, ctx.args.reasoning_parser)
+        if opts.constraint is not None and ctx.grammar_backend is not None:
+            # SGLang's constraint for these choices: the JSON array of calls from the first token, so there is
+            # no think block to split off.
+            body = {**body, "json_schema": json.dumps(opts.constraint)}
+            opts.reasoning_parser = None
+        ids = await asyncio.to_thread(_chat_prompt, ctx, prompt, opts)
         prepared = fan_out([_prepare(ctx, body, ids, ("max_completion_tokens", "max_tokens"), chat=True)])
+        if opts.parses_tools:  # SGLang keeps special tokens then: call markers often are special tokens
+            for p in prepared:
+                p.skip_special_tokens = False
         await asyncio.to_thread(ctx.compile_grammars, prepared)  # structured output; a bad grammar is a 400
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
-    return await _serve(ctx, request, body, prepared, chat=True)
+    return await _serve(ctx, request, body, prepared, chat=opts)
 
 
 def _choice_logprobs(
@@ -314,7 +308,8 @@ def _echo_texts(ctx: ServerContext, body: dict[str, Any], prepared: list[Prepare
 
 
 async def _serve(
-    ctx: ServerContext, request: Request, body: dict[str, Any], prepared: list[PreparedRequest], chat: bool
+    ctx: ServerContext, request: Request, body: dict[str, Any], prepared: list[PreparedRequest],
+    chat: ChatOptions | None,
 ) -> Response:
     try:
         group, states = start_group(ctx, prepared)
@@ -323,11 +318,12 @@ async def _serve(
     except EngineUnavailable as e:
         return error_response(str(e), 503, "ServiceUnavailable")
     model = body.get("model") if isinstance(body.get("model"), str) else ctx.model_name
-    response_id = ("chatcmpl-" if chat else "cmpl-") + prepared[0].request.rid
+    chat_mode = chat is not None
+    response_id = ("chatcmpl-" if chat_mode else "cmpl-") + prepared[0].request.rid
     if prepared[0].request.stream:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        echo = [] if chat else _echo_texts(ctx, body, prepared)
+        echo = [] if chat is not None else _echo_texts(ctx, body, prepared)
         chunks = _stream(
             ctx, group, states, response_id, model, chat, include_usage, _sglext_later(body, states), echo
         )
@@ -337,24 +333,27 @@ async def _serve(
     if failure is not None:
         return error_response(json.loads(failure.body)["error"]["message"], failure.status_code)
     choices: list[dict[str, Any]] = []
-    echo = [""] * len(states) if chat else _echo_texts(ctx, body, prepared)
+    echo = [""] * len(states) if chat is not None else _echo_texts(ctx, body, prepared)
     for state in states:
         finish_reason, matched = _finish(state)
         choice: dict[str, Any] = {
             "index": state.prepared.index,
-            "logprobs": _choice_logprobs(state, chat, echo=True),
+            "logprobs": _choice_logprobs(state, chat is not None, echo=True),
             "finish_reason": finish_reason,
             "matched_stop": matched,
         }
-        if chat:
-            choice["message"] = {"role": "assistant", "content": state.text(), "reasoning_content": None,
-                                 "tool_calls": None}  # fmt: skip
+        if chat is not None:
+            output = ChatOutput(chat)
+            choice["message"] = output.message(state.text())
+            choice["finish_reason"] = output.finish_reason(finish_reason)
+            if choice["finish_reason"] != finish_reason:
+                choice["matched_stop"] = None
         else:
             choice["text"] = echo[state.prepared.index] + state.text()
         choices.append(choice)
     answer = {
         "id": response_id,
-        "object": "chat.completion" if chat else "text_completion",
+        "object": "chat.completion" if chat_mode else "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": choices,
@@ -372,30 +371,35 @@ async def _stream(
     states: list[RequestState],
     response_id: str,
     model: str,
-    chat: bool,
+    chat: ChatOptions | None,
     include_usage: bool,
     sglext: Callable[[], dict[str, Any] | None],
     echo: list[str],
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
-    kind = "chat.completion.chunk" if chat else "text_completion"
+    kind = "chat.completion.chunk" if chat is not None else "text_completion"
+    outputs = [ChatOutput(chat) for _ in states] if chat is not None else []
     lp_sent = [0] * len(states)  # output tokens whose logprobs went out
     echo_due = [bool(e) for e in echo] or [False] * len(states)
 
     def logprobs_now(index: int) -> dict[str, Any] | None:
         state, start = states[index], lp_sent[index]
         lp_sent[index] = len(state.output_ids)
-        return _choice_logprobs(state, chat, start, lp_sent[index], echo=start == 0)
+        return _choice_logprobs(state, chat is not None, start, lp_sent[index], echo=start == 0)
 
     def chunk(
-        index: int, delta: str | None, finish_reason: str | None = None, matched: Any = None, ext: Any = None
+        index: int,
+        delta: str | dict[str, Any] | None,
+        finish_reason: str | None = None,
+        matched: Any = None,
+        ext: Any = None,
     ) -> bytes:
         logprobs = logprobs_now(index) if delta is not None and finish_reason is None else None
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["matched_stop"] = matched
-        if chat:
-            choice["delta"] = {} if delta is None else {"content": delta}
+        if chat is not None:
+            choice["delta"] = delta if isinstance(delta, dict) else {}
         else:
             choice["text"] = delta or ""
         payload = {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
@@ -403,7 +407,7 @@ async def _stream(
             payload["sglext"] = ext
         return sse_event(payload)
 
-    for index in range(len(states) if chat else 0):  # OpenAI's first chat chunk of a choice announces the role
+    for index in range(len(states) if chat is not None else 0):  # a chat choice's first chunk announces the role
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model,
                          "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}]})  # fmt: skip
@@ -417,19 +421,22 @@ async def _stream(
         sent[i] += delta
         if echo_due[i]:  # completions echo: the prompt leads the choice's first chunk
             delta, echo_due[i] = echo[i] + delta, False
+        if chat is not None:  # reasoning and tool calls split out of the text
+            for piece in outputs[i].deltas(delta, final=out.finished):
+                yield chunk(i, piece)
+        elif delta:
+            yield chunk(i, delta)
         if out.finished:
             ctx.finish(state, streaming=True)
-            if delta:
-                yield chunk(i, delta)
             finish_reason, matched = _finish(state)
+            if chat is not None and outputs[i].finish_reason(finish_reason) != finish_reason:
+                finish_reason, matched = outputs[i].finish_reason(finish_reason), None
             # Completions: sglext rides on the last finish chunk. SGLang 0.5.23 sends it in a chunk with
             # "choices": [], which its own bench_serving completions reader indexes ([0]) and fails on, so
             # `--cache-report` on sglang-oai lost every request; the field and its value are SGLang's.
-            last = not chat and all(s.finished for s in states)
-            yield chunk(i, None if chat else "", finish_reason, matched, sglext() if last else None)
-        elif delta:
-            yield chunk(i, delta)
-    extension = sglext() if chat else None
+            last = chat is None and all(s.finished for s in states)
+            yield chunk(i, None if chat is not None else "", finish_reason, matched, sglext() if last else None)
+    extension = sglext() if chat is not None else None
     if extension is not None:  # SGLang sends it at response level, in a chunk of its own, before the usage
         yield sse_event({"id": response_id, "object": kind, "created": created, "model": model, "choices": [],
                          "sglext": extension})  # fmt: skip

@@ -102,8 +102,15 @@ class ServerTokenizer:
         found = self._tok.token_to_id(token)
         return None if found is None else int(found)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render OpenAI chat messages to the prompt text, as transformers' apply_chat_template does."""
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """Render OpenAI chat messages to the prompt text, as transformers' apply_chat_template does: `tools`
+        and the request's `chat_template_kwargs` (e.g. enable_thinking) are template variables."""
         if self.chat_template is None:
             raise ValueError(
                 f"the tokenizer at {self.path} has no chat template (tokenizer_config.json 'chat_template'); "
@@ -121,7 +128,9 @@ class ServerTokenizer:
         env.globals["raise_exception"] = raise_exception
         try:
             return env.from_string(self.chat_template).render(
+                **(template_kwargs or {}),
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",

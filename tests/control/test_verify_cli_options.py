@@ -11,6 +11,7 @@ from hybridctl.cli.verify_cmd import SPEC_FLAGS, _options
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.spec import SpecOptions
 from hybridctl.verify.structured import StructuredOptions
+from hybridctl.verify.upstream import UpstreamOptions
 
 _TARGET_PARAMS = {"url", "config", "settings", "config_opt", "settings_opt", "api_key_env", "as_json"}
 
@@ -29,12 +30,13 @@ def test_flag_defaults_are_the_library_defaults() -> None:
         {flag: next(f.default for f in fields(SpecOptions) if f.name == field) for flag, field in SPEC_FLAGS.items()}
     )
     params = _verify_params()
-    assert set(params) == {"all", "basic", "prefix-cache", "spec", "structured"}
+    assert set(params) == {"all", "basic", "prefix-cache", "spec", "structured", "upstream"}
     structured = {f.name: f.default for f in fields(StructuredOptions) if f.name != "schema"}
     assert params.pop("structured") == {**structured, "schema": None}  # None: the built-in DEFAULT_SCHEMA
+    own = {"upstream": {f.name: f.default for f in fields(UpstreamOptions)}}  # its own options class
     for command, defaults in params.items():
         for name, default in defaults.items():
-            assert default == library[name], f"verify {command} --{name.replace('_', '-')}"
+            assert default == own.get(command, library)[name], f"verify {command} --{name.replace('_', '-')}"
 
 
 def test_each_flag_lands_in_its_options_field() -> None:
