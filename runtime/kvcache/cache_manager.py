@@ -37,7 +37,7 @@ class ReqMemory:
 
     def __setattr__(self, name: str, value: object) -> None:
         if name == "pages" and not isinstance(value, PageList):
-            value = PageList(value)  # type: ignore[arg-type]
+            value = PageList(value)
         super().__setattr__(name, value)
 
 

@@ -44,7 +44,7 @@ def test_demo_runs_end_to_end_and_again(tmp_path: Path) -> None:
     assert all(s["status"] == "ok" for s in report["steps"])
     assert report["verify"]["passed"] is True
     statuses = {c["name"]: c["status"] for c in report["verify"]["checks"]}
-    assert statuses == {"basic": "passed", "prefix-cache": "passed", "spec": "skipped"}
+    assert statuses == {"basic": "passed", "prefix-cache": "passed", "spec": "skipped", "structured": "passed"}
     assert report["bench"]["failed"] == 0 and report["bench"]["completed"] == 16
     assert report["bench"]["server"] is not None  # the demo turns /metrics on
 
