@@ -17,6 +17,15 @@ _EMPTY = (None, "", [], {})
 
 # Top-level fields of /generate (GenerateReqInput) beyond those generate_request.py handles.
 GENERATE_REFUSED: dict[str, tuple[Any, ...]] = {
+    "token_ids_logprob": _UNSET,
+    "return_hidden_states": _OFF,
+    "image_data": _UNSET,
+    "video_data": _UNSET,
+    "audio_data": _UNSET,
+    "lora_path": _UNSET,
+    "session_params": _UNSET,
+    "custom_logit_processor": _UNSET,
+    "return_prompt_token_ids": _OFF,
     "input_embeds": _UNSET,
     "mm_hashes": _UNSET,
     "mm_content_hashes": _UNSET,

@@ -35,20 +35,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
-# Top-level /generate fields the runtime cannot honour: accepted only at these values, refused otherwise.
-_UNSUPPORTED_TOP_LEVEL: dict[str, tuple[Any, ...]] = {
-    "token_ids_logprob": (None,),
-    "return_hidden_states": (None, False),
-    "image_data": (None,),
-    "video_data": (None,),
-    "audio_data": (None,),
-    "lora_path": (None,),
-    "session_params": (None,),
-    "custom_logit_processor": (None,),
-    "return_prompt_token_ids": (None, False),
-}
-
-
 class ContractError(ValueError):
     """The body breaks SGLang's JSON contract (SGLang answers `{"error": "<text>"}` with 400)."""
 
@@ -337,9 +323,6 @@ def parse_generate_body(
     if not isinstance(body, dict):
         raise ContractError(f"invalid type: {_unexpected(body)}, expected struct GenerateRequest")
     stream = _boolean("stream", body.get("stream")) or False
-    for key, allowed in _UNSUPPORTED_TOP_LEVEL.items():
-        if body.get(key) not in allowed:
-            raise RequestValueError(f"{key}={short_repr(body[key])} is not implemented by the bundled runtime")
     prompts, single = _prompts(body, encode)
     logprob_fields = _logprob_fields(body, len(prompts))
     raw_params = body.get("sampling_params")
