@@ -7,12 +7,15 @@ import logging
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 
 from runtime.core.batch import PoolBuffers
 
 logger = logging.getLogger("runtime.engine")
+
+_Fn = TypeVar("_Fn", bound=Callable[..., object])
 
 
 @dataclass
@@ -46,11 +49,14 @@ def run_compiled(compiled: Callable[..., torch.Tensor], *inputs: object, skip_gu
     return compiled(*inputs)
 
 
-def copy_function(fn: types.FunctionType, name: str) -> types.FunctionType:
+def copy_function(fn: _Fn, name: str) -> _Fn:
     """`fn` over its own copy of the code object: dynamo keeps compiled graphs (and their guards) on the code
-    object, so each copy holds only the graphs compiled through it."""
+    object, so each copy holds only the graphs compiled through it. `fn` must be a plain Python function."""
+    if not isinstance(fn, types.FunctionType):
+        raise TypeError(f"copy_function needs a Python function, got {type(fn).__name__}")
     code = fn.__code__.replace(co_name=name)
-    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    # The copy runs the same code with the same globals, defaults and closure: it has fn's signature.
+    return cast(_Fn, types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__))
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -59,7 +60,18 @@ THREADS_ENV = "RUNTIME_COMPILED_DECODE_THREADS"
 # ~170 tensor reinterpretations per call, ~0.45 ms of a 1.4 ms batch-1 step of the peer model; with it, single
 # stream in-process 645 -> 716 tok/s (benchmarks/compiled_decode_step.py, docs/performance.md). The cost: a
 # cold-cache compile takes ~50 s instead of ~6 s (once per machine: inductor caches the built code).
-_INDUCTOR_OPTIONS = {"cpp_wrapper": True}
+_INDUCTOR_OPTIONS: dict[str, str | int | bool | Callable[..., object]] = {"cpp_wrapper": True}
+
+
+class _DecodeInputs(NamedTuple):
+    """The tensors of one compiled decode step, in the compiled function's argument order (the pool buffers last)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_locs: torch.Tensor
+    state_slots: torch.Tensor
+    kv_index: torch.Tensor
+    kv_mask: torch.Tensor
 
 
 # Every CompiledDecode of this process (while two live, the guards of every compiled call are evaluated).
@@ -133,12 +145,20 @@ class CompiledDecode:
         kv_mask = meta.kv_mask
         if kv_mask is None:
             kv_mask = torch.ones(kv_index.shape[0], 1, 1, kv_index.shape[1], dtype=torch.bool, device=self.device)
-        ids = (batch.input_ids, batch.positions, batch.out_locs, batch.state_slots, kv_index)
-        inputs = [as_traced(t.to(self.device, torch.int64)) for t in ids]
-        self.steps_by_batch_size[batch.batch_size] += 1
-        return self.threads.timed(
-            batch.batch_size, lambda n: self._run(*inputs, as_traced(kv_mask), buffers, threads=n)
+
+        def traced(t: torch.Tensor) -> torch.Tensor:
+            return as_traced(t.to(self.device, torch.int64))
+
+        inputs = _DecodeInputs(
+            traced(batch.input_ids),
+            traced(batch.positions),
+            traced(batch.out_locs),
+            traced(batch.state_slots),
+            traced(kv_index),
+            as_traced(kv_mask),
         )
+        self.steps_by_batch_size[batch.batch_size] += 1
+        return self.threads.timed(batch.batch_size, lambda n: self._run(*inputs, buffers, threads=n))
 
     def _run(
         self,
@@ -214,7 +234,7 @@ class CompiledDecode:
         return self.report
 
 
-def _warmup_inputs(batch: int, kv_len: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+def _warmup_inputs(batch: int, kv_len: int, vocab: int, device: torch.device) -> _DecodeInputs:
     """A decode step of `batch` sequences of `kv_len` tokens, sequence i on token slots i*(kv_len+1)...; the
     last sequence one token shorter so the mask is exercised."""
     lens = [kv_len] * batch
@@ -227,7 +247,7 @@ def _warmup_inputs(batch: int, kv_len: int, vocab: int, device: torch.device) ->
     positions = torch.tensor([n - 1 for n in lens])
     input_ids = torch.arange(batch) % vocab
     state_slots = torch.arange(batch)
-    return tuple(t.to(device) for t in (input_ids, positions, out_locs, state_slots, kv_index, kv_mask))
+    return _DecodeInputs._make(t.to(device) for t in (input_ids, positions, out_locs, state_slots, kv_index, kv_mask))
 
 
 def _row(start: int, length: int, width: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ import asyncio
 import collections
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from runtime.core.requests import GenerateRequest, RequestOutput
 from runtime.engine.api import EngineClient
@@ -122,7 +122,7 @@ class RequestGroup:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def batches(self) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
+    async def batches(self) -> AsyncGenerator[list[tuple[int, RequestOutput]], None]:
         """Everything that arrived since the last batch, as (index in the group, output), until all finish.
 
         A reader that falls behind gets several outputs of one request at once and may answer them with one

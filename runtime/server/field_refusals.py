@@ -13,7 +13,7 @@ from runtime.server.generate_request import RequestValueError, short_repr
 
 _OFF = (None, False)
 _UNSET = (None,)
-_EMPTY = (None, "", [], {})
+_EMPTY: tuple[object, ...] = (None, "", [], {})
 
 # Top-level fields of /generate (GenerateReqInput) beyond those generate_request.py handles.
 GENERATE_REFUSED: dict[str, tuple[Any, ...]] = {

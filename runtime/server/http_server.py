@@ -59,7 +59,8 @@ class ApiKeyMiddleware:
 
 
 def _ctx(request: Request) -> ServerContext:
-    return request.app.state.ctx  # type: ignore[no-any-return]
+    ctx: ServerContext = request.app.state.ctx
+    return ctx
 
 
 async def health_generate(request: Request) -> Response:

@@ -71,7 +71,8 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 
 
 def _ctx(request: Request) -> ServerContext:
-    return request.app.state.ctx  # type: ignore[no-any-return]
+    ctx: ServerContext = request.app.state.ctx
+    return ctx
 
 
 def _model_card(ctx: ServerContext) -> dict[str, Any]:
@@ -153,7 +154,8 @@ def _prepare(
 ) -> PreparedRequest:
     raw, names = _sampling_from_openai(body, max_keys)
     parsed = parse_sampling_params(raw, names)
-    rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+    given_rid = body.get("rid")
+    rid = given_rid if isinstance(given_rid, str) else uuid.uuid4().hex
     if index:  # the prompts of one batch need distinct engine request ids
         rid = f"{rid}-{index}"
     stream = body.get("stream")
@@ -317,7 +319,8 @@ async def _serve(
         return error_response(str(e))
     except EngineUnavailable as e:
         return error_response(str(e), 503, "ServiceUnavailable")
-    model = body.get("model") if isinstance(body.get("model"), str) else ctx.model_name
+    given_model = body.get("model")
+    model = given_model if isinstance(given_model, str) else ctx.model_name
     chat_mode = chat is not None
     response_id = ("chatcmpl-" if chat_mode else "cmpl-") + prepared[0].request.rid
     if prepared[0].request.stream:
@@ -331,7 +334,7 @@ async def _serve(
     await run_to_end(ctx, request, group, states)
     failure = abort_error(states)
     if failure is not None:
-        return error_response(json.loads(failure.body)["error"]["message"], failure.status_code)
+        return error_response(json.loads(bytes(failure.body))["error"]["message"], failure.status_code)
     choices: list[dict[str, Any]] = []
     echo = [""] * len(states) if chat is not None else _echo_texts(ctx, body, prepared)
     for state in states:

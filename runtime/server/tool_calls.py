@@ -117,7 +117,7 @@ class ToolCallParser:
         for obj in objs:
             if not isinstance(obj, dict) or obj.get("name") not in self.schemas:
                 continue
-            args = next((obj[k] for k in (*keys, "parameters", "arguments") if k in obj), {})
+            args: object = next((obj[k] for k in (*keys, "parameters", "arguments") if k in obj), {})
             calls.append(ToolCall(obj["name"], json.dumps(args, ensure_ascii=False)))
         return calls
 

@@ -98,7 +98,9 @@ class SandboxedMixer(nn.Module):
         self.inner = inner
         self._sandbox = [sandbox]  # a list keeps it out of nn.Module's attribute registry
 
-    def __getattr__(self, name: str) -> object:
+    # torch types Module.__getattr__ as `Tensor | Module` (its parameters, buffers, submodules); this one also
+    # forwards the mixer's plain attributes (ints for state shapes), so its return type is wider than torch's.
+    def __getattr__(self, name: str) -> object:  # type: ignore[override]
         # The model reads the mixer's own attributes (state shapes for its layout): answer as the mixer.
         try:
             return super().__getattr__(name)
