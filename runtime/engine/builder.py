@@ -156,7 +156,11 @@ def _elastic_pool(
         )
     from runtime.kvcache.elastic_pool import make_elastic
 
-    return make_elastic(pools, layout, args.page_size, args.device, args.elastic_realloc_timeout_s)
+    pool_bytes = pools.plan.kv_pool_bytes + pools.plan.mamba_pool_bytes
+    elastic, pools.buffers = make_elastic(
+        pools.buffers, pool_bytes, layout, args.page_size, args.device, args.elastic_realloc_timeout_s
+    )
+    return elastic
 
 
 def _cache_manager(args: EngineArgs, pools: Pools) -> CacheManager:

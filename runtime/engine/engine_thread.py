@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,6 +26,8 @@ from runtime.engine.engine_core import EngineCore
 logger = logging.getLogger("runtime.engine")
 
 _STATS_LOG_INTERVAL_S = 10.0
+
+_T = TypeVar("_T")
 
 
 class ThreadedEngineClient(EngineClient):
@@ -96,7 +98,7 @@ class ThreadedEngineClient(EngineClient):
             return "the engine thread exited"
         return self._failure
 
-    def call_in_engine(self, fn: Callable[[EngineCore], Any]) -> Any:
+    def call_in_engine(self, fn: Callable[[EngineCore], _T]) -> _T:
         """Run `fn(core)` on the engine thread between two steps and return its result."""
         return self._call("call", fn)
 
@@ -229,6 +231,6 @@ class ThreadedEngineClient(EngineClient):
             self._stats = stats
 
 
-def start_engine(args: EngineArgs) -> EngineClient:
+def start_engine(args: EngineArgs) -> ThreadedEngineClient:
     """Load the model and tokenizer, size and allocate both pools (logging them), start the engine thread."""
     return ThreadedEngineClient.start(args)

@@ -21,11 +21,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
-from runtime.core.batch import ModelLayout
+from runtime.core.batch import ModelLayout, PoolBuffers
 from runtime.core.requests import EngineStats
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.elastic_buffer import ElasticGeometry, allocate_elastic_buffers, elastic_geometry
@@ -297,22 +297,20 @@ class ElasticPool:
 
 
 def make_elastic(
-    pools: Any, layout: ModelLayout, page_size: int, device: str, timeout_s: float
-) -> ElasticPool:
-    """Replace `pools.buffers` (the fixed split the plan sized) by views of one buffer of the same bytes."""
-    b = pools.buffers
-    kv_dtype = b.k[0].dtype if b.k else torch.float32
-    conv_dtype = b.conv[0].dtype if b.conv else torch.float32
-    ssm_dtype = b.ssm[0].dtype if b.ssm else torch.float32
-    total = pools.plan.kv_pool_bytes + pools.plan.mamba_pool_bytes
-    geo = elastic_geometry(layout, total, page_size, kv_dtype, conv_dtype, ssm_dtype)
-    pools.buffers = None  # the fixed split's tensors go before the one buffer is allocated
-    b = None
+    fixed: PoolBuffers, pool_bytes: int, layout: ModelLayout, page_size: int, device: str, timeout_s: float
+) -> tuple[ElasticPool, PoolBuffers]:
+    """An elastic pool over `pool_bytes` (the fixed split's KV + state bytes, as the plan sized them) at the
+    dtypes of the fixed split's tensors, and the model's per-layer views of its one buffer, which replace them.
+
+    The engine allocates the fixed split on "meta" when the elastic pool is on, so the bytes are zeroed once."""
+    kv_dtype = fixed.k[0].dtype if fixed.k else torch.float32
+    conv_dtype = fixed.conv[0].dtype if fixed.conv else torch.float32
+    ssm_dtype = fixed.ssm[0].dtype if fixed.ssm else torch.float32
+    geo = elastic_geometry(layout, pool_bytes, page_size, kv_dtype, conv_dtype, ssm_dtype)
     mode = "cpu-repartition"
     if str(device).startswith("cuda"):
         from runtime.kvcache.cuda_vmm import vmm_status
 
         mode = f"cuda-repartition (one preallocated buffer; CUDA VMM: {vmm_status()})"
     backing, buffers = allocate_elastic_buffers(layout, geo, kv_dtype, conv_dtype, ssm_dtype, device)
-    pools.buffers = buffers
-    return ElasticPool(geo, backing, timeout_s, mode)
+    return ElasticPool(geo, backing, timeout_s, mode), buffers

@@ -18,6 +18,7 @@ from typing import Any
 
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.engine.api import EngineClient
+from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.pd.engine_ops import inject
 from runtime.pd.protocol import (
     TransferError,
@@ -40,7 +41,7 @@ _ADMIT_POLL_S = 0.01
 class DecodeClient(EngineClient):
     """The engine client of a `--disaggregation-mode decode` server."""
 
-    def __init__(self, inner: Any, layout: dict[str, Any]) -> None:
+    def __init__(self, inner: ThreadedEngineClient, layout: dict[str, Any]) -> None:
         self.inner = inner
         self.layout = layout
         self._cancelled: set[str] = set()

@@ -20,8 +20,10 @@ from typing import Any
 
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.engine.api import EngineClient
+from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.pd.engine_ops import stage
 from runtime.pd.protocol import Staged, TransferError, recv_json, send_json
+from runtime.scheduler.request import Req
 
 logger = logging.getLogger("runtime.pd")
 
@@ -54,7 +56,7 @@ class TransferCounters:
 class PrefillClient(EngineClient):
     """The engine client of a `--disaggregation-mode prefill` server, plus its bootstrap server."""
 
-    def __init__(self, inner: Any, host: str, bootstrap_port: int, layout: dict[str, Any]) -> None:
+    def __init__(self, inner: ThreadedEngineClient, host: str, bootstrap_port: int, layout: dict[str, Any]) -> None:
         self.inner = inner
         self.layout = layout
         self.counters = TransferCounters()
@@ -117,7 +119,7 @@ class PrefillClient(EngineClient):
 
     # -- staging (engine thread) -----------------------------------------------------------------------------
 
-    def _on_release(self, req: Any) -> None:
+    def _on_release(self, req: Req) -> None:
         room_id = self._room_of.get(req.rid)
         if room_id is None:
             return

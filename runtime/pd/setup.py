@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from runtime.args import RuntimeArgs
 from runtime.core.config import read_hf_config
+from runtime.engine.api import EngineClient
+from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.pd.protocol import pool_layout
 
 logger = logging.getLogger("runtime.pd")
@@ -16,7 +17,7 @@ class PDSetupError(RuntimeError):
     """The PD role cannot start (the message names the flag to change)."""
 
 
-def wrap_client(client: Any, args: RuntimeArgs) -> Any:
+def wrap_client(client: ThreadedEngineClient, args: RuntimeArgs) -> EngineClient:
     core = client.core
     model_type = str(read_hf_config(args.model_path).get("model_type"))
     layout = pool_layout(core.pools.buffers, model_type, args.tp_size)
@@ -29,7 +30,7 @@ def wrap_client(client: Any, args: RuntimeArgs) -> Any:
         from runtime.pd.prefill import PrefillClient
 
         try:
-            wrapped: Any = PrefillClient(client, args.host, args.disaggregation_bootstrap_port, layout)
+            wrapped: EngineClient = PrefillClient(client, args.host, args.disaggregation_bootstrap_port, layout)
         except OSError as exc:
             raise PDSetupError(
                 f"--disaggregation-bootstrap-port {args.disaggregation_bootstrap_port}: cannot listen on "

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +133,7 @@ def body_error(e: BadJson) -> JSONResponse:
     return error_response(str(e), err_type="Bad Request")
 
 
-async def watch_disconnect(request: Request, on_disconnect: Any) -> None:
+async def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:
     """Call `on_disconnect` if the client goes away while a non-streaming answer is being computed."""
     while True:
         message = await request.receive()

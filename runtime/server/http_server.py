@@ -8,7 +8,7 @@ import math
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -226,7 +226,11 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     )
 
 
-def build_app(ctx: ServerContext, warmup: Any = None, watchdog: Any = None) -> ASGIApp:
+def build_app(
+    ctx: ServerContext,
+    warmup: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    watchdog: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> ASGIApp:
     """The ASGI app; `warmup` (an async callable) runs once the server listens, then the server is ready;
     `watchdog` (an async callable) runs alongside for the server's life."""
     routes = [

@@ -15,6 +15,7 @@ from typing import Any
 from runtime.args import RuntimeArgs
 from runtime.core.config import EngineArgs, read_hf_config
 from runtime.core.flags import engine_targets
+from runtime.engine.api import EngineClient
 from runtime.server.context import ServerContext
 from runtime.server.structured import GrammarBackendUnavailable, load_grammar_backend
 from runtime.server.tokenizer import ServerTokenizer, TokenizerLoadError
@@ -70,17 +71,18 @@ def start_context(args: RuntimeArgs) -> ServerContext:
 
     device = _resolve_device(args.device)
     try:
-        client = start_engine(_engine_args(args, device))
+        engine = start_engine(_engine_args(args, device))
     except (ValueError, OSError, RuntimeError, KeyError) as e:
         logger.debug("engine start-up failed", exc_info=True)
         raise StartupError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+    client: EngineClient = engine
     if args.disaggregation_mode != "null":
         from runtime.pd.setup import PDSetupError, wrap_client
 
         try:
-            client = wrap_client(client, args)
+            client = wrap_client(engine, args)
         except PDSetupError as e:
-            client.shutdown()
+            engine.shutdown()
             raise StartupError(str(e)) from None
     stats = client.stats()
     _ = tokenizer.max_token_bytes  # the prompt pre-check's bound, computed once before serving

@@ -29,39 +29,38 @@ import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.core.spec_config import SpecConfigError
 from runtime.models.base import StepContext
+from runtime.models.layers.norm import ZeroCenteredRMSNorm
+from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
 if TYPE_CHECKING:
     from runtime.kvcache.cache_manager import CacheManager
     from runtime.scheduler.request import Req
 
 
-def mtp_unavailable_reason(model: nn.Module) -> str | None:
-    from runtime.models.qwen3_next import Qwen3NextForCausalLM
-
+def mtp_target(model: nn.Module) -> Qwen3NextForCausalLM:
+    """`model` as the target an MTP drafter drafts for; SpecConfigError (why not, what to use instead) otherwise."""
     extra = getattr(model, "extra_weights", {})
     if not any(name.startswith("mtp.") for name in extra):
-        return (
+        raise SpecConfigError(
             f"--speculative-algorithm NEXTN/EAGLE drafts from the checkpoint's MTP layer, but "
             f"{type(model).__name__}'s checkpoint has no mtp.* weights. Use NGRAM, or STANDALONE with "
             f"[speculative] speculative_draft_model_path in config.toml."
         )
     if not isinstance(model, Qwen3NextForCausalLM) or model.config.split_projections:
-        return (
+        raise SpecConfigError(
             f"--speculative-algorithm NEXTN/EAGLE: the bundled runtime drafts from Qwen3-Next's MTP layer "
             f"only, not {type(model).__name__}'s; use NGRAM or STANDALONE ([speculative] "
             f"speculative_algorithm in config.toml)."
         )
-    return None
+    return model
 
 
 class Qwen3NextMTP(nn.Module):
     """The MTP head; embeddings, lm_head and RoPE are the target's (SGLang shares them the same way)."""
 
-    def __init__(self, target: Any) -> None:
-        from runtime.models.layers.norm import ZeroCenteredRMSNorm
-        from runtime.models.qwen3_next import Qwen3NextDecoderLayer
-
+    def __init__(self, target: Qwen3NextForCausalLM) -> None:
         super().__init__()
         c = target.config
         hidden = c.hidden_size
@@ -108,9 +107,11 @@ class Qwen3NextMTP(nn.Module):
         target = self._target[0]
         device = self.fc.weight.device
         ctx = StepContext.build(batch, buffers, device)
-        embeds = target.model.embed_tokens(batch.input_ids.to(device))
+        embeds = target.body.embed(batch.input_ids.to(device))
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1))
-        return self.layer(x, target.rotary.cos_sin(ctx.positions, x.dtype), ctx)
+        rotary = target.rotary
+        assert rotary is not None, "Qwen3-Next attention is rotary"
+        return self.layer(x, rotary.cos_sin(ctx.positions, x.dtype), ctx)
 
 
 @dataclass
@@ -138,7 +139,7 @@ class _Span:
 class MtpDrafter:
     def __init__(
         self,
-        model: Any,
+        model: Qwen3NextForCausalLM,
         num_drafts: int,
         *,
         cache: CacheManager,
@@ -171,7 +172,7 @@ class MtpDrafter:
         pool.carry(self.last_hidden)
         self.hidden: dict[int, dict[int, torch.Tensor]] = {}  # state slot -> position -> pre-norm hidden
         self.seqs: dict[str, _MtpSeq] = {}
-        model.model.layers[-1].register_forward_hook(self._capture)
+        model.body.layers[-1].register_forward_hook(self._capture)
 
     @property
     def state_bytes(self) -> int:
@@ -248,7 +249,7 @@ class MtpDrafter:
             state_slots=torch.zeros(len(spans), dtype=torch.int64),
             all_logits=True,
         )
-        normed = self.target.model.norm(torch.stack([r for s in spans for r in s.rows]))
+        normed = self.target.body.final_norm(torch.stack([r for s in spans for r in s.rows]))
         return self.mtp.mixed(batch, self.buffers, normed)
 
     @torch.inference_mode()

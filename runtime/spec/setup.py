@@ -110,13 +110,11 @@ def _drafter(
             pool_bytes / (1 << 30),
         )
         return drafter
-    from runtime.spec.mtp import MtpDrafter, mtp_unavailable_reason
+    from runtime.spec.mtp import MtpDrafter, mtp_target
 
-    reason = mtp_unavailable_reason(model)
-    if reason:
-        raise SpecConfigError(reason)
+    target = mtp_target(model)
     assert cache is not None, "MTP drafting reads the target's KV token slots"
-    mtp = MtpDrafter(model, config.num_drafts, cache=cache, max_running_requests=max_running_requests,
+    mtp = MtpDrafter(target, config.num_drafts, cache=cache, max_running_requests=max_running_requests,
                      token_capacity=token_capacity, dtype=dtype, device=args.device)  # fmt: skip
     kv_bytes = sum(t.numel() * t.element_size() for t in (*mtp.buffers.k, *mtp.buffers.v))
     logger.info(
