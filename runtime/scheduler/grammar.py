@@ -20,11 +20,15 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from runtime.core.requests import SamplingParams
+
+if TYPE_CHECKING:  # llguidance is imported when a grammar is first compiled, not with the scheduler
+    from llguidance import LLExecutor, LLMatcher
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of its stubs only
 
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
 _KEY_NAMES = {"json_schema": "json", "regex": "regex", "ebnf": "ebnf"}  # SGLang's grammar keys, in its errors
@@ -38,7 +42,7 @@ class GrammarError(ValueError):
 class RequestGrammar:
     """One request's grammar state: an llguidance matcher advanced by the tokens the request emitted."""
 
-    def __init__(self, matcher: Any, kind: str) -> None:
+    def __init__(self, matcher: LLMatcher, kind: str) -> None:
         self.matcher = matcher
         self.kind = kind
         self.consumed = 0  # tokens the matcher holds (what `rollback` may undo)
@@ -86,9 +90,12 @@ class GrammarBackend:
 
         self.vocab_size = vocab_size
         # As SGLang's llguidance backend: JSON schemas allow free whitespace unless the server says otherwise.
-        self.json_defaults = {"whitespace_flexible": any_whitespace, "whitespace_pattern": whitespace_pattern}
+        self.json_defaults: JsonCompileOptions = {
+            "whitespace_flexible": any_whitespace,
+            "whitespace_pattern": whitespace_pattern,
+        }
         self.tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_token_ids or None)
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], LLMatcher] = OrderedDict()
         self._lock = threading.Lock()  # requests are parsed on several worker threads
 
     @classmethod
@@ -110,7 +117,7 @@ class GrammarBackend:
             try:
                 if kind == "json_schema":
                     json.loads(source)  # a clear message for text that is not JSON at all
-                    serialized = LLMatcher.grammar_from_json_schema(source, defaults=self.json_defaults)  # type: ignore[arg-type]
+                    serialized = LLMatcher.grammar_from_json_schema(source, defaults=self.json_defaults)
                 elif kind == "regex":
                     serialized = grammar_from("regex", source)
                 elif kind == "ebnf":
@@ -132,10 +139,10 @@ class GrammarBackend:
 # -- masks -------------------------------------------------------------------------------------------------------
 
 _BITS = torch.arange(32, dtype=torch.int32)
-_executor: Any = None
+_executor: LLExecutor | None = None
 
 
-def _mask_executor() -> Any:
+def _mask_executor() -> LLExecutor:
     global _executor
     if _executor is None:
         from llguidance import LLExecutor
