@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +26,8 @@ from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from runtime.engine.compiled_extend import CompiledExtend
     from runtime.kvcache.elastic_pool import ElasticPool
     from runtime.models.base import HybridModel
@@ -42,7 +44,7 @@ class EngineParts:
     dtype: torch.dtype
     model: HybridModel
     weight_bytes: int
-    tokenizer: Any | None
+    tokenizer: Tokenizer | None
     pools: Pools
     elastic: ElasticPool | None
     cache: CacheManager
@@ -81,7 +83,7 @@ def build_engine(args: EngineArgs) -> EngineParts:
     return parts
 
 
-def load_tokenizer(path: str) -> Any | None:
+def load_tokenizer(path: str) -> Tokenizer | None:
     """The fast tokenizer from tokenizer.json, or None when the directory has none (token ids only)."""
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
@@ -175,7 +177,7 @@ def _cache_manager(args: EngineArgs, pools: Pools) -> CacheManager:
 
 
 def _scheduler(
-    args: EngineArgs, pools: Pools, cache: CacheManager, model: HybridModel, tokenizer: Any | None
+    args: EngineArgs, pools: Pools, cache: CacheManager, model: HybridModel, tokenizer: Tokenizer | None
 ) -> Scheduler:
     return Scheduler(
         cache,

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 class TokenizerLoadError(ValueError):
@@ -28,7 +31,7 @@ def _token_text(value: Any) -> str | None:
 @dataclass
 class ServerTokenizer:
     path: Path
-    _tok: Any  # tokenizers.Tokenizer
+    _tok: Tokenizer
     chat_template: str | None
     bos_token: str | None
     eos_token: str | None
