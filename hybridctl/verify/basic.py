@@ -6,11 +6,12 @@ checks the streaming path end to end, not only that some bytes arrived.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.verify.client import SGLangClient
+from hybridctl.verify.client import SGLangClient, StreamResult
 from hybridctl.verify.report import CheckResult
 
 PROBE_PROMPT = "The three primary colors are"
@@ -66,34 +67,54 @@ def compare_server_args(server_info: dict[str, Any], expected: dict[str, Any]) -
             notes.append(f"/server_info does not report {key}; not compared")
             continue
         if key in DERIVED_KEYS and got is None:
-            notes.append(
-                f"/server_info leaves {key} unset (derived at run time); the config asks for {want!r}"
-            )
+            notes.append(f"/server_info leaves {key} unset (derived at run time); the config asks for {want!r}")
             continue
         if key in CAPPED_KEYS and isinstance(got, int) and isinstance(want, int) and got < want:
-            notes.append(
-                f"the server capped {key} to {got} (the config asks for {want}): that is what its pools hold"
-            )
+            notes.append(f"the server capped {key} to {got} (the config asks for {want}): that is what its pools hold")
             continue
         if got != want:
             mismatches.append(f"{key}: server has {got!r}, the config implies {want!r}")
     return mismatches, notes
 
 
-def run_basic(client: SGLangClient, config: HybridConfig | None) -> CheckResult:
-    reasons: list[str] = []
-    notes: list[str] = []
-    measurements: dict[str, Any] = {}
+@dataclass
+class _Findings:
+    """What the checks found, in the order they ran: problems (the check fails), notes, measurements."""
 
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    measurements: dict[str, Any] = field(default_factory=dict)
+
+
+def run_basic(client: SGLangClient, config: HybridConfig | None) -> CheckResult:
+    found = _Findings()
+    _check_health(client, found)
+    _check_model(client, config, found)
+    plain = _check_generate(client, found)
+    streamed = _check_stream(client, plain, found)
+    if found.reasons:
+        summary = f"{len(found.reasons)} problem(s): {found.reasons[0]}"
+        return CheckResult("basic", "failed", summary, found.reasons, found.notes, found.measurements)
+    ttft = found.measurements["stream"]["ttft_ms"]
+    summary = f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft} ms); model matches config"
+    if config is None:
+        summary = f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft} ms)"
+    return CheckResult("basic", "passed", summary, found.reasons, found.notes, found.measurements)
+
+
+def _check_health(client: SGLangClient, found: _Findings) -> None:
     status = client.health()
-    measurements["health_status"] = status
+    found.measurements["health_status"] = status
     if status != 200:
-        reasons.append(
+        found.reasons.append(
             f"/health answered HTTP {status}, not 200: the server is up but not ready (still loading?)"
         )
 
+
+def _check_model(client: SGLangClient, config: HybridConfig | None, found: _Findings) -> None:
+    """A generation model, and with a config: the configured model, launched with the configured arguments."""
     info = client.model_info()
-    measurements["model_info"] = {
+    found.measurements["model_info"] = {
         k: info.get(k)
         for k in (
             "model_path",
@@ -105,42 +126,50 @@ def run_basic(client: SGLangClient, config: HybridConfig | None) -> CheckResult:
         )
     }
     if info.get("is_generation") is False:
-        reasons.append("/model_info says is_generation=false: this is an embedding server, not a generator")
-    if config is not None:
-        configured = config.config.server.model_path
-        served = str(info.get("model_path") or "")
-        if configured and not same_model_path(served, configured):
-            reasons.append(
-                f"/model_info model_path is {served!r} but config.toml [server] model_path is "
-                f"{configured!r}: "
-                "the server at this URL serves another model (wrong port, or relaunch after editing "
-                "the config)"
-            )
-        server_info = client.server_info()
-        mismatches, arg_notes = compare_server_args(server_info, expected_server_args(config))
-        notes.extend(arg_notes)
-        reasons.extend(
-            f"/server_info {m} — relaunch with `hybridctl launch` so the server runs this config"
-            for m in mismatches
+        found.reasons.append("/model_info says is_generation=false: this is an embedding server, not a generator")
+    if config is None:
+        found.notes.append("no config.toml given: /model_info and /server_info were not compared with a config")
+        return
+    configured = config.config.server.model_path
+    served = str(info.get("model_path") or "")
+    if configured and not same_model_path(served, configured):
+        found.reasons.append(
+            f"/model_info model_path is {served!r} but config.toml [server] model_path is "
+            f"{configured!r}: "
+            "the server at this URL serves another model (wrong port, or relaunch after editing "
+            "the config)"
         )
-    else:
-        notes.append("no config.toml given: /model_info and /server_info were not compared with a config")
+    server_info = client.server_info()
+    mismatches, arg_notes = compare_server_args(server_info, expected_server_args(config))
+    found.notes.extend(arg_notes)
+    found.reasons.extend(
+        f"/server_info {m} — relaunch with `hybridctl launch` so the server runs this config" for m in mismatches
+    )
 
+
+def _check_generate(client: SGLangClient, found: _Findings) -> dict[str, Any]:
+    """The non-streamed greedy answer to the probe prompt (the stream is compared with it)."""
     plain = client.generate(PROBE_PROMPT, max_new_tokens=PROBE_TOKENS)
     meta = plain["meta_info"]
     missing = [k for k in ("prompt_tokens", "completion_tokens", "finish_reason") if k not in meta]
     if missing:
-        reasons.append(f"/generate meta_info lacks {', '.join(missing)} (SGLang always sends them)")
+        found.reasons.append(f"/generate meta_info lacks {', '.join(missing)} (SGLang always sends them)")
     if int(meta.get("completion_tokens", 0) or 0) < 1:
-        reasons.append("/generate produced no tokens (completion_tokens is 0)")
+        found.reasons.append("/generate produced no tokens (completion_tokens is 0)")
+    return plain
 
+
+def _check_stream(client: SGLangClient, plain: dict[str, Any], found: _Findings) -> StreamResult:
+    """The same request streamed: well-formed, and token-identical to the non-streamed answer."""
+    meta = plain["meta_info"]
     streamed = client.generate_stream(PROBE_PROMPT, max_new_tokens=PROBE_TOKENS)
-    measurements["stream"] = {
+    found.measurements["stream"] = {
         "chunks": streamed.chunks,
         "ttft_ms": None if streamed.ttft_s is None else round(streamed.ttft_s * 1000, 2),
         "e2e_ms": round(streamed.e2e_s * 1000, 2),
         "completion_tokens": streamed.completion_tokens,
     }
+    reasons = found.reasons
     if streamed.chunks == 0:
         reasons.append("streamed /generate sent no `data:` chunks")
     elif not streamed.saw_done:
@@ -158,14 +187,4 @@ def run_basic(client: SGLangClient, config: HybridConfig | None) -> CheckResult:
             f"greedy stream text {streamed.text!r} differs from the non-streamed {plain_text!r}: "
             "streaming and non-streaming paths disagree"
         )
-
-    if reasons:
-        summary = f"{len(reasons)} problem(s): {reasons[0]}"
-        return CheckResult("basic", "failed", summary, reasons, notes, measurements)
-    ttft = measurements["stream"]["ttft_ms"]
-    summary = (
-        f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft} ms); model matches config"
-    )
-    if config is None:
-        summary = f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft} ms)"
-    return CheckResult("basic", "passed", summary, reasons, notes, measurements)
+    return streamed
