@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +169,11 @@ def _write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def build_demo_model(out_dir: str | Path, *, seed: int = 0, force: bool = False) -> Path:
+def build_demo_model(
+    out_dir: str | Path, *, seed: int = 0, force: bool = False, config: Mapping[str, Any] | None = None
+) -> Path:
     """Write the demo model into `out_dir` and return it. The same seed gives byte-identical files.
+    `config`: the model config to build instead of DEMO_CONFIG (a variant of it: benchmarks/peers/peer_model.py).
 
     The directory is assembled next to its destination and renamed into place, so a crash never leaves a
     half-written model behind.
@@ -179,7 +183,7 @@ def build_demo_model(out_dir: str | Path, *, seed: int = 0, force: bool = False)
         raise DemoModelError(f"{out}: exists and is not a directory; choose a directory path for --out.")
     if out.exists() and any(out.iterdir()) and not force:
         raise DemoModelError(f"{out}: already exists and is not empty; pass --force to replace it.")
-    config = dict(DEMO_CONFIG)
+    config = dict(DEMO_CONFIG if config is None else config)
     tokenizer_json = _train_tokenizer(int(config["vocab_size"]))
     ids = _token_ids(tokenizer_json)
     config.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=None)
@@ -229,15 +233,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed, same bytes)")
     parser.add_argument("--force", action="store_true", help="replace an existing directory")
     args = parser.parse_args(argv)
+    return run_build(lambda: build_demo_model(args.out, seed=args.seed, force=args.force), args.out)
+
+
+def run_build(build: Callable[[], Path], out: Path) -> int:
+    """A model-building CLI's body: print the model's path (0), or a one-line error for a refused or
+    unwritable `--out` (2), never a traceback. This CLI's and benchmarks/peers/peer_model.py's."""
     try:
-        path = build_demo_model(args.out, seed=args.seed, force=args.force)
+        path = build()
     except DemoModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(
-            f"error: cannot write the demo model to {args.out}: {exc.strerror or exc} "
-            f"({exc.filename or args.out}); choose a writable directory for --out.",
+            f"error: cannot write the demo model to {out}: {exc.strerror or exc} "
+            f"({exc.filename or out}); choose a writable directory for --out.",
             file=sys.stderr,
         )
         return 2

@@ -25,14 +25,9 @@ HEAD_OVERRIDES = {
 
 
 def build_peer_model(out: Path, force: bool = False) -> Path:
-    from runtime import demo_model
+    from runtime.demo_model import DEMO_CONFIG, build_demo_model
 
-    original = demo_model.DEMO_CONFIG
-    demo_model.DEMO_CONFIG = {**original, **HEAD_OVERRIDES}
-    try:
-        return Path(demo_model.build_demo_model(out, force=force))
-    finally:
-        demo_model.DEMO_CONFIG = original
+    return build_demo_model(out, force=force, config={**DEMO_CONFIG, **HEAD_OVERRIDES})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    print(build_peer_model(args.out, args.force))
-    return 0
+    from runtime.demo_model import run_build
+
+    return run_build(lambda: build_peer_model(args.out, args.force), args.out)
 
 
 if __name__ == "__main__":

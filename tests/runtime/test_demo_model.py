@@ -14,6 +14,7 @@ import torch
 
 from runtime.demo_model import DemoModelError, build_demo_model, main
 from runtime.models import load_model
+from tests.runtime.conftest import REPO_ROOT
 from tests.runtime.simple_runner import SimpleRunner
 
 
@@ -88,6 +89,21 @@ def test_cli_module_entry_point(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(tmp_path / "cli")
     assert (tmp_path / "cli" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    "cli", [["-m", "runtime.demo_model"], [str(REPO_ROOT / "benchmarks" / "peers" / "peer_model.py")]], ids=str
+)
+def test_model_clis_refuse_an_existing_directory_without_a_traceback(tmp_path: Path, cli: list[str]) -> None:
+    """Both model-building CLIs (the demo model and the peers benchmark's variant): exit 2 with the error line."""
+    (tmp_path / "mine").write_text("mine")
+    proc = subprocess.run(
+        [sys.executable, *cli, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "already exists and is not empty; pass --force" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert (tmp_path / "mine").read_text() == "mine"
 
 
 def test_tokenizer_round_trip_and_chat_template(demo: Path) -> None:
