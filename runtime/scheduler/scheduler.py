@@ -30,6 +30,7 @@ from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.kvcache.cache_manager import Admission, CacheManager
 from runtime.scheduler import logprobs as lp
+from runtime.scheduler.batches import BatchBuilder
 from runtime.scheduler.checkpoints import CheckpointPlanner
 from runtime.scheduler.fork import ForkHolds
 from runtime.scheduler.grammar import mask_isolated
@@ -99,6 +100,7 @@ class Scheduler:
         self.cache = cache
         self.config = config
         self.checkpoints = CheckpointPlanner(cache, config)
+        self.batches = BatchBuilder(cache, self.checkpoints)
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -211,12 +213,12 @@ class Scheduler:
         decode = [r for r in self.running if not r.in_prefill]
         if prefill and (not decode or not self._last_was_prefill):
             self._last_was_prefill = True
-            return self._prefill_batch(prefill)
+            return self.batches.prefill(prefill)
         if decode:
             self._last_was_prefill = False
             if self.spec is not None:
                 return self.spec.plan_round(self, decode)
-            return self._decode_batch(decode)
+            return self.batches.decode(decode)
         return None
 
     def _schedule_prefill(self) -> list[tuple[Req, int]]:
@@ -285,56 +287,7 @@ class Scheduler:
     def extend_batch(self, items: list[tuple[Req, list[int]]], *, all_logits: bool = False) -> ScheduledBatch[Req]:
         """An extend batch that appends `tokens` after each request's cached ones, taking KV slots for them
         (a prefill chunk here; a verify round's last token and drafts in runtime/spec)."""
-        out_locs: list[int] = []
-        kv_locs: list[torch.Tensor] = []
-        starts: list[int] = []
-        slots: list[int] = []
-        for req, tokens in items:
-            mem = req.mem
-            assert mem is not None and mem.slot is not None
-            start = mem.kv_len
-            new_locs = self.cache.grow(mem, len(tokens))
-            out_locs.extend(new_locs)
-            kv_locs.append(torch.cat([self.cache.token_slots(mem, start), torch.tensor(new_locs, dtype=torch.int64)]))
-            starts.append(start)
-            slots.append(mem.slot)
-        return ScheduledBatch(
-            mode="extend",
-            reqs=[req for req, _ in items],
-            tokens=[tokens for _, tokens in items],
-            starts=starts,
-            out_locs=out_locs,
-            kv_locs=kv_locs,
-            state_slots=slots,
-            checkpoints=[[] for _ in items],
-            all_logits=all_logits,
-        )
-
-    def _prefill_batch(self, chunks: list[tuple[Req, int]]) -> ScheduledBatch[Req]:
-        items: list[tuple[Req, list[int]]] = []
-        for req, n in chunks:
-            assert req.mem is not None
-            items.append((req, req.prompt_ids[req.mem.kv_len : req.mem.kv_len + n]))
-        # Prompt logprobs asked for: the forward returns every position's logits, not just each chunk's last.
-        prompt_rows = any(lp.needs_prompt_rows(r, r.mem.kv_len, len(t)) for r, t in items if r.mem is not None)
-        batch = self.extend_batch(items, all_logits=prompt_rows)
-        batch.checkpoints = [self.checkpoints.take_slots(req, len(tokens)) for req, tokens in items]
-        return batch
-
-    def _decode_batch(self, reqs: list[Req]) -> ScheduledBatch[Req]:
-        mems = [r.mem for r in reqs if r.mem is not None]
-        out_locs, kv_locs = self.cache.grow_for_decode(mems)
-        return ScheduledBatch(
-            mode="decode",
-            reqs=reqs,
-            tokens=[[r.output_ids[-1]] for r in reqs],
-            starts=[m.kv_len for m in mems],
-            out_locs=out_locs,
-            kv_locs=kv_locs,
-            state_slots=[m.slot for m in mems if m.slot is not None],
-            checkpoints=[[] for _ in reqs],
-            started=time.perf_counter(),
-        )
+        return self.batches.extend(items, all_logits=all_logits)
 
     # -- postprocess -----------------------------------------------------------------------------------------
 
