@@ -186,7 +186,7 @@ def _fill_parameters(model: HybridModel, files: dict[str, Path], dtype: torch.dt
             "checkpoint does not match its config.json (wrong layer count or layer types?); fix "
             "config.json or re-export the model."
         )
-    handles: dict[Path, object] = {}
+    handles: dict[Path, safe_open] = {}
     try:
 
         def read(name: str) -> torch.Tensor:
@@ -194,7 +194,7 @@ def _fill_parameters(model: HybridModel, files: dict[str, Path], dtype: torch.dt
             try:
                 if path not in handles:
                     handles[path] = safe_open(str(path), framework="pt", device="cpu")
-                return handles[path].get_tensor(stored)  # type: ignore[attr-defined]
+                return handles[path].get_tensor(stored)
             except Exception as exc:  # safetensors' own error types: truncated file, bad header
                 raise ModelLoadError(
                     f"{path}: cannot read tensor '{stored}' ({exc}); download the file again."

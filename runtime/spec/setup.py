@@ -8,6 +8,7 @@ import logging
 import torch
 from torch import nn
 
+from runtime.core.batch import PoolBuffers
 from runtime.core.config import EngineArgs
 from runtime.core.spec_config import SpecConfig, SpecConfigError, resolve_spec_config
 from runtime.kvcache.cache_manager import CacheManager
@@ -35,18 +36,20 @@ def build_spec_decoder(
     config: SpecConfig,
     args: EngineArgs,
     model: nn.Module,
-    pools: object,
+    buffers: PoolBuffers,
     *,
+    sandbox_first_slot: int,
+    sandbox_slots: int,
     max_running_requests: int,
     token_capacity: int,
     dtype: torch.dtype,
     cache: CacheManager | None = None,
 ) -> SpecDecoder:
-    buffers = pools.buffers  # type: ignore[attr-defined]
-    first = pools.sandbox_first_slot  # type: ignore[attr-defined]
-    groups = pools.sandbox_slots // config.num_draft_tokens  # type: ignore[attr-defined]
+    """The speculative decoder; `buffers` slots [sandbox_first_slot, + sandbox_slots) are its draft states'
+    scratch (engine/pool_setup.py sizes them)."""
+    groups = sandbox_slots // config.num_draft_tokens
     in_forward = supports_state_checkpoints(model)
-    sandbox = StateSandbox(buffers, first, groups, config.num_draft_tokens, in_forward=in_forward)
+    sandbox = StateSandbox(buffers, sandbox_first_slot, groups, config.num_draft_tokens, in_forward=in_forward)
     wrapped = 0 if in_forward else install_sandbox(model, sandbox)
     recurrent = sum(1 for m in model.modules() if hasattr(m, "conv_state_shape"))
     if not in_forward and wrapped < recurrent:
@@ -67,7 +70,7 @@ def build_spec_decoder(
         sandbox.num_slots,
         groups,
         config.num_draft_tokens,
-        first - 1,
+        sandbox_first_slot - 1,
         "in-forward checkpoints" if in_forward else f"per-token stepping ({wrapped} wrapped layers)",
     )
     return SpecDecoder(config, drafter, sandbox)
