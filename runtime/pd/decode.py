@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.engine.api import EngineClient
 from runtime.engine.engine_thread import ThreadedEngineClient
@@ -133,7 +135,7 @@ class DecodeClient(EngineClient):
         reason = {"type": "abort", "message": message, "status_code": status, "err_type": err_type}
         on_output(RequestOutput(req.rid, [], True, reason, len(req.input_ids), 0, 0))
 
-    def _fetch(self, req: GenerateRequest) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    def _fetch(self, req: GenerateRequest) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
         last: TransferError | None = None
         for attempt in range(1, FETCH_ATTEMPTS + 1):
             if self._is_cancelled(req.rid):
@@ -153,7 +155,7 @@ class DecodeClient(EngineClient):
             f"{last} (after {FETCH_ATTEMPTS} attempts to {req.bootstrap_host}:{req.bootstrap_port})"
         )
 
-    def _fetch_once(self, req: GenerateRequest) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    def _fetch_once(self, req: GenerateRequest) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
         address = (str(req.bootstrap_host), int(req.bootstrap_port or 0))
         with socket.create_connection(address, timeout=CONNECT_TIMEOUT_S) as sock:
             sock.settimeout(FETCH_TIMEOUT_S)
