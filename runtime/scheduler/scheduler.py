@@ -39,6 +39,7 @@ from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
 from runtime.scheduler.sampling import sample_isolated
+from runtime.scheduler.stats import DecodeRate, stats_snapshot
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
 
 
@@ -110,7 +111,7 @@ class Scheduler:
         self._last_was_prefill = False
         self._generator = self.new_generator(config.random_seed)
         self.counters = EngineStats()
-        self._decode_times: list[tuple[float, int]] = []
+        self.decode_rate = DecodeRate()
         # Speculative decoding (runtime/spec/worker.py SpecDecoder), set by the engine; None: plain decode.
         self.spec: SpecRounds | None = None
         # PD prefill (runtime/pd/prefill.py): sees a request's memory just before it goes back to the pools.
@@ -477,8 +478,7 @@ class Scheduler:
 
     def record_decode(self, seconds: float, tokens: int) -> None:
         """One decode step (or verify round) for the throughput gauge: the last 32 count."""
-        self._decode_times.append((seconds, tokens))
-        del self._decode_times[:-32]
+        self.decode_rate.record(seconds, tokens)
 
     def _release(self, req: Req, cache: bool) -> None:
         if self.spec is not None:
@@ -497,21 +497,8 @@ class Scheduler:
     # -- observability ---------------------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
-        s = self.counters
-        s.num_running_reqs = len(self.running)
-        s.num_queue_reqs = len(self.waiting) + len(self.forks)
-        total, free, cached, in_use = self.cache.page_counts()
-        s.kv_pages_total, s.kv_pages_free, s.kv_pages_cached, s.kv_pages_in_use = total, free, cached, in_use
-        s.token_usage = (total - free - self.cache.tree.evictable_pages) / total if total else 0.0
-        st, sf, sc, su = self.cache.slot_counts()
-        s.state_slots_total, s.state_slots_free, s.state_slots_cached, s.state_slots_in_use = st, sf, sc, su
-        s.mamba_usage = su / st if st else 0.0
-        s.cache_hit_rate = s.cached_tokens_total / s.prompt_tokens_total if s.prompt_tokens_total else 0.0
-        s.kv_evictions = self.cache.tree.kv_evicted_pages
-        s.state_evictions = self.cache.tree.states_evicted
-        secs = sum(t for t, _ in self._decode_times)
-        s.gen_throughput = sum(n for _, n in self._decode_times) / secs if secs > 0 else 0.0
-        return EngineStats(**vars(s))
+        queued = len(self.waiting) + len(self.forks)
+        return stats_snapshot(self.counters, self.cache, len(self.running), queued, self.decode_rate)
 
     def check_invariants(self) -> None:
         self.cache.check_invariants()
