@@ -160,6 +160,10 @@ class IncrementalDetokenizer:
         self._read = 0  # end of what `text` covers
 
     def extend(self, new_ids: list[int], final: bool = False) -> str:
+        if not new_ids and (not final or self._read == len(self.ids)):
+            # Nothing new to decode (a stream asks for the text several times per chunk: the stop-string
+            # hold-back check, then the chunk itself): two decodes per call saved.
+            return self.text
         self.ids.extend(new_ids)
         decode = self._tokenizer.decode
         prefix = decode(self.ids[self._surr : self._read], self._skip)
