@@ -81,18 +81,6 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def pool_sizes_dynamic(buffers: PoolBuffers) -> None:
-    """Trace the pools' slot dim (KV token slots, state slots) as a symbol, not as this start-up's constant.
-
-    Traced static, each pool size is another graph to inductor and so another entry of its on-disk cache; the
-    pools are cut to what `--context-length` x `--max-running-requests` need (else sized by the budget), so each
-    new combination of sizing flags, model or host memory compiled every graph afresh at start-up instead of
-    loading it (docs/performance.md, "Issue 17 step"). The slot dim only bounds the gathers and the writes, so
-    the kernels are the same. `maybe_`: a model whose forward does specialize on a pool size still compiles."""
-    for t in (*buffers.k, *buffers.v, *buffers.conv, *buffers.ssm):
-        torch._dynamo.maybe_mark_dynamic(t, 0)  # noqa: SLF001 - torch has no public maybe_mark_dynamic
-
-
 def pools_traceable(buffers: PoolBuffers) -> str:
     """ "" when torch.compile can trace writes to the pool buffers, else why not."""
     tensors = (*buffers.k, *buffers.v, *buffers.conv, *buffers.ssm)

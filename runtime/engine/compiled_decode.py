@@ -30,7 +30,6 @@ from runtime.engine.compile_support import (
     copy_function,
     failure_reason,
     graphs_compiled,
-    pool_sizes_dynamic,
     pools_traceable,
     restored,
     run_compiled,
@@ -181,7 +180,6 @@ class CompiledDecode:
             return self._off(name, "the pools are too small for the warm-up batches", 0.0)
         if reason := pools_traceable(buffers):
             return self._off(name, reason, 0.0)
-        pool_sizes_dynamic(buffers)  # one graph (and one cache entry) whatever the pools' sizes
         vocab = self.model.layout().vocab_size
         t0 = time.perf_counter()
         before = graphs_compiled()

@@ -42,7 +42,6 @@ from runtime.engine.compile_support import (
     copy_function,
     failure_reason,
     graphs_compiled,
-    pool_sizes_dynamic,
     pools_traceable,
     restored,
     run_compiled,
@@ -232,7 +231,6 @@ class CompiledExtend:
             return self._off(name, "the pools are too small for the warm-up extends", 0.0)
         if reason := pools_traceable(buffers):
             return self._off(name, reason, 0.0)
-        pool_sizes_dynamic(buffers)  # one graph (and one cache entry) whatever the pools' sizes
         vocab = self.model.layout().vocab_size
         t0 = time.perf_counter()
         before = graphs_compiled()

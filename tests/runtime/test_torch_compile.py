@@ -15,13 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.core.batch import PoolBuffers
-from runtime.core.buffers import allocate_pool_buffers
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest
 from runtime.engine.compile_support import graphs_compiled as _graphs_compiled
-from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode, _warmup_inputs
-from runtime.engine.compiled_extend import _warmup_batch
+from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode
 from runtime.engine.engine_core import EngineCore
 from runtime.models.layers.moe import Experts, swiglu, traced_experts
 from runtime.models.layers.sigmoid_moe import Relu2Experts, relu2
@@ -153,36 +150,6 @@ def test_extends_and_big_batches_stay_eager(cores: tuple[EngineCore, EngineCore]
     run_to_completion(compiled, reqs, together=True)
     new = compiled.runner.compiled_decode.steps_by_batch_size - before
     assert all(bs <= MAX_BS for bs in new), new  # 6 sequences decode together: eager
-
-
-def test_pools_of_another_size_run_the_same_graphs(cores: tuple[EngineCore, EngineCore]) -> None:
-    """The graphs do not depend on the pools' sizes, which --context-length, --max-running-requests and the
-    budget set (the pools are cut to need): pools of another size run them without a recompile, so a start-up
-    with other sizing flags finds every graph in inductor's cache instead of compiling it afresh."""
-    compiled, _ = cores
-    cd, ce = compiled.runner.compiled_decode, compiled.runner.compiled_extend
-    assert cd is not None and ce is not None
-    layout = compiled.model.layout()
-    own = compiled.runner.pools.buffers
-    other = allocate_pool_buffers(layout, own.k[0].shape[0] + 97, own.conv[0].shape[0] + 5, zeroed=True)
-
-    def copy() -> PoolBuffers:
-        return PoolBuffers(*([t.clone() for t in ts] for ts in (other.k, other.v, other.conv, other.ssm)))
-
-    cd.skip_guards = ce.skip_guards = False  # every guard evaluated: another pool size would need another graph
-    graphs = _graphs_compiled()
-    try:
-        with torch.inference_mode():
-            for batch in (1, 3):
-                inputs = _warmup_inputs(batch, 41, layout.vocab_size, torch.device("cpu"))
-                want = cd._eager(*inputs, copy())
-                torch.testing.assert_close(cd._run(*inputs, other, threads=1), want, rtol=1e-4, atol=1e-4)
-            extend = _warmup_batch(11, 29, layout.vocab_size)
-            want = compiled.model.forward(extend, copy())
-            torch.testing.assert_close(ce(extend, other), want, rtol=1e-4, atol=1e-4)
-    finally:
-        cd.skip_guards = ce.skip_guards = True
-    assert _graphs_compiled() == graphs, "pools of another size recompiled the graphs"
 
 
 @settings(max_examples=20, deadline=None)
