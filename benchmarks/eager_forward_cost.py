@@ -1,0 +1,148 @@
+"""The eager forward's per-step cost (the default configuration: no torch.compile): aten calls and CPU time per
+decode step at several batch sizes, and per short extend, through the real engine in-process.
+
+Per batch size B: B requests with `--prompt`-token random prompts are prefilled, then `--steps` decode steps are
+timed. Reported per step: the model forward's CPU time (time.thread_time around `ModelRunner.forward`; one
+intra-op thread by default, so it is the whole forward's CPU) and its aten calls (torch.profiler, every
+dispatched aten op counted, nested ones too). "extend": a fresh `--extend`-token prompt's prefill forward.
+
+A/B in one run: `--against DIR` (a checkout of another commit, e.g. from `git archive`) runs this script's worker
+on that tree and on this one, alternating `--rounds` times, so both see the same host load; medians per tree and
+the ratio other / this.
+
+    python benchmarks/eager_forward_cost.py --model DIR [--batches 1,8] [--steps 40] [--against OLD_TREE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _worker(a: argparse.Namespace) -> dict[str, float]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from runtime.core.config import EngineArgs
+    from runtime.core.requests import GenerateRequest, SamplingParams
+    from runtime.engine.denormals import flush_denormals_on_this_thread
+    from runtime.engine.engine_core import EngineCore
+
+    flush_denormals_on_this_thread()
+    torch.set_num_threads(a.threads)
+    core = EngineCore(EngineArgs(model_path=str(a.model), context_length=4096, max_running_requests=8))
+    sched, runner = core.scheduler, core.runner
+    cpu: list[float] = []
+    inner = runner.forward
+
+    def timed_forward(batch: object) -> object:
+        t = time.thread_time()
+        out = inner(batch)  # type: ignore[arg-type]
+        cpu.append(time.thread_time() - t)
+        return out
+
+    runner.forward = timed_forward  # type: ignore[method-assign]
+    rng = random.Random(0)
+    vocab = core.model.layout().vocab_size
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(10, vocab - 10) for _ in range(n)]
+
+    def aten_calls(steps: int) -> float:
+        with profile(activities=[ProfilerActivity.CPU]) as p:
+            for _ in range(steps):
+                core.step()
+        return sum(e.count for e in p.key_averages() if e.key.startswith("aten::")) / steps
+
+    out: dict[str, float] = {}
+    params = SamplingParams(temperature=0, max_new_tokens=a.steps + 40, ignore_eos=True)
+    for bs in (int(b) for b in a.batches.split(",")):
+        for i in range(bs):
+            sched.add_request(GenerateRequest(f"b{bs}-{i}", prompt(a.prompt), params), lambda _o: None)
+        while len(sched.running) < bs or any(len(r.output_ids) < 2 for r in sched.running):
+            core.step()
+        for _ in range(5):
+            core.step()
+        cpu.clear()
+        for _ in range(a.steps):
+            core.step()
+        out[f"decode b{bs} cpu ms"] = 1e3 * statistics.median(cpu)
+        out[f"decode b{bs} aten calls"] = aten_calls(3)
+        while sched.has_work:
+            core.step()
+    one = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
+    ext: list[float] = []
+    for i in range(a.extend_repeats):
+        sched.add_request(GenerateRequest(f"e{i}", prompt(a.extend), one), lambda _o: None)
+        cpu.clear()
+        core.step()
+        ext.append(cpu[0])
+        while sched.has_work:
+            core.step()
+    out[f"extend {a.extend} cpu ms"] = 1e3 * statistics.median(ext)
+    sched.add_request(GenerateRequest("e-prof", prompt(a.extend), one), lambda _o: None)
+    out[f"extend {a.extend} aten calls"] = aten_calls(1)
+    while sched.has_work:
+        core.step()
+    return out
+
+
+def _run_worker(tree: Path, argv: list[str]) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "RUNTIME_SMALL_FORWARD_THREADS": os.environ.get(
+        "RUNTIME_SMALL_FORWARD_THREADS", "1")}  # fmt: skip
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", *argv]
+    res = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"worker on {tree} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens of each decoding request")
+    ap.add_argument("--extend", type=int, default=48, help="tokens of the timed short extend")
+    ap.add_argument("--extend-repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--against", type=Path, help="another tree to compare with, interleaved")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a, _ = ap.parse_known_args()
+    if a.worker:
+        print(json.dumps(_worker(a)))
+        return
+    argv = [f"--model={a.model.resolve()}", f"--batches={a.batches}", f"--steps={a.steps}", f"--prompt={a.prompt}"]
+    argv += [f"--extend={a.extend}", f"--extend-repeats={a.extend_repeats}", f"--threads={a.threads}"]
+    trees = {"this": HERE.parent} | ({"other": a.against.resolve()} if a.against else {})
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for r in range(a.rounds):
+        order = list(trees.items()) if r % 2 == 0 else list(reversed(trees.items()))
+        for name, tree in order:
+            samples[name].append(_run_worker(tree, argv))
+    print(f"model {a.model}, {a.threads} thread(s), load average {os.getloadavg()[0]:.2f}, {a.rounds} rounds")
+    keys = list(samples["this"][0])
+    header = "| metric | this | " + ("other | other / this |" if a.against else "")
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for k in keys:
+        this = statistics.median(s[k] for s in samples["this"])
+        row = f"| {k} | {this:.3f} |"
+        if a.against:
+            other = statistics.median(s[k] for s in samples["other"])
+            row += f" {other:.3f} | {other / this:.2f}x |"
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
