@@ -55,12 +55,15 @@ class Experts(nn.Module):
 
     def forward_one_token(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Single-stream decode: the chosen experts straight from the routing, no sort or scatter. Summed in
-        ascending expert order, as the sorted dispatch adds them, so both give the same bits."""
+        ascending expert order, as the sorted dispatch adds them, so both give the same bits. The routing weights
+        come over as Python floats in the one host sync that reads the ids: a float scales h in h's dtype exactly
+        as the 0-dim weight tensor did (the same value, the same opmath), without a select and a `to` per expert
+        (7 instead of 12 dispatched ops per expert)."""
+        w_in, w_out = self.gate_up_proj, self.down_proj
         out: torch.Tensor | None = None
-        for expert, slot in sorted(zip(ids[0].tolist(), range(ids.shape[1]), strict=True)):
-            gate, up = F.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.down_proj[expert])
-            term = (h * weights[0, slot]).to(x.dtype)
+        for expert, weight in sorted(zip(ids.tolist()[0], weights.tolist()[0], strict=True)):
+            gate, up = F.linear(x, w_in[expert]).chunk(2, dim=-1)
+            term = F.linear(F.silu(gate) * up, w_out[expert]) * weight
             out = term if out is None else out + term
         assert out is not None
         return out
