@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.models.layers.derived import Derived, one_plus
+
 
 class RMSNorm(nn.Module):
     """Plain RMSNorm: `weight * x / rms(x)`. Nemotron-H multiplies by the weight in fp32 before the downcast
@@ -23,6 +25,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # Both variants are one rms_norm with the weight inside in fp32 (the same product, checked bit for bit)
+            # and no no-op conversions.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         if self.weight_in_fp32:
             return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(dtype)
         return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(dtype)
@@ -35,26 +41,13 @@ class ZeroCenteredRMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
-        self._scale: torch.Tensor | None = None
-        self._scale_of: tuple[int, int] | None = None  # (data_ptr, version) of the weight _scale was made from
-
-    def scale(self) -> torch.Tensor:
-        """`1 + weight` in fp32, kept between forwards (an add per norm per step, 21 a decode step of the peer
-        model) and remade when the weight's storage or version changes (loading, `cast`, an in-place write)."""
-        w = self.weight
-        if torch.compiler.is_compiling():
-            return 1.0 + w.float()
-        key = (w.data_ptr(), w._version)
-        if self._scale is None or self._scale_of != key:
-            with torch.inference_mode(False), torch.no_grad():  # a plain tensor: usable in and out of inference mode
-                self._scale = 1.0 + w.float()
-            self._scale_of = key
-        return self._scale
+        # `1 + weight` in fp32, kept between forwards: an add per norm per step (21 a decode step of the peer model).
+        self.scale = Derived(one_plus)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # skips two no-op conversions (dispatched ops all the same)
-            return F.rms_norm(x, self.weight.shape, self.scale(), self.eps)
-        return F.rms_norm(x.float(), self.weight.shape, self.scale(), self.eps).type_as(x)
+            return F.rms_norm(x, self.weight.shape, self.scale(self.weight), self.eps)
+        return F.rms_norm(x.float(), self.weight.shape, self.scale(self.weight), self.eps).type_as(x)
 
 
 class GatedRMSNorm(nn.Module):
