@@ -3,14 +3,20 @@ decode step at several batch sizes, and per short extend, through the real engin
 
 Per batch size B: B requests with `--prompt`-token random prompts are prefilled, then `--steps` decode steps are
 timed. Reported per step: the model forward's CPU time (time.thread_time around `ModelRunner.forward`; one
-intra-op thread by default, so it is the whole forward's CPU) and its aten calls (torch.profiler, every
-dispatched aten op counted, nested ones too). "extend": a fresh `--extend`-token prompt's prefill forward.
+intra-op thread by default, so it is the whole forward's CPU), its ops as the Python code dispatches them
+("ops": a TorchDispatchMode count; a composite such as linear counts once) and its aten calls (torch.profiler:
+every aten op, nested ones too). "extend": a fresh `--extend`-token prompt's prefill forward.
 
 A/B in one run: `--against DIR` (a checkout of another commit, e.g. from `git archive`) runs this script's worker
 on that tree and on this one, alternating `--rounds` times, so both see the same host load; medians per tree and
 the ratio other / this.
 
     python benchmarks/eager_forward_cost.py --model DIR [--batches 1,8] [--steps 40] [--against OLD_TREE]
+    python benchmarks/eager_forward_cost.py --family kimi_linear ...  # a reference test's tiny model instead
+
+`--family` saves the tiny, randomly initialised transformers model that tests/runtime/test_model_reference.py
+checks that family against (qwen3_next, qwen3_5_moe, kimi_linear, nemotron_h, falcon_h1, granitemoehybrid) to a
+temporary directory: op counts per architecture (its timings mean little: the models are tiny).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 def _worker(a: argparse.Namespace) -> dict[str, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     from runtime.core.config import EngineArgs
     from runtime.core.requests import GenerateRequest, SamplingParams
@@ -57,6 +65,21 @@ def _worker(a: argparse.Namespace) -> dict[str, float]:
     def prompt(n: int) -> list[int]:
         return [rng.randrange(10, vocab - 10) for _ in range(n)]
 
+    class _Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            _Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    def top_ops(steps: int) -> float:
+        """Ops as the Python code dispatches them (a composite like linear counts once)."""
+        _Count.calls = 0
+        with _Count():
+            for _ in range(steps):
+                core.step()
+        return _Count.calls / steps
+
     def aten_calls(steps: int) -> float:
         with profile(activities=[ProfilerActivity.CPU]) as p:
             for _ in range(steps):
@@ -76,6 +99,7 @@ def _worker(a: argparse.Namespace) -> dict[str, float]:
         for _ in range(a.steps):
             core.step()
         out[f"decode b{bs} cpu ms"] = 1e3 * statistics.median(cpu)
+        out[f"decode b{bs} ops"] = top_ops(3)
         out[f"decode b{bs} aten calls"] = aten_calls(3)
         while sched.has_work:
             core.step()
@@ -93,6 +117,10 @@ def _worker(a: argparse.Namespace) -> dict[str, float]:
     out[f"extend {a.extend} aten calls"] = aten_calls(1)
     while sched.has_work:
         core.step()
+    sched.add_request(GenerateRequest("e-ops", prompt(a.extend), one), lambda _o: None)
+    out[f"extend {a.extend} ops"] = top_ops(1)
+    while sched.has_work:
+        core.step()
     return out
 
 
@@ -108,7 +136,8 @@ def _run_worker(tree: Path, argv: list[str]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--family", help="a reference test's tiny model instead of --model (needs transformers)")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens of each decoding request")
@@ -122,6 +151,30 @@ def main() -> None:
     if a.worker:
         print(json.dumps(_worker(a)))
         return
+    with tempfile.TemporaryDirectory() as tmp:
+        if a.family is not None:
+            a.model = _save_family(a.family, Path(tmp))
+        elif a.model is None:
+            ap.error("give --model DIR or --family NAME")
+        _compare(a)
+
+
+def _save_family(name: str, out: Path) -> Path:
+    import torch
+
+    sys.path.insert(0, str(HERE.parent))
+    from tests.runtime import test_model_reference as ref
+
+    if name not in ref.ARCHS:
+        raise SystemExit(f"--family {name}: not one of {', '.join(sorted(ref.ARCHS))}")
+    torch.manual_seed(0)
+    hf = ref.ARCHS[name][0]().eval()
+    ref._perturb(hf, 1)  # as the test does: every weight matters
+    hf.save_pretrained(out / name)
+    return out / name
+
+
+def _compare(a: argparse.Namespace) -> None:
     argv = [f"--model={a.model.resolve()}", f"--batches={a.batches}", f"--steps={a.steps}", f"--prompt={a.prompt}"]
     argv += [f"--extend={a.extend}", f"--extend-repeats={a.extend_repeats}", f"--threads={a.threads}"]
     trees = {"this": HERE.parent} | ({"other": a.against.resolve()} if a.against else {})
