@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,6 +41,7 @@ def _worker(a: argparse.Namespace) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from runtime.core.batch import ForwardBatch
     from runtime.core.config import EngineArgs
     from runtime.core.requests import GenerateRequest, SamplingParams
     from runtime.engine.denormals import flush_denormals_on_this_thread
@@ -52,9 +54,9 @@ def _worker(a: argparse.Namespace) -> dict[str, float]:
     cpu: list[float] = []
     inner = runner.forward
 
-    def timed_forward(batch: object) -> object:
+    def timed_forward(batch: ForwardBatch) -> torch.Tensor:
         t = time.thread_time()
-        out = inner(batch)  # type: ignore[arg-type]
+        out = inner(batch)
         cpu.append(time.thread_time() - t)
         return out
 
@@ -68,7 +70,7 @@ def _worker(a: argparse.Namespace) -> dict[str, float]:
     class _Count(TorchDispatchMode):
         calls = 0
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             _Count.calls += 1
             return func(*args, **(kwargs or {}))
 
@@ -168,9 +170,9 @@ def _save_family(name: str, out: Path) -> Path:
     if name not in ref.ARCHS:
         raise SystemExit(f"--family {name}: not one of {', '.join(sorted(ref.ARCHS))}")
     torch.manual_seed(0)
-    hf = ref.ARCHS[name][0]().eval()
+    hf: Any = ref.ARCHS[name][0]().eval()
     ref._perturb(hf, 1)  # as the test does: every weight matters
-    hf.save_pretrained(out / name)
+    getattr(hf, "save_pretrained")(out / name)  # noqa: B009 - a transformers model; its stubs type it as a Tensor
     return out / name
 
 
@@ -183,18 +185,23 @@ def _compare(a: argparse.Namespace) -> None:
         order = list(trees.items()) if r % 2 == 0 else list(reversed(trees.items()))
         for name, tree in order:
             samples[name].append(_run_worker(tree, argv))
-    print(f"model {a.model}, {a.threads} thread(s), load average {os.getloadavg()[0]:.2f}, {a.rounds} rounds")
+    print(f"model {a.model}, {a.threads} thread(s), load average {os.getloadavg()[0]:.2f}, {a.rounds} rounds (medians)")
     keys = list(samples["this"][0])
-    header = "| metric | this | " + ("other | other / this |" if a.against else "")
+    header = "| metric | this (min-max) | " + ("other (min-max) | other / this |" if a.against else "")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     for k in keys:
         this = statistics.median(s[k] for s in samples["this"])
-        row = f"| {k} | {this:.3f} |"
+        row = f"| {k} | {this:.3f} {_spread(samples['this'], k)} |"
         if a.against:
             other = statistics.median(s[k] for s in samples["other"])
-            row += f" {other:.3f} | {other / this:.2f}x |"
+            row += f" {other:.3f} {_spread(samples['other'], k)} | {other / this:.2f}x |"
         print(row)
+
+
+def _spread(samples: list[dict[str, float]], key: str) -> str:
+    values = [s[key] for s in samples]
+    return f"({min(values):.3f}-{max(values):.3f})" if len(values) > 1 else ""
 
 
 if __name__ == "__main__":
