@@ -23,8 +23,9 @@ from runtime.models.decoder import (
 )
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
+from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.mamba2 import Mamba2Mixer
-from runtime.models.layers.moe import swiglu, traced_experts
+from runtime.models.layers.moe import one_token_experts, swiglu, traced_experts
 from runtime.models.layers.norm import RMSNorm
 from runtime.models.layers.rotary import RotaryEmbedding
 from runtime.models.layers.rotary_attention import AttentionOptions, RotaryAttention
@@ -135,6 +136,7 @@ class GraniteMoE(nn.Module):
         self.router = _Router(hidden, experts)
         self.input_linear = _Stacked(experts, 2 * intermediate, hidden)
         self.output_linear = _Stacked(experts, hidden, intermediate)
+        self._per_expert_in, self._per_expert_out = Derived(per_expert), Derived(per_expert)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.router.layer(x).float()
@@ -142,6 +144,9 @@ class GraniteMoE(nn.Module):
         weights = torch.softmax(top, dim=-1).type_as(x)
         if torch.compiler.is_compiling():  # the compiled decode path: no host sync
             return traced_experts(x, ids, weights, self.input_linear.weight, self.output_linear.weight, swiglu)
+        if x.shape[0] == 1:
+            w_in, w_out = self._per_expert_in(self.input_linear.weight), self._per_expert_out(self.output_linear.weight)
+            return one_token_experts(x, ids, weights, w_in, w_out, swiglu)
         out = torch.zeros_like(x)
         order = torch.argsort(ids.reshape(-1), stable=True)
         counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts).tolist()

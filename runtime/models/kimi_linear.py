@@ -20,6 +20,7 @@ from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
 from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
 from runtime.models.layers.delta_rule import l2norm
+from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
 from runtime.models.layers.kda import chunk_kda, recurrent_kda_step
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import Experts
@@ -138,6 +139,7 @@ class KimiDeltaAttention(nn.Module):
         self.f_b_proj = nn.Linear(self.head_dim, dim, bias=False)
         self.dt_bias = nn.Parameter(torch.zeros(dim))
         self.A_log = nn.Parameter(torch.zeros(1, 1, self.heads, 1))
+        self._taps, self._decay_rate = Derived(depthwise_taps), Derived(neg_exp)  # parameter-only, kept
         self.b_proj = nn.Linear(c.hidden_size, self.heads, bias=False)
         self.g_a_proj = nn.Linear(c.hidden_size, self.head_dim, bias=False)
         self.g_b_proj = nn.Linear(self.head_dim, dim, bias=False)
@@ -163,19 +165,21 @@ class KimiDeltaAttention(nn.Module):
         """x: [T, hidden]. `packing` is None in decode mode (one token per sequence, T == B)."""
         tokens = x.shape[0]
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        weight = self.conv1d.weight[:, 0, :]
+        weight = self._taps(self.conv1d.weight)
         conv_view = conv_pool.transpose(-1, -2)  # [slots, channels, kernel-1] view of the pool's layout
         shape = (tokens, self.heads, self.head_dim)
         forget = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
-        g = (-self.A_log.float().exp().view(self.heads, 1) * F.softplus(forget.view(shape))).view(shape)
+        g = (self._decay_rate(self.A_log).view(self.heads, 1) * F.softplus(forget.view(shape))).view(shape)
         beta = torch.sigmoid(self.b_proj(x))
         if packing is None:
             mixed = causal_conv1d_decode(mixed, weight, None, conv_view, state_slots)
-            q, k, v = (t.reshape(shape) for t in mixed.split(self.dim, dim=-1))
-            out, state = recurrent_kda_step(
-                l2norm(q.float()), l2norm(k.float()), v, g, beta, ssm_pool[state_slots].float()
-            )
-            ssm_pool[state_slots] = state.to(ssm_pool.dtype)
+            qk, v = mixed.split([2 * self.dim, self.dim], dim=-1)
+            # q and k normalized as one tensor (the same per-row math, half the ops); index_select/index_copy_
+            # for the state rows: the same values as pool[slots] without advanced indexing's setup.
+            q, k = l2norm(qk.reshape(tokens, 2 * self.heads, self.head_dim).float()).chunk(2, dim=-2)
+            state = ssm_pool.index_select(0, state_slots).float()
+            out, state = recurrent_kda_step(q, k, v.reshape(shape), g, beta, state)
+            ssm_pool.index_copy_(0, state_slots, state.to(ssm_pool.dtype))
         else:
             mixed = causal_conv1d_extend(mixed, weight, None, conv_view, packing)
             q, k, v = (packing.pad(t.reshape(shape)) for t in mixed.split(self.dim, dim=-1))
@@ -197,7 +201,10 @@ class KimiDeltaAttention(nn.Module):
                 ssm_pool[packing.checkpoints.slots] = torch.stack(captured).to(ssm_pool.dtype)
             out = packing.unpad(out)
         gate = self.g_b_proj(self.g_a_proj(x)).view(shape)
-        h = F.rms_norm(out.float(), (self.head_dim,), eps=self.o_norm.eps) * self.o_norm.weight.float()
+        if self.o_norm.weight.dtype == torch.float32:  # the weight inside rms_norm: the same product, one op less
+            h = F.rms_norm(out.float(), (self.head_dim,), self.o_norm.weight, self.o_norm.eps)
+        else:
+            h = F.rms_norm(out.float(), (self.head_dim,), eps=self.o_norm.eps) * self.o_norm.weight.float()
         h = (h * torch.sigmoid(gate.float())).to(x.dtype)
         return self.o_proj(h.reshape(tokens, self.dim))
 

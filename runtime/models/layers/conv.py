@@ -54,7 +54,7 @@ def causal_conv1d_decode(
     in fp32, as in `causal_conv1d_extend`."""
     state = conv_pool.index_select(0, state_slots).float()  # index_select: cheaper than pool[slots]
     window = torch.cat([state, x.float()[:, :, None]], dim=-1)
-    out = (window * weight.float()[None]).sum(-1)
+    out = (window * weight.float()).sum(-1)  # [B, C, K] * [C, K]
     if bias is not None:
         out = out + bias.float()
     conv_pool.index_copy_(0, state_slots, window[:, :, 1:].to(conv_pool.dtype))

@@ -8,6 +8,7 @@ from torch import nn
 
 from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
 from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_step
+from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
 from runtime.models.layers.norm import GatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 
@@ -51,6 +52,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
         self.norm = GatedRMSNorm(v_head_dim, eps)
         self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self._taps, self._decay_rate = Derived(depthwise_taps), Derived(neg_exp)  # parameter-only, kept
         self._orders: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._rows_deinterleaved = False  # set by after_weights_loaded: the column gather is in the weights
 
@@ -128,9 +130,9 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         """x: [T, hidden]. `packing` is None in decode mode (one token per sequence, T == B)."""
         mixed, z, b, a = self._project(x)
-        weight = self.conv1d.weight[:, 0, :]
+        weight = self._taps(self.conv1d.weight)
         beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        g = self._decay_rate(self.A_log) * F.softplus(a.float() + self.dt_bias)
         if packing is None:
             mixed = causal_conv1d_decode(mixed, weight, self.conv1d.bias, conv_pool, state_slots)
             q, k, v = self._split_heads(mixed)

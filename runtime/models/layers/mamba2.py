@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
+from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
 from runtime.models.layers.norm import FalconGatedRMSNorm, GroupedGatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 from runtime.models.layers.ssd import chunk_scan, recurrent_step
@@ -61,6 +62,7 @@ class Mamba2Mixer(nn.Module):
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=use_conv_bias)
         self.dt_bias = nn.Parameter(torch.ones(num_heads))
         self.A_log = nn.Parameter(torch.zeros(num_heads))
+        self._taps, self._decay_rate = Derived(depthwise_taps), Derived(neg_exp)  # parameter-only, kept
         self.D = nn.Parameter(torch.ones(num_heads))
         self.gated_norm = gated_norm
         self.norm: nn.Module | None
@@ -106,9 +108,9 @@ class Mamba2Mixer(nn.Module):
         if self.proj_multipliers is not None:
             projected = projected * self._mup_vector(projected)
         gate, xbc, dt = projected.split([self.intermediate, self.conv_dim, self.num_heads], dim=-1)
-        weight = self.conv1d.weight[:, 0, :]
+        weight = self._taps(self.conv1d.weight)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min, max=self.dt_max)
-        a = -torch.exp(self.A_log.float())
+        a = self._decay_rate(self.A_log)
         groups_n = self.n_groups * self.state_size
         if packing is None:
             xbc = causal_conv1d_decode(xbc, weight, self.conv1d.bias, conv_pool, state_slots)
@@ -122,7 +124,7 @@ class Mamba2Mixer(nn.Module):
                 self.D,
                 ssm_pool.index_select(0, state_slots).float(),
             )
-            ssm_pool[state_slots] = state.to(ssm_pool.dtype)
+            ssm_pool.index_copy_(0, state_slots, state.to(ssm_pool.dtype))  # cheaper than pool[slots] = ...
         else:
             xbc = causal_conv1d_extend(xbc, weight, self.conv1d.bias, conv_pool, packing)
             xs, b, c = (packing.pad(t) for t in xbc.split([self.intermediate, groups_n, groups_n], dim=-1))

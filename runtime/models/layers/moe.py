@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.mlp import GatedMLP
 
 # Dense expert dispatch (see Experts.dense_is_cheaper) for at most this many token x expert rows.
@@ -43,6 +44,7 @@ class Experts(nn.Module):
         self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self._per_expert_in, self._per_expert_out = Derived(per_expert), Derived(per_expert)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -54,16 +56,8 @@ class Experts(nn.Module):
         return self.forward_sparse(x, ids, weights)
 
     def forward_one_token(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Single-stream decode: the chosen experts straight from the routing, no sort or scatter. Summed in
-        ascending expert order, as the sorted dispatch adds them, so both give the same bits."""
-        out: torch.Tensor | None = None
-        for expert, slot in sorted(zip(ids[0].tolist(), range(ids.shape[1]), strict=True)):
-            gate, up = F.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.down_proj[expert])
-            term = (h * weights[0, slot]).to(x.dtype)
-            out = term if out is None else out + term
-        assert out is not None
-        return out
+        w_in, w_out = self._per_expert_in(self.gate_up_proj), self._per_expert_out(self.down_proj)
+        return one_token_experts(x, ids, weights, w_in, w_out, swiglu)
 
     def forward_traced(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return traced_experts(x, ids, weights, self.gate_up_proj, self.down_proj, swiglu)
@@ -149,6 +143,28 @@ class SparseMoE(nn.Module):
 def swiglu(h: torch.Tensor) -> torch.Tensor:
     gate, up = h.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def one_token_experts(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w_in: Sequence[torch.Tensor],
+    w_out: Sequence[torch.Tensor],
+    act: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Single-stream decode (x [1, H], weights in x's dtype; w_in / w_out: per-expert views, see `per_expert`):
+    the chosen experts straight from the routing, no sort, scatter or index_add. Summed in ascending expert
+    order, as the sorted dispatch adds them, so both give the same bits. The routing weights come over as Python
+    floats in the one host sync that reads the ids: a float scales h in h's dtype exactly as the weight tensor's
+    element did (the same value, the same opmath), without a select and a `to` per expert (5 instead of 12
+    dispatched ops per expert for SwiGLU)."""
+    out: torch.Tensor | None = None
+    for expert, weight in sorted(zip(ids.tolist()[0], weights.tolist()[0], strict=True)):
+        term = F.linear(act(F.linear(x, w_in[expert])), w_out[expert]) * weight
+        out = term if out is None else out + term
+    assert out is not None
+    return out
 
 
 def traced_experts(

@@ -25,21 +25,24 @@ class RotaryEmbedding(nn.Module):
         return self._inv_freq
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of shape [T, rotary_dim], computed once per forward and shared by every attention layer."""
+        """(cos, signed sin), each [T, 1, rotary_dim], computed once per forward and shared by every attention
+        layer: the head axis and the "rotate half" sign are in the tables, not redone per layer and tensor.
+        The sign: the first half of sin is negated, so `rotate` multiplies the halves swapped (a roll) instead
+        of building `cat(-x2, x1)`; x2 * -s is -(x2 * s) bit for bit."""
         freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = emb.sin()
+        sin[:, : freqs.shape[-1]].neg_()
+        return emb.cos().to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]; rotates the first cos.shape[-1] channels and passes the rest through."""
+        """x: [T, heads, head_dim]; cos, sin from `cos_sin`. Rotates the first cos.shape[-1] channels and passes
+        the rest through: x_rot * cos + cat(-x2, x1) * sin, the halves swapped by one roll (4 dispatched ops
+        with full RoPE, 7 with partial, where it was 12)."""
         rd = cos.shape[-1]
-        cos = cos[:, None, :]
-        sin = sin[:, None, :]
-        x_rot, x_pass = x[..., :rd], x[..., rd:]
-        half = rd // 2
-        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-        out = x_rot * cos + rotated * sin
-        if x_pass.shape[-1] == 0:
-            return out
-        return torch.cat((out, x_pass), dim=-1)
+        if rd == x.shape[-1]:
+            return x * cos + torch.roll(x, rd // 2, dims=-1) * sin
+        x_rot = x[..., :rd]
+        out = x_rot * cos + torch.roll(x_rot, rd // 2, dims=-1) * sin
+        return torch.cat((out, x[..., rd:]), dim=-1)

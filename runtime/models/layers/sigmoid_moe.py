@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.mlp import Relu2MLP
-from runtime.models.layers.moe import traced_experts
+from runtime.models.layers.moe import one_token_experts, traced_experts
 
 
 class GroupTopKRouter(nn.Module):
@@ -63,10 +64,14 @@ class Relu2Experts(nn.Module):
         self.num_experts = num_experts
         self.up_proj = nn.Parameter(torch.empty(num_experts, intermediate, dim))
         self.down_proj = nn.Parameter(torch.empty(num_experts, dim, intermediate))
+        self._per_expert_in, self._per_expert_out = Derived(per_expert), Derived(per_expert)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # the compiled decode path: no host sync
             return traced_experts(x, ids, weights, self.up_proj, self.down_proj, relu2)
+        if x.shape[0] == 1 and x.dtype == weights.dtype:  # fp32: the fp32 accumulation below, term by term
+            w_in, w_out = self._per_expert_in(self.up_proj), self._per_expert_out(self.down_proj)
+            return one_token_experts(x, ids, weights, w_in, w_out, relu2)
         out = torch.zeros(x.shape, dtype=weights.dtype, device=x.device)
         order = torch.argsort(ids.reshape(-1), stable=True)
         counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts).tolist()
