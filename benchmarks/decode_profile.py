@@ -210,13 +210,9 @@ def main() -> None:
     ap.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
     ap.add_argument("--runtime-arg", action="append", default=[], metavar="ARG", help="one more server flag")
     a = ap.parse_args()
-    model = a.model
-    if model is None:
-        from peer_model import build_peer_model
+    from peer_model import peer_model_dir
 
-        model = engines.WORK / "peer-model"
-        if not (model / "model.safetensors").is_file():
-            build_peer_model(model, force=True)
+    model = peer_model_dir(a.model)
     profile(a, model)
 
 

@@ -47,14 +47,9 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=6, help="blocks per implementation")
     ap.add_argument("--block", type=int, default=20, help="steps per block")
     a = ap.parse_args()
-    model = a.model
-    if model is None:
-        import engines
-        from peer_model import build_peer_model
+    from peer_model import peer_model_dir
 
-        model = engines.WORK / "peer-model"
-        if not (model / "model.safetensors").is_file():
-            build_peer_model(model, force=True)
+    model = peer_model_dir(a.model)
     torch.set_num_threads(a.threads)
     core = EngineCore(EngineArgs(model_path=str(model), context_length=16384, max_running_requests=8))
     sched = core.scheduler

@@ -35,13 +35,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runtime-arg", action="append", default=[], metavar="ARG", help="one more server flag")
     a = ap.parse_args()
-    model = a.model
-    if model is None:
-        from peer_model import build_peer_model
+    from peer_model import peer_model_dir
 
-        model = engines.WORK / "peer-model"
-        if not (model / "model.safetensors").is_file():
-            build_peer_model(model, force=True)
+    model = peer_model_dir(a.model)
     port = engines.free_port()
     cmd = [sys.executable, "-m", "runtime", "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port),
            "--num-threads", str(a.threads), *a.runtime_arg]  # fmt: skip

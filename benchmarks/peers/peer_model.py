@@ -30,6 +30,17 @@ def build_peer_model(out: Path, force: bool = False) -> Path:
     return build_demo_model(out, force=force, config={**DEMO_CONFIG, **HEAD_OVERRIDES})
 
 
+def peer_model_dir(model: Path | None) -> Path:
+    """`model` when given, else the harness's own peer model under .work/, built on first use (the default of
+    run.py and the benchmarks that share its weights)."""
+    if model is not None:
+        return model
+    default = Path(__file__).resolve().parent / ".work" / "peer-model"
+    if not (default / "model.safetensors").is_file():
+        build_peer_model(default, force=True)
+    return default
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)

@@ -60,12 +60,9 @@ def ensure_model(path: Path | None) -> Path:
                 f"every engine; build one with python benchmarks/peers/peer_model.py --out DIR"
             )
         return path
-    model = engines.WORK / "peer-model"
-    if not (model / "model.safetensors").is_file():
-        from peer_model import build_peer_model
+    from peer_model import peer_model_dir
 
-        build_peer_model(model, force=True)
-    return model
+    return peer_model_dir(None)
 
 
 def run_server_engine(name: str, model: Path, prompts: Any, threads: int, logs: Path) -> dict[str, Any]:
