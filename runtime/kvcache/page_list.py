@@ -16,6 +16,8 @@ from typing import Any, SupportsIndex
 
 import torch
 
+from runtime.kvcache.common_prefix import common_prefix_len
+
 
 class PageList(list[int]):
     """list[int] of page ids, plus `as_tensor(n)`: its first n entries as int64 (a view of a growing buffer)."""
@@ -56,10 +58,7 @@ class PageList(list[int]):
             new = list(value)
             old = list.__getitem__(self, slice(start, stop))
             if old != new:  # the prefix cache hands back the pages it already had, mostly: no change then
-                same = next(
-                    (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new))
-                )
-                self._changed_from(start + same)
+                self._changed_from(start + common_prefix_len(old, new))
             super().__setitem__(index, new)
             return
         position = 0 if isinstance(index, slice) else operator.index(index)

@@ -16,6 +16,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
+from runtime.kvcache.common_prefix import common_prefix_len
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 
@@ -81,10 +82,7 @@ class RadixCache:
 
     def _common_len(self, key: tuple[int, ...], tokens: list[int], pos: int) -> int:
         """Tokens of `key` matching tokens[pos:], rounded down to whole pages."""
-        n = 0
-        limit = min(len(key), len(tokens) - pos)
-        while n < limit and key[n] == tokens[pos + n]:
-            n += 1
+        n = common_prefix_len(key, tuple(tokens[pos : pos + len(key)]))
         return n - n % self.page_size
 
     def match_prefix(self, tokens: list[int]) -> PrefixMatch:
@@ -147,7 +145,8 @@ class RadixCache:
                 child = self._split(child, common)
             child.kv_access = now
             mine = pages[pos // ps : (pos + common) // ps]
-            dups.extend(p for p, t in zip(mine, child.pages, strict=True) if p != t)
+            if mine != child.pages:  # mostly equal (a request re-inserting the pages it got from the tree)
+                dups.extend(p for p, t in zip(mine, child.pages, strict=True) if p != t)
             tree_pages.extend(child.pages)
             node, pos = child, pos + common
         used = False

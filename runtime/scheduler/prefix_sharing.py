@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from runtime.kvcache.common_prefix import common_prefix_len
 from runtime.scheduler.request import Req
 
 # SGLang's IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD: below this gain recomputing beats waiting a step.
@@ -24,18 +25,8 @@ DEFAULT_MIN_TOKENS = 32
 
 
 def shared_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix. Binary search over slice comparisons: they run in C, a token loop does not."""
-    hi = min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    lo = 0  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """Length of the common prefix (runtime/kvcache/common_prefix.py: slice comparisons in C)."""
+    return common_prefix_len(a, b)
 
 
 def find_leader(
