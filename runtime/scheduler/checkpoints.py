@@ -5,6 +5,15 @@ A checkpoint is the state after a prompt position, cached with the KV before it:
 waiting requests asked for (prefix_sharing.py). A model that writes states mid-forward gets spare
 slots for them in the prefill forward itself; otherwise a chunk ends at each checkpoint and the request's slot is
 copied after it.
+
+The prompt's tail gets more (extra_buffer, in-forward only): the last page before its final token, so an exact
+repeat (which must compute that token for its logits) recomputes one page, not up to `interval` tokens; and a
+grid `TAIL_STEPS` times finer over its last `interval` tokens, because a later prompt that shares most of this
+one (the same document with another question, an edited last turn, a retry) branches off near its end, and
+every token between the branch and the state it resumes from is recomputed on its TTFT (peers harness, 2000 of
+2048 tokens shared, interval 64: 64 tokens recomputed instead of 48). They cost state slots (LRU-evicted like
+any checkpoint), not forwards: the model writes them during the forward it runs anyway, where a split forward
+would pay a forward each, so the split path keeps the interval grid alone.
 """
 
 from __future__ import annotations
@@ -13,6 +22,9 @@ from typing import Protocol
 
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.scheduler.request import Req
+
+# The last `interval` prompt tokens get a checkpoint every interval // TAIL_STEPS tokens (at least a page).
+TAIL_STEPS = 4
 
 
 class CheckpointSettings(Protocol):
@@ -35,13 +47,19 @@ class CheckpointPlanner:
         if mem is None or not self.cache.caching:
             return []
         interval = self.settings.checkpoint_interval
-        points = list(range((start // interval + 1) * interval, end + 1, interval)) if interval > 0 else []
-        marks = [p for p in (mem.branch_len, *req.share_points) if start < p <= end]
+        points = _grid(interval, start, end)
+        ps = self.cache.page_size
+        n = len(req.prompt_ids)
+        marks = [mem.branch_len, *req.share_points]
+        if interval > 0 and self.settings.in_forward_checkpoints and end > n - 1 - interval:
+            step = max(ps, interval // TAIL_STEPS // ps * ps)
+            marks += [p for p in _grid(step, max(start, n - 1 - interval), end) if p < n]
+            marks.append((n - 1) // ps * ps)  # an exact repeat resumes here
+        marks = [p for p in marks if start < p <= end]
         if marks:
             points = sorted({*points, *marks})
-        ps = self.cache.page_size
         # The prompt's last position is left to the end-of-request insert (prompt + output[:-1]).
-        return [p for p in points if mem.tree_len < p < len(req.prompt_ids) and p % ps == 0]
+        return [p for p in points if mem.tree_len < p < n and p % ps == 0]
 
     def ahead(self, req: Req, end: int) -> list[int]:
         """The checkpoints between what the request has computed and prompt position `end`."""
@@ -72,3 +90,8 @@ class CheckpointPlanner:
                 break
             cps.append((p - start, slot))
         return cps
+
+
+def _grid(step: int, start: int, end: int) -> list[int]:
+    """Multiples of `step` in (start, end]; none for step 0."""
+    return list(range((start // step + 1) * step, end + 1, step)) if step > 0 else []

@@ -62,13 +62,9 @@ def cores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 token = st.integers(0, VOCAB - 2)  # VOCAB-1 is EOS; ignore_eos is set anyway
-prompts_with_shared_prefixes = st.lists(
-    st.lists(token, min_size=1, max_size=30), min_size=1, max_size=3
-).flatmap(
+prompts_with_shared_prefixes = st.lists(st.lists(token, min_size=1, max_size=30), min_size=1, max_size=3).flatmap(
     lambda prefixes: st.lists(
-        st.tuples(st.sampled_from(prefixes), st.lists(token, min_size=1, max_size=12)).map(
-            lambda t: t[0] + t[1]
-        ),
+        st.tuples(st.sampled_from(prefixes), st.lists(token, min_size=1, max_size=12)).map(lambda t: t[0] + t[1]),
         min_size=2,
         max_size=5,
     )
@@ -103,7 +99,8 @@ def test_second_request_hits_the_shared_document(cores: dict[str, EngineCore]) -
     first = run_to_completion(core, [GenerateRequest("a", doc + [1, 2, 3], greedy(2))], together=False)
     second = run_to_completion(core, [GenerateRequest("b", doc + [9, 9], greedy(2))], together=False)
     assert first.final("a").cached_tokens == 0
-    assert second.final("b").cached_tokens == 40  # the checkpoint at 40 (interval 8) is the deepest <= 45
+    # The first prompt's last 8 tokens (interval 8) are checkpointed every 2: 44 is the deepest state <= 45.
+    assert second.final("b").cached_tokens == 44
 
 
 def test_pages_and_handed_over_states(cores: dict[str, EngineCore]) -> None:
@@ -111,7 +108,8 @@ def test_pages_and_handed_over_states(cores: dict[str, EngineCore]) -> None:
     core = cores["paged_single_lru"]
     assert core.scheduler.flush_cache()
     doc = [(11 * i) % (VOCAB - 1) for i in range(46)]
-    run_to_completion(core, [GenerateRequest("a", doc + [1, 2, 3], greedy(2))], together=False)
+    # "a" runs 13 tokens past the document, so its tail checkpoints (checkpoints.py) lie beyond it.
+    run_to_completion(core, [GenerateRequest("a", doc + [1, 2, 3] + [5] * 10, greedy(2))], together=False)
     states_before = core.stats().state_slots_cached
     second = run_to_completion(core, [GenerateRequest("b", doc + [9], greedy(2))], together=False)
     assert second.final("b").cached_tokens == 40

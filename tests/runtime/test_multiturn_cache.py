@@ -1,6 +1,7 @@
 """Engine level: end-of-request states (a follow-up turn hits the whole previous conversation), the no_buffer
-strategy (second request sharing a document misses, a later one hits), exact repeats, and long prompts whose
-checkpoints land on and between the kernels' chunk boundaries, all token-identical to a cache-off engine."""
+strategy (second request sharing a document misses, a later one hits), exact repeats and prompts sharing most of
+an earlier one (the tail checkpoints), and long prompts whose checkpoints land on and between the kernels' chunk
+boundaries, all token-identical to a cache-off engine."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
+from runtime.scheduler.checkpoints import TAIL_STEPS
 from tests.runtime.test_checkpoint_states import BUILDERS
 from tests.runtime.test_engine_support import (
     VOCAB,
@@ -76,17 +78,36 @@ def test_no_buffer_second_request_misses_a_later_one_hits(model_dir: Path, refer
 
 def test_exact_repeat_resumes_at_the_deepest_usable_state(model_dir: Path, reference: EngineCore) -> None:
     """A repeated prompt must compute its last token (for the logits), so the state after the whole prompt
-    (or after prompt + output) cannot serve it: the first repeat resumes from the deepest checkpoint before the
-    last token and checkpoints len - 1; later repeats resume there."""
+    (or after prompt + output) cannot serve it: the prompt's prefill checkpoints len - 1 (checkpoints.py), and
+    every repeat resumes there, computing one token."""
     core = make_core(model_dir, mamba_track_interval=16)
     prompt = _doc(45, 3)
     first, cached = _run(core, "a", prompt)
     assert cached == 0
-    again, cached = _run(core, "b", prompt)
-    assert (again, cached) == (first, 32)
-    third, cached = _run(core, "c", prompt)
-    assert (third, cached) == (first, len(prompt) - 1)
+    for rid in ("b", "c"):
+        again, cached = _run(core, rid, prompt)
+        assert (again, cached) == (first, len(prompt) - 1)
     assert first == _run(reference, "ref", prompt)[0]
+    core.check_invariants()
+
+
+@pytest.mark.parametrize("shared", [33, 40, 42, 46])
+def test_a_prompt_sharing_most_of_an_earlier_one_resumes_within_a_tail_step(
+    model_dir: Path, reference: EngineCore, shared: int
+) -> None:
+    """The same document with another question: the earlier prompt checkpointed its last `interval` tokens on a
+    grid interval // TAIL_STEPS fine, so the later one recomputes less than a tail step before its own tokens
+    (it resumed at the interval grid before: 32 of these 33-46 shared tokens)."""
+    interval = 16
+    core = make_core(model_dir, mamba_track_interval=interval)
+    doc = _doc(48, 7)
+    first = doc[:shared] + _doc(48 - shared, 11)  # differs from `second` right after the shared tokens
+    second = doc[:shared] + [5, 6, 7]
+    _run(core, "first", first)
+    tokens, cached = _run(core, "second", second)
+    step = interval // TAIL_STEPS
+    assert shared // step * step <= cached <= shared
+    assert tokens == _run(reference, "ref", second)[0]
     core.check_invariants()
 
 
