@@ -58,14 +58,14 @@ def test_drafts_after_resuming_at_branch_points_and_after_a_turn_equal_a_from_sc
         assert got.final(rid).cached_tokens == cached, rid
         return got.tokens(rid)
 
-    # "a" ends at its first token: it never drafts, yet the KV pages it caches (checkpoints at 8, 16, 24 and its
-    # end state at 32) must carry MTP K/V for the next request.
+    # "a" ends at its first token: it never drafts, yet the KV pages it caches (checkpoints at 8 and 16, its tail's
+    # 24-31 (runtime/scheduler/checkpoints.py) and its end state at 32) must carry MTP K/V for the next request.
     one("a", doc + [1, 2], 1, 0)
     # "b" resumes at a's end state (32 = doc + [1, 2]); its token 32 is its own.
     one("b", doc + [1, 2, 5, 6], 8, 32)
-    # "c" shares doc + [1] with both: resumes at 24 and checkpoints the branch point 31 (tree KV without a state).
-    one("c", doc + [1, 7, 8], 8, 24)
-    # "d" resumes at that branch point with a token 31 (9) that differs from c's (7).
+    # "c" shares doc + [1] with both: resumes at a's tail checkpoint 31 (a's prompt but its last token).
+    one("c", doc + [1, 7, 8], 8, 31)
+    # "d" resumes there too, with a token 31 (9) that differs from c's (7).
     d_out = one("d", doc + [1, 9, 3], 8, 31)
     # "e" is d's next turn: it resumes from d's end state (prompt + output[:-1]), whose last positions came from
     # accepted drafts.
