@@ -6,14 +6,14 @@ waiting requests asked for (prefix_sharing.py). A model that writes states mid-f
 slots for them in the prefill forward itself; otherwise a chunk ends at each checkpoint and the request's slot is
 copied after it.
 
-The prompt's tail gets more (extra_buffer, in-forward only): the last page before its final token, so an exact
-repeat (which must compute that token for its logits) recomputes one page, not up to `interval` tokens; and a
-grid `TAIL_STEPS` times finer over its last `interval` tokens, because a later prompt that shares most of this
-one (the same document with another question, an edited last turn, a retry) branches off near its end, and
-every token between the branch and the state it resumes from is recomputed on its TTFT (peers harness, 2000 of
-2048 tokens shared, interval 64: 64 tokens recomputed instead of 48). They cost state slots (LRU-evicted like
-any checkpoint), not forwards: the model writes them during the forward it runs anyway, where a split forward
-would pay a forward each, so the split path keeps the interval grid alone.
+The tail of a long prompt (`_has_tail`) gets more (extra_buffer, in-forward only): the last
+page before its final token, so an exact repeat (which must compute that token for its logits) recomputes one
+page, not up to `interval` tokens; and a grid `TAIL_STEPS` times finer over its last `interval` tokens, because a
+later prompt that shares most of this one (the same document with another question, an edited last turn, a
+retry) branches off near its end, and every token between the branch and the state it resumes from is recomputed
+on its TTFT (peers harness, 2000 of 2048 tokens shared, interval 64: 64 tokens recomputed instead of 48). They
+cost state slots (LRU-evicted like any checkpoint), not forwards: the model writes them during the forward it runs
+anyway, where a split forward would pay a forward each, so the split path keeps the interval grid alone.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from typing import Protocol
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.scheduler.request import Req
 
-# The last `interval` prompt tokens get a checkpoint every interval // TAIL_STEPS tokens (at least a page).
+# The last `interval` prompt tokens get a checkpoint every interval // TAIL_STEPS tokens (at least a page), in a
+# prompt that computes more than TAIL_MIN_INTERVALS intervals.
 TAIL_STEPS = 4
+TAIL_MIN_INTERVALS = 2
 
 
 class CheckpointSettings(Protocol):
@@ -51,7 +53,7 @@ class CheckpointPlanner:
         ps = self.cache.page_size
         n = len(req.prompt_ids)
         marks = [mem.branch_len, *req.share_points]
-        if interval > 0 and self.settings.in_forward_checkpoints and end > n - 1 - interval:
+        if self._has_tail(req, interval) and end > n - 1 - interval:
             step = max(ps, interval // TAIL_STEPS // ps * ps)
             marks += [p for p in _grid(step, max(start, n - 1 - interval), end) if p < n]
             marks.append((n - 1) // ps * ps)  # an exact repeat resumes here
@@ -60,6 +62,14 @@ class CheckpointPlanner:
             points = sorted({*points, *marks})
         # The prompt's last position is left to the end-of-request insert (prompt + output[:-1]).
         return [p for p in points if mem.tree_len < p < n and p % ps == 0]
+
+    def _has_tail(self, req: Req, interval: int) -> bool:
+        """Whether the prompt gets tail checkpoints: in-forward ones only, and only a long prompt, one that computes
+        more than TAIL_MIN_INTERVALS intervals. A short one (a warm hit resuming near its end, a short question)
+        keeps the interval grid and its branch point, so it still fits a compiled extend, whose graph takes one
+        checkpoint at most (runtime/engine/compiled_extend.py; its default 128 tokens are two default intervals)."""
+        computed = len(req.prompt_ids) - req.cached_tokens
+        return interval > 0 and self.settings.in_forward_checkpoints and computed > TAIL_MIN_INTERVALS * interval
 
     def ahead(self, req: Req, end: int) -> list[int]:
         """The checkpoints between what the request has computed and prompt position `end`."""
