@@ -107,7 +107,7 @@ def test_branch_point_checkpoint_caches_the_right_state(cores: tuple[EngineCore,
             checkpoints = core.scheduler.counters.state_checkpoints
             parts = ce.forwards_by_bucket.total()
             # 14 tokens past the document: a's tail checkpoints (runtime/scheduler/checkpoints.py) lie beyond it.
-            a = _run(core, f"{name}-{traced}-a", doc + [7, 8, 9] + list(range(300, 314)))
+            a = _run(core, f"{name}-{traced}-a", doc + [7, 8, 9] + [3 + j for j in range(14)])
             b = _run(core, f"{name}-{traced}-b", doc + [11, 12, 13, 14])  # resumes at 32: 8 + 4 new, branch at 8
             c = _run(core, f"{name}-{traced}-c", doc + [21, 22])  # resumes at 40: the state b's forward wrote
             results[name] = (a, b, c)
@@ -164,7 +164,8 @@ def test_mamba2_layers_write_the_checkpoint_in_the_graph(tmp_path_factory: pytes
     assert ce is not None and ce.traced_checkpoints, ce and ce.report.reason
     doc = [(13 * j + 5) % 200 + 3 for j in range(40)]
     # The first runs 17 tokens past the document, so its tail checkpoints (checkpoints.py) lie beyond it.
-    prompts = [doc + [7, 8, 9] + list(range(300, 314)), doc + [11, 12, 13, 14], doc + [21, 22], [5, 6, 7], [9] * 14]
+    first = doc + [7, 8, 9] + [3 + j for j in range(14)]
+    prompts = [first, doc + [11, 12, 13, 14], doc + [21, 22], [5, 6, 7], [9] * 14]
     runs = {}
     for name, core in (("compiled", compiled), ("eager", eager)):
         reqs = [
