@@ -111,7 +111,7 @@ def main() -> None:
                 )
             if a.profile:
                 for name, fn in fns.items():
-                    _profile(f"batch {batch} {name}", lambda fn=fn: fn(*inputs, buffers), a.calls)
+                    _profile(f"batch {batch} {name}", lambda fn=fn, inputs=inputs: fn(*inputs, buffers), a.calls)
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 
