@@ -8,9 +8,10 @@ instead of the shipped C++ one (--python-wrapper). `--profile` prints torch.prof
 per batch size (extern matmuls vs the graph's C++ kernels).
 
 `--ab` compares variants in ONE process, interleaved block by block (a shared 2-core host drifts; ratios
-within one run are what to trust): "base" is the shipped configuration, "python-wrapper" and "freezing" the
-inductor knobs, "static-params" dynamo's inline_inbuilt_nn_modules off (the weights graph attributes, not
-inputs fetched on every call). Each variant is its own compiled code object, so the graphs do not mix.
+within one run are what to trust): "shipped" is `CompiledDecode` as the engine runs it, "mark-every-call" the
+same graphs with the dynamic-dim marks set on every call (as before session 8); "base" is the shipped inductor
+options compiled again, "python-wrapper" and "freezing" the inductor knobs, each its own compiled code object,
+so the graphs do not mix.
 
 Pass the harness's pool sizes (`--context-length 16384 --max-running-requests 8`, benchmarks/peers/engines.py)
 to reuse the graphs it left in inductor's on-disk cache: the pool buffers' shapes are part of every graph.
@@ -81,7 +82,10 @@ def main() -> None:
     if a.eager:
         fns["eager"] = decode._eager
     elif a.ab:
-        fns = _variants(decode, buffers, a.ab.split(","))
+        names = a.ab.split(",")
+        if {"shipped", "mark-every-call"} & set(names):
+            print(f"shipped warm-up: {decode.warm_up(buffers)}")
+        fns = _variants(decode, buffers, names)
     else:
         t0 = time.perf_counter()
         report = decode.warm_up(buffers)
@@ -128,34 +132,42 @@ def _variants(decode: object, buffers: object, names: list[str]) -> dict[str, Ca
     out: dict[str, Callable[..., object]] = {}
     vocab = decode.model.layout().vocab_size
     for name in names:
+        if name == "shipped":
+            out[name] = decode._run
+            continue
+        if name == "mark-every-call":  # the shipped graphs, with the dynamic-dim marks set on every call
+            out[name] = lambda *inputs: (cd.mark_dynamic_dims(cd._DecodeInputs(*inputs[:6])), decode._run(*inputs))
+            continue
         options = dict(cd._INDUCTOR_OPTIONS)
         freezing = name == "freezing"
         if name == "python-wrapper":
             options["cpp_wrapper"] = False
-        elif name not in ("base", "freezing", "static-params"):
-            raise SystemExit(f"--ab: unknown variant {name!r} (base, python-wrapper, freezing, static-params)")
+        elif name not in ("base", "freezing"):
+            raise SystemExit(
+                f"--ab: unknown variant {name!r} (shipped, mark-every-call, base, python-wrapper, freezing)"
+            )
         compiled = torch.compile(
             copy_function(decode._eager, f"decode_{name.replace('-', '_')}"), fullgraph=True, options=options
         )
 
-        def run(*inputs: torch.Tensor, compiled: Callable[..., torch.Tensor] = compiled) -> torch.Tensor:
+        def run(
+            *inputs: torch.Tensor, compiled: Callable[..., torch.Tensor] = compiled, skip: bool = True
+        ) -> torch.Tensor:
             batch = inputs[0].shape[0]
             if batch > 1:
                 for t in inputs[:6]:
                     torch._dynamo.mark_dynamic(t, 0)
             torch._dynamo.mark_dynamic(inputs[4], 1)
             torch._dynamo.mark_dynamic(inputs[5], 3)
-            return run_compiled(compiled, *inputs, skip_guards=True)
+            return run_compiled(compiled, *inputs, skip_guards=skip)
 
         t0 = time.perf_counter()
         inductor_config.freezing = freezing
-        # static-params: dynamo keeps the weights as graph attributes instead of graph inputs fetched each call.
-        inline = torch._dynamo.config.patch(inline_inbuilt_nn_modules=name != "static-params")
-        with inline, torch.inference_mode(), restored(buffers, 8 * 60, 8):  # type: ignore[arg-type]
+        with torch.inference_mode(), restored(buffers, 8 * 60, 8):  # type: ignore[arg-type]
             decode._eager(*cd._warmup_inputs(1, cd._WARMUP_KV_LEN[0], vocab, decode.device), buffers)
             for batch in (1, 3):
                 for kv_len in cd._WARMUP_KV_LEN:
-                    run(*cd._warmup_inputs(batch, kv_len, vocab, decode.device), buffers)
+                    run(*cd._warmup_inputs(batch, kv_len, vocab, decode.device), buffers, skip=False)
         inductor_config.freezing = False
         print(f"variant {name}: compiled in {time.perf_counter() - t0:.1f} s")
         out[name] = run
