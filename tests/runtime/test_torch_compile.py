@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest
 from runtime.engine.compile_support import graphs_compiled as _graphs_compiled
-from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode
+from runtime.engine.compile_support import restored
+from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode, _warmup_inputs
 from runtime.engine.engine_core import EngineCore
 from runtime.models.layers.moe import Experts, swiglu, traced_experts
 from runtime.models.layers.sigmoid_moe import Relu2Experts, relu2
@@ -142,6 +143,32 @@ def test_greedy_identical_with_guards_skipped(cores: tuple[EngineCore, EngineCor
     assert cd.steps_by_batch_size.total() > before
     assert cd.threads.in_use() and set(cd.threads.in_use().values()) <= {1, 2}
     assert compiled.scheduler.stats().cache_hit_rate > 0
+
+
+def test_guard_skipped_steps_set_no_dynamic_marks(cores: tuple[EngineCore, EngineCore]) -> None:
+    """After warm-up no call compiles (the guards are skipped: torch raises instead), so a step sets no
+    dynamic-dim marks, Python work on every step's fresh inputs; with the guards evaluated it marks them for the
+    compile a step may need. Both steps run the same graph: equal logits."""
+    compiled, _ = cores
+    cd = compiled.runner.compiled_decode
+    assert cd is not None and cd.skip_guards
+    buffers = compiled.pools.buffers
+    vocab = compiled.model.layout().vocab_size
+    with torch.inference_mode(), restored(buffers, 3 * 54, 3):
+        skipped = _warmup_inputs(3, 41, vocab, cd.device)
+        logits = cd._run(*skipped, buffers)
+        assert not any(hasattr(t, "_dynamo_dynamic_indices") for t in skipped)
+    with torch.inference_mode(), restored(buffers, 3 * 54, 3):
+        cd.skip_guards = False
+        try:
+            guarded = _warmup_inputs(3, 41, vocab, cd.device)
+            graphs = _graphs_compiled()
+            again = cd._run(*guarded, buffers)
+            assert _graphs_compiled() == graphs
+        finally:
+            cd.skip_guards = True
+        assert all(hasattr(t, "_dynamo_dynamic_indices") for t in guarded)
+    torch.testing.assert_close(again, logits, rtol=0, atol=0)
 
 
 def test_extends_and_big_batches_stay_eager(cores: tuple[EngineCore, EngineCore]) -> None:
