@@ -326,6 +326,14 @@ class RuntimeArgs:
         group=OWN,
         engine=None,
     )
+    engine_process: bool = flag(
+        "--engine-process",
+        default=False,
+        help="Run the engine (scheduler, model) in its own process, apart from the HTTP server and tokenizer "
+        "(SGLang's layout): the two no longer share one GIL. Not with --disaggregation-mode.",
+        group=OWN,
+        engine=None,
+    )
     torch_compile_max_extend_tokens: int = flag(
         "--torch-compile-max-extend-tokens",
         default=DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
@@ -420,6 +428,11 @@ def _check_values(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> No
         parser.error(f"--chunked-prefill-size {ns.chunked_prefill_size}: use a positive number, or -1 to disable")
     if ns.port < 0 or ns.port > 65535:
         parser.error(f"--port {ns.port}: must be in 0..65535")
+    if ns.engine_process and ns.disaggregation_mode != "null":
+        parser.error(
+            f"--engine-process with --disaggregation-mode {ns.disaggregation_mode}: PD transfers run inside the "
+            "server's engine process; drop --engine-process"
+        )
     if not 0 <= ns.disaggregation_bootstrap_port <= 65535:
         parser.error(f"--disaggregation-bootstrap-port {ns.disaggregation_bootstrap_port}: must be 0..65535")
 
