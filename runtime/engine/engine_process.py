@@ -66,6 +66,8 @@ class ProcessEngineClient(EngineClient):
         self._stopped = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_lock = threading.Lock()  # reading without an event loop (before one is bound, at shutdown)
+        self._gone_lock = threading.Lock()
+        self._gone = False
 
     @classmethod
     def start(cls, init: EngineInit) -> ProcessEngineClient:
@@ -150,6 +152,7 @@ class ProcessEngineClient(EngineClient):
         if self._stopped:
             return
         self._stopped = True
+        self._sinks.clear()  # the event loop has ended: the final aborts' outputs have no reader left
         try:
             self._send_raw((STOP,))
         except OSError:
@@ -252,14 +255,18 @@ class ProcessEngineClient(EngineClient):
                 logger.exception("step listener failed")
 
     def _engine_gone(self, code: int | None) -> None:
-        """The engine process died or closed its end: fail everything it had, as a dead engine thread does."""
+        """The engine process died or closed its end: fail everything it had, as a dead engine thread does.
+        Once: the event loop (closed socket) and a caller of `failure()` may both find it gone."""
+        with self._gone_lock:
+            if self._gone:
+                return
+            self._gone = True
         if self._failure is None:
             how = "exited" if code is None or code >= 0 else f"was killed by signal {-code}"
             self._failure = f"the engine process {how}" + (f" (exit code {code})" if code and code > 0 else "")
             logger.critical("%s", self._failure)
         message = f"The engine stopped: {self._failure}"
-        pending = [_pending(rid) for rid in self._sinks]
-        self._deliver([abort_output(req, message, 503) for req in pending])
+        self._deliver([abort_output(_pending(rid), message, 503) for rid in list(self._sinks)])
         for future in list(self._calls.values()):
             if not future.done():
                 future.set_exception(RuntimeError(message))
