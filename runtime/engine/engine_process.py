@@ -3,8 +3,8 @@ tokenizer and detokenizer apart from the scheduler and model).
 
 In the one-process layout the engine thread and the event loop share a GIL: a compiled forward's fused kernels
 hold it, the loop's callbacks hold it, and each waits for the other. Here the engine runs in its own process
-(runtime/engine/engine_worker.py) and this client talks to it over one socket pair: requests and commands go
-out, one message per engine step comes back with all of that step's outputs, plus the stats snapshot when it
+(runtime/engine/engine_worker.py) and this client talks to it over a socket pair per direction: requests and
+commands go out, one message per engine step comes back with all of that step's outputs, plus the stats snapshot when it
 changed (so /metrics, /health and /server_info read a local copy) and the failure reason. The event loop reads
 the socket itself (`loop.add_reader`, bound by the server's bridge through `bind_event_loop`): no extra thread,
 and `on_output` callbacks and step listeners run on the event loop thread.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import socket
 import subprocess
 import sys
@@ -26,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from multiprocessing.connection import Connection
 from typing import Any
 
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
@@ -41,8 +41,10 @@ from runtime.engine.wire import (
     STEP,
     STOP,
     EngineInit,
+    FrameReader,
     GrammarSpec,
     abort_output,
+    frame,
 )
 
 logger = logging.getLogger("runtime.engine")
@@ -52,9 +54,15 @@ _CALL_TIMEOUT_S = 60.0
 
 
 class ProcessEngineClient(EngineClient):
-    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection, stats: EngineStats, resolved: dict[str, Any]):
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        channels: tuple[socket.socket, socket.socket, FrameReader],
+        stats: EngineStats,
+        resolved: dict[str, Any],
+    ) -> None:
         self._proc = proc
-        self._conn = conn
+        self._commands, self._out, self._reader = channels  # out: non-blocking, read on the event loop
         self._send_lock = threading.Lock()  # the event loop sends requests, worker threads send flushes
         self._stats = stats
         self._resolved = resolved
@@ -64,6 +72,7 @@ class ProcessEngineClient(EngineClient):
         self._next_call = 0
         self._failure: str | None = None
         self._stopped = False
+        self._closed = False  # the engine's end of `out` closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_lock = threading.Lock()  # reading without an event loop (before one is bound, at shutdown)
         self._gone_lock = threading.Lock()
@@ -73,23 +82,29 @@ class ProcessEngineClient(EngineClient):
     def start(cls, init: EngineInit) -> ProcessEngineClient:
         """Start the engine process and wait until its engine is built; RuntimeError with its one-line reason
         when it cannot start."""
-        ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-m", "runtime.engine.engine_worker", str(theirs.fileno())]
-        proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),))  # same stdout/stderr: one log
-        theirs.close()
-        conn = Connection(ours.detach())
+        commands, their_commands = socket.socketpair()
+        out, their_out = socket.socketpair()
+        fds = (their_commands.fileno(), their_out.fileno())
+        cmd = [sys.executable, "-m", "runtime.engine.engine_worker", *map(str, fds)]
+        proc = subprocess.Popen(cmd, pass_fds=fds)  # same stdout/stderr: one log
+        their_commands.close()
+        their_out.close()
+        out.setblocking(False)
+        reader = FrameReader()
         try:
-            conn.send(init)
-            message = _wait_for_message(proc, conn)
+            commands.sendall(frame(init))
+            message = _wait_for_message(proc, out, reader)
         except BaseException:
             _stop_process(proc)
-            conn.close()
+            commands.close()
+            out.close()
             raise
         if message[0] == READY:
             logger.info("Engine process started (pid %d)", proc.pid)
-            return cls(proc, conn, message[1], message[2])
+            return cls(proc, (commands, out, reader), message[1], message[2])
         _stop_process(proc)
-        conn.close()
+        commands.close()
+        out.close()
         if message[0] == STARTUP_ERROR:
             raise RuntimeError(message[1])
         raise RuntimeError(f"the engine process sent {message[0]!r} before it was ready")
@@ -106,7 +121,7 @@ class ProcessEngineClient(EngineClient):
         if self._loop is not None:
             return
         self._loop = loop
-        loop.add_reader(self._conn.fileno(), self._read_available)
+        loop.add_reader(self._out.fileno(), self._read_available)
 
     def add_request(self, req: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
         self._check_running()
@@ -162,9 +177,10 @@ class ProcessEngineClient(EngineClient):
         while self._proc.poll() is None and time.monotonic() < deadline:
             self._read_blocking(0.1)
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._conn.fileno())
+            self._loop.remove_reader(self._out.fileno())
         _stop_process(self._proc)
-        self._conn.close()
+        self._commands.close()
+        self._out.close()
 
     # -- the channel -----------------------------------------------------------------------------------------
 
@@ -184,8 +200,9 @@ class ProcessEngineClient(EngineClient):
             raise RuntimeError(f"the engine is not running: {self._failure}") from None
 
     def _send_raw(self, message: tuple[Any, ...]) -> None:
+        data = frame(message)
         with self._send_lock:
-            self._conn.send(message)
+            self._commands.sendall(data)
 
     def _call(self, kind: str) -> Any:
         """Send a command and wait for its reply (from a worker thread, never the event loop's)."""
@@ -206,23 +223,32 @@ class ProcessEngineClient(EngineClient):
         return future.result(timeout=_CALL_TIMEOUT_S)
 
     def _read_available(self) -> None:
-        """Event loop: handle every message that has arrived."""
-        try:
-            while self._conn.poll():
-                self._handle(self._conn.recv())
-        except (EOFError, OSError):
-            if self._loop is not None:
-                self._loop.remove_reader(self._conn.fileno())
-            if not self._stopped:
-                self._engine_gone(_exit_code(self._proc))
+        """Event loop (or a reader holding `_read_lock`): handle every message that has arrived."""
+        while not self._closed:
+            try:
+                data = self._out.recv(1 << 20)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._closed = True
+                if self._loop is not None and not self._loop.is_closed():
+                    self._loop.remove_reader(self._out.fileno())
+                if not self._stopped:
+                    self._engine_gone(_exit_code(self._proc))
+                return
+            for message in self._reader.feed(data):
+                self._handle(message)
 
     def _read_blocking(self, timeout: float) -> None:
         with self._read_lock:
-            try:
-                if self._conn.poll(timeout):
-                    self._handle(self._conn.recv())
-            except (EOFError, OSError):
-                time.sleep(timeout)  # closed: the process is exiting; the caller polls it
+            if self._closed:
+                time.sleep(timeout)  # the process is exiting; the caller polls it
+                return
+            readable, _, _ = select.select([self._out], [], [], timeout)
+            if readable:
+                self._read_available()
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -285,15 +311,22 @@ def _pending(rid: str) -> GenerateRequest:
     return GenerateRequest(rid=rid, input_ids=[])
 
 
-def _wait_for_message(proc: subprocess.Popen[bytes], conn: Connection) -> tuple[Any, ...]:
+def _wait_for_message(proc: subprocess.Popen[bytes], out: socket.socket, reader: FrameReader) -> tuple[Any, ...]:
     """The engine process's first message; RuntimeError if it exits first. Start-up (a compile) may take long."""
     while True:
-        try:
-            if conn.poll(0.5):
-                message: tuple[Any, ...] = conn.recv()
-                return message
-        except (EOFError, OSError):
-            time.sleep(0.1)  # closed: it is exiting
+        readable, _, _ = select.select([out], [], [], 0.5)
+        if readable:
+            try:
+                data = out.recv(1 << 20)
+            except BlockingIOError:
+                data = None
+            if data:
+                messages = reader.feed(data)
+                if messages:
+                    first: tuple[Any, ...] = messages[0]
+                    return first
+            elif data == b"":
+                time.sleep(0.1)  # closed: it is exiting
         code = proc.poll()
         if code is not None:
             raise RuntimeError(f"the engine process exited during start-up (exit code {code}); see the log above")

@@ -1,6 +1,8 @@
-"""The engine process of the process layout (`--engine-process`): `python -m runtime.engine.engine_worker FD`.
+"""The engine process of the process layout (`--engine-process`):
+`python -m runtime.engine.engine_worker CMD_FD OUT_FD`.
 
-The server process (runtime/engine/engine_process.py) starts this with one end of a socket pair as FD. Here the
+The server process (runtime/engine/engine_process.py) starts this with one end of two socket pairs: commands
+come in on CMD_FD, messages go out on OUT_FD. Here the
 engine runs exactly as in the one-process layout, `ThreadedEngineClient`'s loop on its own thread (which builds
 the model: the OpenMP start-up rule in engine_thread.py), so this process holds no HTTP, tokenizer or event loop
 and the engine thread shares its GIL only with this module's command reader, which sleeps in `recv` between
@@ -16,9 +18,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 import threading
-from multiprocessing.connection import Connection
 from typing import Any
 
 from runtime.core.requests import RequestOutput
@@ -32,7 +34,10 @@ from runtime.engine.wire import (
     STEP,
     STOP,
     EngineInit,
+    FrameReader,
     abort_output,
+    frame,
+    recv_blocking,
 )
 
 logger = logging.getLogger("runtime.engine")
@@ -41,8 +46,8 @@ logger = logging.getLogger("runtime.engine")
 class _Outbox:
     """Collects a step's outputs on the engine thread and sends them as one message when the step ends."""
 
-    def __init__(self, conn: Connection, engine: Any) -> None:
-        self.conn = conn
+    def __init__(self, out: socket.socket, engine: Any) -> None:
+        self.out = out
         self.engine = engine  # ThreadedEngineClient (torch is imported only once the process runs)
         self.lock = threading.Lock()  # the engine thread sends steps, the command reader sends replies
         self._outputs: list[RequestOutput] = []
@@ -65,14 +70,15 @@ class _Outbox:
         self.send((STEP, outputs, stats, failure if new_failure else None))
 
     def send(self, message: tuple[Any, ...]) -> None:
+        data = frame(message)
         try:
             with self.lock:
-                self.conn.send(message)
+                self.out.sendall(data)
         except OSError:  # the server is gone; the command reader sees the closed socket and stops the engine
             pass
 
 
-def _start(conn: Connection, init: EngineInit) -> Any:
+def _start(out: socket.socket, init: EngineInit) -> Any:
     """Build the engine; None (after telling the server why) when it cannot start."""
     import torch
 
@@ -87,7 +93,7 @@ def _start(conn: Connection, init: EngineInit) -> Any:
     except BaseException as e:  # noqa: BLE001 - reported to the server, which prints one line and exits 2
         logger.debug("engine start-up failed", exc_info=True)
         text = str(e).strip()
-        conn.send((STARTUP_ERROR, text.splitlines()[0] if text else type(e).__name__))
+        out.sendall(frame((STARTUP_ERROR, text.splitlines()[0] if text else type(e).__name__)))
         return None
 
 
@@ -102,54 +108,65 @@ def _add(engine: Any, outbox: _Outbox, request: Any, grammars: Any) -> None:
         outbox.send((STEP, [abort_output(request, str(e), status)], None, None))
 
 
-def serve(conn: Connection) -> int:
+def serve(commands: socket.socket, out: socket.socket) -> int:
     """Run the engine until told to stop or the server goes away; the process exit code."""
-    init: EngineInit = conn.recv()
+    reader = FrameReader()
+    init: EngineInit = recv_blocking(commands, reader)[0]
     logging.basicConfig(
         level=init.log_level.upper(), format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
         stream=sys.stdout,
     )  # fmt: skip
-    engine = _start(conn, init)
+    engine = _start(out, init)
     if engine is None:
         return 2
     from runtime.engine.engine_grammars import EngineGrammars
 
     grammars = EngineGrammars(init.grammar)
-    outbox = _Outbox(conn, engine)
+    outbox = _Outbox(out, engine)
     engine.add_step_listener(outbox.step_done)
     outbox.send((READY, engine.stats(), engine.resolved_args()))
-    while True:
+    running = True
+    while running:
         try:
-            message = conn.recv()
+            messages = recv_blocking(commands, reader)
         except (EOFError, OSError):
             logger.info("the server closed the engine's channel; stopping the engine")
             break
-        kind = message[0]
-        if kind == ADD:
-            _add(engine, outbox, message[1], grammars)
-        elif kind == ABORT:
-            try:
-                engine.abort(message[1])
-            except RuntimeError:
-                pass  # the engine stopped: its requests were finished already
-        elif kind == FLUSH:
-            try:
-                outbox.send((REPLY, message[1], True, engine.flush_cache()))
-            except RuntimeError as e:
-                outbox.send((REPLY, message[1], False, str(e)))
-        elif kind == STOP:
-            break
+        for message in messages:
+            if not _command(engine, outbox, grammars, message):
+                running = False
+                break
     engine.shutdown()  # aborts what still runs; its final outputs go out through the step listener
-    conn.close()
+    out.close()
     return 0
+
+
+def _command(engine: Any, outbox: _Outbox, grammars: Any, message: tuple[Any, ...]) -> bool:
+    """Apply one command; False for "stop"."""
+    kind = message[0]
+    if kind == ADD:
+        _add(engine, outbox, message[1], grammars)
+    elif kind == ABORT:
+        try:
+            engine.abort(message[1])
+        except RuntimeError:
+            pass  # the engine stopped: its requests were finished already
+    elif kind == FLUSH:
+        try:
+            outbox.send((REPLY, message[1], True, engine.flush_cache()))
+        except RuntimeError as e:
+            outbox.send((REPLY, message[1], False, str(e)))
+    elif kind == STOP:
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: python -m runtime.engine.engine_worker FD (started by the server)", file=sys.stderr)
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        print("usage: python -m runtime.engine.engine_worker CMD_FD OUT_FD (started by the server)", file=sys.stderr)
         return 2
-    return serve(Connection(int(argv[0])))
+    return serve(socket.socket(fileno=int(argv[0])), socket.socket(fileno=int(argv[1])))
 
 
 if __name__ == "__main__":

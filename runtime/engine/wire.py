@@ -1,6 +1,8 @@
-"""What crosses between the server process and the engine process (`--engine-process`): message kinds and the
-values that are not already plain dataclasses. Every message is a tuple whose first item is its kind; both
-ends pickle them over one `multiprocessing.connection.Connection` (a socket pair, one per server).
+"""What crosses between the server process and the engine process (`--engine-process`): message kinds, the
+values that are not already plain dataclasses, and the framing. Every message is a tuple whose first item is its
+kind, pickled and sent as one length-prefixed frame; one socket pair per direction, so the server reads the
+engine's messages from a non-blocking socket on its event loop (one `recv` per wake-up for all that arrived)
+while its commands go out on a blocking one.
 
 Server -> engine: (ADD, GenerateRequest), (ABORT, rid), (FLUSH, call_id), (STOP,); the first message is an
 `EngineInit`. Engine -> server: (READY, EngineStats, resolved_args), (STARTUP_ERROR, one line),
@@ -12,6 +14,9 @@ No torch here: the server side imports this.
 
 from __future__ import annotations
 
+import pickle
+import socket
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,3 +61,46 @@ def abort_output(req: GenerateRequest, message: str, status_code: int) -> Reques
     )
     reason = {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
     return RequestOutput(req.rid, [], True, reason, len(req.input_ids), 0, 0)
+
+
+_HEADER = struct.Struct("!Q")  # payload length
+
+
+def frame(message: tuple[Any, ...] | EngineInit) -> bytes:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Reassembles frames from whatever pieces a stream socket hands over."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        """The messages completed by `data`, in order (a partial frame waits for the next piece)."""
+        buf = self._buffer
+        buf += data
+        out: list[Any] = []
+        pos, size = 0, len(buf)
+        while size - pos >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(buf, pos)
+            end = pos + _HEADER.size + length
+            if end > size:
+                break
+            out.append(pickle.loads(buf[pos + _HEADER.size : end]))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return out
+
+
+def recv_blocking(sock: socket.socket, reader: FrameReader) -> list[Any]:
+    """At least one message from a blocking socket; EOFError once the other end closed."""
+    while True:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise EOFError("the other end closed the channel")
+        messages = reader.feed(data)
+        if messages:
+            return messages
