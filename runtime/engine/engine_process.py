@@ -45,6 +45,7 @@ from runtime.engine.wire import (
     GrammarSpec,
     abort_output,
     frame,
+    outputs,
 )
 
 logger = logging.getLogger("runtime.engine")
@@ -253,12 +254,12 @@ class ProcessEngineClient(EngineClient):
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == STEP:
-            _, outputs, stats, failure = message
+            _, output_rows, stats, failure = message
             if stats is not None:
-                self._stats = stats
+                self._stats = EngineStats(*stats)
             if failure is not None and self._failure is None:
                 self._failure = failure
-            self._deliver(outputs)
+            self._deliver(outputs(output_rows))
         elif kind == REPLY:
             _, call_id, ok, value = message
             future = self._calls.pop(call_id, None)

@@ -38,6 +38,8 @@ from runtime.engine.wire import (
     abort_output,
     frame,
     recv_blocking,
+    rows,
+    stats_row,
 )
 
 logger = logging.getLogger("runtime.engine")
@@ -64,10 +66,10 @@ class _Outbox:
         if not self._outputs and version == self._stats_version and not new_failure:
             return
         outputs, self._outputs = self._outputs, []
-        stats = self.engine.stats() if version != self._stats_version else None
+        stats = stats_row(self.engine.stats()) if version != self._stats_version else None
         self._stats_version = version
         self._failure_sent = self._failure_sent or new_failure
-        self.send((STEP, outputs, stats, failure if new_failure else None))
+        self.send((STEP, rows(outputs), stats, failure if new_failure else None))
 
     def send(self, message: tuple[Any, ...]) -> None:
         data = frame(message)
@@ -105,7 +107,7 @@ def _add(engine: Any, outbox: _Outbox, request: Any, grammars: Any) -> None:
         engine.add_request(request, outbox.on_output)
     except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
         status = 503 if engine.failure() is not None else 400
-        outbox.send((STEP, [abort_output(request, str(e), status)], None, None))
+        outbox.send((STEP, rows([abort_output(request, str(e), status)]), None, None))
 
 
 def serve(commands: socket.socket, out: socket.socket) -> int:
