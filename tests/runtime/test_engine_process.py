@@ -272,3 +272,20 @@ def test_engine_process_with_pd_is_refused_in_one_line(demo_model_dir: Path) -> 
     assert r.stderr.count("\n") == 1, r.stderr
     assert "--engine-process with --disaggregation-mode prefill" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_frames_split_anywhere_reassemble_in_order() -> None:
+    """A stream socket hands over any split of the frames; the reader yields each message once, in order."""
+    from runtime.core.requests import EngineStats, RequestOutput
+    from runtime.engine.wire import STEP, FrameReader, frame, outputs, rows, stats_row
+
+    sent = [RequestOutput(f"r{i}", [i, i + 1], i % 2 == 0, None, 10, i, 0) for i in range(5)]
+    stats = EngineStats(num_running_reqs=3, token_usage=0.25, mamba_radix_cache_strategy="extra_buffer")
+    data = frame((STEP, rows(sent[:2]), stats_row(stats), None)) + frame((STEP, rows(sent[2:]), None, "boom"))
+    for piece in (1, 7, len(data)):
+        reader = FrameReader()
+        got = [m for i in range(0, len(data), piece) for m in reader.feed(data[i : i + piece])]
+        assert [m[0] for m in got] == [STEP, STEP]
+        assert outputs(got[0][1]) + outputs(got[1][1]) == sent
+        assert EngineStats(*got[0][2]) == stats
+        assert got[1][2] is None and got[1][3] == "boom"
