@@ -204,12 +204,13 @@ def main() -> None:
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"error: {args.model} is not a model directory (build it: python benchmarks/peers/run.py)")
     flags_a, flags_b = [*args.runtime_arg, *args.runtime_arg_a], [*args.runtime_arg, *args.runtime_arg_b]
-    servers = [
-        start(args.label_a, args.a.resolve(), args.model, args.threads, flags_a, parse_env(args.env_a)),
-        start(args.label_b, args.b.resolve(), args.model, args.threads, flags_b, parse_env(args.env_b)),
-    ]
+    # One after the other: with --enable-torch-compile the second then finds the first's graphs in inductor's
+    # cache instead of compiling them at the same time on the same cores.
+    servers = [start(args.label_a, args.a.resolve(), args.model, args.threads, flags_a, parse_env(args.env_a))]
     rng = random.Random(0)
     try:
+        wait_healthy(servers[0])
+        servers.append(start(args.label_b, args.b.resolve(), args.model, args.threads, flags_b, parse_env(args.env_b)))
         for s in servers:
             wait_healthy(s)
             asyncio.run(single(s.url, [rng.randrange(10, 4000) for _ in range(PROMPT)], 32))  # warm-up
