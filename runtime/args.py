@@ -428,11 +428,6 @@ def _check_values(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> No
         parser.error(f"--chunked-prefill-size {ns.chunked_prefill_size}: use a positive number, or -1 to disable")
     if ns.port < 0 or ns.port > 65535:
         parser.error(f"--port {ns.port}: must be in 0..65535")
-    if ns.engine_process and ns.disaggregation_mode != "null":
-        parser.error(
-            f"--engine-process with --disaggregation-mode {ns.disaggregation_mode}: PD transfers run inside the "
-            "server's engine process; drop --engine-process"
-        )
     if not 0 <= ns.disaggregation_bootstrap_port <= 65535:
         parser.error(f"--disaggregation-bootstrap-port {ns.disaggregation_bootstrap_port}: must be 0..65535")
 

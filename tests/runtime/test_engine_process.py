@@ -4,7 +4,7 @@ What crosses the process boundary is checked through the real HTTP API: generate
 abort mid-stream, structured output (grammars compiled in the engine process), /metrics and /health from the
 stats the engine process sends, greedy output token-identical to the one-process layout. And the lifecycle:
 the engine process killed -> /health fails and the server exits 1; SIGTERM -> no engine process left; the
-server killed -> its engine process stops by itself; PD with --engine-process refused at the command line.
+server killed -> its engine process stops by itself; PD with --engine-process refused at start-up, one line.
 """
 
 from __future__ import annotations
