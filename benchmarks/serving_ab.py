@@ -16,8 +16,11 @@ switch counts move much less with the host's load than tok/s.
 
     python benchmarks/serving_ab.py --a TREE_A --b TREE_B [--model DIR] [--rounds 6] [--tokens 256]
         [--concurrency 8] [--conc-tokens 128] [--threads 2] [--runtime-arg=FLAG ...] [--env-b KEY=VALUE ...]
+        [--runtime-arg-a=FLAG ...] [--runtime-arg-b=FLAG ...]
 
---env-a / --env-b set environment variables on one side only (an A/B of a setting in one tree).
+--env-a / --env-b set environment variables on one side only, --runtime-arg-a / --runtime-arg-b flags (an A/B
+of a setting in one tree: `--a . --runtime-arg-b=--engine-process`). With `--engine-process` the engine thread
+and "other" threads include the engine process's; "server proc" / "engine proc" CPU split the total by process.
 """
 
 from __future__ import annotations
@@ -82,17 +85,33 @@ def wait_healthy(s: Server, timeout: float = 1800.0) -> None:
     raise SystemExit(f"server {s.label} not healthy after {timeout:.0f}s; log {s.log}")
 
 
-def thread_stats(pid: int) -> dict[str, tuple[int, int, int]]:
-    """tid -> (ns on a CPU, ns runnable waiting for a CPU, involuntary context switches)."""
+def process_tree(pid: int) -> list[int]:
+    """pid and its descendants (the engine process of `--engine-process`)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                todo.extend(int(c) for c in task.read_text().split())
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def thread_stats(pid: int) -> dict[str, tuple[int, int, int, int]]:
+    """tid -> (ns on a CPU, ns runnable waiting for a CPU, involuntary context switches, its process's pid), for
+    every thread of the server process and of its child processes."""
     out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            cpu, runq = (int(x) for x in (task / "schedstat").read_text().split()[:2])
-            status = (task / "status").read_text()
-            nvcsw = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-        out[task.name] = (cpu, runq, nvcsw)
+    for proc in process_tree(pid):
+        for task in Path(f"/proc/{proc}/task").iterdir():
+            try:
+                cpu, runq = (int(x) for x in (task / "schedstat").read_text().split()[:2])
+                status = (task / "status").read_text()
+                nvcsw = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            out[task.name] = (cpu, runq, nvcsw, proc)
     return out
 
 
@@ -117,7 +136,10 @@ def measure(s: Server, workload: str, run: object) -> None:
     before, t0 = thread_stats(pid), time.perf_counter()
     tok_s, tokens = asyncio.run(run)  # type: ignore[arg-type]
     after, wall = thread_stats(pid), time.perf_counter() - t0
-    deltas = {tid: tuple(a - b for a, b in zip(after[tid], before[tid], strict=True)) for tid in after if tid in before}
+    deltas = {tid: tuple(a - b for a, b in zip(after[tid][:3], before[tid][:3], strict=True))
+              for tid in after if tid in before}  # fmt: skip
+    server_cpu = sum(d[0] for tid, d in deltas.items() if after[tid][3] == pid)
+    engine_proc_cpu = sum(d[0] for tid, d in deltas.items() if after[tid][3] != pid)  # --engine-process only
     loop = deltas.pop(str(pid), (0, 0, 0))
     engine_tid = max(deltas, key=lambda t: deltas[t][0])  # the engine thread does most of the work
     engine = deltas.pop(engine_tid)
@@ -131,6 +153,9 @@ def measure(s: Server, workload: str, run: object) -> None:
         ("engine blocked ms", (wall * 1e9 - engine[0] - engine[1]) / 1e6 / tokens),
         ("loop CPU ms", loop[0] / 1e6 / tokens),
         ("other CPU ms", rest_cpu / 1e6 / tokens),
+        ("server proc CPU ms", server_cpu / 1e6 / tokens),
+        ("engine proc CPU ms", engine_proc_cpu / 1e6 / tokens),
+        ("load average (1 min)", os.getloadavg()[0]),
     ):
         per.setdefault(key, []).append(value)
 
@@ -171,17 +196,21 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--conc-tokens", type=int, default=128)
     ap.add_argument("--runtime-arg", action="append", default=[], metavar="ARG", help="one more flag, both servers")
+    ap.add_argument("--runtime-arg-a", action="append", default=[], metavar="ARG", help="one more flag, A only")
+    ap.add_argument("--runtime-arg-b", action="append", default=[], metavar="ARG", help="one more flag, B only")
     ap.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"error: {args.model} is not a model directory (build it: python benchmarks/peers/run.py)")
-    servers = [
-        start(args.label_a, args.a.resolve(), args.model, args.threads, args.runtime_arg, parse_env(args.env_a)),
-        start(args.label_b, args.b.resolve(), args.model, args.threads, args.runtime_arg, parse_env(args.env_b)),
-    ]
+    flags_a, flags_b = [*args.runtime_arg, *args.runtime_arg_a], [*args.runtime_arg, *args.runtime_arg_b]
+    # One after the other: with --enable-torch-compile the second then finds the first's graphs in inductor's
+    # cache instead of compiling them at the same time on the same cores.
+    servers = [start(args.label_a, args.a.resolve(), args.model, args.threads, flags_a, parse_env(args.env_a))]
     rng = random.Random(0)
     try:
+        wait_healthy(servers[0])
+        servers.append(start(args.label_b, args.b.resolve(), args.model, args.threads, flags_b, parse_env(args.env_b)))
         for s in servers:
             wait_healthy(s)
             asyncio.run(single(s.url, [rng.randrange(10, 4000) for _ in range(PROMPT)], 32))  # warm-up
@@ -204,7 +233,8 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(s.proc.pid, signal.SIGKILL)
     print(f"A = {servers[0].tree}, B = {servers[1].tree}; flags: {' '.join(args.runtime_arg) or 'default'}, "
-          f"--num-threads {args.threads}")  # fmt: skip
+          f"--num-threads {args.threads}; A only: {' '.join(args.runtime_arg_a) or '-'}, "
+          f"B only: {' '.join(args.runtime_arg_b) or '-'}")  # fmt: skip
     report(servers)
 
 

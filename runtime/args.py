@@ -326,6 +326,14 @@ class RuntimeArgs:
         group=OWN,
         engine=None,
     )
+    engine_process: bool = flag(
+        "--engine-process",
+        default=False,
+        help="Run the engine (scheduler, model) in its own process, apart from the HTTP server and tokenizer "
+        "(SGLang's layout): the two no longer share one GIL. Not with --disaggregation-mode.",
+        group=OWN,
+        engine=None,
+    )
     torch_compile_max_extend_tokens: int = flag(
         "--torch-compile-max-extend-tokens",
         default=DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,

@@ -47,6 +47,11 @@ def preflight(args: RuntimeArgs) -> None:
             "enable_elastic_memory_pool with speculative decoding: the draft state sandbox lives outside the "
             "elastic buffer; turn one of them off (--enable-elastic-memory-pool / --speculative-algorithm)."
         )
+    if args.engine_process and args.disaggregation_mode != "null":
+        raise PreflightError(
+            f"--engine-process with --disaggregation-mode {args.disaggregation_mode}: PD's transfers run on the "
+            "engine thread of the server's own process; drop --engine-process ([extra_engine_args] in config.toml)."
+        )
     page = args.page_size or 1
     interval = args.mamba_track_interval or DEFAULT_MAMBA_TRACK_INTERVAL
     if interval % page:

@@ -102,6 +102,14 @@ def _refused_config_keys(cfg: HybridConfig) -> list[tuple[str, bool, str, str]]:
                 * cfg.config.cache.radix_cache_page_size),
             "mamba_track_interval must be a multiple of radix_cache_page_size, prefix cache on or off",
         ),
+        (
+            "extra_engine_args.engine-process",
+            cfg.config.pd.enable_pd_disaggregation
+            and cfg.config.extra_engine_args.get("engine-process") not in (None, False),
+            "false",
+            "PD's transfers run on the engine thread of the server's own process, so --engine-process and PD "
+            "cannot run together (runtime/preflight.py)",
+        ),
     ]
 
 

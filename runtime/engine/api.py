@@ -1,8 +1,9 @@
 """The engine's public API: what the HTTP server (and tests) use to drive the engine (`start_engine` in
 engine_thread.py returns one).
 
-The engine loop runs in its own thread. `EngineClient` methods are thread-safe; `on_output` callbacks are
-called FROM THE ENGINE THREAD (an asyncio server hops back with `loop.call_soon_threadsafe`, once per step:
+The engine loop runs in its own thread (or its own process: engine_process.py). `EngineClient` methods are
+thread-safe; `on_output` callbacks are called FROM THE ENGINE THREAD (the process layout: from the event loop
+bound with `bind_event_loop`) (an asyncio server hops back with `loop.call_soon_threadsafe`, once per step:
 see `EngineClient.add_step_listener`). Every request
 gets exactly one `RequestOutput` with `finished=True`, whatever happens to it (stop, length, abort, allocation
 failure).
@@ -11,9 +12,12 @@ failure).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class EngineClient:
@@ -28,6 +32,11 @@ class EngineClient:
         per step. True when every `on_output` call comes from that thread and is followed by such a call; False
         (this default) when the client makes no such promise: act on each output as it comes."""
         return False
+
+    def bind_event_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The server's event loop, once it runs (called on that loop's thread). A client that reads its engine
+        from the loop itself (the process layout) calls `on_output` and the step listeners on that thread; the
+        default, engine-thread clients, ignore it."""
 
     def abort(self, rid: str) -> None:
         """Free everything the request holds; it finishes with type "abort". Unknown rid: no-op."""

@@ -44,6 +44,7 @@ class ThreadedEngineClient(EngineClient):
         self._stats = core.stats()
         self._stats_key = self._request_set_key()
         self._stats_time = time.monotonic()
+        self._stats_version = 0  # bumped with every new snapshot (the process layout forwards only new ones)
         self._resolved = core.resolved_args()
         self._stopped = False
         self._failure: str | None = None  # why the engine loop died (it never should)
@@ -100,6 +101,11 @@ class ThreadedEngineClient(EngineClient):
 
     def resolved_args(self) -> dict[str, Any]:
         return dict(self._resolved)
+
+    @property
+    def stats_version(self) -> int:
+        """Changes whenever `stats()` would return a new snapshot."""
+        return self._stats_version
 
     def failure(self) -> str | None:
         if self._failure is None and not self._stopped and not self._thread.is_alive():
@@ -253,6 +259,7 @@ class ThreadedEngineClient(EngineClient):
         self._stats_key, self._stats_time = key, now
         with self._stats_lock:
             self._stats = stats
+            self._stats_version += 1
 
 
 def start_engine(args: EngineArgs) -> ThreadedEngineClient:

@@ -42,9 +42,10 @@ class GrammarError(ValueError):
 class RequestGrammar:
     """One request's grammar state: an llguidance matcher advanced by the tokens the request emitted."""
 
-    def __init__(self, matcher: LLMatcher, kind: str) -> None:
+    def __init__(self, matcher: LLMatcher, kind: str, source: str = "") -> None:
         self.matcher = matcher
         self.kind = kind
+        self.source = source  # the constraint's text: what the process layout sends to the engine process
         self.consumed = 0  # tokens the matcher holds (what `rollback` may undo)
 
     def accept(self, token: int) -> bool:
@@ -64,7 +65,7 @@ class RequestGrammar:
 
     def fork(self) -> RequestGrammar:
         """An independent copy in the same state (n > 1 continuations each need their own)."""
-        copy = RequestGrammar(self.matcher.deep_copy(), self.kind)
+        copy = RequestGrammar(self.matcher.deep_copy(), self.kind, self.source)
         copy.consumed = self.consumed
         return copy
 
@@ -133,7 +134,7 @@ class GrammarBackend:
                 self._cache[key] = template
                 while len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return RequestGrammar(template.deep_copy(), kind)
+        return RequestGrammar(template.deep_copy(), kind, source)
 
 
 # -- masks -------------------------------------------------------------------------------------------------------

@@ -4,9 +4,11 @@ The engine loop runs in its own thread and calls `on_output` there. Waking the e
 during which the engine thread lets go of the GIL, and the woken loop takes it: woken per output, the loop would
 handle each token while the engine thread waits. So outputs are queued, and the loop is woken once per engine
 step (`EngineClient.add_step_listener`) to drain all of them, for every request; a client without step notices
-gets a wake-up per output, coalesced while one is pending. Whatever ends an HTTP exchange early (client
-disconnect, error, server shutdown) goes through `RequestGroup.close()`, which aborts the unfinished requests so
-their KV pages and state slots go back to the pools.
+gets a wake-up per output, coalesced while one is pending. In the process layout (`--engine-process`) the event
+loop itself reads each step's outputs from the engine process and drains them at once, with no wake-up.
+Whatever ends an HTTP exchange early (client disconnect, error, server shutdown) goes through
+`RequestGroup.close()`, which aborts the unfinished requests so their KV pages and state slots go back to the
+pools.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
@@ -36,8 +39,10 @@ class AsyncEngine:
         # Filled by the engine thread (or a PD fetch thread), drained on the event loop.
         self._inbox: collections.deque[tuple[OutputSink, RequestOutput]] = collections.deque()
         self._wake_pending = False
+        self._loop_thread = threading.get_ident()  # built on the event loop (ServerContext.engine)
         # True: outputs come from the engine thread only, each step followed by _step_done; wake up once per step.
         self._per_step = client.add_step_listener(self._step_done)
+        client.bind_event_loop(loop)
 
     @property
     def num_active(self) -> int:
@@ -60,8 +65,12 @@ class AsyncEngine:
             self._active.discard(req.rid)
             raise
 
-    def _step_done(self) -> None:  # engine thread, after a step's outputs
-        if self._inbox:
+    def _step_done(self) -> None:  # engine thread (process layout: the event loop), after a step's outputs
+        if not self._inbox:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._drain()  # the process layout read the step on the loop itself: nothing to wake
+        else:
             self._wake()
 
     def _wake(self) -> None:

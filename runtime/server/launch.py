@@ -18,7 +18,7 @@ from runtime.core.config import EngineArgs, read_hf_config
 from runtime.core.flags import engine_targets
 from runtime.engine.api import EngineClient
 from runtime.server.context import ServerContext
-from runtime.server.structured import GrammarBackendUnavailable, load_grammar_backend
+from runtime.server.structured import GrammarBackendUnavailable, grammar_backend_options, load_grammar_backend
 from runtime.server.tokenizer import ServerTokenizer, TokenizerLoadError
 
 logger = logging.getLogger("runtime.server")
@@ -50,6 +50,32 @@ def _resolve_device(requested: str) -> str:
     return requested
 
 
+def _start_engine(args: RuntimeArgs, engine_args: EngineArgs, grammar: dict[str, Any] | None) -> EngineClient:
+    """The engine, on a thread of this process or (--engine-process) in a process of its own."""
+    try:
+        if args.engine_process:
+            from runtime.engine.engine_process import ProcessEngineClient
+            from runtime.engine.wire import EngineInit
+
+            init = EngineInit(engine_args, args.num_threads, args.random_seed, args.log_level, grammar)
+            return ProcessEngineClient.start(init)
+        from runtime.engine.engine_thread import ThreadedEngineClient
+
+        engine = ThreadedEngineClient.start(engine_args)
+    except (ValueError, OSError, RuntimeError, KeyError) as e:
+        logger.debug("engine start-up failed", exc_info=True)
+        raise StartupError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+    if args.disaggregation_mode == "null":
+        return engine
+    from runtime.pd.setup import PDSetupError, wrap_client
+
+    try:
+        return wrap_client(engine, args)
+    except PDSetupError as e:
+        engine.shutdown()
+        raise StartupError(str(e)) from None
+
+
 def start_context(args: RuntimeArgs) -> ServerContext:
     """Everything before HTTP: tokenizer, engine (model + pools). Raises StartupError for fixable problems."""
     from runtime.preflight import PreflightError, preflight
@@ -68,28 +94,13 @@ def start_context(args: RuntimeArgs) -> ServerContext:
         torch.set_num_threads(args.num_threads)
     if args.random_seed is not None:
         torch.manual_seed(args.random_seed)
-    from runtime.engine.engine_thread import start_engine
-
-    device = _resolve_device(args.device)
-    try:
-        engine = start_engine(_engine_args(args, device))
-    except (ValueError, OSError, RuntimeError, KeyError) as e:
-        logger.debug("engine start-up failed", exc_info=True)
-        raise StartupError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
-    client: EngineClient = engine
-    if args.disaggregation_mode != "null":
-        from runtime.pd.setup import PDSetupError, wrap_client
-
-        try:
-            client = wrap_client(engine, args)
-        except PDSetupError as e:
-            engine.shutdown()
-            raise StartupError(str(e)) from None
-    stats = client.stats()
-    _ = tokenizer.max_token_bytes  # the prompt pre-check's bound, computed once before serving
     hf_config = read_hf_config(args.model_path)
     vocab = hf_config.get("vocab_size")
     vocab_size = int(vocab) if isinstance(vocab, int) else tokenizer.vocab_size
+    device = _resolve_device(args.device)
+    client = _start_engine(args, _engine_args(args, device), grammar_backend_options(args, vocab_size, hf_config))
+    stats = client.stats()
+    _ = tokenizer.max_token_bytes  # the prompt pre-check's bound, computed once before serving
     try:
         grammar_backend = load_grammar_backend(args, vocab_size, hf_config)
     except (GrammarBackendUnavailable, ValueError, OSError) as e:

@@ -43,8 +43,23 @@ def _eos_ids(model_dir: Path, hf_config: dict[str, Any]) -> list[int]:
     return ids
 
 
-def load_grammar_backend(args: RuntimeArgs, vocab_size: int, hf_config: dict[str, Any]) -> GrammarBackend | None:
+def grammar_backend_options(args: RuntimeArgs, vocab_size: int, hf_config: dict[str, Any]) -> dict[str, Any] | None:
+    """`GrammarBackend.load`'s keyword arguments for these flags (the engine process builds its own backend
+    from them); None with --grammar-backend none."""
     if args.grammar_backend == "none":
+        return None
+    return {
+        "tokenizer_dir": args.resolved_tokenizer_path,
+        "vocab_size": vocab_size,
+        "eos_token_ids": _eos_ids(Path(args.model_path), hf_config),
+        "any_whitespace": not args.constrained_json_disable_any_whitespace,
+        "whitespace_pattern": args.constrained_json_whitespace_pattern,
+    }
+
+
+def load_grammar_backend(args: RuntimeArgs, vocab_size: int, hf_config: dict[str, Any]) -> GrammarBackend | None:
+    options = grammar_backend_options(args, vocab_size, hf_config)
+    if options is None:
         return None
     try:
         import llguidance  # noqa: F401
@@ -55,13 +70,7 @@ def load_grammar_backend(args: RuntimeArgs, vocab_size: int, hf_config: dict[str
         ) from None
     from runtime.scheduler.grammar import GrammarBackend
 
-    return GrammarBackend.load(
-        args.resolved_tokenizer_path,
-        vocab_size,
-        _eos_ids(Path(args.model_path), hf_config),
-        any_whitespace=not args.constrained_json_disable_any_whitespace,
-        whitespace_pattern=args.constrained_json_whitespace_pattern,
-    )
+    return GrammarBackend.load(options.pop("tokenizer_dir"), **options)
 
 
 def attach_grammars(backend: GrammarBackend | None, prepared: list[PreparedRequest], pd_mode: str = "null") -> None:

@@ -162,6 +162,12 @@ REFUSALS = [
         "BUILTIN_UNSUPPORTED",
         "builtin",
     ),
+    (
+        "engine process with PD on builtin",
+        "{model}\n[pd]\nenable_pd_disaggregation = true\n[extra_engine_args]\nengine-process = true",
+        "BUILTIN_UNSUPPORTED",
+        "builtin",
+    ),
     ("schedule policy the runtime lacks", "{model}", "BUILTIN_UNSUPPORTED", "builtin:lof"),
     ("chunked prefill 0 on builtin", "{model}", "BUILTIN_UNSUPPORTED", "builtin:chunk0"),
 ]
@@ -188,6 +194,7 @@ REFUSAL_SITES = {
         "enable_elastic_memory_pool with speculative decoding": "elastic + speculative on builtin",
         "must be a positive multiple of page_size": "track interval not a page multiple, cache off",
         "extra_buffer_lazy needs the overlap schedule": "extra_buffer_lazy on builtin",
+        "--engine-process with --disaggregation-mode": "engine process with PD on builtin",
         "str(exc)": "no_buffer with pages",
     },
     "runtime/core/spec_config.py": {
