@@ -150,17 +150,26 @@ def size_and_allocate(
     # With the elastic pool the split's tensors are replaced at once by one buffer of the same bytes
     # (kvcache/elastic_pool.make_elastic): give them no memory ("meta"), or start-up would zero the bytes twice.
     token_slots, state_slots = plan.max_total_num_tokens, plan.mamba_pool_slots + sandbox_slots
+    buffers = None
     if _canonical_allocation(args):
-        token_slots, state_slots = canonical_slots(token_slots), canonical_slots(state_slots)
-    buffers = allocate_pool_buffers(
-        layout,
-        token_slots,
-        state_slots,
-        kv_dtype=kv_dtype,
-        conv_dtype=conv_dtype,
-        ssm_dtype=ssm_dtype,
-        device="meta" if args.enable_elastic_memory_pool else args.device,
-    )
+        try:
+            buffers = allocate_pool_buffers(
+                layout, canonical_slots(token_slots), canonical_slots(state_slots),
+                kv_dtype=kv_dtype, conv_dtype=conv_dtype, ssm_dtype=ssm_dtype, device=args.device,
+            )  # fmt: skip
+            token_slots, state_slots = canonical_slots(token_slots), canonical_slots(state_slots)
+        except RuntimeError as exc:  # address space refused (strict overcommit): the planned sizes then
+            logger.warning("Pool tensors at their planned sizes (canonical sizes refused: %s)", str(exc)[:200])
+    if buffers is None:
+        buffers = allocate_pool_buffers(
+            layout,
+            token_slots,
+            state_slots,
+            kv_dtype=kv_dtype,
+            conv_dtype=conv_dtype,
+            ssm_dtype=ssm_dtype,
+            device="meta" if args.enable_elastic_memory_pool else args.device,
+        )
     planned = pool_buffer_bytes(
         layout,
         plan.max_total_num_tokens,
