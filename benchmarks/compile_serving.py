@@ -25,6 +25,12 @@ import httpx
 HERE = Path(__file__).resolve().parent
 
 
+def rss_mib(pid: int) -> str:
+    """The server's resident (VmRSS) and peak (VmHWM) MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return f"RSS {int(fields['VmRSS'].split()[0]) / 1024:.0f} MiB (peak {int(fields['VmHWM'].split()[0]) / 1024:.0f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, required=True)
@@ -57,7 +63,7 @@ def main() -> None:
                 pass
             time.sleep(0.2)
         healthy = time.monotonic() - t0
-        print(f"healthy after {healthy:.1f} s (load average {os.getloadavg()})", flush=True)
+        print(f"healthy after {healthy:.1f} s (load average {os.getloadavg()}), {rss_mib(proc.pid)}", flush=True)
         after = 0
         while after < a.after:
             state = client.get("/server_info").json()["internal_states"][0]["torch_compile"]
@@ -70,6 +76,8 @@ def main() -> None:
             rows.append((s - t0, state, rate))
             print(f"t={s - t0:7.1f} s  {state:14s} {rate:7.1f} tok/s", flush=True)
             after += state != "compiling"
+        time.sleep(2.0)
+        print(f"idle after the requests: {rss_mib(proc.pid)}", flush=True)
     finally:
         proc.terminate()
         proc.wait(60)
