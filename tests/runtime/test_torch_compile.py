@@ -216,12 +216,14 @@ def test_pools_of_another_size_reuse_the_cached_graphs(
     misses, hits = counters["inductor"]["fxgraph_cache_miss"], counters["inductor"]["fxgraph_cache_hit"]
     torch.set_num_threads(2)  # as the fixture: graphs for 1 and 2 threads
     try:
-        other = _core(
-            demo_model_dir,
-            memory_budget_gib=0.3,
-            enable_torch_compile=True,
-            torch_compile_max_bs=MAX_BS,
-            torch_compile_max_extend_tokens=16,
+        other = EngineCore(
+            EngineArgs(
+                model_path=str(demo_model_dir),
+                memory_budget_gib=0.3,
+                enable_torch_compile=True,
+                torch_compile_max_bs=MAX_BS,
+                torch_compile_max_extend_tokens=16,
+            )
         )
     finally:
         torch.set_num_threads(1)
