@@ -3,7 +3,7 @@ step? A/B in one process: the batch-1 compiled decode (one thread) over pools al
 pools allocated at the next power of two, blocks of calls interleaved (order alternating), thread CPU time per call.
 
     python benchmarks/canonical_pool_step.py --model DIR --context-length 16384 --max-running-requests 8 \
-        [--blocks 40 --calls 50 --kv-len 100]
+        [--blocks 40 --calls 50 --kv-len 100] [--same]
 
 Other arguments are `python -m runtime`'s sizing flags. Compiles two batch-1 graphs (one per pool shape); inductor's
 cache makes a rerun cheap. Prints each side's median and min ms per call, the ratio of medians, and how much of each
@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=40)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--kv-len", type=int, default=100)
+    ap.add_argument("--same", action="store_true", help="A/A: both sides planned-size pools (the spread of the method)")
+    ap.add_argument("--state-slots", type=int, help="B's state slots instead of the canonical count (experiments)")
     own, rest = ap.parse_known_args()
     import torch
     from torch._dynamo.utils import counters
@@ -57,6 +59,10 @@ def main() -> None:
     from runtime.engine.pool_setup import canonical_slots
 
     flush_denormals_on_this_thread()
+    # Dynamo's automatic dynamic shapes are keyed by the code's name and line, which both sides' compiled functions
+    # share: the second side to compile would get a graph dynamic in the pool dims (slower, session 6). A server
+    # compiles one pool shape per process; so does each side here.
+    torch._dynamo.config.automatic_dynamic_shapes = False
     torch.set_num_threads(1)
     parts = build_engine(parse_args(rest).engine_args("cpu"))  # eager: the planned pools, allocated as planned
     model, planned = parts.model, parts.pools.buffers
@@ -64,8 +70,8 @@ def main() -> None:
     states = b.sandbox_first_slot + b.sandbox_slots
     canonical = allocate_pool_buffers(
         model.layout(),
-        canonical_slots(b.num_token_slots),
-        canonical_slots(states),
+        b.num_token_slots if own.same else canonical_slots(b.num_token_slots),
+        states if own.same else own.state_slots or canonical_slots(states),
         kv_dtype=planned.k[0].dtype if planned.k else parts.dtype,
         conv_dtype=planned.conv[0].dtype,
         ssm_dtype=planned.ssm[0].dtype,
