@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -63,12 +64,21 @@ class BackgroundCompile:
         self.buffers = buffers
         self.elapsed_s = 0.0
         self.done = threading.Event()
+        self._on_done: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="torch-compile", daemon=True)
 
     def start(self) -> None:
         self.runner.compiling = True
         logger.info("Torch compile: building the compiled forwards in the background; serving eager until then.")
         self.thread.start()
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` on the compile thread when it finishes; nothing when it already has (whatever reads
+        the state now sees it). The engine thread, idle on its command queue, refreshes its stats when woken."""
+        with self._lock:
+            if not self.done.is_set():
+                self._on_done.append(callback)
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once the compile thread has finished (installed or given up)."""
@@ -98,9 +108,16 @@ class BackgroundCompile:
         finally:
             self.elapsed_s = time.perf_counter() - t0
             self.runner.compiling = False
-            self.done.set()
+            with self._lock:
+                self.done.set()
+                callbacks, self._on_done = self._on_done, []
         logger.info(
             "Torch compile: background compile done after %.1f s; now running: %s",
             self.elapsed_s,
             self.runner.compiled_paths(),
         )
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - e.g. the engine already stopped; nothing left to tell
+                logger.debug("background compile: a done callback failed", exc_info=True)
