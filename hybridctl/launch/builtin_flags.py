@@ -35,6 +35,7 @@ _SWITCHES = (
     "--disable-overlap-schedule", "--disable-state-snapshot-on-match", "--disable-state-copy-on-write",
     "--disable-dual-lru-eviction", "--log-mamba-state-stats", "--disable-mamba-state-sandbox",
     "--enable-elastic-memory-pool", "--enable-torch-compile", "--constrained-json-disable-any-whitespace",
+    "--torch-compile-in-background",
 )  # fmt: skip
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),

@@ -147,6 +147,35 @@ def size_and_allocate(
         logger.info("Pools cut to need (%d requests x %d tokens): %s", plan.max_running_requests, context_len,
                     sized.capped_to_need)  # fmt: skip
     sandbox_slots = plan.spec_intermediate_bytes // per_request
+    buffers, token_slots, state_slots = _allocate(args, layout, plan, sandbox_slots, kv_dtype, conv_dtype, ssm_dtype)
+    return Pools(
+        buffers=buffers,
+        plan=plan,
+        spec=spec,
+        strategy=strategy,
+        num_state_slots=plan.max_mamba_cache_size,
+        num_token_slots=plan.max_total_num_tokens,
+        context_len=context_len,
+        pool_budget_bytes=pool_budget,
+        device_bytes=device_bytes,
+        sandbox_first_slot=plan.mamba_pool_slots,
+        sandbox_slots=sandbox_slots,
+        allocated_token_slots=token_slots,
+        allocated_state_slots=state_slots,
+    )
+
+
+def _allocate(
+    args: EngineArgs,
+    layout: ModelLayout,
+    plan: PoolPlan,
+    sandbox_slots: int,
+    kv_dtype: torch.dtype,
+    conv_dtype: torch.dtype,
+    ssm_dtype: torch.dtype,
+) -> tuple[PoolBuffers, int, int]:
+    """The pool buffers (at canonical sizes for the compiled path on CPU, see the module doc), checked against the
+    plan's bytes and logged; with the token and state slots they were allocated with."""
     # With the elastic pool the split's tensors are replaced at once by one buffer of the same bytes
     # (kvcache/elastic_pool.make_elastic): give them no memory ("meta"), or start-up would zero the bytes twice.
     token_slots, state_slots = plan.max_total_num_tokens, plan.mamba_pool_slots + sandbox_slots
@@ -198,21 +227,7 @@ def size_and_allocate(
             plan.max_total_num_tokens,
             plan.mamba_pool_slots + sandbox_slots,
         )
-    return Pools(
-        buffers=buffers,
-        plan=plan,
-        spec=spec,
-        strategy=strategy,
-        num_state_slots=plan.max_mamba_cache_size,
-        num_token_slots=plan.max_total_num_tokens,
-        context_len=context_len,
-        pool_budget_bytes=pool_budget,
-        device_bytes=device_bytes,
-        sandbox_first_slot=plan.mamba_pool_slots,
-        sandbox_slots=sandbox_slots,
-        allocated_token_slots=token_slots,
-        allocated_state_slots=state_slots,
-    )
+    return buffers, token_slots, state_slots
 
 
 def _check_shapes(spec: ModelSpec, layout: ModelLayout) -> None:
