@@ -342,6 +342,14 @@ class RuntimeArgs:
         f"({DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS}; 0: extends stay eager).",
         group=OWN,
     )
+    torch_compile_in_background: bool = flag(
+        "--torch-compile-in-background",
+        default=False,
+        help="With --enable-torch-compile: healthy and serving eager at once; the compiled forwards are built on a "
+        "background thread and used from the step after they are ready (/server_info internal_states "
+        "torch_compile says which path runs).",
+        group=OWN,
+    )
 
     @property
     def resolved_tokenizer_path(self) -> str:

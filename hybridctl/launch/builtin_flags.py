@@ -36,6 +36,7 @@ _SWITCHES = (
     "--disable-dual-lru-eviction", "--log-mamba-state-stats", "--disable-mamba-state-sandbox",
     "--enable-elastic-memory-pool", "--enable-torch-compile", "--constrained-json-disable-any-whitespace",
     "--engine-process",
+    "--torch-compile-in-background",
 )  # fmt: skip
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),

@@ -62,6 +62,9 @@ class EngineArgs:
     # runtime/engine/compiled_extend.py: with enable_torch_compile, one-sequence extends of up to this many new
     # tokens run a compiled forward (0: extends stay eager).
     torch_compile_max_extend_tokens: int = DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS
+    # runtime/engine/background_compile.py: with enable_torch_compile, serve eager at once and install the compiled
+    # forwards when a background thread has built them.
+    torch_compile_in_background: bool = False
 
 
 def read_hf_config(model_path: str) -> dict[str, Any]:

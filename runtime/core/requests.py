@@ -169,6 +169,9 @@ class EngineStats:
     conv_state_bytes: int = 0
     ssm_state_bytes: int = 0
     weight_bytes: int = 0
+    # The compiled forwards running now (ModelRunner.compiled_paths): "decode+extend", "decode", "compiling",
+    # "none"; "off" without --enable-torch-compile.
+    torch_compile: str = "off"
     elastic_mode: str = ""  # the elastic pool's mode ("" when the split is fixed)
     elastic_moves_total: int = 0  # chunks moved between the KV and state pools
     elastic_realloc_timeouts_total: int = 0

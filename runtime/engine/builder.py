@@ -28,6 +28,7 @@ from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from runtime.engine.background_compile import BackgroundCompile
     from runtime.engine.compiled_extend import CompiledExtend
     from runtime.kvcache.elastic_pool import ElasticPool
     from runtime.models.base import HybridModel
@@ -52,6 +53,7 @@ class EngineParts:
     spec: SpecDecoder | None
     runner: ModelRunner
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
+    background_compile: BackgroundCompile | None = None  # --torch-compile-in-background, while and after it runs
 
 
 def build_engine(args: EngineArgs) -> EngineParts:
@@ -76,9 +78,11 @@ def build_engine(args: EngineArgs) -> EngineParts:
         spec = _spec_decoder(spec_config, args, model, pools, cache, dtype)
         scheduler.spec = spec
     runner = ModelRunner(model, pools)
+    background = None
     if args.enable_torch_compile:
-        _compile_forwards(runner, args, pools, cache, spec_on=spec is not None)
+        background = _compile_forwards(runner, args, pools, cache, spec_on=spec is not None)
     parts = EngineParts(args, dtype, model, weight_bytes, tokenizer, pools, elastic, cache, scheduler, spec, runner)
+    parts.background_compile = background
     _log_started(parts)
     return parts
 
@@ -229,19 +233,33 @@ def _spec_decoder(
         raise EngineStartupError(str(exc)) from None
 
 
-def _compile_forwards(runner: ModelRunner, args: EngineArgs, pools: Pools, cache: CacheManager, spec_on: bool) -> None:
-    """The runner's compiled decode and short extends, warmed up (runtime/engine/compiled_*.py)."""
+def _compile_forwards(
+    runner: ModelRunner, args: EngineArgs, pools: Pools, cache: CacheManager, spec_on: bool
+) -> BackgroundCompile | None:
+    """The runner's compiled decode and short extends (runtime/engine/compiled_*.py), warmed up now, or by a
+    background thread while the engine serves eager (--torch-compile-in-background; returned, started)."""
     from runtime.engine.compiled_decode import CompiledDecode
 
-    runner.compiled_decode = CompiledDecode(runner.model, args.torch_compile_max_bs)
-    runner.compiled_decode.warm_up(pools.buffers)
-    runner.compiled_extend = _compiled_extend(runner.model, args, pools, cache, spec_on)
+    # Built here, on the engine's thread: each reads the torch thread count its graphs are compiled for.
+    decode = CompiledDecode(runner.model, args.torch_compile_max_bs)
+    extend = _compiled_extend(runner.model, args, pools, cache, spec_on)
+    if args.torch_compile_in_background:
+        from runtime.engine.background_compile import BackgroundCompile
+
+        background = BackgroundCompile(runner, decode, extend, pools.buffers)
+        background.start()
+        return background
+    decode.warm_up(pools.buffers)
+    runner.compiled_decode = decode
+    if extend is not None and extend.warm_up(pools.buffers).enabled:
+        runner.compiled_extend = extend
+    return None
 
 
 def _compiled_extend(
     model: HybridModel, args: EngineArgs, pools: Pools, cache: CacheManager, spec_on: bool
 ) -> CompiledExtend | None:
-    """The compiled short extends (runtime/engine/compiled_extend.py), warmed up; None when off."""
+    """The compiled short extends (runtime/engine/compiled_extend.py), not yet warmed up; None when off."""
     if args.torch_compile_max_extend_tokens <= 0:
         return None
     if spec_on:
@@ -250,13 +268,12 @@ def _compiled_extend(
         return None
     from runtime.engine.compiled_extend import CompiledExtend
 
-    compiled = CompiledExtend(
+    return CompiledExtend(
         model,
         args.torch_compile_max_extend_tokens,
         cache.state_pool.copy,
         padding_slot=pools.num_state_slots,  # the pool's K + 1st slot, which no request gets
     )
-    return compiled if compiled.warm_up(pools.buffers).enabled else None
 
 
 def _log_started(parts: EngineParts) -> None:

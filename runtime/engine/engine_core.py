@@ -34,6 +34,7 @@ class EngineCore:
         self.spec = parts.spec
         self.runner = parts.runner
         self.max_prefill_tokens = parts.max_prefill_tokens
+        self.background_compile = parts.background_compile
 
     def step(self) -> bool:
         """One engine step: schedule → run → postprocess. False when there was nothing to do."""
@@ -75,11 +76,9 @@ class EngineCore:
         s.radix_cache_enabled = not self.args.disable_radix_cache
         s.mamba_radix_cache_strategy = self.pools.strategy
         s.mamba_track_interval = self.scheduler.config.checkpoint_interval
-        b = self.pools.buffers
-        s.kv_cache_bytes = sum(t.numel() * t.element_size() for t in (*b.k, *b.v))
-        s.conv_state_bytes = sum(t.numel() * t.element_size() for t in b.conv)
-        s.ssm_state_bytes = sum(t.numel() * t.element_size() for t in b.ssm)
+        s.kv_cache_bytes, s.conv_state_bytes, s.ssm_state_bytes = self.pools.used_bytes()
         s.weight_bytes = self.weight_bytes
+        s.torch_compile = self.runner.compiled_paths() if self.args.enable_torch_compile else "off"
         if self.spec is not None:
             c = self.spec.counters
             s.avg_spec_accept_length = c.avg_accept_length

@@ -72,6 +72,9 @@ class ThreadedEngineClient(EngineClient):
                 built.set_exception(exc)
                 return
             client._thread = threading.current_thread()
+            if client.core.background_compile is not None:  # wake the idle loop: its stats then say "compiled"
+                client.core.background_compile.when_done(lambda: client.call_in_engine(lambda core: None))
+                client._refresh_stats()  # in case it finished before the callback was registered
             built.set_result(client)
             client._loop()
 

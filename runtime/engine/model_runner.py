@@ -42,6 +42,17 @@ class ModelRunner:
         }
         self.compiled_decode: CompiledDecode | None = None
         self.compiled_extend: CompiledExtend | None = None
+        # A background compile is building them (runtime/engine/background_compile.py): eager until it installs them.
+        self.compiling = False
+
+    def compiled_paths(self) -> str:
+        """Which compiled forwards run now: "decode+extend", "decode", "extend", else "compiling" while a
+        background compile builds them, else "none" (read from the installed forwards, never from a plan)."""
+        installed = (("decode", self.compiled_decode), ("extend", self.compiled_extend))
+        paths = [name for name, compiled in installed if compiled is not None and compiled.report.enabled]
+        if paths:
+            return "+".join(paths)
+        return "compiling" if self.compiling else "none"
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """The batch's logits: [B, vocab], or [T, vocab] with `all_logits`. Keeps the forward on the batch."""

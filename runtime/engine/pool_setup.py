@@ -1,5 +1,11 @@
 """Size the two pools with the planner's `size_pools` (the one source of truth), allocate them, log them.
 
+With `--enable-torch-compile` on CPU each pool's tensors are allocated at a canonical slot count (the next power
+of two), while the pool the engine uses (admission, /server_info, the planner's numbers) keeps its planned size:
+the compiled graphs take the buffers' shapes as constants, so flag sets whose pools round to the same size share
+their graphs in inductor's on-disk cache instead of compiling cold per pool size. The extra slots are
+`torch.empty` pages never handed out, so never written and never resident (benchmarks/resident_memory.py).
+
 Bytes per request and per token come from `hybridctl.model.spec.load_model_spec` (shapes) at the dtypes the
 runtime really allocates, and are checked against the allocated tensors. One deviation from SGLang: the conv
 window is kept in the activation dtype, not bfloat16, so a prompt computed in chunks is bit-identical to one
@@ -46,6 +52,30 @@ class Pools:
     # [sandbox_first_slot, sandbox_first_slot + sandbox_slots), after the pool's K + 1.
     sandbox_first_slot: int = 0
     sandbox_slots: int = 0
+    # Slots the buffers were allocated with (>= the pool's: canonical sizes for the compiled graphs, see above).
+    allocated_token_slots: int = 0
+    allocated_state_slots: int = 0
+
+    def used_bytes(self) -> tuple[int, int, int]:
+        """(KV, conv, SSM) bytes of the slots the engine uses; the allocation's rounding is not counted."""
+        b, tokens, states = self.buffers, self.plan.max_total_num_tokens, self.sandbox_first_slot + self.sandbox_slots
+        return (
+            _bytes([t[:tokens] for t in (*b.k, *b.v)]),
+            _bytes([t[:states] for t in b.conv]),
+            _bytes([t[:states] for t in b.ssm]),
+        )
+
+
+def canonical_slots(used: int) -> int:
+    """The slot count a compiled path's pool is allocated with: the next power of two, so that any pool size
+    maps onto one of a few graph variants."""
+    return 1 << max(0, used - 1).bit_length()
+
+
+def _canonical_allocation(args: EngineArgs) -> bool:
+    # CPU only: there a torch.empty page costs nothing until written; a CUDA allocation is resident at once.
+    # The elastic pool lays its own buffer out (and stays eager: compile_support.pools_traceable).
+    return args.enable_torch_compile and args.device == "cpu" and not args.enable_elastic_memory_pool
 
 
 def resolve_torch_dtype(name: str | None, device: str) -> torch.dtype:
@@ -117,33 +147,7 @@ def size_and_allocate(
         logger.info("Pools cut to need (%d requests x %d tokens): %s", plan.max_running_requests, context_len,
                     sized.capped_to_need)  # fmt: skip
     sandbox_slots = plan.spec_intermediate_bytes // per_request
-    # With the elastic pool the split's tensors are replaced at once by one buffer of the same bytes
-    # (kvcache/elastic_pool.make_elastic): give them no memory ("meta"), or start-up would zero the bytes twice.
-    buffers = allocate_pool_buffers(
-        layout,
-        plan.max_total_num_tokens,
-        plan.mamba_pool_slots + sandbox_slots,
-        kv_dtype=kv_dtype,
-        conv_dtype=conv_dtype,
-        ssm_dtype=ssm_dtype,
-        device="meta" if args.enable_elastic_memory_pool else args.device,
-    )
-    allocated = pool_buffer_bytes(
-        layout,
-        plan.max_total_num_tokens,
-        plan.mamba_pool_slots + sandbox_slots,
-        kv_dtype=kv_dtype,
-        conv_dtype=conv_dtype,
-        ssm_dtype=ssm_dtype,
-    )
-    actual = sum(t.numel() * t.element_size() for t in (*buffers.k, *buffers.v, *buffers.conv, *buffers.ssm))
-    if not (allocated == actual == plan.mamba_pool_bytes + plan.spec_intermediate_bytes + plan.kv_pool_bytes):
-        raise EngineStartupError(
-            f"internal: allocated pool bytes {actual} differ from the plan "
-            f"({plan.mamba_pool_bytes} state + {plan.kv_pool_bytes} KV); the model layout and "
-            f"hybridctl.model.spec disagree about {args.model_path}/config.json."
-        )
-    _log_pools(buffers, plan, kv_dtype)
+    buffers, token_slots, state_slots = _allocate(args, layout, plan, sandbox_slots, kv_dtype, conv_dtype, ssm_dtype)
     return Pools(
         buffers=buffers,
         plan=plan,
@@ -156,7 +160,74 @@ def size_and_allocate(
         device_bytes=device_bytes,
         sandbox_first_slot=plan.mamba_pool_slots,
         sandbox_slots=sandbox_slots,
+        allocated_token_slots=token_slots,
+        allocated_state_slots=state_slots,
     )
+
+
+def _allocate(
+    args: EngineArgs,
+    layout: ModelLayout,
+    plan: PoolPlan,
+    sandbox_slots: int,
+    kv_dtype: torch.dtype,
+    conv_dtype: torch.dtype,
+    ssm_dtype: torch.dtype,
+) -> tuple[PoolBuffers, int, int]:
+    """The pool buffers (at canonical sizes for the compiled path on CPU, see the module doc), checked against the
+    plan's bytes and logged; with the token and state slots they were allocated with."""
+    # With the elastic pool the split's tensors are replaced at once by one buffer of the same bytes
+    # (kvcache/elastic_pool.make_elastic): give them no memory ("meta"), or start-up would zero the bytes twice.
+    token_slots, state_slots = plan.max_total_num_tokens, plan.mamba_pool_slots + sandbox_slots
+    buffers = None
+    if _canonical_allocation(args):
+        try:
+            buffers = allocate_pool_buffers(
+                layout, canonical_slots(token_slots), canonical_slots(state_slots),
+                kv_dtype=kv_dtype, conv_dtype=conv_dtype, ssm_dtype=ssm_dtype, device=args.device,
+            )  # fmt: skip
+            token_slots, state_slots = canonical_slots(token_slots), canonical_slots(state_slots)
+        except RuntimeError as exc:  # address space refused (strict overcommit): the planned sizes then
+            logger.warning("Pool tensors at their planned sizes (canonical sizes refused: %s)", str(exc)[:200])
+    if buffers is None:
+        buffers = allocate_pool_buffers(
+            layout,
+            token_slots,
+            state_slots,
+            kv_dtype=kv_dtype,
+            conv_dtype=conv_dtype,
+            ssm_dtype=ssm_dtype,
+            device="meta" if args.enable_elastic_memory_pool else args.device,
+        )
+    planned = pool_buffer_bytes(
+        layout,
+        plan.max_total_num_tokens,
+        plan.mamba_pool_slots + sandbox_slots,
+        kv_dtype=kv_dtype,
+        conv_dtype=conv_dtype,
+        ssm_dtype=ssm_dtype,
+    )
+    actual = _bytes(
+        [t[: plan.max_total_num_tokens] for t in (*buffers.k, *buffers.v)]
+        + [t[: plan.mamba_pool_slots + sandbox_slots] for t in (*buffers.conv, *buffers.ssm)]
+    )
+    if not (planned == actual == plan.mamba_pool_bytes + plan.spec_intermediate_bytes + plan.kv_pool_bytes):
+        raise EngineStartupError(
+            f"internal: allocated pool bytes {actual} differ from the plan "
+            f"({plan.mamba_pool_bytes} state + {plan.kv_pool_bytes} KV); the model layout and "
+            f"hybridctl.model.spec disagree about {args.model_path}/config.json."
+        )
+    _log_pools(buffers, plan, kv_dtype, sandbox_slots)
+    if (token_slots, state_slots) != (plan.max_total_num_tokens, plan.mamba_pool_slots + sandbox_slots):
+        logger.info(
+            "Pool tensors allocated at canonical sizes for the compiled graphs: %d token slots, %d state slots "
+            "(the pools use %d and %d; the rest is never written, so never resident)",
+            token_slots,
+            state_slots,
+            plan.max_total_num_tokens,
+            plan.mamba_pool_slots + sandbox_slots,
+        )
+    return buffers, token_slots, state_slots
 
 
 def _check_shapes(spec: ModelSpec, layout: ModelLayout) -> None:
@@ -173,9 +244,10 @@ def _bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _log_pools(buffers: PoolBuffers, plan: PoolPlan, kv_dtype: torch.dtype) -> None:
-    # SGLang's wording (mem_cache/memory_pool.py), so log-reading tools work on both engines.
-    slots = plan.mamba_pool_slots
+def _log_pools(buffers: PoolBuffers, plan: PoolPlan, kv_dtype: torch.dtype, sandbox_slots: int) -> None:
+    # SGLang's wording (mem_cache/memory_pool.py), so log-reading tools work on both engines; the pools' own
+    # slots, not the allocation's canonical rounding.
+    slots, end, tokens = plan.mamba_pool_slots, plan.mamba_pool_slots + sandbox_slots, plan.max_total_num_tokens
     line = (
         f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, "
         f"conv_state size: {_bytes([t[:slots] for t in buffers.conv]) / GB:.2f}GB, "
@@ -183,11 +255,12 @@ def _log_pools(buffers: PoolBuffers, plan: PoolPlan, kv_dtype: torch.dtype) -> N
     )
     if plan.spec_intermediate_bytes:  # speculative decoding's sandbox slots, after the pool's own
         line += (
-            f"intermediate_ssm_state_cache size: {_bytes([t[slots:] for t in buffers.ssm]) / GB:.2f}GB "
-            f"intermediate_conv_window_cache size: {_bytes([t[slots:] for t in buffers.conv]) / GB:.2f}GB "
+            f"intermediate_ssm_state_cache size: {_bytes([t[slots:end] for t in buffers.ssm]) / GB:.2f}GB "
+            f"intermediate_conv_window_cache size: {_bytes([t[slots:end] for t in buffers.conv]) / GB:.2f}GB "
         )
     logger.info(line)
     logger.info(
         f"KV Cache is allocated. dtype: {kv_dtype}, #tokens: {plan.max_total_num_tokens}, "
-        f"K size: {_bytes(buffers.k) / GB:.2f} GB, V size: {_bytes(buffers.v) / GB:.2f} GB"
+        f"K size: {_bytes([t[:tokens] for t in buffers.k]) / GB:.2f} GB, "
+        f"V size: {_bytes([t[:tokens] for t in buffers.v]) / GB:.2f} GB"
     )

@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch._dynamo.utils import counters
 
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest
@@ -21,6 +22,7 @@ from runtime.engine.compile_support import graphs_compiled as _graphs_compiled
 from runtime.engine.compile_support import restored
 from runtime.engine.compiled_decode import THREADS_ENV, CompiledDecode, _warmup_inputs
 from runtime.engine.engine_core import EngineCore
+from runtime.engine.pool_setup import canonical_slots
 from runtime.models.layers.moe import Experts, swiglu, traced_experts
 from runtime.models.layers.sigmoid_moe import Relu2Experts, relu2
 from tests.runtime.test_engine_support import greedy, one_torch_thread, run_to_completion
@@ -212,6 +214,56 @@ def test_traced_experts_equal_the_eager_dispatch(tokens: int, num_experts: int, 
             rtol=1e-5,
             atol=1e-6,
         )
+
+
+def test_compiled_engine_reports_the_planned_pools(cores: tuple[EngineCore, EngineCore]) -> None:
+    compiled, eager = cores
+    # Allocated at canonical sizes for the graphs (runtime/engine/pool_setup.py), reported as planned.
+    assert compiled.pools.buffers.k[0].shape[0] == canonical_slots(compiled.pools.plan.max_total_num_tokens)
+    c, e = compiled.stats(), eager.stats()
+    assert (c.max_total_num_tokens, c.max_mamba_cache_size, c.max_running_requests) == (
+        e.max_total_num_tokens,
+        e.max_mamba_cache_size,
+        e.max_running_requests,
+    )
+    assert (c.kv_cache_bytes, c.conv_state_bytes, c.ssm_state_bytes) == (
+        e.kv_cache_bytes,
+        e.conv_state_bytes,
+        e.ssm_state_bytes,
+    )
+    assert (c.torch_compile, e.torch_compile) == ("decode+extend", "off")
+
+
+def test_pools_of_another_size_reuse_the_cached_graphs(
+    cores: tuple[EngineCore, EngineCore], demo_model_dir: Path
+) -> None:
+    """Another budget plans other pools but allocates the same canonical shapes: its engine's start-up compiles
+    nothing cold (every graph from inductor's on-disk cache, which the fixture's engine filled)."""
+    compiled, _ = cores
+    misses, hits = counters["inductor"]["fxgraph_cache_miss"], counters["inductor"]["fxgraph_cache_hit"]
+    torch.set_num_threads(2)  # as the fixture: graphs for 1 and 2 threads
+    try:
+        other = EngineCore(
+            EngineArgs(
+                model_path=str(demo_model_dir),
+                memory_budget_gib=0.3,
+                enable_torch_compile=True,
+                torch_compile_max_bs=MAX_BS,
+                torch_compile_max_extend_tokens=16,
+            )
+        )
+    finally:
+        torch.set_num_threads(1)
+    try:
+        assert other.pools.plan.max_total_num_tokens != compiled.pools.plan.max_total_num_tokens
+        assert other.pools.buffers.k[0].shape == compiled.pools.buffers.k[0].shape
+        assert other.pools.buffers.conv[0].shape == compiled.pools.buffers.conv[0].shape
+        assert other.runner.compiled_paths() == "decode+extend"
+        assert counters["inductor"]["fxgraph_cache_miss"] == misses, "a graph compiled cold for another pool size"
+        assert counters["inductor"]["fxgraph_cache_hit"] > hits
+    finally:
+        del other
+        gc.collect()  # a second live CompiledDecode would make the fixture's evaluate every guard again
 
 
 def test_elastic_pool_keeps_decode_eager_and_says_why(demo_model_dir: Path) -> None:
