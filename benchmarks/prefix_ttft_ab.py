@@ -18,9 +18,7 @@ import argparse
 import asyncio
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ sys.path.insert(0, str(HERE))
 import engines  # noqa: E402
 import workloads  # noqa: E402
 from clients import RequestResult, RuntimeClient  # noqa: E402
-from serving_ab import Server, start, wait_healthy  # noqa: E402
+from serving_ab import Server, start, stop, wait_healthy  # noqa: E402
 
 SIZING = ["--context-length", str(engines.CONTEXT_LEN), "--max-running-requests", str(engines.PARALLEL)]
 VOCAB_FIRST, VOCAB_END = 10, 4000
@@ -122,14 +120,7 @@ def main() -> None:
             time.sleep(0.2)
         loads.append(os.getloadavg())
     finally:
-        for s in servers:
-            if s.proc.poll() is None:
-                os.killpg(s.proc.pid, signal.SIGTERM)
-        for s in servers:
-            try:
-                s.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(s.proc.pid, signal.SIGKILL)
+        stop(servers)
     print(f"A = {servers[0].tree}, B = {servers[1].tree}; flags: {' '.join(flags)}, --num-threads {args.threads}")
     print(f"load average (1, 5, 15 min) at start {loads[0]}, at end {loads[-1]}; {args.rounds} rounds")
     print(f"  {'median (min-max)':28} {'A':>24} {'B':>24}   B/A")

@@ -85,6 +85,18 @@ def wait_healthy(s: Server, timeout: float = 1800.0) -> None:
     raise SystemExit(f"server {s.label} not healthy after {timeout:.0f}s; log {s.log}")
 
 
+def stop(servers: list[Server]) -> None:
+    """SIGTERM every server's process group, then SIGKILL what is still up a minute later."""
+    for s in servers:
+        if s.proc.poll() is None:
+            os.killpg(s.proc.pid, signal.SIGTERM)
+    for s in servers:
+        try:
+            s.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(s.proc.pid, signal.SIGKILL)
+
+
 def process_tree(pid: int) -> list[int]:
     """pid and its descendants (the engine process of `--engine-process`)."""
     out, todo = [], [pid]
@@ -224,14 +236,7 @@ def main() -> None:
                 measure(s, f"{args.concurrency} concurrent", concurrent(s.url, prompts, args.conc_tokens))
         print(f"load average at end: {os.getloadavg()}")
     finally:
-        for s in servers:
-            if s.proc.poll() is None:
-                os.killpg(s.proc.pid, signal.SIGTERM)
-        for s in servers:
-            try:
-                s.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(s.proc.pid, signal.SIGKILL)
+        stop(servers)
     print(f"A = {servers[0].tree}, B = {servers[1].tree}; flags: {' '.join(args.runtime_arg) or 'default'}, "
           f"--num-threads {args.threads}; A only: {' '.join(args.runtime_arg_a) or '-'}, "
           f"B only: {' '.join(args.runtime_arg_b) or '-'}")  # fmt: skip
