@@ -166,6 +166,10 @@ class ThreadedEngineClient(EngineClient):
                 sched.abort(r.rid, "The server is shutting down.", 503)
             return False
         if fut is not None:
+            if kind in ("flush", "call"):
+                # The caller may read stats() as soon as this returns: it must see the pages the command freed
+                # or moved, not the snapshot of the step before (which refreshes only after the next step).
+                self._refresh_stats()
             fut.set_result(result)
         return True
 
