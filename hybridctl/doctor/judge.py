@@ -30,7 +30,7 @@ def resolve_engine(facts: HostFacts, cfg: HybridConfig | None) -> Engine:
 def judge_host(facts: HostFacts, cfg: HybridConfig | None = None) -> tuple[list[Check], list[DoctorFinding]]:
     checks = [_driver_check(facts)]
     checks += [_gpu_check(g) for g in facts.gpus]
-    checks += [_torch_check(facts), _sglang_check(facts)]
+    checks += [_torch_check(facts), _sglang_check(facts), _compiler_check(facts, cfg)]
     findings: list[DoctorFinding] = []
     # Flags in extra_engine_args (renamed ones included) are the config rules' job (engine_flag_rules.py).
     elastic = cfg is not None and cfg.config.memory.enable_elastic_memory_pool
@@ -107,8 +107,7 @@ def torch_cuda_verdict(
     if built[0] > driver_cuda[0] or floor is None or (driver_major is not None and driver_major < floor):
         return (
             "error",
-            f"the driver supports only CUDA {have}; install a torch built for CUDA <= {have} "
-            f"or upgrade the driver",
+            f"the driver supports only CUDA {have}; install a torch built for CUDA <= {have} or upgrade the driver",
         )
     return (
         "warning",
@@ -131,6 +130,27 @@ def _sglang_check(facts: HostFacts) -> Check:
     if not s.has_hybrid_prefix_cache:
         return Check("sglang", "warning", f"{s.version}: no prefix cache for hybrid models", details)
     return Check("sglang", "ok", s.version, details)
+
+
+def _compiler_check(facts: HostFacts, cfg: HybridConfig | None) -> Check:
+    """The bundled runtime's native kernels need a C compiler at first start (then cached); without one it
+    serves through torch eager, several times slower per decoded token. Only a warning where that runtime is
+    what a launch would start."""
+    if facts.c_compiler is not None:
+        return Check(
+            "C compiler",
+            "ok",
+            facts.c_compiler,
+            ("the bundled runtime builds its native decode and short-extend kernels with it at first start",),
+        )
+    why = facts.skipped.get("c_compiler", "not probed")
+    if why.startswith("not probed"):
+        return Check("C compiler", "skipped", f"skipped: {why}")
+    effect = "the bundled runtime falls back to torch eager, several times slower per decoded token"
+    fix = "install gcc or clang, or set CC to a compiler"
+    if resolve_engine(facts, cfg) == "builtin":
+        return Check("C compiler", "warning", f"{why}: {effect}; {fix}")
+    return Check("C compiler", "skipped", f"{why}: only the bundled runtime needs one")
 
 
 _ELASTIC_OFF = (Change("config.toml", "memory.enable_elastic_memory_pool", False),)

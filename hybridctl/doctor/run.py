@@ -72,7 +72,7 @@ def _place_config_findings(findings: list[DoctorFinding], line: Callable[[str, s
 
 def unprobed_host() -> HostFacts:
     """Host facts for --no-host: every probe reported as skipped (diagnosing a log copied from elsewhere)."""
-    return HostFacts(skipped={step: "not probed (--no-host)" for step in ("nvml", "torch", "sglang")})
+    return HostFacts(skipped={step: "not probed (--no-host)" for step in ("nvml", "torch", "sglang", "c_compiler")})
 
 
 def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorReport:

@@ -53,6 +53,7 @@ class HostFacts:
     gpus: tuple[GpuFacts, ...] = ()
     torch: TorchBuild | None = None
     sglang: SglangFacts | None = None
+    c_compiler: str | None = None  # what the bundled runtime builds its native kernels with
     # Probe step -> why it was skipped (no NVML, no libcuda.so.1, package missing, ...).
     skipped: dict[str, str] = field(default_factory=dict)
 

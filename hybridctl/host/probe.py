@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+from hybridctl.host.compiler import CANDIDATES, COMPILER_ENV, find_c_compiler
 from hybridctl.host.cuda_driver import CudaDriverInfo, CudaDriverUnavailable, query_cuda_driver
 from hybridctl.host.facts import GpuFacts, GpuProcess, HostFacts
 from hybridctl.host.packages import PackageMissing, sglang_facts, torch_build
@@ -36,12 +37,16 @@ def probe_host() -> HostFacts:
         sglang = sglang_facts()
     except PackageMissing as exc:
         skipped["sglang"] = str(exc)
+    c_compiler = find_c_compiler()
+    if c_compiler is None:
+        skipped["c_compiler"] = f"no C compiler (${COMPILER_ENV}, or {', '.join(CANDIDATES)} on PATH)"
     return HostFacts(
         driver_version=driver_version,
         cuda_driver_version=cuda.cuda_version if cuda else nvml_cuda,
         gpus=gpus,
         torch=torch,
         sglang=sglang,
+        c_compiler=c_compiler,
         skipped=skipped,
     )
 

@@ -12,7 +12,6 @@ import ctypes
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -20,13 +19,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridctl.host.compiler import COMPILER_ENV as COMPILER_ENV
+from hybridctl.host.compiler import find_c_compiler
+
 # -O3 vectorizes the loops; -march=native targets the CPU it runs on (the cache key carries the CPU's flags, so a
 # home directory shared between machines never loads a library built for another CPU); -fopenmp-simd honours
 # `#pragma omp simd` without linking an OpenMP runtime (torch brings its own). No -ffast-math: a kernel states any
 # reassociation it wants with a simd reduction clause, so IEEE semantics (inf, nan, signed zero) hold elsewhere.
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11", "-lm")
 CACHE_ENV = "HYBRIDCTL_NATIVE_CACHE"  # where built libraries live; default $XDG_CACHE_HOME/hybridctl/native
-COMPILER_ENV = "CC"
 DISABLE_ENV = "HYBRIDCTL_NATIVE"  # "0" or "off": never build or load a native library (the torch path only)
 
 _lock = threading.Lock()
@@ -67,14 +68,7 @@ def native_disabled() -> bool:
 
 
 def find_compiler() -> str | None:
-    explicit = os.environ.get(COMPILER_ENV)
-    if explicit:
-        return shutil.which(explicit) or (explicit if Path(explicit).is_file() else None)
-    for name in ("cc", "gcc", "clang"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+    return find_c_compiler()
 
 
 def _cpu_signature() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def sglang(version: str = "0.5.23", *, hybrid: bool = True, unified: bool = True
 def host(driver: str | None = "550.54.15", cuda=(12, 4), gpus=(gpu(),), torch_cuda: str | None = "12.4",
          sgl: SglangFacts | None = None) -> HostFacts:  # fmt: skip
     torch = TorchBuild("2.13.0", torch_cuda)
-    return HostFacts(driver, cuda if driver else None, tuple(gpus), torch, sgl or sglang())
+    return HostFacts(driver, cuda if driver else None, tuple(gpus), torch, sgl or sglang(), c_compiler="/usr/bin/cc")
 
 
 def elastic_cfg(**extra_args: str) -> HybridConfig:
@@ -177,3 +178,41 @@ def test_real_probe_never_raises() -> None:
     assert facts.gpus or "nvml" in facts.skipped or facts.driver_version is not None
     checks, _ = judge_host(facts)
     assert checks[0].name == "NVIDIA driver"
+
+
+def compiler_check(facts: HostFacts) -> tuple[str, str]:
+    checks, _ = judge_host(facts)
+    found = [c for c in checks if c.name == "C compiler"]
+    assert len(found) == 1
+    return found[0].status, found[0].summary
+
+
+def test_c_compiler_found_is_ok() -> None:
+    cpu = HostFacts(torch=TorchBuild("2.13.0+cpu", None), c_compiler="/usr/bin/cc")
+    assert compiler_check(cpu) == ("ok", "/usr/bin/cc")
+
+
+def test_no_c_compiler_warns_where_the_bundled_runtime_would_serve() -> None:
+    cpu = HostFacts(torch=TorchBuild("2.13.0+cpu", None), skipped={"c_compiler": "no C compiler ($CC, or cc on PATH)"})
+    status, summary = compiler_check(cpu)
+    assert status == "warning"
+    assert "no C compiler" in summary and "torch eager" in summary and "install gcc or clang" in summary
+
+
+def test_no_c_compiler_on_an_sglang_gpu_host_is_only_noted() -> None:
+    gpu_host = dataclasses.replace(
+        host(), c_compiler=None, skipped={"c_compiler": "no C compiler ($CC, or cc on PATH)"}
+    )
+    status, summary = compiler_check(gpu_host)
+    assert status == "skipped" and "only the bundled runtime" in summary
+
+
+def test_the_probe_finds_the_compiler_the_runtime_builds_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from hybridctl.host.compiler import find_c_compiler
+
+    facts = probe_host()
+    assert facts.c_compiler == find_c_compiler()
+    assert ("c_compiler" in facts.skipped) == (facts.c_compiler is None)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    missing = probe_host()
+    assert missing.c_compiler is None and "no C compiler" in missing.skipped["c_compiler"]
