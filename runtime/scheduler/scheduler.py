@@ -373,7 +373,8 @@ class Scheduler:
                 continue  # failed alone above
             req.output_ids.append(tok)
             req.pending_ids.append(tok)
-            lp.record_output(req, logits[i : i + 1], [tok])
+            if req.return_logprob:  # (a slice of the logits per request and token costs a few microseconds)
+                lp.record_output(req, logits[i : i + 1], [tok])
             self.counters.generation_tokens_total += 1
             try:
                 ended = req.grammar is not None and req.grammar.accept(tok)

@@ -150,3 +150,22 @@ def test_greedy_batch_picks_each_rows_first_maximum() -> None:
         logits = torch.randint(0, 4, (8, 64), generator=gen).float()  # many ties
         logits[3] = float("-inf")
         assert sample(logits, params, [None] * 8) == torch.argmax(logits, dim=-1).tolist()
+
+
+def test_greedy_batch_matches_torch_on_nan_views_and_16_bit_logits() -> None:
+    """The NumPy argmax path gives torch's indices: NaN counts as the maximum (its first one), a strided view and
+    bfloat16 logits (cast to float32 first) pick what torch.argmax picks, one row or many."""
+    gen = torch.Generator().manual_seed(1)
+    for rows in (1, 3, 8):
+        params = [SamplingParams(temperature=0)] * rows
+        logits = torch.randint(0, 3, (rows, 97), generator=gen).float()
+        logits[0, 5] = logits[0, 50] = float("nan")
+        assert sample(logits, params, [None] * rows) == torch.argmax(logits, dim=-1).tolist()
+        assert sample(logits, params, [None] * rows)[0] == 5
+        wide = torch.randn(rows, 130, generator=gen)
+        view = wide[:, 3:120]  # not contiguous
+        assert sample(view, params, [None] * rows) == torch.argmax(view, dim=-1).tolist()
+        half = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+        assert sample(half, params, [None] * rows) == torch.argmax(half.float(), dim=-1).tolist()
+        with torch.inference_mode():
+            assert sample(logits.clone(), params, [None] * rows) == torch.argmax(logits, dim=-1).tolist()
