@@ -1,11 +1,11 @@
 """A decode step's host time outside the model forward, two runtime trees interleaved (in-process, no server).
 
 Each measurement is a fresh process running one tree's `EngineCore` (eager, --threads intra-op threads): --batch
-greedy ignore-EOS requests of a 128-token prompt decode --steps tokens; per decode step it times
-`EngineCore.step()` and the `ModelRunner.forward` inside it, and reports the medians of step - forward (schedule,
-ModelRunner.prepare, sampling, stop checks, emitting each request's output) and of the forward. Processes
-alternate A, B, B, A, ... per round and batch size, so both trees see the same host load; prints medians over
-rounds and B/A.
+greedy ignore-EOS requests of a 128-token prompt decode --steps tokens; per decode step it times `EngineCore.step()`
+and the `ModelRunner.forward` inside it in the thread's CPU time (so a wait for a core counts in neither: with one
+intra-op thread the forward runs on this thread), and reports the medians of step - forward (schedule,
+ModelRunner.prepare, sampling, stop checks, emitting each request's output) and of the forward. Processes alternate
+A, B, B, A, ... per round and batch size, so both trees see the same host load; prints medians over rounds and B/A.
 
     python benchmarks/step_host_cost.py --a TREE_A --b TREE_B --model DIR [--batch 1,8] [--rounds 4]
         [--steps 200] [--threads 1]
@@ -46,18 +46,18 @@ forward = runner.forward
 spent = [0.0]
 
 def timed(fb):
-    t = time.perf_counter()
+    t = time.thread_time()
     try:
         return forward(fb)
     finally:
-        spent[0] = time.perf_counter() - t
+        spent[0] = time.thread_time() - t
 
 runner.forward = timed
 host, fwd = [], []
 for _ in range(steps):
-    t = time.perf_counter()
+    t = time.thread_time()
     core.step()
-    total = time.perf_counter() - t
+    total = time.thread_time() - t
     host.append((total - spent[0]) * 1e6)
     fwd.append(spent[0] * 1e6)
 print(json.dumps({"host_us": statistics.median(host), "forward_us": statistics.median(fwd)}))
