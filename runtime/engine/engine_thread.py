@@ -211,9 +211,10 @@ class ThreadedEngineClient(EngineClient):
         while True:
             commanded = False
             try:
-                # Block only when idle; while requests run, just drain what has arrived.
+                # Block only when idle; while requests run, just drain what has arrived (and skip the queue's
+                # lock and Empty exception, ~3 us a step, when nothing has).
                 block = not self.core.scheduler.has_work
-                while True:
+                while block or self._commands.qsize():
                     kind, payload, fut = self._commands.get(block=block, timeout=None)
                     commanded = True
                     if not self._apply(kind, payload, fut):

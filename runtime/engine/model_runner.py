@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from runtime.core.batch import ForwardBatch, ScheduledBatch
@@ -71,13 +72,13 @@ class ModelRunner:
             positions = [p for start, tokens in spans for p in range(start, start + len(tokens))]
         return ForwardBatch(
             mode=batch.mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
+            input_ids=_int64(ids),
+            positions=_int64(positions),
             extend_lens=[len(tokens) for tokens in batch.tokens],
             prefix_lens=list(batch.starts),
             kv_locs=batch.kv_locs,
-            out_locs=torch.tensor(batch.out_locs, dtype=torch.int64),
-            state_slots=torch.tensor(batch.state_slots, dtype=torch.int64),
+            out_locs=_int64(batch.out_locs),
+            state_slots=_int64(batch.state_slots),
             all_logits=batch.all_logits,
             state_checkpoints=batch.checkpoints if any(batch.checkpoints) else None,
         )
@@ -106,6 +107,12 @@ class ModelRunner:
     def _forward_on(self, threads: int, batch: ForwardBatch) -> torch.Tensor:
         with intra_op_threads(threads):
             return self.model.forward(batch, self.pools.buffers)
+
+
+def _int64(values: list[int]) -> torch.Tensor:
+    """A CPU int64 tensor of `values`, through NumPy: 5 us for a decode step's 8 ids instead of torch.tensor's
+    10 (four per step)."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))
 
 
 def one_token_continuations(batch: ForwardBatch) -> bool:

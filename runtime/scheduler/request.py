@@ -11,6 +11,7 @@ import torch
 from runtime.core.requests import RequestOutput, SamplingParams
 from runtime.kvcache.cache_manager import ReqMemory
 from runtime.scheduler.grammar import RequestGrammar
+from runtime.scheduler.sampling import is_greedy
 
 
 @dataclass
@@ -44,6 +45,19 @@ class Req:
     spec_verify_ct: int = 0  # speculative verify rounds this request took part in
     spec_correct_drafts: int = 0
     spec_proposed_drafts: int = 0
+    _plain_greedy: bool | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy, without penalties, grammar or logprobs: its token is the row's argmax, nothing else. Fixed once
+        the request is set up (sampling, grammar and logprob options never change after), so kept after the
+        first ask."""
+        plain = self._plain_greedy
+        if plain is None:
+            p = self.sampling
+            plain = is_greedy(p) and not p.has_penalties and self.grammar is None and not self.return_logprob
+            self._plain_greedy = plain
+        return plain
 
     @property
     def all_ids(self) -> list[int]:

@@ -38,7 +38,7 @@ from runtime.scheduler.penalties import apply_penalties
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
-from runtime.scheduler.sampling import sample_isolated
+from runtime.scheduler.sampling import greedy_tokens, sample_isolated
 from runtime.scheduler.stats import DecodeRate, stats_snapshot
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
 
@@ -359,21 +359,20 @@ class Scheduler:
         self.counters.cached_tokens_total += req.cached_tokens
 
     def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        logits = apply_penalties(logits, [r.sampling for r in reqs], [r.output_ids for r in reqs], self.eos_token_ids)
-        generators = [self.generator_for(r) for r in reqs]
-        logits, grammar_errors = mask_isolated(logits, [r.grammar for r in reqs])  # structured output
-        for i, exc in grammar_errors:  # this request's grammar failed: it fails alone, the batch goes on
-            self.fail(reqs[i], "grammar", exc)
-        tokens, errors = sample_isolated(logits, [r.sampling for r in reqs], generators)
-        for i, exc in errors:  # this request's sampling raised: it fails alone, the batch goes on
-            if not reqs[i].finished:
-                self.fail(reqs[i], "sampling", exc, status_code=400)
+        tokens: list[int | None]
+        if all(r.plain_greedy for r in reqs):
+            # The common batch: greedy, no penalties, grammar or logprobs. One argmax, none of the per-request
+            # lists and checks below (~20 us of a batch-8 step's Python).
+            tokens = list(greedy_tokens(logits.float()))
+        else:
+            tokens = self._sample(reqs, logits)
         for i, (req, tok) in enumerate(zip(reqs, tokens, strict=True)):
             if tok is None or req.finished:
                 continue  # failed alone above
             req.output_ids.append(tok)
             req.pending_ids.append(tok)
-            lp.record_output(req, logits[i : i + 1], [tok])
+            if req.return_logprob:  # (a slice of the logits per request and token costs a few microseconds)
+                lp.record_output(req, logits[i : i + 1], [tok])
             self.counters.generation_tokens_total += 1
             try:
                 ended = req.grammar is not None and req.grammar.accept(tok)
@@ -387,6 +386,20 @@ class Scheduler:
                 self.finish_running(req, reason)
             else:
                 req.on_output(req.take_output())
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int | None]:
+        """Each request's next token with its penalties, grammar and sampling parameters; a request whose
+        grammar or sampling raises fails alone (None), the batch goes on."""
+        logits = apply_penalties(logits, [r.sampling for r in reqs], [r.output_ids for r in reqs], self.eos_token_ids)
+        generators = [self.generator_for(r) for r in reqs]
+        logits, grammar_errors = mask_isolated(logits, [r.grammar for r in reqs])  # structured output
+        for i, exc in grammar_errors:
+            self.fail(reqs[i], "grammar", exc)
+        tokens, errors = sample_isolated(logits, [r.sampling for r in reqs], generators)
+        for i, exc in errors:
+            if not reqs[i].finished:
+                self.fail(reqs[i], "sampling", exc, status_code=400)
+        return tokens
 
     # -- public hooks for spec and PD, which admit and finish requests outside `step` -------------------------
 

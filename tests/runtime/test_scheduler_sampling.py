@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.engine.engine_core import EngineCore
+from runtime.scheduler.request import Req
 from runtime.scheduler.sampling import sample, sample_row
 from tests.runtime.test_engine_support import (
     VOCAB,
@@ -150,3 +152,60 @@ def test_greedy_batch_picks_each_rows_first_maximum() -> None:
         logits = torch.randint(0, 4, (8, 64), generator=gen).float()  # many ties
         logits[3] = float("-inf")
         assert sample(logits, params, [None] * 8) == torch.argmax(logits, dim=-1).tolist()
+
+
+def test_greedy_batch_matches_torch_on_nan_views_and_16_bit_logits() -> None:
+    """The NumPy argmax path gives torch's indices: NaN counts as the maximum (its first one), a strided view and
+    bfloat16 logits (cast to float32 first) pick what torch.argmax picks, one row or many."""
+    gen = torch.Generator().manual_seed(1)
+    for rows in (1, 3, 8):
+        params = [SamplingParams(temperature=0)] * rows
+        logits = torch.randint(0, 3, (rows, 97), generator=gen).float()
+        logits[0, 5] = logits[0, 50] = float("nan")
+        assert sample(logits, params, [None] * rows) == torch.argmax(logits, dim=-1).tolist()
+        assert sample(logits, params, [None] * rows)[0] == 5
+        wide = torch.randn(rows, 130, generator=gen)
+        view = wide[:, 3:120]  # not contiguous
+        assert sample(view, params, [None] * rows) == torch.argmax(view, dim=-1).tolist()
+        half = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+        assert sample(half, params, [None] * rows) == torch.argmax(half.float(), dim=-1).tolist()
+        with torch.inference_mode():
+            assert sample(logits.clone(), params, [None] * rows) == torch.argmax(logits, dim=-1).tolist()
+
+
+def test_plain_greedy_batches_sample_as_the_general_path(core: EngineCore) -> None:
+    """A batch of plain greedy requests samples with one argmax; the same batch with one request asking for
+    logprobs (which changes no token) goes through penalties, grammar masks and per-row sampling: the same tokens
+    for every request either way, and the logprobs arrive."""
+    prompts = [[(5 * i + j) % 200 + 3 for j in range(6 + i)] for i in range(4)]
+
+    def run(tag: str, logprob_row: int) -> tuple[list[list[int]], Any]:
+        assert core.scheduler.flush_cache()  # the second run computes the prompts again, as the first did
+        reqs = [
+            GenerateRequest(f"{tag}{i}", p, greedy(8), return_logprob=i == logprob_row) for i, p in enumerate(prompts)
+        ]
+        got = run_to_completion(core, reqs, together=True)
+        return [got.tokens(f"{tag}{i}") for i in range(len(prompts))], got
+
+    plain, _ = run("plain", -1)
+    general, got = run("general", 2)
+    assert plain == general
+    assert all(len(t) == 8 for t in plain)
+    assert len([lp for o in got.outputs["general2"] for lp in (o.new_token_logprobs or [])]) == 8
+
+
+def test_plain_greedy_is_decided_by_every_option_that_changes_sampling() -> None:
+    def req(params: SamplingParams, **kw: Any) -> Req:
+        r = Req("r", [1], params, lambda out: None, kw.pop("return_logprob", False))
+        for k, v in kw.items():
+            setattr(r, k, v)
+        return r
+
+    assert req(greedy(4)).plain_greedy
+    assert req(SamplingParams(temperature=0.7, top_k=1)).plain_greedy  # top_k 1 is greedy
+    assert not req(SamplingParams(temperature=0.7)).plain_greedy
+    assert not req(greedy(4, frequency_penalty=0.5)).plain_greedy
+    assert not req(greedy(4, min_new_tokens=2)).plain_greedy
+    assert not req(greedy(4, logit_bias={3: 1.0})).plain_greedy
+    assert not req(greedy(4), return_logprob=True).plain_greedy
+    assert not req(greedy(4), grammar=object()).plain_greedy
