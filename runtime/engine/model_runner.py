@@ -2,8 +2,9 @@
 
 It owns everything between the scheduler's decision and the model: the batch's tensors (`prepare`), and which
 forward runs them (`forward`): the native decode (one C call, runtime/engine/native_decode.py), the compiled decode
-or short extend when one handles the batch, else the eager model, on one thread or all of them for a few-token forward. The scheduler never sees a tensor it did not get
-from the cache manager, and the runner never decides what runs.
+or short extend when one handles the batch, else the eager model, on one thread or all of them for a few-token
+forward. The scheduler never sees a tensor it did not get from the cache manager, and the runner never decides what
+runs.
 """
 
 from __future__ import annotations
