@@ -91,6 +91,16 @@ static inline float hsum256(__m256 v) {
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
 }
+/* The four sums of a0..a3, as [sum a0, sum a1, sum a2, sum a3]. */
+static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+static inline void store4(float *y, __m128 v, const float *bias) {
+    if (bias) v = _mm_add_ps(v, _mm_loadu_ps(bias));
+    _mm_storeu_ps(y, v);
+}
 #ifdef __FMA__
 #define HD_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #else
@@ -118,6 +128,10 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return acc;
 }
 
+#ifndef HD_AHEAD
+#define HD_AHEAD 1
+#endif
+
 /* Y[b, n] = W[n, :] . X[b, :] (+ bias[n]) for b < B, n < N: each weight row is read once for all B rows. */
 static void gemm(const float *restrict W, const float *restrict bias, int64_t N, int64_t K, const float *X,
                  int64_t ldx, int64_t B, float *Y, int64_t ldy) {
@@ -126,22 +140,47 @@ static void gemm(const float *restrict W, const float *restrict bias, int64_t N,
     if (K % 8 == 0) {
         for (; n + 4 <= N; n += 4) {
             const float *w0 = W + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-            for (int64_t b = 0; b < B; b++) {
+            /* The rows of a block HD_AHEAD blocks on, fetched while this one computes: with B > 1 the hardware
+             * prefetcher alone falls behind and the stream stalls (B=8 ran 2.6x slower than B=1 from DRAM). */
+            const float *ahead = n + 4 * (HD_AHEAD + 1) <= N ? W + (n + 4 * HD_AHEAD) * K : NULL;
+            if (ahead)
+                for (int64_t k = 0; k < 4 * K; k += 16) _mm_prefetch((const char *)(ahead + k), _MM_HINT_T0);
+            int64_t b = 0;
+            /* Two batch rows at a time: 8 accumulators, 6 loads per 8 FMAs. */
+            for (; b + 2 <= B; b += 2) {
+                const float *x = X + b * ldx, *x1 = x + ldx;
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+                __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps();
+                __m256 c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
+                for (int64_t k = 0; k < K; k += 8) {
+                    const __m256 xv = _mm256_loadu_ps(x + k), xw = _mm256_loadu_ps(x1 + k);
+                    const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
+                    const __m256 v2 = _mm256_loadu_ps(w2 + k), v3 = _mm256_loadu_ps(w3 + k);
+                    a0 = HD_FMA(v0, xv, a0);
+                    a1 = HD_FMA(v1, xv, a1);
+                    a2 = HD_FMA(v2, xv, a2);
+                    a3 = HD_FMA(v3, xv, a3);
+                    c0 = HD_FMA(v0, xw, c0);
+                    c1 = HD_FMA(v1, xw, c1);
+                    c2 = HD_FMA(v2, xw, c2);
+                    c3 = HD_FMA(v3, xw, c3);
+                }
+                store4(Y + b * ldy + n, hsum4(a0, a1, a2, a3), bias ? bias + n : NULL);
+                store4(Y + (b + 1) * ldy + n, hsum4(c0, c1, c2, c3), bias ? bias + n : NULL);
+            }
+            for (; b < B; b++) {
                 const float *x = X + b * ldx;
                 __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
                 __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
                 for (int64_t k = 0; k < K; k += 8) {
-                    __m256 xv = _mm256_loadu_ps(x + k);
+                    const __m256 xv = _mm256_loadu_ps(x + k);
                     a0 = HD_FMA(_mm256_loadu_ps(w0 + k), xv, a0);
                     a1 = HD_FMA(_mm256_loadu_ps(w1 + k), xv, a1);
                     a2 = HD_FMA(_mm256_loadu_ps(w2 + k), xv, a2);
                     a3 = HD_FMA(_mm256_loadu_ps(w3 + k), xv, a3);
                 }
-                float *y = Y + b * ldy + n;
-                y[0] = hsum256(a0) + (bias ? bias[n] : 0.0f);
-                y[1] = hsum256(a1) + (bias ? bias[n + 1] : 0.0f);
-                y[2] = hsum256(a2) + (bias ? bias[n + 2] : 0.0f);
-                y[3] = hsum256(a3) + (bias ? bias[n + 3] : 0.0f);
+                store4(Y + b * ldy + n, hsum4(a0, a1, a2, a3), bias ? bias + n : NULL);
             }
         }
     }
