@@ -110,3 +110,14 @@ def test_live_servers_on_and_off_give_the_same_greedy_text(model_dir: Path, tmp_
             assert ("Native decode: on (" in line) == (mode == "on"), line
     assert texts["on"] == texts["off"]
     assert all(len(t) > 0 for t in texts["on"])
+
+
+def test_with_torch_compile_native_runs_the_decode_and_no_decode_graph_is_built(model_dir: Path) -> None:
+    core = make_core(model_dir, enable_torch_compile=True, torch_compile_max_extend_tokens=0)
+    assert core.runner.native_decode is not None and core.runner.compiled_decode is None
+    assert core.stats().torch_compile == "none" and core.stats().native_decode == "on"
+    want = run_to_completion(
+        make_core(model_dir, native_decode="off"), [GenerateRequest("a", [9] * 12, greedy(6))], together=True
+    )
+    got = run_to_completion(core, [GenerateRequest("a", [9] * 12, greedy(6))], together=True)
+    assert got.tokens("a") == want.tokens("a")
