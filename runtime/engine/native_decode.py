@@ -253,16 +253,13 @@ class NativeDecode:
         pools = (buffers.k, buffers.v, buffers.conv, buffers.ssm)
         pool_key = tuple(t.data_ptr() for group in pools for t in group)
         if pool_key != self._pool_key:
-            # The elastic pool can replace the buffers: checked again whenever their storage changes.
-            if reason := self.kernel.pools_error(*pools):
-                raise ValueError(f"native decode: {reason}")
+            # The elastic pool can replace the buffers: checked and bound again whenever their storage changes.
+            self.kernel.bind_pools(*pools)
             self._pool_key = pool_key
         kv_locs = batch.kv_locs
-        if len(kv_locs) == 1:
-            kv_flat = kv_locs[0].to(torch.int64).contiguous()
-        else:
-            kv_flat = torch.cat([loc.to(torch.int64) for loc in kv_locs])
-        offsets = torch.tensor([0, *itertools.accumulate(int(loc.numel()) for loc in kv_locs)], dtype=torch.int64)
+        lengths = [loc.numel() for loc in kv_locs]
+        kv_flat = _int64(kv_locs[0]) if len(kv_locs) == 1 else torch.cat([_int64(loc) for loc in kv_locs])
+        offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
         self.steps += 1
         return self.kernel.step(
             _int64(batch.input_ids),
@@ -271,11 +268,13 @@ class NativeDecode:
             _int64(batch.state_slots),
             offsets,
             kv_flat,
-            pools,
         )
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when it is already a contiguous int64 CPU tensor (the engine's case), else a converted copy."""
+    if t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous():
+        return t
     return t.to("cpu", torch.int64).contiguous()
 
 

@@ -10,6 +10,7 @@ only that the indices it is given lie inside the pools.
 from __future__ import annotations
 
 import ctypes
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -240,6 +241,12 @@ class HybridDecodeKernel:
         )
         self._fn = self.library.lib.hd_decode
         self._model_ref = ctypes.byref(self._model)
+        # The step's struct, kept: per step only its index pointers and batch size change (bind_pools sets the rest).
+        self._step = _Step()
+        self._step_ref = ctypes.byref(self._step)
+        self._bound = False
+        self._pools: tuple[list[torch.Tensor], ...] = ()
+        self._tables: list[ctypes.Array[_F]] = []
 
     def _ptr(self, t: torch.Tensor | None, shape: tuple[int, ...], name: str) -> ctypes._Pointer[ctypes.c_float] | None:
         if t is None:
@@ -341,6 +348,25 @@ class HybridDecodeKernel:
                     return f"KV buffers of attention layer {lw.ordinal} are not [slots, {want[0]}, {want[1]}]"
         return None
 
+    def bind_pools(
+        self, k: list[torch.Tensor], v: list[torch.Tensor], conv: list[torch.Tensor], ssm: list[torch.Tensor]
+    ) -> None:
+        """Point the step at these pool buffers (checked by `pools_error` first: ValueError with the reason).
+        Call again whenever a buffer is replaced; the tables stay valid until then."""
+        if reason := self.pools_error(k, v, conv, ssm):
+            raise ValueError(f"native decode: {reason}")
+
+        def table(group: list[torch.Tensor]) -> ctypes.Array[_F]:
+            return (_F * max(len(group), 1))(*(ctypes.cast(t.data_ptr(), _F) for t in group))
+
+        self._pools = (list(k), list(v), list(conv), list(ssm))  # the buffers stay alive while pointed at
+        self._tables = [table(group) for group in (k, v, conv, ssm)]
+        step = self._step
+        step.k_pool, step.v_pool, step.conv_pool, step.ssm_pool = (ctypes.cast(t, _FP) for t in self._tables)
+        step.token_slots = min((t.shape[0] for t in (*k, *v)), default=0)
+        step.state_slots_count = min((t.shape[0] for t in (*conv, *ssm)), default=0)
+        self._bound = True
+
     def step(
         self,
         ids: torch.Tensor,
@@ -349,52 +375,34 @@ class HybridDecodeKernel:
         state_slots: torch.Tensor,
         kv_offsets: torch.Tensor,
         kv_flat: torch.Tensor,
-        pools: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]],
     ) -> torch.Tensor:
         """Logits [B, vocab] fp32 for one new token per sequence; writes K/V at `out_locs` and advances every
-        linear layer's state at `state_slots`. Index tensors: int64, CPU, contiguous, [B] (`kv_offsets` [B+1]);
-        `pools` (k, v, conv, ssm) must have passed `pools_error`."""
+        linear layer's state at `state_slots`, in the pools of the last `bind_pools`. Index tensors: int64, CPU,
+        contiguous, [B] (`kv_offsets` [B+1], from 0 to kv_flat's length: sequence b's KV slots are
+        kv_flat[kv_offsets[b]:kv_offsets[b+1]])."""
+        if not self._bound:
+            raise ValueError("native decode: no pools bound (bind_pools)")
         batch = ids.shape[0]
-        for name, t, n in (
-            ("ids", ids, batch),
-            ("positions", positions, batch),
-            ("out_locs", out_locs, batch),
-            ("state_slots", state_slots, batch),
-            ("kv_offsets", kv_offsets, batch + 1),
-        ):
+        expected = ((ids, batch), (positions, batch), (out_locs, batch), (state_slots, batch), (kv_offsets, batch + 1))
+        for t, n in expected:
             if t.dtype != torch.int64 or t.device.type != "cpu" or not t.is_contiguous() or t.shape != (n,):
-                raise ValueError(f"native decode: {name} must be a contiguous int64 CPU tensor of {n} values")
+                raise ValueError(f"native decode: index tensors must be contiguous int64 CPU tensors of {n} values")
         if kv_flat.dtype != torch.int64 or kv_flat.device.type != "cpu" or not kv_flat.is_contiguous():
             raise ValueError("native decode: kv_flat must be a contiguous int64 CPU tensor")
-        if int(kv_offsets[0]) != 0 or int(kv_offsets[-1]) != kv_flat.numel():
-            raise ValueError("native decode: kv_offsets must run from 0 to the number of KV slots")
-        k, v, conv, ssm = pools
+        offsets = kv_offsets.tolist()
+        if offsets[0] != 0 or offsets[-1] != kv_flat.numel() or any(b < a for a, b in itertools.pairwise(offsets)):
+            raise ValueError("native decode: kv_offsets must rise from 0 to the number of KV slots")
         logits = torch.empty(batch, self.weights.vocab, dtype=torch.float32)
-        token_slots = min((t.shape[0] for t in (*k, *v)), default=0)
-        state_count = min((t.shape[0] for t in (*conv, *ssm)), default=0)
-
-        def table(group: list[torch.Tensor]) -> ctypes.Array[_F]:
-            return (_F * max(len(group), 1))(*(ctypes.cast(t.data_ptr(), _F) for t in group))
-
-        tables = [table(group) for group in (k, v, conv, ssm)]  # alive until the call returns
-
-        step = _Step(
-            batch=batch,
-            ids=ctypes.cast(ids.data_ptr(), _I),
-            positions=ctypes.cast(positions.data_ptr(), _I),
-            out_locs=ctypes.cast(out_locs.data_ptr(), _I),
-            state_slots=ctypes.cast(state_slots.data_ptr(), _I),
-            kv_offsets=ctypes.cast(kv_offsets.data_ptr(), _I),
-            kv_flat=ctypes.cast(kv_flat.data_ptr(), _I),
-            k_pool=ctypes.cast(tables[0], _FP),
-            v_pool=ctypes.cast(tables[1], _FP),
-            conv_pool=ctypes.cast(tables[2], _FP),
-            ssm_pool=ctypes.cast(tables[3], _FP),
-            token_slots=token_slots,
-            state_slots_count=state_count,
-            logits=ctypes.cast(logits.data_ptr(), _F),
-        )
-        code = self._fn(self._model_ref, ctypes.byref(step))
+        step = self._step
+        step.batch = batch
+        step.ids = ctypes.cast(ids.data_ptr(), _I)
+        step.positions = ctypes.cast(positions.data_ptr(), _I)
+        step.out_locs = ctypes.cast(out_locs.data_ptr(), _I)
+        step.state_slots = ctypes.cast(state_slots.data_ptr(), _I)
+        step.kv_offsets = ctypes.cast(kv_offsets.data_ptr(), _I)
+        step.kv_flat = ctypes.cast(kv_flat.data_ptr(), _I)
+        step.logits = ctypes.cast(logits.data_ptr(), _F)
+        code = self._fn(self._model_ref, self._step_ref)
         if code != 0:
             raise ValueError(f"native decode refused the step: {_ERRORS.get(code, f'error {code}')}")
         return logits
