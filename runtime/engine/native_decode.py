@@ -156,6 +156,10 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
 
     if type(model) is not Qwen3NextForCausalLM:
         raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next-family model")
+    hooked = _hooked_module(model)
+    if hooked:
+        # E.g. the MTP drafter's capture of the last layer's output (runtime/spec/mtp.py): the C step runs no hook.
+        raise Unsupported(f"a forward hook on {hooked} needs the torch forward (speculative decoding's capture)")
     params = list(model.parameters())
     if any(p.device.type != "cpu" for p in params):
         raise Unsupported("the model is not on the CPU")
@@ -201,6 +205,14 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         attention_layers=sum(1 for lw in layers if lw.kind == ATTENTION_KIND),
         linear_layers=sum(1 for lw in layers if lw.kind == LINEAR_KIND),
     )
+
+
+def _hooked_module(model: nn.Module) -> str:
+    """The name of a module with a forward hook ("" when none; "model" for the model itself)."""
+    for name, module in model.named_modules():
+        if module._forward_hooks or module._forward_pre_hooks:  # noqa: SLF001 - torch has no public accessor
+            return name or "model"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -271,3 +271,13 @@ def test_bad_pools_are_refused_before_the_call(model: HybridModel) -> None:
     batch.out_locs = torch.tensor([10**9])
     with pytest.raises(ValueError, match="KV token slot"):
         native(batch, runner.buffers)
+
+
+def test_a_forward_hook_keeps_the_torch_forward(model: HybridModel) -> None:
+    """A hook on a layer (speculative decoding's MTP capture) only runs in the torch forward."""
+    handle = model.body.layers[-1].register_forward_hook(lambda module, args, output: None)
+    try:
+        with pytest.raises(Unsupported, match="forward hook on model.layers.3"):
+            decode_weights(model)
+    finally:
+        handle.remove()
