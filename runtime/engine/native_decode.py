@@ -152,7 +152,7 @@ def _feed_forward(mlp: nn.Module, name: str) -> FeedForwardWeights:
 
 def decode_weights(model: HybridModel) -> DecodeWeights:
     """The kernel's view of `model`'s tensors; Unsupported naming the first thing the kernel does not compute."""
-    from runtime.models.qwen3_next import Qwen3NextForCausalLM
+    from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
     if type(model) is not Qwen3NextForCausalLM:
         raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next-family model")
@@ -171,6 +171,8 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
     layers: list[LayerWeights] = []
     for i, layer in enumerate(body.layers):
         name = f"layer {i}"
+        if not isinstance(layer, Qwen3NextDecoderLayer):
+            raise Unsupported(f"{name} is {type(layer).__name__}")
         kind = getattr(layer, "kind", None)
         if kind == LINEAR:
             mixer: DeltaNetWeights | AttentionWeights = _deltanet(layer.linear_attn, eps, name)

@@ -246,7 +246,7 @@ class HybridDecodeKernel:
         self._step_ref = ctypes.byref(self._step)
         self._bound = False
         self._pools: tuple[list[torch.Tensor], ...] = ()
-        self._tables: list[ctypes.Array[_F]] = []
+        self._tables: list[ctypes.Array[ctypes._Pointer[ctypes.c_float]]] = []
 
     def _ptr(self, t: torch.Tensor | None, shape: tuple[int, ...], name: str) -> ctypes._Pointer[ctypes.c_float] | None:
         if t is None:
@@ -356,7 +356,7 @@ class HybridDecodeKernel:
         if reason := self.pools_error(k, v, conv, ssm):
             raise ValueError(f"native decode: {reason}")
 
-        def table(group: list[torch.Tensor]) -> ctypes.Array[_F]:
+        def table(group: list[torch.Tensor]) -> ctypes.Array[ctypes._Pointer[ctypes.c_float]]:
             return (_F * max(len(group), 1))(*(ctypes.cast(t.data_ptr(), _F) for t in group))
 
         self._pools = (list(k), list(v), list(conv), list(ssm))  # the buffers stay alive while pointed at
