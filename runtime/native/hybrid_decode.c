@@ -131,6 +131,9 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 #ifndef HD_AHEAD
 #define HD_AHEAD 1
 #endif
+#ifndef HD_HINT
+#define HD_HINT _MM_HINT_T0
+#endif
 
 /* Y[b, n] = W[n, :] . X[b, :] (+ bias[n]) for b < B, n < N: each weight row is read once for all B rows. */
 static void gemm(const float *restrict W, const float *restrict bias, int64_t N, int64_t K, const float *X,
@@ -144,7 +147,7 @@ static void gemm(const float *restrict W, const float *restrict bias, int64_t N,
              * prefetcher alone falls behind and the stream stalls (B=8 ran 2.6x slower than B=1 from DRAM). */
             const float *ahead = n + 4 * (HD_AHEAD + 1) <= N ? W + (n + 4 * HD_AHEAD) * K : NULL;
             if (ahead)
-                for (int64_t k = 0; k < 4 * K; k += 16) _mm_prefetch((const char *)(ahead + k), _MM_HINT_T0);
+                for (int64_t k = 0; k < 4 * K; k += 16) _mm_prefetch((const char *)(ahead + k), HD_HINT);
             int64_t b = 0;
             /* Two batch rows at a time: 8 accumulators, 6 loads per 8 FMAs. */
             for (; b + 2 <= B; b += 2) {
