@@ -102,13 +102,20 @@ ARCHS: dict[str, Callable[[], torch.nn.Module]] = {
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
-def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HybridModel:
+def checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, torch.nn.Module]:
     torch.manual_seed(0)
     hf = ARCHS[request.param]().eval()
     _perturb(hf, 1)
     path: Path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
-    return load_model(path)
+    return path, hf
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint: tuple[Path, torch.nn.Module]) -> HybridModel:
+    return load_model(checkpoint[0])
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -134,9 +141,11 @@ def _decode_batch(runner: SimpleRunner, tokens: dict[int, int]) -> ForwardBatch:
         runner.next_token_slot += 1
         ids.append(token)
         positions.append(len(seq.tokens))
-        pre.append(len(seq.tokens))
+        pre.append(len(seq.tokens))  # the new token is appended below: the runner's own bookkeeping
         out_locs.append(loc)
-        kv_locs.append(torch.tensor([*seq.kv_locs, loc], dtype=torch.int64))
+        seq.tokens.append(token)
+        seq.kv_locs.append(loc)
+        kv_locs.append(torch.tensor(seq.kv_locs, dtype=torch.int64))
         slots.append(seq.slot)
     return ForwardBatch(
         mode="decode",
@@ -281,3 +290,21 @@ def test_a_forward_hook_keeps_the_torch_forward(model: HybridModel) -> None:
             decode_weights(model)
     finally:
         handle.remove()
+
+
+def test_greedy_native_decode_matches_transformers_generate(
+    checkpoint: tuple[Path, torch.nn.Module], model: HybridModel
+) -> None:
+    """Prefill through torch, then 48 native decode steps: the tokens transformers' fp32 generate picks."""
+    prompt = _prompt(30, 3)
+    with torch.no_grad():
+        ref = checkpoint[1].generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)
+    expected = ref[0, len(prompt) :].tolist()
+    runner = SimpleRunner(model, num_state_slots=2)
+    runner.add(0)
+    native = NativeDecode(model)
+    got = [int(runner.extend({0: prompt})[-1].argmax())]
+    while len(got) < len(expected):
+        with torch.inference_mode():
+            got.append(int(native(_decode_batch(runner, {0: got[-1]}), runner.buffers)[0].argmax()))
+    assert got == expected
