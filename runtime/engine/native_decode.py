@@ -156,6 +156,8 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
 
     if type(model) is not Qwen3NextForCausalLM:
         raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next-family model")
+    if type(model).scale_logits is not DecoderLM.scale_logits:
+        raise Unsupported(f"{type(model).__name__} scales its logits")
     hooked = _hooked_module(model)
     if hooked:
         # E.g. the MTP drafter's capture of the last layer's output (runtime/spec/mtp.py): the C step runs no hook.
