@@ -1,0 +1,152 @@
+/* Short extends of a gated-DeltaNet layer (Qwen3-Next / Qwen3.5), token by token, in one call per layer.
+ *
+ * Everything between the input projections and the output projection: the depthwise causal conv over the new
+ * tokens with its rolling window, silu, the per-head l2 norm of q and k, the gates (beta = sigmoid(b),
+ * g = -exp(A_log) * softplus(a + dt_bias)), the gated delta rule state update, and the gated RMSNorm of the
+ * output. At a few tokens the chunked torch form is ~100 dispatched ops a layer for ~20 MFLOP of work; here it
+ * is one pass over the data with the state in L1.
+ *
+ * Layouts (all fp32, row-major, checked by the Python wrapper before the call):
+ *   mixed   [T, conv_dim] rows `mixed_stride` floats apart: [q (nk*dk) | k (nk*dk) | v (nv*dv)]
+ *   z       [T, nv*dv]   rows `z_stride` apart;  b, a [T, nv] rows `ba_stride` apart
+ *   conv_w  [conv_dim, width+1]; conv_bias [conv_dim] or NULL
+ *   conv_pool [slots, conv_dim, width]; ssm_pool [slots, nv, dv, dk] (SGLang's layout)
+ *   out     [T, nv*dv] contiguous
+ * Sequences are packed in batch order: sequence i owns tokens [start_i, start_i + lens[i]).
+ * Checkpoint m: after ck_tokens[m] new tokens of sequence ck_seq[m], its conv window and state go to slot
+ * ck_slots[m]. The caller guarantees distinct state slots and checkpoint slots disjoint from them, so the pool
+ * is updated in place.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static inline float softplus(float x) {
+    /* torch's F.softplus (beta 1, threshold 20) */
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+static void l2norm_heads(float *x, int64_t heads, int64_t dim) {
+    for (int64_t h = 0; h < heads; h++) {
+        float *row = x + h * dim;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < dim; j++) acc += row[j] * row[j];
+        const float inv = 1.0f / sqrtf(acc + 1e-6f);
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) row[j] *= inv;
+    }
+}
+
+/* One token of the delta rule for one head: S = exp(g) S; S += k ⊗ beta (v - S k); o = S q (S is [dv, dk]). */
+static void delta_step(float *restrict state, const float *restrict q, const float *restrict k,
+                       const float *restrict v, float decay, float beta, float scale, float *restrict o,
+                       int64_t dv, int64_t dk) {
+    for (int64_t i = 0; i < dv; i++) {
+        float *restrict row = state + i * dk;
+        float kv = 0.0f;
+#pragma omp simd reduction(+ : kv)
+        for (int64_t j = 0; j < dk; j++) {
+            row[j] *= decay;
+            kv += row[j] * k[j];
+        }
+        const float delta = (v[i] - kv) * beta;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < dk; j++) {
+            row[j] += delta * k[j];
+            acc += row[j] * q[j];
+        }
+        o[i] = acc * scale;
+    }
+}
+
+/* Gated RMSNorm of each dv-row: x * rsqrt(mean(x^2) + eps) * w * silu(z). */
+static void gated_rmsnorm(float *restrict x, const float *restrict z, const float *restrict w, int64_t heads,
+                          int64_t dim, float eps) {
+    for (int64_t h = 0; h < heads; h++) {
+        float *row = x + h * dim;
+        const float *zr = z + h * dim;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < dim; j++) acc += row[j] * row[j];
+        const float inv = 1.0f / sqrtf(acc / (float)dim + eps);
+        for (int64_t j = 0; j < dim; j++) row[j] = row[j] * inv * w[j] * silu(zr[j]);
+    }
+}
+
+/* Returns 0, or 1 when scratch memory could not be had (nothing written then). */
+int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_prefix, const int64_t *state_slots,
+                     const float *mixed, int64_t mixed_stride, const float *z, int64_t z_stride, const float *b,
+                     const float *a, int64_t ba_stride, const float *conv_w, const float *conv_bias,
+                     float *conv_pool, float *ssm_pool, const float *neg_exp_a, const float *dt_bias,
+                     const float *norm_w, float norm_eps, int64_t nk, int64_t nv, int64_t dk, int64_t dv,
+                     int64_t width, int64_t n_ck, const int64_t *ck_seq, const int64_t *ck_tokens,
+                     const int64_t *ck_slots, float *out) {
+    const int64_t key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv, taps = width + 1;
+    const int64_t ratio = nv / nk, state_size = nv * dv * dk;
+    const float scale = 1.0f / sqrtf((float)dk);
+    int64_t max_len = 0;
+    for (int64_t s = 0; s < n_seqs; s++) max_len = lens[s] > max_len ? lens[s] : max_len;
+    /* time-major conv input of one sequence: its old window, then the new tokens */
+    float *full = malloc(sizeof(float) * (size_t)((width + max_len) * conv_dim));
+    float *tok = malloc(sizeof(float) * (size_t)conv_dim);
+    if (!full || !tok) {
+        free(full);
+        free(tok);
+        return 1;
+    }
+    int64_t start = 0;
+    for (int64_t s = 0; s < n_seqs; s++) {
+        const int64_t len = lens[s];
+        float *cstate = conv_pool + state_slots[s] * conv_dim * width;
+        float *state = ssm_pool + state_slots[s] * state_size;
+        if (!has_prefix[s]) {
+            memset(cstate, 0, sizeof(float) * (size_t)(conv_dim * width));
+            memset(state, 0, sizeof(float) * (size_t)state_size);
+        }
+        for (int64_t j = 0; j < width; j++)
+            for (int64_t c = 0; c < conv_dim; c++) full[j * conv_dim + c] = cstate[c * width + j];
+        for (int64_t t = 0; t < len; t++)
+            memcpy(full + (width + t) * conv_dim, mixed + (start + t) * mixed_stride, sizeof(float) * conv_dim);
+        for (int64_t t = 0; t < len; t++) {
+            const int64_t row = start + t;
+            /* conv taps in torch's order: x0*w0, then + x_tap*w_tap, then + bias; silu */
+            for (int64_t c = 0; c < conv_dim; c++) {
+                const float *wc = conv_w + c * taps;
+                float acc = full[t * conv_dim + c] * wc[0];
+                for (int64_t j = 1; j < taps; j++) acc += full[(t + j) * conv_dim + c] * wc[j];
+                if (conv_bias) acc += conv_bias[c];
+                tok[c] = silu(acc);
+            }
+            l2norm_heads(tok, 2 * nk, dk); /* q heads, then k heads */
+            const float *q = tok, *k = tok + key_dim, *v = tok + 2 * key_dim;
+            float *o = out + row * nv * dv;
+            for (int64_t h = 0; h < nv; h++) {
+                const float beta = 1.0f / (1.0f + expf(-b[row * ba_stride + h]));
+                const float g = neg_exp_a[h] * softplus(a[row * ba_stride + h] + dt_bias[h]);
+                const int64_t kh = h / ratio;
+                delta_step(state + h * dv * dk, q + kh * dk, k + kh * dk, v + h * dv, expf(g), beta, scale,
+                           o + h * dv, dv, dk);
+            }
+            gated_rmsnorm(o, z + row * z_stride, norm_w, nv, dv, norm_eps);
+            for (int64_t m = 0; m < n_ck; m++) {
+                if (ck_seq[m] != s || ck_tokens[m] != t + 1) continue;
+                memcpy(ssm_pool + ck_slots[m] * state_size, state, sizeof(float) * (size_t)state_size);
+                float *cw = conv_pool + ck_slots[m] * conv_dim * width;
+                for (int64_t c = 0; c < conv_dim; c++)
+                    for (int64_t j = 0; j < width; j++) cw[c * width + j] = full[(t + 1 + j) * conv_dim + c];
+            }
+        }
+        /* the new conv window: the `width` inputs ending at the last new token */
+        for (int64_t c = 0; c < conv_dim; c++)
+            for (int64_t j = 0; j < width; j++) cstate[c * width + j] = full[(len + j) * conv_dim + c];
+        start += len;
+    }
+    free(full);
+    free(tok);
+    return 0;
+}

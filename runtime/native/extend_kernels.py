@@ -1,0 +1,179 @@
+"""Short extends in C (`extend_kernels.c`): a gated-DeltaNet layer's conv, gates, delta rule and gated norm over a
+few new tokens in one call, token by token, instead of the chunked torch form's ~100 dispatched ops a layer.
+
+Tensors in, tensors out; this module validates every tensor (dtype, device, layout, shape, slot ranges) before a
+call, because a wrong pointer in C is a segfault that takes the server down. Anything it cannot take (not fp32,
+not CPU, odd strides) is refused with `NativeRefused` and the caller runs its torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.native.build import NativeLibrary, NativeUnavailable, load
+
+logger = logging.getLogger("runtime.native")
+SOURCE = Path(__file__).with_name("extend_kernels.c")
+_I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+_state: dict[str, NativeLibrary | str] = {}  # "lib": the loaded library, or "reason": why there is none
+
+
+class NativeRefused(ValueError):
+    """A call's tensors do not fit the kernel (the caller takes its torch path)."""
+
+
+def library() -> NativeLibrary | None:
+    """The kernels, built at first use; None (the reason logged once) when they cannot be had."""
+    held = _state.get("lib")
+    if isinstance(held, NativeLibrary):
+        return held
+    if "reason" in _state:
+        return None
+    try:
+        lib = load("extend_kernels", SOURCE)
+    except NativeUnavailable as exc:
+        _state["reason"] = exc.reason
+        logger.warning("short-extend C kernels unavailable (%s): short extends take the torch path", exc.reason)
+        return None
+    fn = lib.lib.gdn_short_extend
+    fn.restype = ctypes.c_int
+    fn.argtypes = [_I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR]
+    fn.argtypes += [_PTR, _PTR, _PTR, _F32, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR]
+    how = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "from the cache"
+    logger.info("short-extend C kernels loaded (%s, %s)", lib.path.name, how)
+    _state["lib"] = lib
+    return lib
+
+
+def unavailable_reason() -> str | None:
+    """Why `library()` returned None, once it has been asked."""
+    reason = _state.get("reason")
+    return reason if isinstance(reason, str) else None
+
+
+@dataclass(frozen=True)
+class ShortExtendPlan:
+    """One extend batch's per-sequence facts and state checkpoints, validated once and shared by every layer of
+    the forward. `meta` packs [lens | has_prefix | state_slots | ck_seq | ck_tokens | ck_slots] as int64."""
+
+    batch: int
+    checkpoints: int
+    tokens: int
+    max_slot: int
+    meta: torch.Tensor
+
+    @classmethod
+    def build(
+        cls,
+        lens: list[int],
+        has_prefix: list[bool],
+        state_slots: list[int],
+        ck_seq: list[int],
+        ck_tokens: list[int],
+        ck_slots: list[int],
+    ) -> ShortExtendPlan:
+        """Raises NativeRefused where the in-place kernel would not do what the torch path does: shared or
+        negative slots, a checkpoint slot that is also a sequence's state slot, a checkpoint outside its
+        sequence's new tokens."""
+        batch = len(lens)
+        if not (len(has_prefix) == len(state_slots) == batch) or not (len(ck_seq) == len(ck_tokens) == len(ck_slots)):
+            raise NativeRefused("plan: per-sequence or per-checkpoint lists differ in length")
+        slots = set(state_slots)
+        if len(slots) != batch or (ck_slots and (len(set(ck_slots)) != len(ck_slots) or slots & set(ck_slots))):
+            raise NativeRefused("plan: state slots shared between sequences or checkpoints")
+        if min(state_slots + ck_slots, default=0) < 0 or min(lens, default=0) < 0:
+            raise NativeRefused("plan: negative slot or length")
+        for s, n in zip(ck_seq, ck_tokens, strict=True):
+            if not (0 <= s < batch and 0 < n <= lens[s]):
+                raise NativeRefused(f"plan: checkpoint after {n} tokens of sequence {s}")
+        flags = [int(p) for p in has_prefix]
+        meta = torch.tensor(lens + flags + state_slots + ck_seq + ck_tokens + ck_slots, dtype=torch.int64)
+        return cls(batch, len(ck_seq), sum(lens), max(state_slots + ck_slots, default=-1), meta)
+
+    def pointers(self) -> list[int]:
+        base, b, m = self.meta.data_ptr(), self.batch, self.checkpoints
+        return [base + 8 * offset for offset in (0, b, 2 * b, 3 * b, 3 * b + m, 3 * b + 2 * m)]
+
+
+def _check(t: torch.Tensor, name: str, shape: tuple[int, ...], *, rows_apart: bool = False) -> None:
+    """fp32 on the CPU with `shape`; contiguous, or with `rows_apart` a 2-D view whose rows are contiguous."""
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        raise NativeRefused(f"{name}: {t.dtype} on {t.device}, the kernel takes fp32 on the CPU")
+    if tuple(t.shape) != shape:
+        raise NativeRefused(f"{name}: shape {tuple(t.shape)}, expected {shape}")
+    if rows_apart:
+        if t.dim() != 2 or t.stride(1) != 1 or (t.shape[0] > 1 and t.stride(0) < t.shape[1]):
+            raise NativeRefused(f"{name}: strides {t.stride()}, rows must be contiguous")
+    elif not t.is_contiguous():
+        raise NativeRefused(f"{name}: not contiguous")
+
+
+def gdn_short_extend(
+    plan: ShortExtendPlan,
+    mixed: torch.Tensor,
+    z: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    neg_exp_a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_eps: float,
+    heads: tuple[int, int, int, int],
+) -> torch.Tensor:
+    """A gated-DeltaNet layer's work between its projections for the packed tokens of `plan`: returns the gated-
+    normed output [T, nv * dv] and updates conv_pool / ssm_pool (state slots and checkpoint slots) in place.
+    heads = (nk, nv, dk, dv). mixed [T, 2 nk dk + nv dv], z [T, nv dv], b and a [T, nv] may be column slices of
+    wider projections (rows contiguous). Raises NativeRefused before touching anything when a tensor does not fit."""
+    lib = library()
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    nk, nv, dk, dv = heads
+    if nk <= 0 or nv % nk or min(dk, dv) <= 0:
+        raise NativeRefused(f"heads {heads}: value heads must be a multiple of key heads")
+    tokens, conv_dim = plan.tokens, 2 * nk * dk + nv * dv
+    taps = conv_weight.shape[-1]
+    width = taps - 1
+    _check(mixed, "mixed", (tokens, conv_dim), rows_apart=True)
+    _check(z, "z", (tokens, nv * dv), rows_apart=True)
+    _check(b, "b", (tokens, nv), rows_apart=True)
+    _check(a, "a", (tokens, nv), rows_apart=True)
+    if tokens > 1 and a.stride(0) != b.stride(0):
+        raise NativeRefused("a and b rows are not the same distance apart")
+    _check(conv_weight, "conv_weight", (conv_dim, taps))
+    if conv_bias is not None:
+        _check(conv_bias, "conv_bias", (conv_dim,))
+    if conv_pool.dim() != 3 or ssm_pool.dim() != 4:
+        raise NativeRefused(f"pools of {conv_pool.dim()} and {ssm_pool.dim()} dimensions, expected 3 and 4")
+    _check(conv_pool, "conv_pool", (len(conv_pool), conv_dim, width))
+    _check(ssm_pool, "ssm_pool", (len(ssm_pool), nv, dv, dk))
+    slots = min(len(conv_pool), len(ssm_pool))
+    if plan.max_slot >= slots:
+        raise NativeRefused(f"slot {plan.max_slot} outside pools of {slots} slots")
+    for t, name in ((neg_exp_a, "neg_exp_a"), (dt_bias, "dt_bias")):
+        _check(t, name, (nv,))
+    _check(norm_weight, "norm_weight", (dv,))
+    out = torch.empty(tokens, nv * dv, dtype=torch.float32)
+    lens, flags, state_slots, ck_seq, ck_tokens, ck_slots = plan.pointers()
+    row = mixed.stride(0) if tokens else conv_dim
+    failed = lib.lib.gdn_short_extend(
+        plan.batch, lens, flags, state_slots,
+        mixed.data_ptr(), row, z.data_ptr(), z.stride(0) if tokens else nv * dv,
+        b.data_ptr(), a.data_ptr(), b.stride(0) if tokens else nv,
+        conv_weight.data_ptr(), None if conv_bias is None else conv_bias.data_ptr(),
+        conv_pool.data_ptr(), ssm_pool.data_ptr(), neg_exp_a.data_ptr(), dt_bias.data_ptr(),
+        norm_weight.data_ptr(), norm_eps, nk, nv, dk, dv, width,
+        plan.checkpoints, ck_seq, ck_tokens, ck_slots, out.data_ptr(),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("gdn_short_extend: no scratch memory")
+    return out
