@@ -67,24 +67,22 @@ static void l2norm_heads(float *x, int64_t heads, int64_t dim) {
 }
 
 /* One token of the delta rule for one head, on the state transposed to [dk, dv] (rows by key channel), so every
- * loop runs along dv without a horizontal sum: S = exp(g) S; kv = Sᵀk; S += k ⊗ beta (v - kv); o = Sᵀq. */
+ * loop runs along dv without a horizontal sum: S' = exp(g) S + k ⊗ beta (v - exp(g) Sᵀk); o = S'ᵀq. The decay
+ * is applied to Sᵀk and inside the update, so the state is read twice and written once per token. */
 static void delta_step(float *restrict state, const float *restrict q, const float *restrict k,
                        const float *restrict v, float decay, float beta, float scale, float *restrict o,
                        float *restrict kv, int64_t dv, int64_t dk) {
 #pragma omp simd
     for (int64_t i = 0; i < dv; i++) kv[i] = 0.0f;
     for (int64_t j = 0; j < dk; j++) {
-        float *restrict row = state + j * dv;
+        const float *restrict row = state + j * dv;
         const float kj = k[j];
 #pragma omp simd
-        for (int64_t i = 0; i < dv; i++) {
-            row[i] *= decay;
-            kv[i] += row[i] * kj;
-        }
+        for (int64_t i = 0; i < dv; i++) kv[i] += row[i] * kj;
     }
 #pragma omp simd
     for (int64_t i = 0; i < dv; i++) {
-        kv[i] = (v[i] - kv[i]) * beta; /* now the delta */
+        kv[i] = (v[i] - kv[i] * decay) * beta; /* now the delta */
         o[i] = 0.0f;
     }
     for (int64_t j = 0; j < dk; j++) {
@@ -92,7 +90,7 @@ static void delta_step(float *restrict state, const float *restrict q, const flo
         const float kj = k[j], qj = q[j] * scale;
 #pragma omp simd
         for (int64_t i = 0; i < dv; i++) {
-            row[i] += kv[i] * kj;
+            row[i] = row[i] * decay + kv[i] * kj;
             o[i] += row[i] * qj;
         }
     }
@@ -124,7 +122,9 @@ static void gated_rmsnorm(float *restrict x, const float *restrict z, const floa
     }
 }
 
-/* Returns 0, or 1 when scratch memory could not be had (nothing written then). */
+/* Returns 0, or 1 when scratch memory could not be had (nothing written then). Per sequence: every new token's
+ * conv, silu, l2 norm and gates first, then the recurrence head by head (one head's state, 16 KB at 64 x 64,
+ * stays in L1 across the tokens), each output row gated-normed as it is made. */
 int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_prefix, const int64_t *state_slots,
                      const float *mixed, int64_t mixed_stride, const float *z, int64_t z_stride, const float *b,
                      const float *a, int64_t ba_stride, const float *conv_w, const float *conv_bias,
@@ -133,23 +133,27 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
                      int64_t width, int64_t n_ck, const int64_t *ck_seq, const int64_t *ck_tokens,
                      const int64_t *ck_slots, float *out) {
     const int64_t key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv, taps = width + 1;
-    const int64_t ratio = nv / nk, state_size = nv * dv * dk;
+    const int64_t ratio = nv / nk, head_size = dv * dk, state_size = nv * head_size;
     const float scale = 1.0f / sqrtf((float)dk);
     int64_t max_len = 0;
     for (int64_t s = 0; s < n_seqs; s++) max_len = lens[s] > max_len ? lens[s] : max_len;
-    /* time-major conv input of one sequence (its old window, then the new tokens), the taps tap-major */
+    /* full: time-major conv input of one sequence (its old window, then the new tokens); act: the conv outputs,
+     * q and k normalized; gates: decay then beta per (token, head); w_t: the taps tap-major; work: one head's
+     * state as [dk, dv], then kv [dv] */
     float *full = malloc(sizeof(float) * (size_t)((width + max_len) * conv_dim));
-    float *tok = malloc(sizeof(float) * (size_t)conv_dim);
+    float *act = malloc(sizeof(float) * (size_t)(max_len * conv_dim));
+    float *gates = malloc(sizeof(float) * (size_t)(2 * max_len * nv));
     float *w_t = malloc(sizeof(float) * (size_t)(taps * conv_dim));
-    float *work = malloc(sizeof(float) * (size_t)(state_size + dv)); /* the state as [nv, dk, dv], then kv */
-    if (!full || !tok || !w_t || !work) {
+    float *work = malloc(sizeof(float) * (size_t)(head_size + dv));
+    if (!full || !act || !gates || !w_t || !work) {
         free(full);
-        free(tok);
+        free(act);
+        free(gates);
         free(w_t);
         free(work);
         return 1;
     }
-    float *kv = work + state_size;
+    float *kv = work + head_size;
     for (int64_t c = 0; c < conv_dim; c++)
         for (int64_t j = 0; j < taps; j++) w_t[j * conv_dim + c] = conv_w[c * taps + j];
     int64_t start = 0;
@@ -157,18 +161,17 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
         const int64_t len = lens[s];
         float *cstate = conv_pool + state_slots[s] * conv_dim * width;
         float *state = ssm_pool + state_slots[s] * state_size;
-        if (!has_prefix[s]) {
-            memset(cstate, 0, sizeof(float) * (size_t)(conv_dim * width));
-            memset(work, 0, sizeof(float) * (size_t)state_size);
+        if (has_prefix[s]) {
+            for (int64_t j = 0; j < width; j++)
+                for (int64_t c = 0; c < conv_dim; c++) full[j * conv_dim + c] = cstate[c * width + j];
         } else {
-            transpose_heads(work, state, nv, dv, dk);
+            memset(full, 0, sizeof(float) * (size_t)(width * conv_dim));
         }
-        for (int64_t j = 0; j < width; j++)
-            for (int64_t c = 0; c < conv_dim; c++) full[j * conv_dim + c] = cstate[c * width + j];
         for (int64_t t = 0; t < len; t++)
             memcpy(full + (width + t) * conv_dim, mixed + (start + t) * mixed_stride, sizeof(float) * conv_dim);
         for (int64_t t = 0; t < len; t++) {
             const int64_t row = start + t;
+            float *tok = act + t * conv_dim;
             /* conv taps in torch's order: x0*w0, then + x_tap*w_tap, then + bias; silu */
             const float *x0 = full + t * conv_dim;
 #pragma omp simd
@@ -185,32 +188,45 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
 #pragma omp simd
             for (int64_t c = 0; c < conv_dim; c++) tok[c] = silu(tok[c]);
             l2norm_heads(tok, 2 * nk, dk); /* q heads, then k heads */
-            const float *q = tok, *k = tok + key_dim, *v = tok + 2 * key_dim;
-            float *o = out + row * nv * dv;
             for (int64_t h = 0; h < nv; h++) {
-                const float beta = 1.0f / (1.0f + vexpf(-b[row * ba_stride + h]));
                 const float g = neg_exp_a[h] * softplus(a[row * ba_stride + h] + dt_bias[h]);
-                const int64_t kh = h / ratio;
-                delta_step(work + h * dv * dk, q + kh * dk, k + kh * dk, v + h * dv, vexpf(g), beta, scale,
-                           o + h * dv, kv, dv, dk);
-            }
-            gated_rmsnorm(o, z + row * z_stride, norm_w, nv, dv, norm_eps);
-            for (int64_t m = 0; m < n_ck; m++) {
-                if (ck_seq[m] != s || ck_tokens[m] != t + 1) continue;
-                transpose_heads(ssm_pool + ck_slots[m] * state_size, work, nv, dk, dv);
-                float *cw = conv_pool + ck_slots[m] * conv_dim * width;
-                for (int64_t c = 0; c < conv_dim; c++)
-                    for (int64_t j = 0; j < width; j++) cw[c * width + j] = full[(t + 1 + j) * conv_dim + c];
+                gates[(2 * t) * nv + h] = vexpf(g);
+                gates[(2 * t + 1) * nv + h] = 1.0f / (1.0f + vexpf(-b[row * ba_stride + h]));
             }
         }
-        /* the new conv window: the `width` inputs ending at the last new token */
+        for (int64_t h = 0; h < nv; h++) {
+            const int64_t kh = h / ratio;
+            if (has_prefix[s])
+                transpose_heads(work, state + h * head_size, 1, dv, dk);
+            else
+                memset(work, 0, sizeof(float) * (size_t)head_size);
+            for (int64_t t = 0; t < len; t++) {
+                const int64_t row = start + t;
+                const float *tok = act + t * conv_dim;
+                float *o = out + row * nv * dv + h * dv;
+                delta_step(work, tok + kh * dk, tok + key_dim + kh * dk, tok + 2 * key_dim + h * dv,
+                           gates[(2 * t) * nv + h], gates[(2 * t + 1) * nv + h], scale, o, kv, dv, dk);
+                gated_rmsnorm(o, z + row * z_stride + h * dv, norm_w, 1, dv, norm_eps);
+                for (int64_t m = 0; m < n_ck; m++)
+                    if (ck_seq[m] == s && ck_tokens[m] == t + 1)
+                        transpose_heads(ssm_pool + ck_slots[m] * state_size + h * head_size, work, 1, dk, dv);
+            }
+            transpose_heads(state + h * head_size, work, 1, dk, dv);
+        }
+        /* conv windows: the `width` inputs ending at each checkpoint's token, and at the last new token */
+        for (int64_t m = 0; m < n_ck; m++) {
+            if (ck_seq[m] != s) continue;
+            float *cw = conv_pool + ck_slots[m] * conv_dim * width;
+            for (int64_t c = 0; c < conv_dim; c++)
+                for (int64_t j = 0; j < width; j++) cw[c * width + j] = full[(ck_tokens[m] + j) * conv_dim + c];
+        }
         for (int64_t c = 0; c < conv_dim; c++)
             for (int64_t j = 0; j < width; j++) cstate[c * width + j] = full[(len + j) * conv_dim + c];
-        transpose_heads(state, work, nv, dk, dv);
         start += len;
     }
     free(full);
-    free(tok);
+    free(act);
+    free(gates);
     free(w_t);
     free(work);
     return 0;
