@@ -18,45 +18,74 @@ import torch
 from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable, load
 
 logger = logging.getLogger("runtime.native")
-SOURCE = Path(__file__).with_name("extend_kernels.c")
-# -fno-trapping-math: lets the branch-free clamps of the C exp vectorize (no FP exception is ever observed here);
-# every result keeps IEEE semantics (no reassociation, no contraction).
+HERE = Path(__file__).parent
+# -fno-trapping-math: lets the branch-free clamps of the C exp vectorize (no FP exception is ever observed here).
+# -ffp-contract=fast (the MoE kernel only): a*b+c as one FMA, the matmul's inner step; one rounding instead of two.
 FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math")
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+# name: (C source, flags, {function: argtypes})
+KERNELS: dict[str, tuple[Path, tuple[str, ...], dict[str, list[type]]]] = {
+    "extend_kernels": (
+        HERE / "extend_kernels.c",
+        FLAGS,
+        {
+            "gdn_short_extend": [
+                _I64,
+                *[_PTR] * 4,
+                _I64,
+                _PTR,
+                _I64,
+                _PTR,
+                _PTR,
+                _I64,
+                *[_PTR] * 7,
+                _F32,
+                *[_I64] * 6,
+                *[_PTR] * 4,
+            ]
+        },
+    ),  # fmt: skip
+    "moe_kernels": (
+        HERE / "moe_kernels.c",
+        (*FLAGS, "-ffp-contract=fast"),
+        {"moe_short_extend": [*[_I64] * 5, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5]},
+    ),
+}
 
-_state: dict[str, NativeLibrary | str] = {}  # "lib": the loaded library, or "reason": why there is none
+_state: dict[str, NativeLibrary | str] = {}  # name: the loaded library, or why there is none
 
 
 class NativeRefused(ValueError):
     """A call's tensors do not fit the kernel (the caller takes its torch path)."""
 
 
-def library() -> NativeLibrary | None:
-    """The kernels, built at first use; None (the reason logged once) when they cannot be had."""
-    held = _state.get("lib")
+def library(name: str = "extend_kernels") -> NativeLibrary | None:
+    """One of `KERNELS`, built at first use; None (the reason logged once) when it cannot be had."""
+    held = _state.get(name)
     if isinstance(held, NativeLibrary):
         return held
-    if "reason" in _state:
+    if held is not None:
         return None
+    source, flags, functions = KERNELS[name]
     try:
-        lib = load("extend_kernels", SOURCE, FLAGS)
+        lib = load(name, source, flags)
     except NativeUnavailable as exc:
-        _state["reason"] = exc.reason
-        logger.warning("short-extend C kernels unavailable (%s): short extends take the torch path", exc.reason)
+        _state[name] = exc.reason
+        logger.warning("short-extend C kernels (%s) unavailable: %s; short extends take the torch path", name,
+                       exc.reason)  # fmt: skip
         return None
-    fn = lib.lib.gdn_short_extend
-    fn.restype = ctypes.c_int
-    fn.argtypes = [_I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR]
-    fn.argtypes += [_PTR, _PTR, _PTR, _F32, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR]
+    for fn_name, argtypes in functions.items():
+        fn = getattr(lib.lib, fn_name)
+        fn.restype, fn.argtypes = ctypes.c_int, argtypes
     how = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "from the cache"
-    logger.info("short-extend C kernels loaded (%s, %s)", lib.path.name, how)
-    _state["lib"] = lib
+    logger.info("short-extend C kernels loaded: %s (%s)", lib.path.name, how)
+    _state[name] = lib
     return lib
 
 
-def unavailable_reason() -> str | None:
-    """Why `library()` returned None, once it has been asked."""
-    reason = _state.get("reason")
+def unavailable_reason(name: str = "extend_kernels") -> str | None:
+    """Why `library(name)` returned None, once it has been asked."""
+    reason = _state.get(name)
     return reason if isinstance(reason, str) else None
 
 
@@ -179,4 +208,52 @@ def gdn_short_extend(
     )  # fmt: skip
     if failed:
         raise MemoryError("gdn_short_extend: no scratch memory")
+    return out
+
+
+def moe_short_extend(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w_in: torch.Tensor,
+    w_out: torch.Tensor,
+    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """A sparse MoE block's experts for a few tokens: x [T, H] (rows contiguous), ids [T, K] int64, weights
+    [T, K] fp32, w_in [E, 2I, H] (gate rows then up rows), w_out [E, H, I]; `shared`: a shared expert's (gate
+    [S, H], up [S, H], down [H, S], gate vector [H]), added scaled by sigmoid(x . gate vector). Returns [T, H],
+    each token's routed terms summed in ascending expert order, then the shared term. Raises NativeRefused before
+    any work when a tensor does not fit."""
+    lib = library("moe_kernels")
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason('moe_kernels')}")
+    if w_in.dim() != 3 or w_out.dim() != 3 or x.dim() != 2 or ids.dim() != 2:
+        raise NativeRefused("moe: x, ids 2-D and expert weights 3-D expected")
+    experts, two_inter, hidden = w_in.shape
+    tokens, top_k = ids.shape
+    _check(x, "x", (tokens, hidden), rows_apart=True)
+    _check(weights, "weights", (tokens, top_k))
+    _check(w_in, "w_in", (experts, two_inter, hidden))
+    _check(w_out, "w_out", (experts, hidden, two_inter // 2))
+    if two_inter % 2 or ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous():
+        raise NativeRefused("moe: ids must be contiguous int64 on the CPU, w_in's rows gate then up")
+    if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
+        raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
+    shared_inter, shared_ptrs = 0, [None] * 4
+    if shared is not None:
+        gate_w, up_w, down_w, gate_vec = shared
+        shared_inter = gate_w.shape[0] if gate_w.dim() == 2 else -1
+        _check(gate_w, "shared gate", (shared_inter, hidden))
+        _check(up_w, "shared up", (shared_inter, hidden))
+        _check(down_w, "shared down", (hidden, shared_inter))
+        _check(gate_vec, "shared gate vector", (hidden,))
+        shared_ptrs = [t.data_ptr() for t in shared]
+    out = torch.empty(tokens, hidden, dtype=torch.float32)
+    failed = lib.lib.moe_short_extend(
+        tokens, hidden, two_inter // 2, experts, top_k, x.data_ptr(), x.stride(0) if tokens else hidden,
+        ids.data_ptr(), weights.data_ptr(), w_in.data_ptr(), w_out.data_ptr(), shared_inter, *shared_ptrs,
+        out.data_ptr(),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("moe_short_extend: no scratch memory")
     return out

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from runtime.core.batch import ForwardBatch
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
+from runtime.models.layers.moe import SparseMoE
 from runtime.models.layers.packing import SHORT_EXTEND_MAX_TOKENS, SequencePacking
 from runtime.native import extend_kernels
 
@@ -168,3 +169,34 @@ def test_tensors_that_do_not_fit_are_refused_before_the_call() -> None:
         extend_kernels.gdn_short_extend(plan, mixed, z2, b, a, weight, *small)
     with pytest.raises(extend_kernels.NativeRefused, match="conv_pool"):
         extend_kernels.gdn_short_extend(plan, mixed, z2, b, a, weight, layer.conv1d.bias, conv.half(), *args[2:])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tokens=st.integers(2, SHORT_EXTEND_MAX_TOKENS),
+    shape=st.sampled_from([(8, 2, 32, 16, 16), (4, 1, 24, 12, 0), (16, 4, 40, 8, 24), (3, 2, 13, 5, 7)]),
+    seed=st.integers(0, 2**16),
+)
+def test_short_extend_moe_matches_the_torch_experts(tokens: int, shape: tuple[int, ...], seed: int) -> None:
+    """The routed experts and the shared expert in C against SparseMoE's torch path (sorted or dense dispatch),
+    including sizes that are not multiples of the kernel's 4 x 4 x 8 blocks."""
+    experts, top_k, hidden, inter, shared = shape
+    torch.manual_seed(seed)
+    moe = SparseMoE(hidden, experts, top_k, inter, shared, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    x = torch.randn(tokens, hidden)
+    calls: list[int] = []
+    kernel = extend_kernels.moe_short_extend
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        want = moe(x)
+        patch.setattr(extend_kernels, "moe_short_extend", counted)
+        got = moe(x, short_extend=True)
+    assert calls == [1]
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)

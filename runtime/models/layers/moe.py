@@ -11,6 +11,7 @@ from torch import nn
 
 from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.mlp import GatedMLP
+from runtime.native import extend_kernels
 
 # Dense expert dispatch (see Experts.dense_is_cheaper) for at most this many token x expert rows.
 _DENSE_MAX_ROWS = 128
@@ -121,12 +122,30 @@ class SparseMoE(nn.Module):
         self.shared_expert = GatedMLP(hidden, shared_intermediate) if shared_intermediate > 0 else None
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate > 0 else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, short_extend: bool = False) -> torch.Tensor:
+        """`short_extend`: the rows are a short extend's tokens (runtime/models/layers/packing.py): the experts and
+        the shared expert then run in one C call when the kernel can take the tensors (decode stays in torch)."""
         weights, ids = self.gate(x)
+        if short_extend and x.shape[0] > 1 and not torch.compiler.is_compiling():
+            out = self._short_extend(x, ids, weights)
+            if out is not None:
+                return out
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def _short_extend(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor | None:
+        shared = None
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            mlp = self.shared_expert
+            shared = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, self.shared_expert_gate.weight[0])
+        try:
+            return extend_kernels.moe_short_extend(
+                x, ids, weights, self.experts.gate_up_proj, self.experts.down_proj, shared
+            ).to(x.dtype)
+        except extend_kernels.NativeRefused:
+            return None
 
     @staticmethod
     def checkpoint_sources(prefix: str, num_experts: int) -> dict[str, list[str]]:
