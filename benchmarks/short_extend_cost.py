@@ -81,9 +81,9 @@ def main() -> None:
             for native in (True, False):
                 packing = _packing(tokens, native)  # built once per forward, shared by the layers: not timed
                 packing.short_extend_plan()
-                row.append(_min_cpu(lambda p=packing: gdn(x, conv, ssm, p, p.state_slots), a.reps))
+                row.append(_min_cpu(lambda p=packing, x=x: gdn(x, conv, ssm, p, p.state_slots), a.reps))
             for native in (True, False):
-                row.append(_min_cpu(lambda n=native: moe(x, short_extend=n), a.reps))
+                row.append(_min_cpu(lambda n=native, x=x: moe(x, short_extend=n), a.reps))
             c, t, mc, mt = (v * 1e3 for v in row)
             print(f"{tokens:>6} {c:>11.3f} {t:>8.3f} {t / c:>6.2f} {mc:>8.3f} {mt:>8.3f} {mt / mc:>6.2f}")
 

@@ -218,7 +218,6 @@ def test_kernels_alone_match_within_1e6(traced: bool) -> None:
         assert (state - want[0]).abs().max().item() <= 1e-6, f"SSD scan after {n}"
 
 
-
 def test_traced_conv_windows_equal_the_listed_ones() -> None:
     """A checkpoint's conv window is the same slice whether its token count is a Python int or a tensor."""
     from runtime.models.layers.state_checkpoints import StateCheckpoints

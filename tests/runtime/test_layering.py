@@ -13,7 +13,8 @@ import pytest
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 
 # A package may import its own modules and those of packages with a LOWER rank, never an equal or higher one.
-# core: shared types (no layer above leaks down); native: the C kernels' build and loading (nothing of ours); kvcache / models: memory and model code, each on core only;
+# core: shared types (no layer above leaks down); native: the C kernels' build and loading (nothing of ours);
+# kvcache / models: memory and model code, each on core (and native) only;
 # scheduler: batching and the prefix cache's use; spec: speculative decoding, composed by the engine; engine: the
 # engine loop and its thread; pd / server: what drives an engine. args / preflight: the torch-free option layer.
 RANKS: dict[str, int] = {
