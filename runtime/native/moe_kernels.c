@@ -42,6 +42,11 @@ static void dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
             const float *ap[4];
             for (int64_t i = 0; i < 4; i++) ap[i] = a + rows[i0 + (i < mr ? i : mr - 1)] * lda;
             v8f acc[4][4] = {{{0}}};
+            /* the next block of weight rows, fetched while this one is used: the weights come from DRAM (every
+             * forward streams the whole model), and the first row block sets the pace */
+            const float *next = j0 + 4 < n ? b + (j0 + 4) * ldb : NULL;
+            if (i0 == 0 && next)
+                for (int64_t kk = 0; kk < 4 * ldb && kk < (n - j0 - 4) * ldb; kk += 16) __builtin_prefetch(next + kk);
             for (int64_t kk = 0; kk < k8; kk += 8) {
                 const v8f a0 = load8(ap[0] + kk), a1 = load8(ap[1] + kk), a2 = load8(ap[2] + kk),
                           a3 = load8(ap[3] + kk);
