@@ -123,7 +123,7 @@ def test_both_families_write_checkpoints(model: HybridModel) -> None:
 def test_checkpoint_states_equal_prefilling_that_many_tokens(
     model: HybridModel, family: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Bit-exactness on the grid is the chunked kernels' property: the reference prefills of <= 64 tokens would
+    # Bit-exactness on the grid is the chunked kernels' property: the short reference prefills would
     # otherwise take the short-extend C kernels (token by token, within TOL: tests/runtime/test_short_extend_
     # kernels.py), so the short-extend path is off here.
     monkeypatch.setattr(packing, "SHORT_EXTEND_MAX_TOKENS", 0)

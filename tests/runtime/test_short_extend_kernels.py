@@ -1,7 +1,8 @@
-"""The short-extend C kernel (runtime/native/extend_kernels.c) against the chunked torch path it replaces, at the
-layer level: a gated-DeltaNet layer's output, the final conv windows and recurrent states, and every state
+"""The short-extend C kernels against the torch paths they replace, at the layer level. runtime/native/
+extend_kernels.c: a gated-DeltaNet layer's output, the final conv windows and recurrent states, and every state
 checkpoint (prefix-cache checkpoints, a verify round's per-draft states) over random batches: lengths, cached
-prefixes or none, checkpoints at any token count, grouped heads, both projection layouts."""
+prefixes or none, checkpoints at any token count, grouped heads, both projection layouts. runtime/native/
+moe_kernels.c: a sparse MoE block's routed and shared experts over random shapes and routings."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.core.batch import ForwardBatch
+from runtime.models.layers import moe as moe_layer
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
 from runtime.models.layers.moe import SparseMoE
 from runtime.models.layers.packing import SHORT_EXTEND_MAX_TOKENS, SequencePacking
@@ -173,7 +175,7 @@ def test_tensors_that_do_not_fit_are_refused_before_the_call() -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    tokens=st.integers(2, SHORT_EXTEND_MAX_TOKENS),
+    tokens=st.integers(2, moe_layer.SHORT_EXTEND_MAX_TOKENS),
     shape=st.sampled_from([(8, 2, 32, 16, 16), (4, 1, 24, 12, 0), (16, 4, 40, 8, 24), (3, 2, 13, 5, 7)]),
     seed=st.integers(0, 2**16),
 )

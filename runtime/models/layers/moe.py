@@ -13,6 +13,10 @@ from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.mlp import GatedMLP
 from runtime.native import extend_kernels
 
+# A short extend's experts run in C up to this many tokens (runtime/native/moe_kernels.c): per block, one thread,
+# hot caches, 1.5x torch's sorted dispatch at 32 tokens, even at 64-96, 0.9x at 128 (benchmarks/
+# short_extend_cost.py); in a forward, where the weights come from DRAM, 0.61 vs 0.97 ms at 48 tokens.
+SHORT_EXTEND_MAX_TOKENS = 64
 # Dense expert dispatch (see Experts.dense_is_cheaper) for at most this many token x expert rows.
 _DENSE_MAX_ROWS = 128
 # Traced (torch.compile) batches of several tokens run every expert while there are at most this many; past
@@ -129,7 +133,7 @@ class SparseMoE(nn.Module):
         """`short_extend`: the rows are a short extend's tokens (runtime/models/layers/packing.py): the experts and
         the shared expert then run in one C call when the kernel can take the tensors (decode stays in torch)."""
         weights, ids = self.gate(x)
-        if short_extend and x.shape[0] > 1 and not torch.compiler.is_compiling():
+        if short_extend and 1 < x.shape[0] <= SHORT_EXTEND_MAX_TOKENS and not torch.compiler.is_compiling():
             out = self._short_extend(x, ids, weights)
             if out is not None:
                 return out

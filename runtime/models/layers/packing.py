@@ -17,8 +17,9 @@ from runtime.native.extend_kernels import NativeRefused, ShortExtendPlan
 
 # A short extend (at most this many new tokens in the whole batch) runs its recurrent layers' sequential parts in
 # C, token by token (runtime/native/extend_kernels.c); a longer one takes the chunked torch kernels, whose cost
-# grows with the chunks, not the tokens. Measured on the peer model (benchmarks/short_extend_cost.py).
-SHORT_EXTEND_MAX_TOKENS = 64
+# grows with the chunks, not the tokens. benchmarks/short_extend_cost.py, peer-model DeltaNet layer, one thread:
+# C 3.0x faster at 48 tokens, 2.2x at 128, 1.4x at 256; 128 leaves room for torch's second thread on long chunks.
+SHORT_EXTEND_MAX_TOKENS = 128
 
 
 @dataclass
