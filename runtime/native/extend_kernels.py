@@ -239,7 +239,8 @@ def moe_short_extend(
         raise NativeRefused("moe: ids must be contiguous int64 on the CPU, w_in's rows gate then up")
     if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
         raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
-    shared_inter, shared_ptrs = 0, [None] * 4
+    shared_inter = 0
+    shared_ptrs: list[int | None] = [None] * 4
     if shared is not None:
         gate_w, up_w, down_w, gate_vec = shared
         shared_inter = gate_w.shape[0] if gate_w.dim() == 2 else -1
