@@ -231,3 +231,21 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
     free(work);
     return 0;
 }
+
+/* RMSNorm of `rows` rows of `dim`: out = x * rsqrt(mean(x^2) + eps) * w (F.rms_norm's formula, its sum in another
+ * order). x rows x_stride apart, out contiguous. At a short extend's few rows F.rms_norm is a composite of ~6
+ * dispatched ops (~80 us for 48 x 256 here); this is a few microseconds. */
+int rmsnorm_rows(int64_t rows, int64_t dim, const float *x, int64_t x_stride, const float *w, float eps,
+                 float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *o = out + r * dim;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < dim; j++) acc += xr[j] * xr[j];
+        const float inv = 1.0f / sqrtf(acc / (float)dim + eps);
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) o[j] = xr[j] * inv * w[j];
+    }
+    return 0;
+}

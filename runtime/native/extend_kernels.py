@@ -42,9 +42,10 @@ KERNELS: dict[str, tuple[Path, tuple[str, ...], dict[str, list[type]]]] = {
                 _F32,
                 *[_I64] * 6,
                 *[_PTR] * 4,
-            ]
-        },
-    ),  # fmt: skip
+            ],
+            "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
+        },  # fmt: skip
+    ),
     "moe_kernels": (
         HERE / "moe_kernels.c",
         (*FLAGS, "-ffp-contract=fast"),
@@ -257,4 +258,20 @@ def moe_short_extend(
     )  # fmt: skip
     if failed:
         raise MemoryError("moe_short_extend: no scratch memory")
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.rms_norm(x, (dim,), weight, eps) for a short extend's rows: x [T, dim] fp32 (rows contiguous), weight
+    [dim]. Raises NativeRefused when a tensor does not fit."""
+    lib = library()
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    if x.dim() != 2 or weight.dim() != 1:
+        raise NativeRefused("rms_norm: x [T, dim] and weight [dim] expected")
+    rows, dim = x.shape
+    _check(x, "x", (rows, dim), rows_apart=True)
+    _check(weight, "weight", (dim,))
+    out = torch.empty(rows, dim, dtype=torch.float32)
+    lib.lib.rmsnorm_rows(rows, dim, x.data_ptr(), x.stride(0) if rows else dim, weight.data_ptr(), eps, out.data_ptr())
     return out

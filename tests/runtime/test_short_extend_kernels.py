@@ -17,6 +17,7 @@ from runtime.core.batch import ForwardBatch
 from runtime.models.layers import moe as moe_layer
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
 from runtime.models.layers.moe import SparseMoE
+from runtime.models.layers.norm import ZeroCenteredRMSNorm
 from runtime.models.layers.packing import SHORT_EXTEND_MAX_TOKENS, SequencePacking
 from runtime.native import extend_kernels
 
@@ -200,5 +201,30 @@ def test_short_extend_moe_matches_the_torch_experts(tokens: int, shape: tuple[in
         want = moe(x)
         patch.setattr(extend_kernels, "moe_short_extend", counted)
         got = moe(x, short_extend=True)
+    assert calls == [1]
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 64), dim=st.sampled_from([8, 13, 64, 256]), seed=st.integers(0, 2**16))
+def test_short_extend_rms_norm_matches_f_rms_norm(rows: int, dim: int, seed: int) -> None:
+    """Qwen3-Next's zero-centred RMSNorm of a short extend's rows in C, strided rows included."""
+    torch.manual_seed(seed)
+    norm = ZeroCenteredRMSNorm(dim, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim) * 0.5)
+    wide = torch.randn(rows, dim + 3) * 3
+    x = wide[:, :dim]  # rows apart by dim + 3
+    calls: list[int] = []
+    kernel = extend_kernels.rms_norm
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        want = norm(x)
+        patch.setattr(extend_kernels, "rms_norm", counted)
+        got = norm(x, short_extend=True)
     assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
