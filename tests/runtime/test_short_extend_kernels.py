@@ -6,7 +6,11 @@ moe_kernels.c: a sparse MoE block's routed and shared experts over random shapes
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +30,7 @@ pytestmark = pytest.mark.skipif(extend_kernels.library() is None, reason="needs 
 # The kernel runs the recurrence token by token; the chunked path sums the same terms in another order (the UT
 # transform, the chunk state), so they agree to fp32 rounding, not bit for bit.
 ATOL, RTOL = 2e-5, 1e-4
+REPO = Path(__file__).resolve().parents[2]
 SLOTS = 48
 
 
@@ -228,3 +233,28 @@ def test_short_extend_rms_norm_matches_f_rms_norm(rows: int, dim: int, seed: int
         got = norm(x, short_extend=True)
     assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+def test_without_the_library_short_extends_take_the_torch_path_and_say_why_once(tmp_path: Path) -> None:
+    """HYBRIDCTL_NATIVE=0 (or no compiler): the kernels are refused, one warning names the reason, and a short
+    extend still runs (the chunked path)."""
+    script = (
+        "import logging, torch\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+        "from tests.runtime.test_short_extend_kernels import _batch, _layer\n"
+        "from runtime.models.layers.packing import SequencePacking\n"
+        "from runtime.native import extend_kernels\n"
+        "layer = _layer(0, 2, 2, 16, 16, False, False)\n"
+        "packing = SequencePacking.build(_batch([5], [True], [1], [[(3, 2)]]), torch.device('cpu'))\n"
+        "conv, ssm = torch.zeros(4, *layer.conv_state_shape), torch.zeros(4, *layer.ssm_state_shape)\n"
+        "with torch.no_grad():\n"
+        "    out = layer(torch.randn(5, 32), conv, ssm, packing, packing.state_slots)\n"
+        "assert extend_kernels.library() is None and out.shape == (5, 32) and ssm[2].abs().sum() > 0\n"
+        "print('reason:', extend_kernels.unavailable_reason())\n"
+    )
+    env = {**os.environ, "HYBRIDCTL_NATIVE": "0", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "reason: native kernels are off (HYBRIDCTL_NATIVE=0)" in done.stdout
+    warnings = [line for line in done.stderr.splitlines() if "short-extend C kernels" in line]
+    assert len(warnings) == 1 and "torch path" in warnings[0], done.stderr[-3000:]
