@@ -148,8 +148,10 @@ class Qwen3NextDecoderLayer(HybridLayer):
 
     def forward(self, x: torch.Tensor, cos_sin: CosSin, ctx: StepContext) -> torch.Tensor:
         mixer = self.linear_attn if self.kind == LINEAR else self.self_attn
-        x = x + self.mix(mixer, self.input_layernorm(x), cos_sin, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        short = ctx.packing is not None and ctx.packing.host is not None  # a short extend: C kernels where they fit
+        x = x + self.mix(mixer, self.input_layernorm(x, short_extend=short), cos_sin, ctx)
+        h = self.post_attention_layernorm(x, short_extend=short)
+        return x + (self.mlp(h, short_extend=short) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
 
 
 class Qwen3NextForCausalLM(DecoderLM):

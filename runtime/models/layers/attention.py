@@ -6,7 +6,7 @@ The model writes each new token's K/V at its token slot, then reads every token 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,21 @@ class AttentionMetadata:
     q_spans: list[tuple[int, int]] | None = None
     seq_masks: list[torch.Tensor | None] | None = None
     write_rows: torch.Tensor | None = None
+    # seq_masks as additive float masks (0 / -inf) per (sequence, dtype), made at the first layer that needs one:
+    # SDPA turns a bool mask into this itself, in every layer (48 queries over 2048 keys: 2.7 vs 2.0 ms a layer).
+    _additive: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def extend_mask(self, seq: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Sequence `seq`'s attention mask for queries of `dtype` (None: plain causal, no cached prefix)."""
+        assert self.seq_masks is not None
+        mask = self.seq_masks[seq]
+        if mask is None or torch.compiler.is_compiling():
+            return mask
+        additive = self._additive.get((seq, dtype))
+        if additive is None:
+            additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+            self._additive[(seq, dtype)] = additive
+        return additive
 
     def rows_to_write(self, x: torch.Tensor) -> torch.Tensor:
         """The new tokens' K or V rows to store at out_locs (see `write_rows`)."""
@@ -99,7 +114,8 @@ def paged_attention(
     assert meta.seq_kv is not None and meta.q_spans is not None and meta.seq_masks is not None
     gqa = num_q_heads != num_kv_heads
     outs = []
-    for kv_slots, (start, length), mask in zip(meta.seq_kv, meta.q_spans, meta.seq_masks, strict=False):
+    for seq, (kv_slots, (start, length)) in enumerate(zip(meta.seq_kv, meta.q_spans, strict=False)):
+        mask = meta.extend_mask(seq, q.dtype)
         qs = q[start : start + length].transpose(0, 1)[None]
         keys = _gather_rows(k_cache, kv_slots).to(q.dtype).transpose(0, 1)[None]
         values = _gather_rows(v_cache, kv_slots).to(q.dtype).transpose(0, 1)[None]

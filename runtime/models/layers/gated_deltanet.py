@@ -11,6 +11,7 @@ from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm, rec
 from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
 from runtime.models.layers.norm import GatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
+from runtime.native import extend_kernels
 
 
 class GatedDeltaNet(nn.Module):
@@ -67,6 +68,7 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_qkvz.weight.copy_(self.in_proj_qkvz.weight.index_select(0, qkvz_order))
         self.in_proj_ba.weight.copy_(self.in_proj_ba.weight.index_select(0, ba_order))
         self._rows_deinterleaved = True
+        extend_kernels.library()  # built (or its absence logged) at load, not inside the first request
 
     def decode_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The projection weights as row blocks (qkv [conv_dim, H], z [value_dim, H], b [nv, H], a [nv, H]),
@@ -151,6 +153,12 @@ class GatedDeltaNet(nn.Module):
         """x: [T, hidden]. `packing` is None in decode mode (one token per sequence, T == B)."""
         mixed, z, b, a = self._project(x)
         weight = self._taps(self.conv1d.weight)
+        if packing is not None and not torch.compiler.is_compiling():
+            plan = packing.short_extend_plan()
+            if plan is not None:
+                out = self._short_extend(plan, mixed, z, b, a, weight, conv_pool, ssm_pool)
+                if out is not None:
+                    return self.out_proj(out)
         beta = b.sigmoid()
         g = self._decay_rate(self.A_log) * F.softplus(a.float() + self.dt_bias)
         if packing is None:
@@ -174,3 +182,37 @@ class GatedDeltaNet(nn.Module):
             out = packing.unpad(out)
         out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(x.shape[0], self.value_dim))
+
+    def _short_extend(
+        self,
+        plan: extend_kernels.ShortExtendPlan,
+        mixed: torch.Tensor,
+        z: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        weight: torch.Tensor,
+        conv_pool: torch.Tensor,
+        ssm_pool: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """A few new tokens: conv, gates, delta rule, checkpoints and gated norm in one C call (the same math as
+        the chunked path, token by token; tests/runtime/test_short_extend_kernels.py holds them together).
+        [T, value_dim] before out_proj, or None when the kernel cannot take these tensors (the torch path)."""
+        try:
+            return extend_kernels.gdn_short_extend(
+                plan,
+                mixed,
+                z.reshape(z.shape[0], self.value_dim),
+                b,
+                a,
+                weight,
+                self.conv1d.bias,
+                conv_pool,
+                ssm_pool,
+                self._decay_rate(self.A_log),
+                self.dt_bias,
+                self.norm.weight,
+                self.norm.eps,
+                (self.num_k_heads, self.num_v_heads, self.k_head_dim, self.v_head_dim),
+            )
+        except extend_kernels.NativeRefused:
+            return None

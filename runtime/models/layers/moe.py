@@ -11,7 +11,12 @@ from torch import nn
 
 from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.mlp import GatedMLP
+from runtime.native import extend_kernels
 
+# A short extend's experts run in C up to this many tokens (runtime/native/moe_kernels.c): per block, one thread,
+# hot caches, 1.5x torch's sorted dispatch at 32 tokens, even at 64-96, 0.9x at 128 (benchmarks/
+# short_extend_cost.py); in a forward, where the weights come from DRAM, 0.61 vs 0.97 ms at 48 tokens.
+SHORT_EXTEND_MAX_TOKENS = 64
 # Dense expert dispatch (see Experts.dense_is_cheaper) for at most this many token x expert rows.
 _DENSE_MAX_ROWS = 128
 # Traced (torch.compile) batches of several tokens run every expert while there are at most this many; past
@@ -121,12 +126,33 @@ class SparseMoE(nn.Module):
         self.shared_expert = GatedMLP(hidden, shared_intermediate) if shared_intermediate > 0 else None
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate > 0 else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def after_weights_loaded(self) -> None:
+        extend_kernels.library("moe_kernels")  # built (or its absence logged) at load, not in the first request
+
+    def forward(self, x: torch.Tensor, short_extend: bool = False) -> torch.Tensor:
+        """`short_extend`: the rows are a short extend's tokens (runtime/models/layers/packing.py): the experts and
+        the shared expert then run in one C call when the kernel can take the tensors (decode stays in torch)."""
         weights, ids = self.gate(x)
+        if short_extend and 1 < x.shape[0] <= SHORT_EXTEND_MAX_TOKENS and not torch.compiler.is_compiling():
+            out = self._short_extend(x, ids, weights)
+            if out is not None:
+                return out
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def _short_extend(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor | None:
+        shared = None
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            mlp = self.shared_expert
+            shared = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, self.shared_expert_gate.weight[0])
+        try:
+            return extend_kernels.moe_short_extend(
+                x, ids, weights, self.experts.gate_up_proj, self.experts.down_proj, shared
+            ).to(x.dtype)
+        except extend_kernels.NativeRefused:
+            return None
 
     @staticmethod
     def checkpoint_sources(prefix: str, num_experts: int) -> dict[str, list[str]]:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.models.layers.derived import Derived, one_plus
+from runtime.native import extend_kernels
 
 
 class RMSNorm(nn.Module):
@@ -44,7 +45,14 @@ class ZeroCenteredRMSNorm(nn.Module):
         # `1 + weight` in fp32, kept between forwards: an add per norm per step (21 a decode step of the peer model).
         self.scale = Derived(one_plus)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, short_extend: bool = False) -> torch.Tensor:
+        """`short_extend`: x is a short extend's rows (runtime/models/layers/packing.py), normed in C when the
+        kernel takes them; decode and long extends keep F.rms_norm."""
+        if short_extend and x.dim() == 2 and not torch.compiler.is_compiling():
+            try:
+                return extend_kernels.rms_norm(x, self.scale(self.weight), self.eps)
+            except extend_kernels.NativeRefused:
+                pass
         if x.dtype == torch.float32:  # skips two no-op conversions (dispatched ops all the same)
             return F.rms_norm(x, self.weight.shape, self.scale(self.weight), self.eps)
         return F.rms_norm(x.float(), self.weight.shape, self.scale(self.weight), self.eps).type_as(x)

@@ -1,0 +1,251 @@
+/* Short extends of a gated-DeltaNet layer (Qwen3-Next / Qwen3.5), token by token, in one call per layer.
+ *
+ * Everything between the input projections and the output projection: the depthwise causal conv over the new
+ * tokens with its rolling window, silu, the per-head l2 norm of q and k, the gates (beta = sigmoid(b),
+ * g = -exp(A_log) * softplus(a + dt_bias)), the gated delta rule state update, and the gated RMSNorm of the
+ * output. At a few tokens the chunked torch form is ~100 dispatched ops a layer for ~20 MFLOP of work; here it
+ * is one pass over the data with the state in L1.
+ *
+ * Layouts (all fp32, row-major, checked by the Python wrapper before the call):
+ *   mixed   [T, conv_dim] rows `mixed_stride` floats apart: [q (nk*dk) | k (nk*dk) | v (nv*dv)]
+ *   z       [T, nv*dv]   rows `z_stride` apart;  b, a [T, nv] rows `ba_stride` apart
+ *   conv_w  [conv_dim, width+1]; conv_bias [conv_dim] or NULL
+ *   conv_pool [slots, conv_dim, width]; ssm_pool [slots, nv, dv, dk] (SGLang's layout)
+ *   out     [T, nv*dv] contiguous
+ * Sequences are packed in batch order: sequence i owns tokens [start_i, start_i + lens[i]).
+ * Checkpoint m: after ck_tokens[m] new tokens of sequence ck_seq[m], its conv window and state go to slot
+ * ck_slots[m]. The caller guarantees distinct state slots and checkpoint slots disjoint from them, so the pool
+ * is updated in place.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* exp in plain arithmetic (Cephes' expf: range reduction by ln 2, a degree-6 polynomial, the exponent set
+ * through the bits): libm's expf is a call the compiler cannot vectorize without -ffast-math, and it was most of
+ * this kernel's time (a silu per conv channel per token). Relative error ~1e-7; its input is clamped to
+ * [-87.3, 88.37] (exp(-87.3) ~ 1e-38: what a decay that small does to a state is nothing). Branch-free, so with
+ * -fno-trapping-math (extend_kernels.py) the loops around it vectorize. */
+static inline float vexpf(float x) {
+    x = x < -87.3f ? -87.3f : (x > 88.37f ? 88.37f : x);
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest, no call */
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    const float r2 = r * r;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r2 + r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {.i = ((int32_t)n + 127) << 23};
+    return y * scale.f;
+}
+
+static inline float silu(float x) { return x / (1.0f + vexpf(-x)); }
+
+static inline float softplus(float x) {
+    /* torch's F.softplus (beta 1, threshold 20) */
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+static void l2norm_heads(float *x, int64_t heads, int64_t dim) {
+    for (int64_t h = 0; h < heads; h++) {
+        float *row = x + h * dim;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < dim; j++) acc += row[j] * row[j];
+        const float inv = 1.0f / sqrtf(acc + 1e-6f);
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) row[j] *= inv;
+    }
+}
+
+/* One token of the delta rule for one head, on the state transposed to [dk, dv] (rows by key channel), so every
+ * loop runs along dv without a horizontal sum: S' = exp(g) S + k ⊗ beta (v - exp(g) Sᵀk); o = S'ᵀq. The decay
+ * is applied to Sᵀk and inside the update, so the state is read twice and written once per token. */
+static void delta_step(float *restrict state, const float *restrict q, const float *restrict k,
+                       const float *restrict v, float decay, float beta, float scale, float *restrict o,
+                       float *restrict kv, int64_t dv, int64_t dk) {
+#pragma omp simd
+    for (int64_t i = 0; i < dv; i++) kv[i] = 0.0f;
+    for (int64_t j = 0; j < dk; j++) {
+        const float *restrict row = state + j * dv;
+        const float kj = k[j];
+#pragma omp simd
+        for (int64_t i = 0; i < dv; i++) kv[i] += row[i] * kj;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < dv; i++) {
+        kv[i] = (v[i] - kv[i] * decay) * beta; /* now the delta */
+        o[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < dk; j++) {
+        float *restrict row = state + j * dv;
+        const float kj = k[j], qj = q[j] * scale;
+#pragma omp simd
+        for (int64_t i = 0; i < dv; i++) {
+            row[i] = row[i] * decay + kv[i] * kj;
+            o[i] += row[i] * qj;
+        }
+    }
+}
+
+/* [heads, rows, cols] -> [heads, cols, rows] */
+static void transpose_heads(float *restrict dst, const float *restrict src, int64_t heads, int64_t rows,
+                            int64_t cols) {
+    for (int64_t h = 0; h < heads; h++) {
+        const float *s = src + h * rows * cols;
+        float *d = dst + h * rows * cols;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) d[c * rows + r] = s[r * cols + c];
+    }
+}
+
+/* Gated RMSNorm of each dv-row: x * rsqrt(mean(x^2) + eps) * w * silu(z). */
+static void gated_rmsnorm(float *restrict x, const float *restrict z, const float *restrict w, int64_t heads,
+                          int64_t dim, float eps) {
+    for (int64_t h = 0; h < heads; h++) {
+        float *row = x + h * dim;
+        const float *zr = z + h * dim;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < dim; j++) acc += row[j] * row[j];
+        const float inv = 1.0f / sqrtf(acc / (float)dim + eps);
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) row[j] = row[j] * inv * w[j] * silu(zr[j]);
+    }
+}
+
+/* Returns 0, or 1 when scratch memory could not be had (nothing written then). Per sequence: every new token's
+ * conv, silu, l2 norm and gates first, then the recurrence head by head (one head's state, 16 KB at 64 x 64,
+ * stays in L1 across the tokens), each output row gated-normed as it is made. */
+int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_prefix, const int64_t *state_slots,
+                     const float *mixed, int64_t mixed_stride, const float *z, int64_t z_stride, const float *b,
+                     const float *a, int64_t ba_stride, const float *conv_w, const float *conv_bias,
+                     float *conv_pool, float *ssm_pool, const float *neg_exp_a, const float *dt_bias,
+                     const float *norm_w, float norm_eps, int64_t nk, int64_t nv, int64_t dk, int64_t dv,
+                     int64_t width, int64_t n_ck, const int64_t *ck_seq, const int64_t *ck_tokens,
+                     const int64_t *ck_slots, float *out) {
+    const int64_t key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv, taps = width + 1;
+    const int64_t ratio = nv / nk, head_size = dv * dk, state_size = nv * head_size;
+    const float scale = 1.0f / sqrtf((float)dk);
+    int64_t max_len = 0;
+    for (int64_t s = 0; s < n_seqs; s++) max_len = lens[s] > max_len ? lens[s] : max_len;
+    /* full: time-major conv input of one sequence (its old window, then the new tokens); act: the conv outputs,
+     * q and k normalized; gates: decay then beta per (token, head); w_t: the taps tap-major; work: one head's
+     * state as [dk, dv], then kv [dv] */
+    float *full = malloc(sizeof(float) * (size_t)((width + max_len) * conv_dim));
+    float *act = malloc(sizeof(float) * (size_t)(max_len * conv_dim));
+    float *gates = malloc(sizeof(float) * (size_t)(2 * max_len * nv));
+    float *w_t = malloc(sizeof(float) * (size_t)(taps * conv_dim));
+    float *work = malloc(sizeof(float) * (size_t)(head_size + dv));
+    if (!full || !act || !gates || !w_t || !work) {
+        free(full);
+        free(act);
+        free(gates);
+        free(w_t);
+        free(work);
+        return 1;
+    }
+    float *kv = work + head_size;
+    for (int64_t c = 0; c < conv_dim; c++)
+        for (int64_t j = 0; j < taps; j++) w_t[j * conv_dim + c] = conv_w[c * taps + j];
+    int64_t start = 0;
+    for (int64_t s = 0; s < n_seqs; s++) {
+        const int64_t len = lens[s];
+        float *cstate = conv_pool + state_slots[s] * conv_dim * width;
+        float *state = ssm_pool + state_slots[s] * state_size;
+        if (has_prefix[s]) {
+            for (int64_t j = 0; j < width; j++)
+                for (int64_t c = 0; c < conv_dim; c++) full[j * conv_dim + c] = cstate[c * width + j];
+        } else {
+            memset(full, 0, sizeof(float) * (size_t)(width * conv_dim));
+        }
+        for (int64_t t = 0; t < len; t++)
+            memcpy(full + (width + t) * conv_dim, mixed + (start + t) * mixed_stride, sizeof(float) * conv_dim);
+        for (int64_t t = 0; t < len; t++) {
+            const int64_t row = start + t;
+            float *tok = act + t * conv_dim;
+            /* conv taps in torch's order: x0*w0, then + x_tap*w_tap, then + bias; silu */
+            const float *x0 = full + t * conv_dim;
+#pragma omp simd
+            for (int64_t c = 0; c < conv_dim; c++) tok[c] = x0[c] * w_t[c];
+            for (int64_t j = 1; j < taps; j++) {
+                const float *xj = full + (t + j) * conv_dim, *wj = w_t + j * conv_dim;
+#pragma omp simd
+                for (int64_t c = 0; c < conv_dim; c++) tok[c] += xj[c] * wj[c];
+            }
+            if (conv_bias) {
+#pragma omp simd
+                for (int64_t c = 0; c < conv_dim; c++) tok[c] += conv_bias[c];
+            }
+#pragma omp simd
+            for (int64_t c = 0; c < conv_dim; c++) tok[c] = silu(tok[c]);
+            l2norm_heads(tok, 2 * nk, dk); /* q heads, then k heads */
+            for (int64_t h = 0; h < nv; h++) {
+                const float g = neg_exp_a[h] * softplus(a[row * ba_stride + h] + dt_bias[h]);
+                gates[(2 * t) * nv + h] = vexpf(g);
+                gates[(2 * t + 1) * nv + h] = 1.0f / (1.0f + vexpf(-b[row * ba_stride + h]));
+            }
+        }
+        for (int64_t h = 0; h < nv; h++) {
+            const int64_t kh = h / ratio;
+            if (has_prefix[s])
+                transpose_heads(work, state + h * head_size, 1, dv, dk);
+            else
+                memset(work, 0, sizeof(float) * (size_t)head_size);
+            for (int64_t t = 0; t < len; t++) {
+                const int64_t row = start + t;
+                const float *tok = act + t * conv_dim;
+                float *o = out + row * nv * dv + h * dv;
+                delta_step(work, tok + kh * dk, tok + key_dim + kh * dk, tok + 2 * key_dim + h * dv,
+                           gates[(2 * t) * nv + h], gates[(2 * t + 1) * nv + h], scale, o, kv, dv, dk);
+                gated_rmsnorm(o, z + row * z_stride + h * dv, norm_w, 1, dv, norm_eps);
+                for (int64_t m = 0; m < n_ck; m++)
+                    if (ck_seq[m] == s && ck_tokens[m] == t + 1)
+                        transpose_heads(ssm_pool + ck_slots[m] * state_size + h * head_size, work, 1, dk, dv);
+            }
+            transpose_heads(state + h * head_size, work, 1, dk, dv);
+        }
+        /* conv windows: the `width` inputs ending at each checkpoint's token, and at the last new token */
+        for (int64_t m = 0; m < n_ck; m++) {
+            if (ck_seq[m] != s) continue;
+            float *cw = conv_pool + ck_slots[m] * conv_dim * width;
+            for (int64_t c = 0; c < conv_dim; c++)
+                for (int64_t j = 0; j < width; j++) cw[c * width + j] = full[(ck_tokens[m] + j) * conv_dim + c];
+        }
+        for (int64_t c = 0; c < conv_dim; c++)
+            for (int64_t j = 0; j < width; j++) cstate[c * width + j] = full[(len + j) * conv_dim + c];
+        start += len;
+    }
+    free(full);
+    free(act);
+    free(gates);
+    free(w_t);
+    free(work);
+    return 0;
+}
+
+/* RMSNorm of `rows` rows of `dim`: out = x * rsqrt(mean(x^2) + eps) * w (F.rms_norm's formula, its sum in another
+ * order). x rows x_stride apart, out contiguous. At a short extend's few rows F.rms_norm is a composite of ~6
+ * dispatched ops (~80 us for 48 x 256 here); this is a few microseconds. */
+int rmsnorm_rows(int64_t rows, int64_t dim, const float *x, int64_t x_stride, const float *w, float eps,
+                 float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *o = out + r * dim;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < dim; j++) acc += xr[j] * xr[j];
+        const float inv = 1.0f / sqrtf(acc / (float)dim + eps);
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) o[j] = xr[j] * inv * w[j];
+    }
+    return 0;
+}

@@ -1,0 +1,277 @@
+"""Short extends in C (`extend_kernels.c`): a gated-DeltaNet layer's conv, gates, delta rule and gated norm over a
+few new tokens in one call, token by token, instead of the chunked torch form's ~100 dispatched ops a layer.
+
+Tensors in, tensors out; this module validates every tensor (dtype, device, layout, shape, slot ranges) before a
+call, because a wrong pointer in C is a segfault that takes the server down. Anything it cannot take (not fp32,
+not CPU, odd strides) is refused with `NativeRefused` and the caller runs its torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable, load
+
+logger = logging.getLogger("runtime.native")
+HERE = Path(__file__).parent
+# -fno-trapping-math: lets the branch-free clamps of the C exp vectorize (no FP exception is ever observed here).
+# -ffp-contract=fast (the MoE kernel only): a*b+c as one FMA, the matmul's inner step; one rounding instead of two.
+FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math")
+_I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+# name: (C source, flags, {function: argtypes})
+KERNELS: dict[str, tuple[Path, tuple[str, ...], dict[str, list[type]]]] = {
+    "extend_kernels": (
+        HERE / "extend_kernels.c",
+        FLAGS,
+        {
+            "gdn_short_extend": [
+                _I64,
+                *[_PTR] * 4,
+                _I64,
+                _PTR,
+                _I64,
+                _PTR,
+                _PTR,
+                _I64,
+                *[_PTR] * 7,
+                _F32,
+                *[_I64] * 6,
+                *[_PTR] * 4,
+            ],
+            "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
+        },  # fmt: skip
+    ),
+    "moe_kernels": (
+        HERE / "moe_kernels.c",
+        (*FLAGS, "-ffp-contract=fast"),
+        {"moe_short_extend": [*[_I64] * 5, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5]},
+    ),
+}
+
+_state: dict[str, NativeLibrary | str] = {}  # name: the loaded library, or why there is none
+
+
+class NativeRefused(ValueError):
+    """A call's tensors do not fit the kernel (the caller takes its torch path)."""
+
+
+def library(name: str = "extend_kernels") -> NativeLibrary | None:
+    """One of `KERNELS`, built at first use; None (the reason logged once) when it cannot be had."""
+    held = _state.get(name)
+    if isinstance(held, NativeLibrary):
+        return held
+    if held is not None:
+        return None
+    source, flags, functions = KERNELS[name]
+    try:
+        lib = load(name, source, flags)
+    except NativeUnavailable as exc:
+        _state[name] = exc.reason
+        logger.warning("short-extend C kernels (%s) unavailable: %s; short extends take the torch path", name,
+                       exc.reason)  # fmt: skip
+        return None
+    for fn_name, argtypes in functions.items():
+        fn = getattr(lib.lib, fn_name)
+        fn.restype, fn.argtypes = ctypes.c_int, argtypes
+    how = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "from the cache"
+    logger.info("short-extend C kernels loaded: %s (%s)", lib.path.name, how)
+    _state[name] = lib
+    return lib
+
+
+def unavailable_reason(name: str = "extend_kernels") -> str | None:
+    """Why `library(name)` returned None, once it has been asked."""
+    reason = _state.get(name)
+    return reason if isinstance(reason, str) else None
+
+
+@dataclass(frozen=True)
+class ShortExtendPlan:
+    """One extend batch's per-sequence facts and state checkpoints, validated once and shared by every layer of
+    the forward. `meta` packs [lens | has_prefix | state_slots | ck_seq | ck_tokens | ck_slots] as int64."""
+
+    batch: int
+    checkpoints: int
+    tokens: int
+    max_slot: int
+    meta: torch.Tensor
+
+    @classmethod
+    def build(
+        cls,
+        lens: list[int],
+        has_prefix: list[bool],
+        state_slots: list[int],
+        ck_seq: list[int],
+        ck_tokens: list[int],
+        ck_slots: list[int],
+    ) -> ShortExtendPlan:
+        """Raises NativeRefused where the in-place kernel would not do what the torch path does: shared or
+        negative slots, a checkpoint slot that is also a sequence's state slot, a checkpoint outside its
+        sequence's new tokens."""
+        batch = len(lens)
+        if not (len(has_prefix) == len(state_slots) == batch) or not (len(ck_seq) == len(ck_tokens) == len(ck_slots)):
+            raise NativeRefused("plan: per-sequence or per-checkpoint lists differ in length")
+        slots = set(state_slots)
+        if len(slots) != batch or (ck_slots and (len(set(ck_slots)) != len(ck_slots) or slots & set(ck_slots))):
+            raise NativeRefused("plan: state slots shared between sequences or checkpoints")
+        if min(state_slots + ck_slots, default=0) < 0 or min(lens, default=0) < 0:
+            raise NativeRefused("plan: negative slot or length")
+        for s, n in zip(ck_seq, ck_tokens, strict=True):
+            if not (0 <= s < batch and 0 < n <= lens[s]):
+                raise NativeRefused(f"plan: checkpoint after {n} tokens of sequence {s}")
+        flags = [int(p) for p in has_prefix]
+        meta = torch.tensor(lens + flags + state_slots + ck_seq + ck_tokens + ck_slots, dtype=torch.int64)
+        return cls(batch, len(ck_seq), sum(lens), max(state_slots + ck_slots, default=-1), meta)
+
+    def pointers(self) -> list[int]:
+        base, b, m = self.meta.data_ptr(), self.batch, self.checkpoints
+        return [base + 8 * offset for offset in (0, b, 2 * b, 3 * b, 3 * b + m, 3 * b + 2 * m)]
+
+
+def _check(t: torch.Tensor, name: str, shape: tuple[int, ...], *, rows_apart: bool = False) -> None:
+    """fp32 on the CPU with `shape`; contiguous, or with `rows_apart` a 2-D view whose rows are contiguous."""
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        raise NativeRefused(f"{name}: {t.dtype} on {t.device}, the kernel takes fp32 on the CPU")
+    if tuple(t.shape) != shape:
+        raise NativeRefused(f"{name}: shape {tuple(t.shape)}, expected {shape}")
+    if rows_apart:
+        if t.dim() != 2 or t.stride(1) != 1 or (t.shape[0] > 1 and t.stride(0) < t.shape[1]):
+            raise NativeRefused(f"{name}: strides {t.stride()}, rows must be contiguous")
+    elif not t.is_contiguous():
+        raise NativeRefused(f"{name}: not contiguous")
+
+
+def gdn_short_extend(
+    plan: ShortExtendPlan,
+    mixed: torch.Tensor,
+    z: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    neg_exp_a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_eps: float,
+    heads: tuple[int, int, int, int],
+) -> torch.Tensor:
+    """A gated-DeltaNet layer's work between its projections for the packed tokens of `plan`: returns the gated-
+    normed output [T, nv * dv] and updates conv_pool / ssm_pool (state slots and checkpoint slots) in place.
+    heads = (nk, nv, dk, dv). mixed [T, 2 nk dk + nv dv], z [T, nv dv], b and a [T, nv] may be column slices of
+    wider projections (rows contiguous). Raises NativeRefused before touching anything when a tensor does not fit."""
+    lib = library()
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    nk, nv, dk, dv = heads
+    if nk <= 0 or nv % nk or min(dk, dv) <= 0:
+        raise NativeRefused(f"heads {heads}: value heads must be a multiple of key heads")
+    tokens, conv_dim = plan.tokens, 2 * nk * dk + nv * dv
+    taps = conv_weight.shape[-1]
+    width = taps - 1
+    _check(mixed, "mixed", (tokens, conv_dim), rows_apart=True)
+    _check(z, "z", (tokens, nv * dv), rows_apart=True)
+    _check(b, "b", (tokens, nv), rows_apart=True)
+    _check(a, "a", (tokens, nv), rows_apart=True)
+    if tokens > 1 and a.stride(0) != b.stride(0):
+        raise NativeRefused("a and b rows are not the same distance apart")
+    _check(conv_weight, "conv_weight", (conv_dim, taps))
+    if conv_bias is not None:
+        _check(conv_bias, "conv_bias", (conv_dim,))
+    if conv_pool.dim() != 3 or ssm_pool.dim() != 4:
+        raise NativeRefused(f"pools of {conv_pool.dim()} and {ssm_pool.dim()} dimensions, expected 3 and 4")
+    _check(conv_pool, "conv_pool", (len(conv_pool), conv_dim, width))
+    _check(ssm_pool, "ssm_pool", (len(ssm_pool), nv, dv, dk))
+    slots = min(len(conv_pool), len(ssm_pool))
+    if plan.max_slot >= slots:
+        raise NativeRefused(f"slot {plan.max_slot} outside pools of {slots} slots")
+    for t, name in ((neg_exp_a, "neg_exp_a"), (dt_bias, "dt_bias")):
+        _check(t, name, (nv,))
+    _check(norm_weight, "norm_weight", (dv,))
+    out = torch.empty(tokens, nv * dv, dtype=torch.float32)
+    lens, flags, state_slots, ck_seq, ck_tokens, ck_slots = plan.pointers()
+    row = mixed.stride(0) if tokens else conv_dim
+    failed = lib.lib.gdn_short_extend(
+        plan.batch, lens, flags, state_slots,
+        mixed.data_ptr(), row, z.data_ptr(), z.stride(0) if tokens else nv * dv,
+        b.data_ptr(), a.data_ptr(), b.stride(0) if tokens else nv,
+        conv_weight.data_ptr(), None if conv_bias is None else conv_bias.data_ptr(),
+        conv_pool.data_ptr(), ssm_pool.data_ptr(), neg_exp_a.data_ptr(), dt_bias.data_ptr(),
+        norm_weight.data_ptr(), norm_eps, nk, nv, dk, dv, width,
+        plan.checkpoints, ck_seq, ck_tokens, ck_slots, out.data_ptr(),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("gdn_short_extend: no scratch memory")
+    return out
+
+
+def moe_short_extend(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w_in: torch.Tensor,
+    w_out: torch.Tensor,
+    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """A sparse MoE block's experts for a few tokens: x [T, H] (rows contiguous), ids [T, K] int64, weights
+    [T, K] fp32, w_in [E, 2I, H] (gate rows then up rows), w_out [E, H, I]; `shared`: a shared expert's (gate
+    [S, H], up [S, H], down [H, S], gate vector [H]), added scaled by sigmoid(x . gate vector). Returns [T, H],
+    each token's routed terms summed in ascending expert order, then the shared term. Raises NativeRefused before
+    any work when a tensor does not fit."""
+    lib = library("moe_kernels")
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason('moe_kernels')}")
+    if w_in.dim() != 3 or w_out.dim() != 3 or x.dim() != 2 or ids.dim() != 2:
+        raise NativeRefused("moe: x, ids 2-D and expert weights 3-D expected")
+    experts, two_inter, hidden = w_in.shape
+    tokens, top_k = ids.shape
+    _check(x, "x", (tokens, hidden), rows_apart=True)
+    _check(weights, "weights", (tokens, top_k))
+    _check(w_in, "w_in", (experts, two_inter, hidden))
+    _check(w_out, "w_out", (experts, hidden, two_inter // 2))
+    if two_inter % 2 or ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous():
+        raise NativeRefused("moe: ids must be contiguous int64 on the CPU, w_in's rows gate then up")
+    if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
+        raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
+    shared_inter = 0
+    shared_ptrs: list[int | None] = [None] * 4
+    if shared is not None:
+        gate_w, up_w, down_w, gate_vec = shared
+        shared_inter = gate_w.shape[0] if gate_w.dim() == 2 else -1
+        _check(gate_w, "shared gate", (shared_inter, hidden))
+        _check(up_w, "shared up", (shared_inter, hidden))
+        _check(down_w, "shared down", (hidden, shared_inter))
+        _check(gate_vec, "shared gate vector", (hidden,))
+        shared_ptrs = [t.data_ptr() for t in shared]
+    out = torch.empty(tokens, hidden, dtype=torch.float32)
+    failed = lib.lib.moe_short_extend(
+        tokens, hidden, two_inter // 2, experts, top_k, x.data_ptr(), x.stride(0) if tokens else hidden,
+        ids.data_ptr(), weights.data_ptr(), w_in.data_ptr(), w_out.data_ptr(), shared_inter, *shared_ptrs,
+        out.data_ptr(),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("moe_short_extend: no scratch memory")
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.rms_norm(x, (dim,), weight, eps) for a short extend's rows: x [T, dim] fp32 (rows contiguous), weight
+    [dim]. Raises NativeRefused when a tensor does not fit."""
+    lib = library()
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    if x.dim() != 2 or weight.dim() != 1:
+        raise NativeRefused("rms_norm: x [T, dim] and weight [dim] expected")
+    rows, dim = x.shape
+    _check(x, "x", (rows, dim), rows_apart=True)
+    _check(weight, "weight", (dim,))
+    out = torch.empty(rows, dim, dtype=torch.float32)
+    lib.lib.rmsnorm_rows(rows, dim, x.data_ptr(), x.stride(0) if rows else dim, weight.data_ptr(), eps, out.data_ptr())
+    return out

@@ -1,0 +1,260 @@
+"""The short-extend C kernels against the torch paths they replace, at the layer level. runtime/native/
+extend_kernels.c: a gated-DeltaNet layer's output, the final conv windows and recurrent states, and every state
+checkpoint (prefix-cache checkpoints, a verify round's per-draft states) over random batches: lengths, cached
+prefixes or none, checkpoints at any token count, grouped heads, both projection layouts. runtime/native/
+moe_kernels.c: a sparse MoE block's routed and shared experts over random shapes and routings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.core.batch import ForwardBatch
+from runtime.models.layers import moe as moe_layer
+from runtime.models.layers.gated_deltanet import GatedDeltaNet
+from runtime.models.layers.moe import SparseMoE
+from runtime.models.layers.norm import ZeroCenteredRMSNorm
+from runtime.models.layers.packing import SHORT_EXTEND_MAX_TOKENS, SequencePacking
+from runtime.native import extend_kernels
+
+pytestmark = pytest.mark.skipif(extend_kernels.library() is None, reason="needs a C compiler (CI installs gcc)")
+
+# The kernel runs the recurrence token by token; the chunked path sums the same terms in another order (the UT
+# transform, the chunk state), so they agree to fp32 rounding, not bit for bit.
+ATOL, RTOL = 2e-5, 1e-4
+REPO = Path(__file__).resolve().parents[2]
+SLOTS = 48
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _layer(seed: int, nk: int, ratio: int, dk: int, dv: int, split: bool, bias: bool) -> GatedDeltaNet:
+    torch.manual_seed(seed)
+    layer = GatedDeltaNet(32, nk, nk * ratio, dk, dv, 4, 1e-6, split_projections=split)
+    if bias:
+        layer.conv1d.bias = torch.nn.Parameter(torch.randn(layer.conv_dim) * 0.1)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        layer.A_log.copy_(torch.randn(nk * ratio) * 0.5)
+        layer.dt_bias.copy_(torch.randn(nk * ratio))
+    layer.after_weights_loaded()
+    return layer
+
+
+def _batch(lens: list[int], prefixed: list[bool], slots: list[int], ckpts: list[list[tuple[int, int]]]) -> ForwardBatch:
+    tokens = sum(lens)
+    return ForwardBatch(
+        mode="extend",
+        input_ids=torch.zeros(tokens, dtype=torch.int64),
+        positions=torch.zeros(tokens, dtype=torch.int64),
+        extend_lens=lens,
+        prefix_lens=[5 if p else 0 for p in prefixed],
+        kv_locs=[],
+        out_locs=torch.zeros(tokens, dtype=torch.int64),
+        state_slots=torch.tensor(slots, dtype=torch.int64),
+        state_checkpoints=ckpts if any(ckpts) else None,
+    )
+
+
+def _run(layer: GatedDeltaNet, x: torch.Tensor, batch: ForwardBatch, pools: tuple[torch.Tensor, torch.Tensor],
+         native: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    conv, ssm = pools[0].clone(), pools[1].clone()
+    packing = SequencePacking.build(batch, torch.device("cpu"))
+    calls: list[int] = []
+    if native:
+        assert packing.short_extend_plan() is not None
+        kernel = extend_kernels.gdn_short_extend
+
+        def counted(*args: object, **kwargs: object) -> torch.Tensor:
+            out = kernel(*args, **kwargs)  # type: ignore[arg-type]
+            calls.append(1)
+            return out
+
+        monkeypatch.setattr(extend_kernels, "gdn_short_extend", counted)
+    else:
+        packing.host = None  # the chunked torch path
+    with torch.no_grad():
+        out = layer(x, conv, ssm, packing, packing.state_slots)
+    monkeypatch.undo()
+    assert len(calls) == int(native)  # the kernel ran (not refused into the torch path)
+    return out, conv, ssm
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> dict:
+    batch = draw(st.integers(1, 4))
+    lens = draw(st.lists(st.integers(1, SHORT_EXTEND_MAX_TOKENS // 4), min_size=batch, max_size=batch))
+    prefixed = draw(st.lists(st.booleans(), min_size=batch, max_size=batch))
+    slots = draw(st.permutations(range(SLOTS)))[: batch + 40]
+    state_slots, spare = slots[:batch], slots[batch:]
+    ckpts: list[list[tuple[int, int]]] = []
+    for n in lens:
+        counts = sorted(draw(st.sets(st.integers(1, n), max_size=min(n, 6))))
+        ckpts.append([(c, spare.pop()) for c in counts])
+    return {
+        "lens": lens, "prefixed": prefixed, "slots": state_slots, "ckpts": ckpts,
+        "seed": draw(st.integers(0, 2**16)),
+        "heads": draw(st.sampled_from([(1, 1, 16, 16), (2, 2, 16, 32), (2, 1, 32, 16), (1, 4, 8, 8)])),
+        "split": draw(st.booleans()), "bias": draw(st.booleans()),
+    }  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_cases())
+def test_short_extend_matches_the_chunked_path(case: dict) -> None:
+    monkeypatch = pytest.MonkeyPatch()
+    nk, ratio, dk, dv = case["heads"]
+    layer = _layer(case["seed"], nk, ratio, dk, dv, case["split"], case["bias"])
+    gen = torch.Generator().manual_seed(case["seed"])
+    conv = torch.randn(SLOTS, *layer.conv_state_shape, generator=gen)
+    ssm = torch.randn(SLOTS, *layer.ssm_state_shape, generator=gen) * 0.2
+    batch = _batch(case["lens"], case["prefixed"], case["slots"], case["ckpts"])
+    x = torch.randn(sum(case["lens"]), 32, generator=gen)
+    want, want_conv, want_ssm = _run(layer, x, batch, (conv, ssm), False, monkeypatch)
+    got, got_conv, got_ssm = _run(layer, x, batch, (conv, ssm), True, monkeypatch)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+    written = case["slots"] + [slot for seq in case["ckpts"] for _, slot in seq]
+    for slot in written:  # final states and every checkpoint
+        torch.testing.assert_close(got_conv[slot], want_conv[slot], atol=0, rtol=0)  # copies: exact
+        torch.testing.assert_close(got_ssm[slot], want_ssm[slot], atol=ATOL, rtol=RTOL)
+    untouched = [s for s in range(SLOTS) if s not in written]
+    assert torch.equal(got_conv[untouched], conv[untouched]) and torch.equal(got_ssm[untouched], ssm[untouched])
+
+
+def test_a_long_extend_takes_the_chunked_path() -> None:
+    batch = _batch([SHORT_EXTEND_MAX_TOKENS + 1], [True], [0], [[]])
+    assert SequencePacking.build(batch, torch.device("cpu")).short_extend_plan() is None
+    short = _batch([SHORT_EXTEND_MAX_TOKENS // 2] * 2, [True, False], [0, 1], [[], []])
+    assert SequencePacking.build(short, torch.device("cpu")).short_extend_plan() is not None
+
+
+def test_shared_slots_are_refused_not_run() -> None:
+    """Two sequences on one slot, or a checkpoint into a sequence's own slot: the in-place kernel would not do
+    what the torch path does, so the plan is refused and the torch path runs."""
+    shared = _batch([3, 3], [True, True], [4, 4], [[], []])
+    assert SequencePacking.build(shared, torch.device("cpu")).short_extend_plan() is None
+    onto_own = _batch([3], [True], [4], [[(2, 4)]])
+    assert SequencePacking.build(onto_own, torch.device("cpu")).short_extend_plan() is None
+
+
+def test_tensors_that_do_not_fit_are_refused_before_the_call() -> None:
+    layer = _layer(0, 2, 2, 16, 16, False, False)
+    batch = _batch([4], [True], [2], [[]])
+    packing = SequencePacking.build(batch, torch.device("cpu"))
+    plan = packing.short_extend_plan()
+    assert plan is not None
+    conv = torch.zeros(SLOTS, *layer.conv_state_shape)
+    ssm = torch.zeros(SLOTS, *layer.ssm_state_shape)
+    x = torch.randn(4, 32)
+    mixed, z, b, a = layer._project(x)  # noqa: SLF001 - the layer's own inputs to the kernel
+    weight = layer.conv1d.weight[:, 0, :]
+    heads = (2, 4, 16, 16)
+    args = (layer.conv1d.bias, conv, ssm, -layer.A_log.exp(), layer.dt_bias, layer.norm.weight, 1e-6, heads)
+    z2 = z.reshape(4, -1)
+    with pytest.raises(extend_kernels.NativeRefused, match="float64"):
+        extend_kernels.gdn_short_extend(plan, mixed.double(), z2, b, a, weight, *args)
+    with pytest.raises(extend_kernels.NativeRefused, match="shape"):
+        extend_kernels.gdn_short_extend(plan, mixed[:3], z2, b, a, weight, *args)
+    with pytest.raises(extend_kernels.NativeRefused, match="strides"):
+        extend_kernels.gdn_short_extend(plan, mixed.t().contiguous().t(), z2, b, a, weight, *args)
+    small = (layer.conv1d.bias, conv[:2], ssm[:2], *args[3:])
+    with pytest.raises(extend_kernels.NativeRefused, match="outside pools"):
+        extend_kernels.gdn_short_extend(plan, mixed, z2, b, a, weight, *small)
+    with pytest.raises(extend_kernels.NativeRefused, match="conv_pool"):
+        extend_kernels.gdn_short_extend(plan, mixed, z2, b, a, weight, layer.conv1d.bias, conv.half(), *args[2:])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tokens=st.integers(2, moe_layer.SHORT_EXTEND_MAX_TOKENS),
+    shape=st.sampled_from([(8, 2, 32, 16, 16), (4, 1, 24, 12, 0), (16, 4, 40, 8, 24), (3, 2, 13, 5, 7)]),
+    seed=st.integers(0, 2**16),
+)
+def test_short_extend_moe_matches_the_torch_experts(tokens: int, shape: tuple[int, ...], seed: int) -> None:
+    """The routed experts and the shared expert in C against SparseMoE's torch path (sorted or dense dispatch),
+    including sizes that are not multiples of the kernel's 4 x 4 x 8 blocks."""
+    experts, top_k, hidden, inter, shared = shape
+    torch.manual_seed(seed)
+    moe = SparseMoE(hidden, experts, top_k, inter, shared, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    x = torch.randn(tokens, hidden)
+    calls: list[int] = []
+    kernel = extend_kernels.moe_short_extend
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        want = moe(x)
+        patch.setattr(extend_kernels, "moe_short_extend", counted)
+        got = moe(x, short_extend=True)
+    assert calls == [1]
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 64), dim=st.sampled_from([8, 13, 64, 256]), seed=st.integers(0, 2**16))
+def test_short_extend_rms_norm_matches_f_rms_norm(rows: int, dim: int, seed: int) -> None:
+    """Qwen3-Next's zero-centred RMSNorm of a short extend's rows in C, strided rows included."""
+    torch.manual_seed(seed)
+    norm = ZeroCenteredRMSNorm(dim, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim) * 0.5)
+    wide = torch.randn(rows, dim + 3) * 3
+    x = wide[:, :dim]  # rows apart by dim + 3
+    calls: list[int] = []
+    kernel = extend_kernels.rms_norm
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        want = norm(x)
+        patch.setattr(extend_kernels, "rms_norm", counted)
+        got = norm(x, short_extend=True)
+    assert calls == [1]
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+def test_without_the_library_short_extends_take_the_torch_path_and_say_why_once(tmp_path: Path) -> None:
+    """HYBRIDCTL_NATIVE=0 (or no compiler): the kernels are refused, one warning names the reason, and a short
+    extend still runs (the chunked path)."""
+    script = (
+        "import logging, torch\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+        "from tests.runtime.test_short_extend_kernels import _batch, _layer\n"
+        "from runtime.models.layers.packing import SequencePacking\n"
+        "from runtime.native import extend_kernels\n"
+        "layer = _layer(0, 2, 2, 16, 16, False, False)\n"
+        "packing = SequencePacking.build(_batch([5], [True], [1], [[(3, 2)]]), torch.device('cpu'))\n"
+        "conv, ssm = torch.zeros(4, *layer.conv_state_shape), torch.zeros(4, *layer.ssm_state_shape)\n"
+        "with torch.no_grad():\n"
+        "    out = layer(torch.randn(5, 32), conv, ssm, packing, packing.state_slots)\n"
+        "assert extend_kernels.library() is None and out.shape == (5, 32) and ssm[2].abs().sum() > 0\n"
+        "print('reason:', extend_kernels.unavailable_reason())\n"
+    )
+    env = {**os.environ, "HYBRIDCTL_NATIVE": "0", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "reason: native kernels are off (HYBRIDCTL_NATIVE=0)" in done.stdout
+    warnings = [line for line in done.stderr.splitlines() if "short-extend C kernels" in line]
+    assert len(warnings) == 1 and "torch path" in warnings[0], done.stderr[-3000:]
