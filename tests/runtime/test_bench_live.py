@@ -39,7 +39,10 @@ def test_shared_prefix_bench_holds_8_streams_and_agrees_with_server_metrics(
     assert result["concurrency"]["server_max_running"] >= 8  # the server really ran 8 at once
     lat = result["latency_ms"]
     assert lat["ttft"]["count"] == 16 and lat["e2e"]["count"] == 16
-    assert lat["itl"]["count"] == 16 * 47  # ignore_eos: exactly 48 tokens each, 47 gaps
+    # ignore_eos: exactly 48 tokens each (the server's count below), so at most 47 gaps each. A stream reader
+    # that falls behind the engine answers two steps' outputs with one cumulative chunk (engine_bridge.py
+    # RequestGroup.batches, as SGLang's detokenizer batches), one gap fewer: rare, and more so the slower the decode.
+    assert 0.9 * 16 * 47 <= lat["itl"]["count"] <= 16 * 47
     for name in ("ttft", "tpot", "itl", "e2e"):
         s = lat[name]
         assert 0 < s["min"] <= s["median"] <= s["p90"] <= s["p99"] <= s["max"]

@@ -36,7 +36,9 @@ def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, m
     torch.set_num_threads(2)
     seen: list[int] = []
     try:
-        core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
+        # The torch path's thread choice is under test: the native decode (one C call, its own single thread)
+        # would take the decode steps past the model's forward.
+        core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25, native_decode="off"))
         forward = core.model.forward
 
         def spy(batch: object, buffers: object) -> torch.Tensor:
@@ -63,7 +65,7 @@ def test_small_forward_threads_pinned_by_env(demo_model_dir: Path, monkeypatch: 
     torch.set_num_threads(2)
     try:
         monkeypatch.setenv(model_runner.SMALL_FORWARD_THREADS_ENV, "1")
-        core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
+        core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25, native_decode="off"))
         seen: list[tuple[int, int]] = []
         forward = core.model.forward
 
