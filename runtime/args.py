@@ -20,7 +20,12 @@ from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from typing import Any, NoReturn
 
-from runtime.core.config import DEFAULT_TORCH_COMPILE_MAX_BS, DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS, EngineArgs
+from runtime.core.config import (
+    DEFAULT_TORCH_COMPILE_MAX_BS,
+    DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
+    NATIVE_DECODE_MODES,
+    EngineArgs,
+)
 from runtime.core.flags import add_flags, engine_values, flag, group_flags
 from runtime.core.spec_config import ALGORITHMS
 
@@ -348,6 +353,16 @@ class RuntimeArgs:
         help="With --enable-torch-compile: healthy and serving eager at once; the compiled forwards are built on a "
         "background thread and used from the step after they are ready (/server_info internal_states "
         "torch_compile says which path runs).",
+        group=OWN,
+    )
+    native_decode: str = flag(
+        "--native-decode",
+        default="auto",
+        choices=NATIVE_DECODE_MODES,
+        help="Decode steps of Qwen3-Next-family models (fp32, CPU) as one C call, built with the host's C compiler "
+        "at first start and cached (auto: where supported, else the torch path and the log says why; on: refuse "
+        "to start where it cannot run; off: the torch path). Wins over --enable-torch-compile's decode; "
+        "/server_info internal_states native_decode says which path runs.",
         group=OWN,
     )
 

@@ -28,7 +28,7 @@ _VALUE_FLAGS = (
     "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--disaggregation-mode",
     "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s", "--torch-compile-max-bs",
     "--torch-compile-max-extend-tokens", "--api-key-env", "--max-request-body-bytes", "--grammar-backend",
-    "--constrained-json-whitespace-pattern", "--tool-call-parser", "--reasoning-parser",
+    "--constrained-json-whitespace-pattern", "--tool-call-parser", "--reasoning-parser", "--native-decode",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
@@ -41,6 +41,7 @@ _SWITCHES = (
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
     "--device": ("auto", "cpu", "cuda"),
+    "--native-decode": ("auto", "on", "off"),
     "--schedule-policy": ("fcfs", "lpm"),
     "--speculative-algorithm": ("NGRAM", "STANDALONE", "NEXTN", "EAGLE"),
     "--disaggregation-mode": ("null", "prefill", "decode"),

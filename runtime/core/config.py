@@ -16,6 +16,7 @@ from typing import Any, Literal
 from hybridctl.planner.builtin_sizing import DEFAULT_MAMBA_TRACK_INTERVAL
 
 DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
+NATIVE_DECODE_MODES = ("auto", "on", "off")  # --native-decode (runtime/engine/native_decode.py)
 DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (compiled_extend.py)
 
 
@@ -65,6 +66,9 @@ class EngineArgs:
     # runtime/engine/background_compile.py: with enable_torch_compile, serve eager at once and install the compiled
     # forwards when a background thread has built them.
     torch_compile_in_background: bool = False
+    # runtime/engine/native_decode.py: decode steps as one C call where the model is supported ("auto"), required
+    # ("on": refuse to start otherwise), or never ("off").
+    native_decode: str = "auto"
 
 
 def read_hf_config(model_path: str) -> dict[str, Any]:

@@ -172,6 +172,8 @@ class EngineStats:
     # The compiled forwards running now (ModelRunner.compiled_paths): "decode+extend", "decode", "compiling",
     # "none"; "off" without --enable-torch-compile.
     torch_compile: str = "off"
+    # The decode path (runtime/engine/native_decode.py): "on" (one C call a step) or "off: <reason>".
+    native_decode: str = "off"
     elastic_mode: str = ""  # the elastic pool's mode ("" when the split is fixed)
     elastic_moves_total: int = 0  # chunks moved between the KV and state pools
     elastic_realloc_timeouts_total: int = 0

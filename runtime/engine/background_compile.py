@@ -54,7 +54,7 @@ class BackgroundCompile:
     def __init__(
         self,
         runner: ModelRunner,
-        decode: CompiledDecode,
+        decode: CompiledDecode | None,
         extend: CompiledExtend | None,
         buffers: PoolBuffers,
     ) -> None:
@@ -88,7 +88,7 @@ class BackgroundCompile:
         t0 = time.perf_counter()
         try:
             scratch = scratch_buffers(self.buffers)
-            decode_ok = self.decode.warm_up(scratch).enabled
+            decode_ok = self.decode is not None and self.decode.warm_up(scratch).enabled
             extend = self.extend
             if extend is not None:
                 # Warm-up checkpoints copy states between slots: on the scratch buffers, not a request's.
@@ -100,7 +100,7 @@ class BackgroundCompile:
                     extend.copy_state = real_copy
                 if extend_ok:
                     self.runner.compiled_extend = extend
-            if decode_ok:
+            if decode_ok and self.decode is not None:
                 self.runner.compiled_decode = self.decode
             del scratch
         except Exception:  # noqa: BLE001 - the engine keeps serving eager; the log says why

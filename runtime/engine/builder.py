@@ -78,6 +78,7 @@ def build_engine(args: EngineArgs) -> EngineParts:
         spec = _spec_decoder(spec_config, args, model, pools, cache, dtype)
         scheduler.spec = spec
     runner = ModelRunner(model, pools)
+    _native_decode(runner, args, pools)
     background = None
     if args.enable_torch_compile:
         background = _compile_forwards(runner, args, pools, cache, spec_on=spec is not None)
@@ -240,8 +241,9 @@ def _compile_forwards(
     background thread while the engine serves eager (--torch-compile-in-background; returned, started)."""
     from runtime.engine.compiled_decode import CompiledDecode
 
-    # Built here, on the engine's thread: each reads the torch thread count its graphs are compiled for.
-    decode = CompiledDecode(runner.model, args.torch_compile_max_bs)
+    # Built here, on the engine's thread: each reads the torch thread count its graphs are compiled for. With the
+    # native decode on, it runs every decode step: no decode graphs are compiled (minutes saved at start-up).
+    decode = None if runner.native_decode is not None else CompiledDecode(runner.model, args.torch_compile_max_bs)
     extend = _compiled_extend(runner.model, args, pools, cache, spec_on)
     if args.torch_compile_in_background:
         from runtime.engine.background_compile import BackgroundCompile
@@ -249,11 +251,29 @@ def _compile_forwards(
         background = BackgroundCompile(runner, decode, extend, pools.buffers)
         background.start()
         return background
-    decode.warm_up(pools.buffers)
-    runner.compiled_decode = decode
+    if decode is not None:
+        decode.warm_up(pools.buffers)
+        runner.compiled_decode = decode
     if extend is not None and extend.warm_up(pools.buffers).enabled:
         runner.compiled_extend = extend
     return None
+
+
+def _native_decode(runner: ModelRunner, args: EngineArgs, pools: Pools) -> None:
+    """Install the native decode (--native-decode; runtime/engine/native_decode.py) where it applies, and log in one
+    line which decode path runs and why; with `on`, refuse to start where it cannot."""
+    from runtime.engine.native_decode import NativeStatus, native_decode_for
+
+    native, status = native_decode_for(runner.model, args.native_decode, args.device)
+    if native is not None:
+        buffers = pools.buffers
+        if reason := native.kernel.pools_error(buffers.k, buffers.v, buffers.conv, buffers.ssm):
+            native, status = None, NativeStatus("off", reason)
+    if native is None and args.native_decode == "on":
+        raise EngineStartupError(f"--native-decode on, but it cannot run: {status.detail}; use auto or off.")
+    runner.native_decode = native
+    runner.native_status = "on" if native is not None else f"off: {status.detail}"
+    logger.info(status.line())
 
 
 def _compiled_extend(

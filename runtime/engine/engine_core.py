@@ -79,6 +79,7 @@ class EngineCore:
         s.kv_cache_bytes, s.conv_state_bytes, s.ssm_state_bytes = self.pools.used_bytes()
         s.weight_bytes = self.weight_bytes
         s.torch_compile = self.runner.compiled_paths() if self.args.enable_torch_compile else "off"
+        s.native_decode = self.runner.native_status
         if self.spec is not None:
             c = self.spec.counters
             s.avg_spec_accept_length = c.avg_accept_length

@@ -1,9 +1,10 @@
 """The model runner: a scheduled batch in, logits out (nano-vllm's ModelRunner).
 
 It owns everything between the scheduler's decision and the model: the batch's tensors (`prepare`), and which
-forward runs them (`forward`): the compiled decode or short extend when one handles the batch, else the eager
-model, on one thread or all of them for a few-token forward. The scheduler never sees a tensor it did not get
-from the cache manager, and the runner never decides what runs.
+forward runs them (`forward`): the native decode (one C call, runtime/engine/native_decode.py), the compiled decode
+or short extend when one handles the batch, else the eager model, on one thread or all of them for a few-token
+forward. The scheduler never sees a tensor it did not get from the cache manager, and the runner never decides what
+runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from runtime.engine.decode_threads import DecodeThreadChooser
 if TYPE_CHECKING:
     from runtime.engine.compiled_decode import CompiledDecode
     from runtime.engine.compiled_extend import CompiledExtend
+    from runtime.engine.native_decode import NativeDecode
     from runtime.engine.pool_setup import Pools
     from runtime.models.base import HybridModel
 
@@ -41,6 +43,9 @@ class ModelRunner:
             mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
             for mode in ("extend", "decode")
         }
+        # runtime/engine/native_decode.py: a decode step as one C call; first choice for the batches it handles.
+        self.native_decode: NativeDecode | None = None
+        self.native_status = "off"  # what /server_info reports: "on", or "off: <reason>"
         self.compiled_decode: CompiledDecode | None = None
         self.compiled_extend: CompiledExtend | None = None
         # A background compile is building them (runtime/engine/background_compile.py): eager until it installs them.
@@ -86,6 +91,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         buffers = self.pools.buffers
+        if self.native_decode is not None and self.native_decode.handles(batch):
+            return self.native_decode(batch, buffers)
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
             return self.compiled_decode(batch, buffers)
         if self.compiled_extend is not None and self.compiled_extend.handles(batch):

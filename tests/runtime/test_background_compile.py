@@ -42,7 +42,8 @@ def _wait_compiled(client: httpx.Client, server: RunningServer, timeout_s: float
 
 def test_serves_eager_while_compiling_then_compiled_with_identical_output(demo_model_dir: Path) -> None:
     flags = ["--enable-torch-compile", "--torch-compile-in-background", "--torch-compile-max-bs", "4",
-             "--torch-compile-max-extend-tokens", "16", "--memory-budget-gib", "0.2"]  # fmt: skip
+             "--torch-compile-max-extend-tokens", "16", "--memory-budget-gib", "0.2",
+             "--native-decode", "off"]  # fmt: skip
     with start_runtime_server(demo_model_dir, *flags) as server, httpx.Client(base_url=server.url, timeout=300) as c:
         # Healthy at once: tracing alone takes longer than the server's start, even from a warm cache.
         assert _compile_state(c) == "compiling"

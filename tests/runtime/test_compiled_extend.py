@@ -35,6 +35,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def _core(model_dir: Path, **kw: object) -> EngineCore:
+    kw.setdefault("native_decode", "off")  # the compiled forwards against torch eager (native_decode.py aside)
     return EngineCore(
         EngineArgs(model_path=str(model_dir), memory_budget_gib=0.2, mamba_track_interval=INTERVAL, **kw)  # type: ignore[arg-type]
     )

@@ -41,6 +41,9 @@ def _one_thread() -> Iterator[None]:
 
 
 def _core(model_dir: Path, **kw: object) -> EngineCore:
+    # The compiled decode against the torch eager one: the native decode (which wins the decode step where it
+    # runs, runtime/engine/native_decode.py) off in both, unless a test asks for it.
+    kw.setdefault("native_decode", "off")
     return EngineCore(EngineArgs(model_path=str(model_dir), memory_budget_gib=0.2, **kw))  # type: ignore[arg-type]
 
 
@@ -250,6 +253,7 @@ def test_pools_of_another_size_reuse_the_cached_graphs(
                 enable_torch_compile=True,
                 torch_compile_max_bs=MAX_BS,
                 torch_compile_max_extend_tokens=16,
+                native_decode="off",
             )
         )
     finally:

@@ -68,6 +68,26 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_ba.weight.copy_(self.in_proj_ba.weight.index_select(0, ba_order))
         self._rows_deinterleaved = True
 
+    def decode_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The projection weights as row blocks (qkv [conv_dim, H], z [value_dim, H], b [nv, H], a [nv, H]),
+        views of the parameters, for a decode kernel outside torch (runtime/engine/native_decode.py); None while
+        the fused rows are still per-key-head interleaved (before `after_weights_loaded`)."""
+        if self.split_projections:
+            return self.in_proj_qkv.weight, self.in_proj_z.weight, self.in_proj_b.weight, self.in_proj_a.weight
+        if not self._rows_deinterleaved:
+            return None
+        qkvz, ba = self.in_proj_qkvz.weight, self.in_proj_ba.weight
+        nv = self.num_v_heads
+        return qkvz[: self.conv_dim], qkvz[self.conv_dim :], ba[:nv], ba[nv:]
+
+    def decay_rate(self) -> torch.Tensor:
+        """`-exp(A_log)` fp32 [nv], kept between calls and remade when A_log changes."""
+        return self._decay_rate(self.A_log)
+
+    def conv_taps(self) -> torch.Tensor:
+        """The depthwise conv weight as [conv_dim, kernel] (a view)."""
+        return self._taps(self.conv1d.weight)
+
     @property
     def conv_state_shape(self) -> tuple[int, int]:
         return (self.conv_dim, self.conv1d.kernel_size[0] - 1)

@@ -1,0 +1,325 @@
+"""Native decode (`--native-decode`, on by default where it applies): a Qwen3-Next-family decode step as ONE C call
+(runtime/native/hybrid_decode.c) instead of ~800 dispatched torch ops.
+
+This module decides which models and batches go native and builds the kernel's weight table from the model's
+own parameters (no copies; the few parameter-only derived tensors, `1 + w` and `-exp(A_log)`, come from the
+layers' kept caches and the table is rebuilt when one of their source parameters changes). The runner calls it
+for decode batches and one-token continuations, before the compiled decode: where both are on, native wins the
+decode step (it needs no warm-up) and the compiled extend still serves short extends.
+
+Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 weights and fp32 pools;
+elsewhere `why_not` says why and the torch path runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.models.base import HybridModel
+from runtime.models.decoder import FULL, LINEAR, DecoderLM
+from runtime.models.layers.gated_deltanet import GatedDeltaNet
+from runtime.models.layers.mlp import GatedMLP
+from runtime.models.layers.moe import SparseMoE
+from runtime.models.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
+from runtime.models.layers.rotary_attention import RotaryAttention
+from runtime.native.build import NativeUnavailable
+from runtime.native.hybrid_decode import (
+    ATTENTION_KIND,
+    LINEAR_KIND,
+    AttentionWeights,
+    DecodeWeights,
+    DeltaNetWeights,
+    FeedForwardWeights,
+    HybridDecodeKernel,
+    LayerWeights,
+    WeightError,
+    load_library,
+)
+
+logger = logging.getLogger("runtime.engine")
+
+MODES = ("auto", "on", "off")
+
+
+class Unsupported(Exception):
+    """The model (or an option) is outside what the native kernel computes; the message says what."""
+
+
+def _version(t: torch.Tensor) -> int:
+    return 0 if t.is_inference() else t._version  # noqa: SLF001 - torch has no public accessor for it
+
+
+def _zero_centred(norm: nn.Module, name: str, eps: float) -> torch.Tensor:
+    if type(norm) is not ZeroCenteredRMSNorm:
+        raise Unsupported(f"{name} is {type(norm).__name__}, not a zero-centred RMSNorm")
+    if norm.eps != eps:
+        raise Unsupported(f"{name} has eps {norm.eps}, the model {eps}")
+    return norm.scale(norm.weight)
+
+
+def _deltanet(mixer: nn.Module, eps: float, name: str) -> DeltaNetWeights:
+    if type(mixer) is not GatedDeltaNet:
+        raise Unsupported(f"{name} is {type(mixer).__name__}")
+    rows = mixer.decode_rows()
+    if rows is None:
+        raise Unsupported(f"{name}'s fused projections are not de-interleaved (weights not loaded)")
+    if type(mixer.norm) is not GatedRMSNorm or mixer.norm.eps != eps:
+        raise Unsupported(f"{name}'s output norm is not a GatedRMSNorm with the model's eps")
+    qkv, z, b, a = rows
+    return DeltaNetWeights(
+        num_k_heads=mixer.num_k_heads,
+        num_v_heads=mixer.num_v_heads,
+        k_head_dim=mixer.k_head_dim,
+        v_head_dim=mixer.v_head_dim,
+        kernel=mixer.conv1d.kernel_size[0],
+        qkv=qkv,
+        z=z,
+        b=b,
+        a=a,
+        conv=mixer.conv_taps(),
+        conv_bias=mixer.conv1d.bias,
+        neg_a=mixer.decay_rate(),
+        dt_bias=mixer.dt_bias,
+        norm=mixer.norm.weight,
+        out=mixer.out_proj.weight,
+    )
+
+
+def _attention(mixer: nn.Module, model: DecoderLM, eps: float, name: str) -> AttentionWeights:
+    if type(mixer) is not RotaryAttention or model.rotary is None:
+        raise Unsupported(f"{name} is {type(mixer).__name__} (or the model has no RoPE)")
+    if mixer.key_multiplier != 1.0:
+        raise Unsupported(f"{name} scales its keys")
+    rotary = model.rotary
+    if rotary.head_dim != mixer.head_dim:
+        raise Unsupported(f"{name}: RoPE head dim {rotary.head_dim} != attention head dim {mixer.head_dim}")
+    norms = (mixer.q_norm, mixer.k_norm)
+    if (norms[0] is None) != (norms[1] is None):
+        raise Unsupported(f"{name} normalizes only one of q and k")
+    q_norm = _zero_centred(norms[0], f"{name} q_norm", eps) if norms[0] is not None else None
+    k_norm = _zero_centred(norms[1], f"{name} k_norm", eps) if norms[1] is not None else None
+    projections = (mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.o_proj)
+    biases = [p.bias for p in projections]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        raise Unsupported(f"{name} has biases on only some projections")
+    return AttentionWeights(
+        heads=mixer.num_heads,
+        kv_heads=mixer.num_kv_heads,
+        head_dim=mixer.head_dim,
+        rotary_dim=rotary.rotary_dim,
+        output_gate=mixer.output_gate,
+        scale=float(mixer.scale),
+        q=mixer.q_proj.weight,
+        k=mixer.k_proj.weight,
+        v=mixer.v_proj.weight,
+        o=mixer.o_proj.weight,
+        inv_freq=rotary.inv_freq(torch.device("cpu")),
+        q_norm=q_norm,
+        k_norm=k_norm,
+        biases=None if biases[0] is None else (biases[0], biases[1], biases[2], biases[3]),
+    )
+
+
+def _feed_forward(mlp: nn.Module, name: str) -> FeedForwardWeights:
+    if type(mlp) is GatedMLP:
+        return FeedForwardWeights(
+            mlp_gate=mlp.gate_proj.weight, mlp_up=mlp.up_proj.weight, mlp_down=mlp.down_proj.weight
+        )
+    if type(mlp) is not SparseMoE:
+        raise Unsupported(f"{name} is {type(mlp).__name__}")
+    shared = mlp.shared_expert
+    if shared is not None and type(shared) is not GatedMLP:
+        raise Unsupported(f"{name}'s shared expert is {type(shared).__name__}")
+    return FeedForwardWeights(
+        experts=mlp.experts.num_experts,
+        top_k=mlp.gate.top_k,
+        norm_topk_prob=mlp.gate.norm_topk_prob,
+        router=mlp.gate.weight,
+        gate_up=mlp.experts.gate_up_proj,
+        down=mlp.experts.down_proj,
+        mlp_gate=shared.gate_proj.weight if shared is not None else None,
+        mlp_up=shared.up_proj.weight if shared is not None else None,
+        mlp_down=shared.down_proj.weight if shared is not None else None,
+        shared_gate=mlp.shared_expert_gate.weight if mlp.shared_expert_gate is not None else None,
+    )
+
+
+def decode_weights(model: HybridModel) -> DecodeWeights:
+    """The kernel's view of `model`'s tensors; Unsupported naming the first thing the kernel does not compute."""
+    from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
+
+    if type(model) is not Qwen3NextForCausalLM:
+        raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next-family model")
+    if type(model).scale_logits is not DecoderLM.scale_logits:
+        raise Unsupported(f"{type(model).__name__} scales its logits")
+    hooked = _hooked_module(model)
+    if hooked:
+        # E.g. the MTP drafter's capture of the last layer's output (runtime/spec/mtp.py): the C step runs no hook.
+        raise Unsupported(f"a forward hook on {hooked} needs the torch forward (speculative decoding's capture)")
+    params = list(model.parameters())
+    if any(p.device.type != "cpu" for p in params):
+        raise Unsupported("the model is not on the CPU")
+    if any(p.dtype != torch.float32 for p in params):
+        raise Unsupported("the weights are not fp32")
+    config = model.config
+    eps = float(config.rms_norm_eps)
+    body = model.body
+    layers: list[LayerWeights] = []
+    for i, layer in enumerate(body.layers):
+        name = f"layer {i}"
+        if not isinstance(layer, Qwen3NextDecoderLayer):
+            raise Unsupported(f"{name} is {type(layer).__name__}")
+        kind = getattr(layer, "kind", None)
+        if kind == LINEAR:
+            mixer: DeltaNetWeights | AttentionWeights = _deltanet(layer.linear_attn, eps, name)
+            code = LINEAR_KIND
+        elif kind == FULL:
+            mixer = _attention(layer.self_attn, model, eps, name)
+            code = ATTENTION_KIND
+        else:
+            raise Unsupported(f"{name} is of kind {kind!r}")
+        layers.append(
+            LayerWeights(
+                kind=code,
+                ordinal=layer.ordinal,
+                in_norm=_zero_centred(layer.input_layernorm, f"{name} input norm", eps),
+                post_norm=_zero_centred(layer.post_attention_layernorm, f"{name} post norm", eps),
+                mixer=mixer,
+                ffn=_feed_forward(layer.mlp, f"{name} mlp"),
+            )
+        )
+    embed_module = getattr(body, body.embed_name)
+    if type(embed_module) is not nn.Embedding:
+        raise Unsupported(f"the embedding is {type(embed_module).__name__}")
+    return DecodeWeights(
+        hidden=embed_module.embedding_dim,
+        vocab=model.vocab_size,
+        eps=eps,
+        embed=embed_module.weight,
+        final_norm=_zero_centred(getattr(body, body.norm_name), "final norm", eps),
+        lm_head=model.lm_head.weight,
+        layers=layers,
+        embed_scale=float(model.embedding_multiplier),
+        attention_layers=sum(1 for lw in layers if lw.kind == ATTENTION_KIND),
+        linear_layers=sum(1 for lw in layers if lw.kind == LINEAR_KIND),
+    )
+
+
+def _hooked_module(model: nn.Module) -> str:
+    """The name of a module with a forward hook ("" when none; "model" for the model itself)."""
+    for name, module in model.named_modules():
+        if module._forward_hooks or module._forward_pre_hooks:  # noqa: SLF001 - torch has no public accessor
+            return name or "model"
+    return ""
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """What the start-up log and /server_info say: `state` "on" / "off", and the detail (why off; compiled or
+    cached)."""
+
+    state: str
+    detail: str
+
+    def line(self) -> str:
+        return f"Native decode: {self.state} ({self.detail})"
+
+
+class NativeDecode:
+    """The runner's native decode path for one model; `handles(batch)` says which batches it takes."""
+
+    def __init__(self, model: HybridModel) -> None:
+        self.model = model
+        self.library = load_library()  # NativeUnavailable: no compiler, a compile error, HYBRIDCTL_NATIVE=0
+        self._sources = _derived_sources(model)
+        self._key: tuple[tuple[int, int], ...] | None = None
+        self.kernel = self._rebuild()
+        self._pool_key: tuple[int, ...] | None = None
+        self.steps = 0
+
+    def _rebuild(self) -> HybridDecodeKernel:
+        try:
+            kernel = HybridDecodeKernel(decode_weights(self.model), self.library)
+        except WeightError as exc:
+            raise Unsupported(str(exc)) from exc
+        self._key = self._source_key()
+        return kernel
+
+    def _source_key(self) -> tuple[tuple[int, int], ...]:
+        return tuple((p.data_ptr(), _version(p)) for p in self._sources)
+
+    def handles(self, batch: ForwardBatch) -> bool:
+        if batch.all_logits or batch.state_checkpoints:
+            return False
+        if batch.mode == "decode":
+            return True
+        # One-token continuations (runtime/engine/model_runner.py: one_token_continuations).
+        return all(n == 1 for n in batch.extend_lens) and all(p > 0 for p in batch.prefix_lens)
+
+    def __call__(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
+        if self._source_key() != self._key:
+            self.kernel = self._rebuild()
+            self._pool_key = None
+        pools = (buffers.k, buffers.v, buffers.conv, buffers.ssm)
+        pool_key = tuple(t.data_ptr() for group in pools for t in group)
+        if pool_key != self._pool_key:
+            # The elastic pool can replace the buffers: checked and bound again whenever their storage changes.
+            self.kernel.bind_pools(*pools)
+            self._pool_key = pool_key
+        kv_locs = batch.kv_locs
+        lengths = [loc.numel() for loc in kv_locs]
+        kv_flat = _int64(kv_locs[0]) if len(kv_locs) == 1 else torch.cat([_int64(loc) for loc in kv_locs])
+        offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
+        self.steps += 1
+        return self.kernel.step(
+            _int64(batch.input_ids),
+            _int64(batch.positions),
+            _int64(batch.out_locs),
+            _int64(batch.state_slots),
+            offsets,
+            kv_flat,
+        )
+
+
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when it is already a contiguous int64 CPU tensor (the engine's case), else a converted copy."""
+    if t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.to("cpu", torch.int64).contiguous()
+
+
+def _derived_sources(model: HybridModel) -> list[torch.Tensor]:
+    """The parameters the kernel's derived tensors come from (zero-centred norm weights, A_log) and the
+    embedding (its storage changes only when the whole model is re-cast or reloaded)."""
+    sources: list[torch.Tensor] = []
+    for module in model.modules():
+        if isinstance(module, ZeroCenteredRMSNorm):
+            sources.append(module.weight)
+        elif isinstance(module, GatedDeltaNet):
+            sources.append(module.A_log)
+    sources.extend(p for name, p in model.named_parameters() if name.endswith("embed_tokens.weight"))
+    return sources
+
+
+def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[NativeDecode | None, NativeStatus]:
+    """The native decode path for `model` under `--native-decode MODE` ("auto": where supported, "on": the same
+    but said loudly when it cannot be, "off"), with the one-line status the start-up log prints."""
+    if mode == "off":
+        return None, NativeStatus("off", "--native-decode off")
+    if device != "cpu":
+        return None, NativeStatus("off", f"device {device}: native decode is a CPU kernel")
+    try:
+        native = NativeDecode(model)
+    except Unsupported as exc:
+        return None, NativeStatus("off", str(exc))
+    except NativeUnavailable as exc:
+        return None, NativeStatus("off", exc.reason)
+    lib = native.library
+    detail = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "cached"
+    return native, NativeStatus("on", detail)

@@ -1,0 +1,423 @@
+"""The Qwen3-Next family's decode step in C (hybrid_decode.c), called through ctypes: tensors and pointers only.
+
+`DecodeWeights` names every tensor the C side reads (the model's own parameter storage, plus a few parameter-only
+derived tensors); `HybridDecodeKernel` checks each one (fp32, CPU, contiguous, the shape the C code assumes)
+once, lays out the C structs once, and per step fills only the step's fields. A wrong pointer would be a segfault
+that kills the server, so everything the C code dereferences is checked here first; the C code itself checks
+only that the indices it is given lie inside the pools.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from runtime.native.build import NativeLibrary, NativeUnavailable, load
+
+SOURCE = Path(__file__).with_name("hybrid_decode.c")
+LINEAR_KIND, ATTENTION_KIND = 0, 1
+_ERRORS = {
+    1: "a token id outside the vocabulary",
+    2: "a KV token slot outside the KV pool",
+    3: "a state slot outside the state pool",
+    4: "out of memory for the step's scratch",
+    5: "a sequence with no KV tokens",
+}
+
+_F = ctypes.POINTER(ctypes.c_float)
+_I = ctypes.POINTER(ctypes.c_int64)
+_I64, _D = ctypes.c_int64, ctypes.c_double
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [  # noqa: RUF012 - ctypes' declared layout, in hybrid_decode.c's HDLayer order
+        ("kind", _I64),
+        ("ordinal", _I64),
+        ("in_norm", _F),
+        ("post_norm", _F),
+        ("nk", _I64),
+        ("nv", _I64),
+        ("dk", _I64),
+        ("dv", _I64),
+        ("kernel", _I64),
+        ("w_qkv", _F),
+        ("w_z", _F),
+        ("w_b", _F),
+        ("w_a", _F),
+        ("conv_w", _F),
+        ("conv_b", _F),
+        ("neg_a", _F),
+        ("dt_bias", _F),
+        ("gnorm_w", _F),
+        ("w_out", _F),
+        ("nh", _I64),
+        ("nkv", _I64),
+        ("hd", _I64),
+        ("rot_dim", _I64),
+        ("out_gate", _I64),
+        ("wq", _F),
+        ("wk", _F),
+        ("wv", _F),
+        ("wo", _F),
+        ("bq", _F),
+        ("bk", _F),
+        ("bv", _F),
+        ("bo", _F),
+        ("q_norm", _F),
+        ("k_norm", _F),
+        ("inv_freq", _F),
+        ("attn_scale", _D),
+        ("n_exp", _I64),
+        ("top_k", _I64),
+        ("exp_inter", _I64),
+        ("norm_topk", _I64),
+        ("router", _F),
+        ("exp_gate_up", _F),
+        ("exp_down", _F),
+        ("mlp_inter", _I64),
+        ("mlp_gate", _F),
+        ("mlp_up", _F),
+        ("mlp_down", _F),
+        ("shared_gate", _F),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [  # noqa: RUF012 - ctypes' declared layout (HDModel)
+        ("hidden", _I64),
+        ("vocab", _I64),
+        ("n_layers", _I64),
+        ("eps", _D),
+        ("embed_scale", _D),
+        ("embed", _F),
+        ("final_norm", _F),
+        ("lm_head", _F),
+        ("layers", ctypes.POINTER(_Layer)),
+    ]
+
+
+_FP = ctypes.POINTER(_F)
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [  # noqa: RUF012 - ctypes' declared layout (HDStep)
+        ("batch", _I64),
+        ("ids", _I),
+        ("positions", _I),
+        ("out_locs", _I),
+        ("state_slots", _I),
+        ("kv_offsets", _I),
+        ("kv_flat", _I),
+        ("k_pool", _FP),
+        ("v_pool", _FP),
+        ("conv_pool", _FP),
+        ("ssm_pool", _FP),
+        ("token_slots", _I64),
+        ("state_slots_count", _I64),
+        ("logits", _F),
+    ]
+
+
+@dataclass
+class DeltaNetWeights:
+    """A gated DeltaNet layer: projections with rows already in [q | k | v], [z], [b], [a] order."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    kernel: int
+    qkv: torch.Tensor  # [2*nk*dk + nv*dv, H]
+    z: torch.Tensor  # [nv*dv, H]
+    b: torch.Tensor  # [nv, H]
+    a: torch.Tensor  # [nv, H]
+    conv: torch.Tensor  # [conv_dim, kernel]
+    conv_bias: torch.Tensor | None
+    neg_a: torch.Tensor  # [nv] -exp(A_log)
+    dt_bias: torch.Tensor  # [nv]
+    norm: torch.Tensor  # [dv] GatedRMSNorm weight
+    out: torch.Tensor  # [H, nv*dv]
+
+
+@dataclass
+class AttentionWeights:
+    """Gated full attention: q_proj emits [query | gate] per head when `output_gate`."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    output_gate: bool
+    scale: float
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    inv_freq: torch.Tensor  # [rotary_dim // 2]
+    q_norm: torch.Tensor | None = None  # [head_dim], 1 + w
+    k_norm: torch.Tensor | None = None
+    biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # q, k, v, o
+
+
+@dataclass
+class FeedForwardWeights:
+    """A sparse MoE (`experts` > 0: router, stacked expert weights, an optional shared SwiGLU and its gate) or
+    a dense SwiGLU MLP (`experts` == 0: the mlp_* tensors)."""
+
+    experts: int = 0
+    top_k: int = 0
+    norm_topk_prob: bool = True
+    router: torch.Tensor | None = None  # [E, H]
+    gate_up: torch.Tensor | None = None  # [E, 2I, H]
+    down: torch.Tensor | None = None  # [E, H, I]
+    mlp_gate: torch.Tensor | None = None  # [I, H]
+    mlp_up: torch.Tensor | None = None  # [I, H]
+    mlp_down: torch.Tensor | None = None  # [H, I]
+    shared_gate: torch.Tensor | None = None  # [1, H]
+
+
+@dataclass
+class LayerWeights:
+    kind: int  # LINEAR_KIND or ATTENTION_KIND
+    ordinal: int  # index into the pool lists of its kind
+    in_norm: torch.Tensor  # [H], 1 + w
+    post_norm: torch.Tensor  # [H], 1 + w
+    mixer: DeltaNetWeights | AttentionWeights
+    ffn: FeedForwardWeights
+
+
+@dataclass
+class DecodeWeights:
+    hidden: int
+    vocab: int
+    eps: float
+    embed: torch.Tensor  # [V, H]
+    final_norm: torch.Tensor  # [H], 1 + w
+    lm_head: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    embed_scale: float = 1.0
+    attention_layers: int = 0
+    linear_layers: int = 0
+    kept: list[torch.Tensor] = field(default_factory=list)  # every tensor the structs point into
+
+
+def load_library() -> NativeLibrary:
+    """The compiled kernel (built at first use, then from the cache); NativeUnavailable with the reason."""
+    library = load("hybrid_decode", SOURCE)
+    fn = library.lib.hd_decode
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+    return library
+
+
+class WeightError(ValueError):
+    """A tensor the C code would read is not what it assumes (the reason names the tensor)."""
+
+
+class HybridDecodeKernel:
+    def __init__(self, weights: DecodeWeights, library: NativeLibrary | None = None) -> None:
+        self.library = library or load_library()
+        self.weights = weights
+        self._kept: list[torch.Tensor] = []
+        h = weights.hidden
+        layers = (_Layer * len(weights.layers))()
+        for i, lw in enumerate(weights.layers):
+            self._fill_layer(layers[i], lw, h, f"layer {i}")
+        self._layers = layers
+        self._model = _Model(
+            hidden=h,
+            vocab=weights.vocab,
+            n_layers=len(weights.layers),
+            eps=weights.eps,
+            embed_scale=weights.embed_scale,
+            embed=self._ptr(weights.embed, (weights.vocab, h), "embed"),
+            final_norm=self._ptr(weights.final_norm, (h,), "final norm"),
+            lm_head=self._ptr(weights.lm_head, (weights.vocab, h), "lm_head"),
+            layers=ctypes.cast(layers, ctypes.POINTER(_Layer)),
+        )
+        self._fn = self.library.lib.hd_decode
+        self._model_ref = ctypes.byref(self._model)
+        # The step's struct, kept: per step only its index pointers and batch size change (bind_pools sets the rest).
+        self._step = _Step()
+        self._step_ref = ctypes.byref(self._step)
+        self._bound = False
+        self._pools: tuple[list[torch.Tensor], ...] = ()
+        self._tables: list[ctypes.Array[ctypes._Pointer[ctypes.c_float]]] = []
+
+    def _ptr(self, t: torch.Tensor | None, shape: tuple[int, ...], name: str) -> ctypes._Pointer[ctypes.c_float] | None:
+        if t is None:
+            return None
+        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
+            raise WeightError(
+                f"{name}: need a contiguous fp32 CPU tensor of shape {list(shape)}, got {t.dtype} {list(t.shape)} "
+                f"on {t.device} (contiguous: {t.is_contiguous()})"
+            )
+        self._kept.append(t)
+        return ctypes.cast(t.data_ptr(), _F)
+
+    def _fill_layer(self, c: _Layer, lw: LayerWeights, h: int, name: str) -> None:
+        c.kind, c.ordinal = lw.kind, lw.ordinal
+        c.in_norm = self._ptr(lw.in_norm, (h,), f"{name} input norm")
+        c.post_norm = self._ptr(lw.post_norm, (h,), f"{name} post-attention norm")
+        m = lw.mixer
+        if isinstance(m, DeltaNetWeights):
+            if lw.kind != LINEAR_KIND or m.num_v_heads % m.num_k_heads:
+                raise WeightError(f"{name}: a DeltaNet mixer on a non-linear layer, or v heads not a multiple of k")
+            key, value = m.num_k_heads * m.k_head_dim, m.num_v_heads * m.v_head_dim
+            conv_dim = 2 * key + value
+            c.nk, c.nv, c.dk, c.dv, c.kernel = m.num_k_heads, m.num_v_heads, m.k_head_dim, m.v_head_dim, m.kernel
+            c.w_qkv = self._ptr(m.qkv, (conv_dim, h), f"{name} qkv projection")
+            c.w_z = self._ptr(m.z, (value, h), f"{name} z projection")
+            c.w_b = self._ptr(m.b, (m.num_v_heads, h), f"{name} b projection")
+            c.w_a = self._ptr(m.a, (m.num_v_heads, h), f"{name} a projection")
+            c.conv_w = self._ptr(m.conv, (conv_dim, m.kernel), f"{name} conv weight")
+            c.conv_b = self._ptr(m.conv_bias, (conv_dim,), f"{name} conv bias")
+            c.neg_a = self._ptr(m.neg_a, (m.num_v_heads,), f"{name} decay rate")
+            c.dt_bias = self._ptr(m.dt_bias, (m.num_v_heads,), f"{name} dt_bias")
+            c.gnorm_w = self._ptr(m.norm, (m.v_head_dim,), f"{name} gated norm")
+            c.w_out = self._ptr(m.out, (h, value), f"{name} out projection")
+        else:
+            if lw.kind != ATTENTION_KIND or m.heads % m.kv_heads or m.rotary_dim % 2 or m.rotary_dim > m.head_dim:
+                raise WeightError(f"{name}: attention heads/rotary dims the kernel does not handle")
+            qw = m.heads * m.head_dim * (2 if m.output_gate else 1)
+            kvw = m.kv_heads * m.head_dim
+            c.nh, c.nkv, c.hd, c.rot_dim, c.out_gate = m.heads, m.kv_heads, m.head_dim, m.rotary_dim, m.output_gate
+            c.attn_scale = m.scale
+            c.wq = self._ptr(m.q, (qw, h), f"{name} q_proj")
+            c.wk = self._ptr(m.k, (kvw, h), f"{name} k_proj")
+            c.wv = self._ptr(m.v, (kvw, h), f"{name} v_proj")
+            c.wo = self._ptr(m.o, (h, m.heads * m.head_dim), f"{name} o_proj")
+            if m.biases is not None:
+                bq, bk, bv, bo = m.biases
+                c.bq = self._ptr(bq, (qw,), f"{name} q bias")
+                c.bk = self._ptr(bk, (kvw,), f"{name} k bias")
+                c.bv = self._ptr(bv, (kvw,), f"{name} v bias")
+                c.bo = self._ptr(bo, (h,), f"{name} o bias")
+            c.q_norm = self._ptr(m.q_norm, (m.head_dim,), f"{name} q norm")
+            c.k_norm = self._ptr(m.k_norm, (m.head_dim,), f"{name} k norm")
+            c.inv_freq = self._ptr(m.inv_freq, (m.rotary_dim // 2,), f"{name} inv_freq")
+        f = lw.ffn
+        if f.experts > 0:
+            if f.router is None or f.gate_up is None or f.down is None or not 0 < f.top_k <= f.experts:
+                raise WeightError(f"{name}: a MoE block without router or expert weights, or top_k out of range")
+            inter = f.down.shape[-1]
+            c.n_exp, c.top_k, c.exp_inter, c.norm_topk = f.experts, f.top_k, inter, f.norm_topk_prob
+            c.router = self._ptr(f.router, (f.experts, h), f"{name} router")
+            c.exp_gate_up = self._ptr(f.gate_up, (f.experts, 2 * inter, h), f"{name} experts gate_up")
+            c.exp_down = self._ptr(f.down, (f.experts, h, inter), f"{name} experts down")
+            c.shared_gate = self._ptr(f.shared_gate, (1, h), f"{name} shared expert gate")
+        if f.mlp_down is not None:
+            inter = f.mlp_down.shape[-1]
+            c.mlp_inter = inter
+            c.mlp_gate = self._ptr(f.mlp_gate, (inter, h), f"{name} mlp gate")
+            c.mlp_up = self._ptr(f.mlp_up, (inter, h), f"{name} mlp up")
+            c.mlp_down = self._ptr(f.mlp_down, (h, inter), f"{name} mlp down")
+            if c.mlp_gate is None or c.mlp_up is None:
+                raise WeightError(f"{name}: a SwiGLU MLP without gate or up weights")
+        elif f.experts == 0:
+            raise WeightError(f"{name}: neither a MoE block nor an MLP")
+
+    def pools_error(
+        self, k: list[torch.Tensor], v: list[torch.Tensor], conv: list[torch.Tensor], ssm: list[torch.Tensor]
+    ) -> str | None:
+        """Why the pool buffers cannot be handed to the kernel (None: they can): counts, dtypes, shapes."""
+        w = self.weights
+        if len(k) < w.attention_layers or len(v) < w.attention_layers or len(conv) < w.linear_layers:
+            return "fewer pool buffers than layers"
+        if len(ssm) < w.linear_layers:
+            return "fewer state buffers than linear layers"
+        for name, group in (("k", k), ("v", v), ("conv", conv), ("ssm", ssm)):
+            for t in group:
+                if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+                    return f"the {name} pool is not a contiguous fp32 CPU tensor ({t.dtype}, {t.device})"
+        for lw in w.layers:
+            m = lw.mixer
+            if isinstance(m, DeltaNetWeights):
+                conv_dim = 2 * m.num_k_heads * m.k_head_dim + m.num_v_heads * m.v_head_dim
+                want_c = (conv_dim, m.kernel - 1)
+                want_s = (m.num_v_heads, m.v_head_dim, m.k_head_dim)
+                if tuple(conv[lw.ordinal].shape[1:]) != want_c or tuple(ssm[lw.ordinal].shape[1:]) != want_s:
+                    return f"state buffers of linear layer {lw.ordinal} are not {list(want_c)} / {list(want_s)}"
+            else:
+                want = (m.kv_heads, m.head_dim)
+                if tuple(k[lw.ordinal].shape[1:]) != want or tuple(v[lw.ordinal].shape[1:]) != want:
+                    return f"KV buffers of attention layer {lw.ordinal} are not [slots, {want[0]}, {want[1]}]"
+        return None
+
+    def bind_pools(
+        self, k: list[torch.Tensor], v: list[torch.Tensor], conv: list[torch.Tensor], ssm: list[torch.Tensor]
+    ) -> None:
+        """Point the step at these pool buffers (checked by `pools_error` first: ValueError with the reason).
+        Call again whenever a buffer is replaced; the tables stay valid until then."""
+        if reason := self.pools_error(k, v, conv, ssm):
+            raise ValueError(f"native decode: {reason}")
+
+        def table(group: list[torch.Tensor]) -> ctypes.Array[ctypes._Pointer[ctypes.c_float]]:
+            return (_F * max(len(group), 1))(*(ctypes.cast(t.data_ptr(), _F) for t in group))
+
+        self._pools = (list(k), list(v), list(conv), list(ssm))  # the buffers stay alive while pointed at
+        self._tables = [table(group) for group in (k, v, conv, ssm)]
+        step = self._step
+        step.k_pool, step.v_pool, step.conv_pool, step.ssm_pool = (ctypes.cast(t, _FP) for t in self._tables)
+        step.token_slots = min((t.shape[0] for t in (*k, *v)), default=0)
+        step.state_slots_count = min((t.shape[0] for t in (*conv, *ssm)), default=0)
+        self._bound = True
+
+    def step(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_locs: torch.Tensor,
+        state_slots: torch.Tensor,
+        kv_offsets: torch.Tensor,
+        kv_flat: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits [B, vocab] fp32 for one new token per sequence; writes K/V at `out_locs` and advances every
+        linear layer's state at `state_slots`, in the pools of the last `bind_pools`. Index tensors: int64, CPU,
+        contiguous, [B] (`kv_offsets` [B+1], from 0 to kv_flat's length: sequence b's KV slots are
+        kv_flat[kv_offsets[b]:kv_offsets[b+1]])."""
+        if not self._bound:
+            raise ValueError("native decode: no pools bound (bind_pools)")
+        batch = ids.shape[0]
+        expected = ((ids, batch), (positions, batch), (out_locs, batch), (state_slots, batch), (kv_offsets, batch + 1))
+        for t, n in expected:
+            if t.dtype != torch.int64 or t.device.type != "cpu" or not t.is_contiguous() or t.shape != (n,):
+                raise ValueError(f"native decode: index tensors must be contiguous int64 CPU tensors of {n} values")
+        if kv_flat.dtype != torch.int64 or kv_flat.device.type != "cpu" or not kv_flat.is_contiguous():
+            raise ValueError("native decode: kv_flat must be a contiguous int64 CPU tensor")
+        offsets = kv_offsets.tolist()
+        if offsets[0] != 0 or offsets[-1] != kv_flat.numel() or any(b < a for a, b in itertools.pairwise(offsets)):
+            raise ValueError("native decode: kv_offsets must rise from 0 to the number of KV slots")
+        logits = torch.empty(batch, self.weights.vocab, dtype=torch.float32)
+        step = self._step
+        step.batch = batch
+        step.ids = ctypes.cast(ids.data_ptr(), _I)
+        step.positions = ctypes.cast(positions.data_ptr(), _I)
+        step.out_locs = ctypes.cast(out_locs.data_ptr(), _I)
+        step.state_slots = ctypes.cast(state_slots.data_ptr(), _I)
+        step.kv_offsets = ctypes.cast(kv_offsets.data_ptr(), _I)
+        step.kv_flat = ctypes.cast(kv_flat.data_ptr(), _I)
+        step.logits = ctypes.cast(logits.data_ptr(), _F)
+        code = self._fn(self._model_ref, self._step_ref)
+        if code != 0:
+            raise ValueError(f"native decode refused the step: {_ERRORS.get(code, f'error {code}')}")
+        return logits
+
+
+__all__ = [
+    "ATTENTION_KIND",
+    "LINEAR_KIND",
+    "AttentionWeights",
+    "DecodeWeights",
+    "DeltaNetWeights",
+    "FeedForwardWeights",
+    "HybridDecodeKernel",
+    "LayerWeights",
+    "NativeUnavailable",
+    "WeightError",
+    "load_library",
+]
