@@ -1,6 +1,6 @@
-"""Intra-op threads of the compiled decode and of the engine's small eager forwards (decode batches and extends
-of at most SERIAL_FORWARD_MAX_TOKENS tokens, runtime/engine/model_runner.py), chosen per step from measured wall
-time (no torch here).
+"""Intra-op threads of the compiled decode and of the engine's eager forwards (decode batches and extends of at
+most SERIAL_FORWARD_MAX_TOKENS tokens; prefills, in a chooser of their own: runtime/engine/model_runner.py), chosen
+per step from measured wall time (no torch here).
 
 Why adaptive: on a quiet 2-core host two threads cut a batch-8 compiled decode step from ~10 to ~7 ms, but when
 other processes hold the cores every fused kernel waits on a descheduled OpenMP peer and the same step takes
