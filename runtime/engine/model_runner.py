@@ -47,8 +47,12 @@ class ModelRunner:
             mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
             for mode in ("extend", "decode")
         }
-        # Per prompt-token bucket (128, 256, ...), time per token: a prefill's cost is about linear in its tokens.
-        self.prefill_threads = DecodeThreadChooser.up_to(torch.get_num_threads(), PREFILL_THREADS_ENV, label="Prefill")
+        # Time per token (a prefill's cost is about linear in its tokens), in buckets 8x wide (64-511, 512-4095,
+        # ...): 8 prompts of 128 tokens arriving a few at a time make prefills of 128 to 1024 tokens, and in
+        # power-of-two buckets each of the four paid its own first two-thread probe (0.7-1 s each on a busy host).
+        self.prefill_threads = DecodeThreadChooser.up_to(
+            torch.get_num_threads(), PREFILL_THREADS_ENV, label="Prefill", bucket_bits=3
+        )
         # runtime/engine/native_decode.py: a decode step as one C call; first choice for the batches it handles.
         self.native_decode: NativeDecode | None = None
         self.native_status = "off"  # what /server_info reports: "on", or "off: <reason>"
