@@ -1,6 +1,6 @@
-"""Intra-op threads of the compiled decode and of the engine's small eager forwards (decode batches and extends
-of at most SERIAL_FORWARD_MAX_TOKENS tokens, runtime/engine/model_runner.py), chosen per step from measured wall
-time (no torch here).
+"""Intra-op threads of the compiled decode and of the engine's eager forwards (decode batches and extends of at
+most SERIAL_FORWARD_MAX_TOKENS tokens; prefills, in a chooser of their own: runtime/engine/model_runner.py), chosen
+per step from measured wall time (no torch here).
 
 Why adaptive: on a quiet 2-core host two threads cut a batch-8 compiled decode step from ~10 to ~7 ms, but when
 other processes hold the cores every fused kernel waits on a descheduled OpenMP peer and the same step takes
@@ -57,9 +57,10 @@ def pinned_from_env(name: str) -> int | None:
     return int(raw)
 
 
-def bucket_of(batch_size: int) -> int:
-    """Power-of-two bucket (1, 2, 4, 8, ...): step time per sequence is comparable within one."""
-    return 1 << (max(batch_size, 1).bit_length() - 1)
+def bucket_of(batch_size: int, width_bits: int = 1) -> int:
+    """Bucket of powers of 2**width_bits (default 1, 2, 4, 8, ...; width 3: 1, 8, 64, 512, ...): step time per
+    sequence (or per token) is comparable within one."""
+    return 1 << ((max(batch_size, 1).bit_length() - 1) // width_bits * width_bits)
 
 
 @dataclass
@@ -75,20 +76,27 @@ class DecodeThreadChooser:
     """`options`: the thread counts to choose between (1 and the process's torch thread count); `pinned`: use
     that count always (tests, or an operator who knows the host)."""
 
-    def __init__(self, options: tuple[int, ...], pinned: int | None = None, label: str = "Decode") -> None:
+    def __init__(
+        self, options: tuple[int, ...], pinned: int | None = None, label: str = "Decode", bucket_bits: int = 1
+    ) -> None:
         self.options = tuple(sorted(set(options)))
         self.pinned = pinned
         self.label = label  # names the chooser in the log line of a switch
+        # Wider buckets learn from fewer steps: a prefill is rare, and each bucket's first probe of the other
+        # setting can cost a slow prefill on a busy host.
+        self.bucket_bits = bucket_bits
         self._buckets: dict[int, _Bucket] = {}
         self.switches = 0
         self.last_used: int | None = None  # the thread count of the last recorded step
 
     @classmethod
-    def up_to(cls, threads: int, env: str, pinned: int | None = None, label: str = "Decode") -> DecodeThreadChooser:
+    def up_to(
+        cls, threads: int, env: str, pinned: int | None = None, label: str = "Decode", bucket_bits: int = 1
+    ) -> DecodeThreadChooser:
         """Between 1 and `threads` (the process's torch thread count), unless `pinned` or the environment
         variable `env` pins a count."""
         pinned = pinned if pinned is not None else pinned_from_env(env)
-        return cls((pinned,) if pinned is not None else (1, threads), pinned, label)
+        return cls((pinned,) if pinned is not None else (1, threads), pinned, label, bucket_bits)
 
     def timed(self, batch_size: int, run: Callable[[int], T]) -> T:
         """`run(threads)` on the chosen count, its wall time recorded; a bucket that switches is logged."""
@@ -116,7 +124,7 @@ class DecodeThreadChooser:
         """The bucket's setting and its per-sequence step-time estimates, for the log line of a switch."""
         b = self._bucket(batch_size)
         est = ", ".join(f"{t}: {1e3 * _estimate(b, t):.3f} ms" for t in sorted(b.recent))
-        return f"{b.current} thread(s) (bucket {bucket_of(batch_size)}, per-sequence step {est})"
+        return f"{b.current} thread(s) (bucket {bucket_of(batch_size, self.bucket_bits)}, per-sequence step {est})"
 
     def in_use(self) -> dict[int, int]:
         """The current setting of every bucket seen so far."""
@@ -178,7 +186,7 @@ class DecodeThreadChooser:
         return False
 
     def _bucket(self, batch_size: int) -> _Bucket:
-        key = bucket_of(batch_size)
+        key = bucket_of(batch_size, self.bucket_bits)
         if key not in self._buckets:
             self._buckets[key] = _Bucket(current=self.options[0])
         return self._buckets[key]

@@ -26,13 +26,17 @@ if TYPE_CHECKING:
     from runtime.engine.pool_setup import Pools
     from runtime.models.base import HybridModel
 
-# Eager forwards of at most this many tokens (decode batches, short extends) choose one thread or all of them per
-# step from measured time (see ModelRunner.forward); longer prefills run on every thread: with the short OpenMP
-# spin (runtime/__init__.py) two threads win from 128 tokens on even on a busy host (benchmarks/
-# serial_threshold.py: 128 tokens 36 vs 29 ms, 512: 108 vs 65, 2048: 452 vs 267; one thread vs two).
+# Eager forwards of at most this many tokens (decode batches, short extends) and longer ones (prefills) each choose
+# one thread or all of them per step from measured time, in their own choosers (see ModelRunner.forward).
 SERIAL_FORWARD_MAX_TOKENS = 64
 # Pins the thread count of those small forwards ("1", "2", ...) instead of choosing it per step.
 SMALL_FORWARD_THREADS_ENV = "RUNTIME_SMALL_FORWARD_THREADS"
+# Pins the thread count of the longer eager forwards (prefills). On a quiet 2-core host two threads win from 128
+# tokens on (benchmarks/serial_threshold.py: 512 tokens 108 vs 65 ms, 2048: 452 vs 267; one thread vs two); on a
+# shared one whose other processes hold the cores, every OpenMP region waits on a descheduled worker and two
+# threads lose 3-4x (session 9, peer model, load ~2: 8 prompts of 128 tokens ~1000 ms wall on two threads vs
+# ~300 on one, which halved 8 concurrent x 128 tok/s: docs/performance.md). So they are chosen per step too.
+PREFILL_THREADS_ENV = "RUNTIME_PREFILL_THREADS"
 
 
 class ModelRunner:
@@ -43,6 +47,12 @@ class ModelRunner:
             mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
             for mode in ("extend", "decode")
         }
+        # Time per token (a prefill's cost is about linear in its tokens), in buckets 8x wide (64-511, 512-4095,
+        # ...): 8 prompts of 128 tokens arriving a few at a time make prefills of 128 to 1024 tokens, and in
+        # power-of-two buckets each of the four paid its own first two-thread probe (0.7-1 s each on a busy host).
+        self.prefill_threads = DecodeThreadChooser.up_to(
+            torch.get_num_threads(), PREFILL_THREADS_ENV, label="Prefill", bucket_bits=3
+        )
         # runtime/engine/native_decode.py: a decode step as one C call; first choice for the batches it handles.
         self.native_decode: NativeDecode | None = None
         self.native_status = "off"  # what /server_info reports: "on", or "off: <reason>"
@@ -104,7 +114,7 @@ class ModelRunner:
             batch = dataclasses.replace(batch, mode="decode")
         tokens = batch.input_ids.numel()
         if tokens > SERIAL_FORWARD_MAX_TOKENS:
-            return self.model.forward(batch, buffers)
+            return self.prefill_threads.timed(tokens, lambda n: self._forward_on(n, batch))
         # A few-token forward is thousands of microsecond-sized ops. On a quiet host two threads still win (peer
         # model, Xeon: a 64-token extend over 2048 cached tokens 27 vs 22 ms, an 8-token prefill 12.1 vs 9.9 ms);
         # on a busy one a descheduled worker stalls every op. So the count is chosen per step, per mode and

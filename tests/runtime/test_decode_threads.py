@@ -82,6 +82,19 @@ def test_buckets_are_independent() -> None:
             chooser.record(batch, n, cost[n] / 1000)
     assert chooser.in_use() == {1: 1, 8: 2}
     assert [bucket_of(b) for b in (1, 2, 3, 4, 7, 8, 31, 32)] == [1, 2, 2, 4, 4, 8, 16, 32]
+    # The prefill chooser's 8x-wide token buckets: 128-1023-token prefills share two estimates, not four.
+    assert [bucket_of(n, 3) for n in (65, 128, 511, 512, 1024, 4095, 4096)] == [64, 64, 64, 512, 512, 512, 4096]
+
+
+def test_wide_buckets_share_what_they_learn() -> None:
+    """A chooser with 8x-wide buckets learns a size once for all the sizes of its bucket: after one bucket's
+    steps of 128 and 256 tokens found one thread faster, a 384-token step runs on one thread with no probe."""
+    chooser = DecodeThreadChooser((1, 2), bucket_bits=3)
+    for tokens in (128, 256, 128, 256, 200, 300):
+        n = chooser.choose(tokens)
+        chooser.record(tokens, n, tokens * {1: 0.3e-3, 2: 1.0e-3}[n])
+    assert chooser.choose(384) == 1 and chooser.in_use() == {64: 1}
+    assert chooser.choose(1024) == 1 and 512 in chooser.in_use()  # a new bucket starts with its own first tries
 
 
 def test_pinned_and_single_option_never_change() -> None:

@@ -14,6 +14,7 @@ import torch
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine import model_runner
+from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.engine_core import EngineCore
 
 
@@ -36,8 +37,7 @@ def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, m
     torch.set_num_threads(2)
     seen: list[int] = []
     try:
-        # The torch path's thread choice is under test: the native decode (one C call, its own single thread)
-        # would take the decode steps past the model's forward.
+        # The torch decode (the native decode is one C call on one thread, outside these choosers).
         core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25, native_decode="off"))
         forward = core.model.forward
 
@@ -49,9 +49,10 @@ def test_serial_decode_restores_threads_and_keeps_tokens(demo_model_dir: Path, m
         prompts = [[(7 * i + j) % 3000 + 5 for j in range(80 + 10 * i)] for i in range(3)]
         serial = _generate(core, prompts, 6)
         assert torch.get_num_threads() == 2  # restored after every step
-        assert 2 in seen and 1 in seen  # prefills (> 64 tokens) threaded, decode steps on either (both tried)
+        assert 2 in seen and 1 in seen  # each chooser tries both counts
         assert core.scheduler.flush_cache()
         monkeypatch.setattr(model_runner, "SERIAL_FORWARD_MAX_TOKENS", 0)
+        core.runner.prefill_threads = DecodeThreadChooser.up_to(2, model_runner.PREFILL_THREADS_ENV, pinned=2)
         seen.clear()
         threaded = _generate(core, prompts, 6)
         assert set(seen) == {2}
@@ -65,6 +66,7 @@ def test_small_forward_threads_pinned_by_env(demo_model_dir: Path, monkeypatch: 
     torch.set_num_threads(2)
     try:
         monkeypatch.setenv(model_runner.SMALL_FORWARD_THREADS_ENV, "1")
+        monkeypatch.setenv(model_runner.PREFILL_THREADS_ENV, "2")
         core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25, native_decode="off"))
         seen: list[tuple[int, int]] = []
         forward = core.model.forward
@@ -79,6 +81,42 @@ def test_small_forward_threads_pinned_by_env(demo_model_dir: Path, monkeypatch: 
         assert {t for n, t in seen if n > model_runner.SERIAL_FORWARD_MAX_TOKENS} == {2}
         monkeypatch.setenv(model_runner.SMALL_FORWARD_THREADS_ENV, "one")
         with pytest.raises(ValueError, match=model_runner.SMALL_FORWARD_THREADS_ENV):
+            EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_prefill_threads_chosen_per_step_or_pinned(demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefills (> SERIAL_FORWARD_MAX_TOKENS tokens) are no longer always on every thread: their own chooser tries
+    one thread and all of them per token bucket (two threads lose 3-4x on a shared host), `RUNTIME_PREFILL_THREADS`
+    pins the count, and the tokens are the same either way."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs: dict[str, tuple[list[int], dict[str, list[int]]]] = {}
+        for pin in ("", "1", "2"):
+            monkeypatch.setenv(model_runner.PREFILL_THREADS_ENV, pin)
+            core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
+            seen: list[int] = []
+            forward = core.model.forward
+
+            def spy(batch: object, buffers: object, forward=forward, seen=seen) -> torch.Tensor:  # noqa: ANN001
+                if batch.input_ids.numel() > model_runner.SERIAL_FORWARD_MAX_TOKENS:  # type: ignore[attr-defined]
+                    seen.append(torch.get_num_threads())
+                return forward(batch, buffers)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(core.model, "forward", spy)
+            tokens: dict[str, list[int]] = {}
+            for k in range(4):  # four prefills of one bucket (100-120 tokens), one after another
+                prompt = [(11 * j + 3 * k) % 3000 + 5 for j in range(100 + 5 * k)]
+                tokens.update({f"{k}-{rid}": t for rid, t in _generate(core, [prompt], 4).items()})
+            assert torch.get_num_threads() == 2  # restored after every prefill
+            runs[pin] = (seen, tokens)
+        assert set(runs[""][0][:2]) == {1, 2}  # adaptive: both counts tried on the bucket's first prefills
+        assert set(runs["1"][0]) == {1} and set(runs["2"][0]) == {2}
+        assert runs[""][1] == runs["1"][1] == runs["2"][1]
+        monkeypatch.setenv(model_runner.PREFILL_THREADS_ENV, "two")
+        with pytest.raises(ValueError, match=model_runner.PREFILL_THREADS_ENV):
             EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.25))
     finally:
         torch.set_num_threads(before)
