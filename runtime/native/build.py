@@ -120,12 +120,24 @@ def _build_and_load(name: str, source: Path, flags: tuple[str, ...]) -> NativeLi
         raise NativeUnavailable("no C compiler found (set CC, or install gcc or clang)")
     text = source.read_text()
     key = build_key(text, _compiler_identity(compiler), flags)
-    directory = cache_dir()
-    target = directory / f"{name}-{key}.so"
-    compiled, seconds = False, 0.0
-    if not target.is_file():
-        seconds = _compile(compiler, source, target, flags)
-        compiled = True
+    filename = f"{name}-{key}.so"
+    primary = cache_dir() / filename
+    # Unless the cache is set explicitly, a private directory under the system's temporary directory stands in
+    # for an unwritable one: a read-only home then costs a rebuild per boot, not the native path.
+    explicit = bool(os.environ.get(CACHE_ENV))
+    existing = None if explicit else _private_temp_dir(create=False)
+    candidates = [primary] + ([existing / filename] if existing is not None else [])
+    target = next((path for path in candidates if path.is_file()), None)
+    compiled, seconds = target is None, 0.0
+    if target is None:
+        try:
+            target, seconds = primary, _compile(compiler, source, primary, flags)
+        except _CacheNotWritable as exc:
+            private = None if explicit else _private_temp_dir(create=True)
+            if private is None:
+                raise NativeUnavailable(str(exc)) from exc
+            target = private / filename
+            seconds = _compile(compiler, source, target, flags)
     try:
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
@@ -133,14 +145,35 @@ def _build_and_load(name: str, source: Path, flags: tuple[str, ...]) -> NativeLi
     return NativeLibrary(name, lib, target, compiled, seconds)
 
 
-def _compile(compiler: str, source: Path, target: Path, flags: tuple[str, ...]) -> float:
+def _private_temp_dir(*, create: bool) -> Path | None:
+    """$TMPDIR/hybridctl-native-<uid> (made 0700 with `create`); None when absent, or when it is not this user's
+    alone: another user could plant a library there."""
+    path = Path(tempfile.gettempdir()) / f"hybridctl-native-{os.getuid()}"
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise NativeUnavailable(f"cannot create the native cache {target.parent}: {exc} (set {CACHE_ENV})") from exc
+        if create:
+            path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+    except OSError:
+        return None
+    if path.is_symlink() or not path.is_dir() or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return path
+
+
+class _CacheNotWritable(NativeUnavailable):
+    pass
+
+
+def _compile(compiler: str, source: Path, target: Path, flags: tuple[str, ...]) -> float:
     # Built under a temporary name in the same directory, then renamed: a concurrent process sees either no
     # library or a whole one.
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".so", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".so", dir=target.parent)
+    except OSError as exc:
+        raise _CacheNotWritable(
+            f"cannot write the native cache {target.parent}: {exc} (set {CACHE_ENV} to a writable directory)"
+        ) from exc
     os.close(fd)
     # The linker flag goes after the source, or the library it names is dropped as unused.
     compile_flags = [f for f in flags if not f.startswith("-l")]

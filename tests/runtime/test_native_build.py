@@ -84,3 +84,41 @@ def test_turned_off_by_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv(build.DISABLE_ENV, "0")
     with pytest.raises(build.NativeUnavailable, match="off"):
         build.load("probe", _source(tmp_path))
+
+
+@pytest.mark.skipif(build.find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
+def test_an_unwritable_explicit_cache_is_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(build.CACHE_ENV, str(blocker / "cache"))  # under a file: not even root can create it
+    with pytest.raises(build.NativeUnavailable, match="cannot write the native cache"):
+        build.load("probe", _source(tmp_path))
+
+
+@pytest.mark.skipif(build.find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
+def test_an_unwritable_home_cache_falls_back_to_a_private_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.delenv(build.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    first = build.load("probe", _source(tmp_path))
+    private = first.path.parent
+    assert first.compiled and private.parent == tmp_path / "tmp" and private.name.startswith("hybridctl-native-")
+    assert private.stat().st_mode & 0o777 == 0o700
+    assert _call(first.lib, [3.0, 4.0], 1.0) == pytest.approx(5.0)
+    build.forget_loaded()
+    again = build.load("probe", _source(tmp_path))
+    assert not again.compiled and again.path == first.path
+    # A directory others can write to is never used: another user could plant a library there.
+    build.forget_loaded()
+    for lib in private.iterdir():
+        lib.unlink()
+    private.chmod(0o777)
+    with pytest.raises(build.NativeUnavailable, match="cannot write the native cache"):
+        build.load("probe", _source(tmp_path))
