@@ -12,6 +12,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import tempfile
 import threading
@@ -92,6 +93,27 @@ def _compiler_identity(compiler: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else compiler
 
 
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def _source_with_headers(source: Path) -> str:
+    """The source's text followed by every header it includes with quotes (found beside it, recursively): what
+    the library is built from, so a changed header gets a new cache key."""
+    parts, seen, pending = [], set(), [source]
+    while pending:
+        path = pending.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise NativeUnavailable(f"cannot read {path}: {exc}") from exc
+        parts.append(text)
+        pending += [path.parent / name for name in _LOCAL_INCLUDE.findall(text)]
+    return "\0".join(parts)
+
+
 def build_key(source: str, compiler_id: str, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for part in (source, compiler_id, " ".join(flags), _cpu_signature()):
@@ -118,7 +140,7 @@ def _build_and_load(name: str, source: Path, flags: tuple[str, ...]) -> NativeLi
     compiler = find_compiler()
     if compiler is None:
         raise NativeUnavailable("no C compiler found (set CC, or install gcc or clang)")
-    text = source.read_text()
+    text = _source_with_headers(source)
     key = build_key(text, _compiler_identity(compiler), flags)
     filename = f"{name}-{key}.so"
     primary = cache_dir() / filename

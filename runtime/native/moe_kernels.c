@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vexp.h"
+
 typedef float v8f __attribute__((vector_size(32)));
 
 static inline v8f load8(const float *p) {
@@ -68,28 +70,6 @@ static void dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
     }
 }
 
-/* extend_kernels.c's branch-free exp (Cephes' expf), so the SwiGLU loop vectorizes; see there. */
-static inline float vexpf(float x) {
-    x = x < -87.3f ? -87.3f : (x > 88.37f ? 88.37f : x);
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    const float r2 = r * r;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r2 + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale = {.i = ((int32_t)n + 127) << 23};
-    return y * scale.f;
-}
-
-static inline float silu(float x) { return x / (1.0f + vexpf(-x)); }
 
 /* One SwiGLU expert over n rows: out[rows[r]] += row_w[r] * down(silu(gate(x_r)) * up(x_r)). h, act, y: scratch
  * of n * 2 * inter, n * inter and n * hidden floats; seq: 0, 1, 2, ... (the scratch rows in order). */

@@ -122,3 +122,16 @@ def test_an_unwritable_home_cache_falls_back_to_a_private_temp_dir(
     private.chmod(0o777)
     with pytest.raises(build.NativeUnavailable, match="cannot write the native cache"):
         build.load("probe", _source(tmp_path))
+
+
+@pytest.mark.skipif(build.find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
+def test_a_changed_local_header_gets_its_own_library(tmp_path: Path) -> None:
+    (tmp_path / "scale.h").write_text("#define SCALE 1.0\n")
+    source = _source(tmp_path, '#include "scale.h"\n' + SOURCE.replace("scale * sqrt", "SCALE * scale * sqrt"))
+    first = build.load("probe", source)
+    assert _call(first.lib, [3.0, 4.0], 1.0) == pytest.approx(5.0)
+    build.forget_loaded()
+    (tmp_path / "scale.h").write_text("#define SCALE 3.0\n")
+    second = build.load("probe", source)
+    assert second.compiled and second.path != first.path
+    assert _call(second.lib, [3.0, 4.0], 1.0) == pytest.approx(15.0)
