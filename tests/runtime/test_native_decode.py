@@ -21,6 +21,7 @@ from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from tests.runtime.simple_runner import SimpleRunner
+from tests.runtime.test_engine_support import one_torch_thread
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
@@ -30,10 +31,8 @@ VOCAB = 160
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> None:

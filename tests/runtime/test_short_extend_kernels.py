@@ -24,6 +24,7 @@ from runtime.models.layers.moe import SparseMoE
 from runtime.models.layers.norm import ZeroCenteredRMSNorm
 from runtime.models.layers.packing import SHORT_EXTEND_MAX_TOKENS, SequencePacking
 from runtime.native import extend_kernels
+from tests.runtime.test_engine_support import one_torch_thread
 
 pytestmark = pytest.mark.skipif(extend_kernels.library() is None, reason="needs a C compiler (CI installs gcc)")
 
@@ -36,10 +37,8 @@ SLOTS = 48
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def _layer(seed: int, nk: int, ratio: int, dk: int, dv: int, split: bool, bias: bool) -> GatedDeltaNet:
