@@ -152,3 +152,16 @@ def run_to_completion(
 
 def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data))
+
+
+def perturb_weights(model: torch.nn.Module, seed: int) -> None:
+    """HF init leaves norms at identity and biases constant; randomize everything so every weight matters."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in name or leaf in ("dt_bias", "D", "bias", "e_score_correction_bias"):
+                p.add_(0.2 * noise)
+            else:
+                p.mul_(1.0 + 0.5 * noise.abs())

@@ -16,6 +16,7 @@ from runtime.core.batch import ModelLayout
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from tests.runtime.simple_runner import SimpleRunner
+from tests.runtime.test_engine_support import perturb_weights
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -30,19 +31,6 @@ def _one_torch_thread() -> Iterator[None]:
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 160
-
-
-def _perturb(model: torch.nn.Module, seed: int) -> None:
-    """HF init leaves norms at identity and biases constant; randomize everything so every weight matters."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            leaf = name.rsplit(".", 1)[-1]
-            if "norm" in name or leaf in ("dt_bias", "D", "bias", "e_score_correction_bias"):
-                p.add_(0.2 * noise)
-            else:
-                p.mul_(1.0 + 0.5 * noise.abs())
 
 
 def _qwen3_next() -> torch.nn.Module:
@@ -313,7 +301,7 @@ def checkpoint(
 ) -> tuple[str, Path, torch.nn.Module]:
     torch.manual_seed(0)
     hf = ARCHS[request.param][0]().eval()
-    _perturb(hf, 1)
+    perturb_weights(hf, 1)
     path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
     return request.param, path, hf
@@ -482,7 +470,7 @@ def test_falcon_h1_without_mamba_norm(tmp_path: Path) -> None:
     transformers; its own generate disagrees with its forward, so decode is checked by teacher forcing."""
     torch.manual_seed(0)
     hf = _falcon_h1(mamba_rms_norm=False).eval()
-    _perturb(hf, 1)
+    perturb_weights(hf, 1)
     hf.save_pretrained(tmp_path)
     model = load_model(tmp_path)
     prompt = _prompt(40, 13)
@@ -501,7 +489,7 @@ def test_falcon_h1_without_mamba_norm(tmp_path: Path) -> None:
 def test_kimi_linear_with_low_rank_queries_and_biases(tmp_path: Path) -> None:
     torch.manual_seed(0)
     hf = _kimi_linear(q_lora_rank=24, attention_bias=True).eval()
-    _perturb(hf, 2)
+    perturb_weights(hf, 2)
     hf.save_pretrained(tmp_path)
     model = load_model(tmp_path)
     prompt = _prompt(80, 14)

@@ -21,7 +21,7 @@ from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from tests.runtime.simple_runner import SimpleRunner
-from tests.runtime.test_engine_support import one_torch_thread
+from tests.runtime.test_engine_support import one_torch_thread, perturb_weights
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
@@ -33,18 +33,6 @@ VOCAB = 160
 def _one_torch_thread() -> Iterator[None]:
     with one_torch_thread():
         yield
-
-
-def _perturb(model: torch.nn.Module, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            leaf = name.rsplit(".", 1)[-1]
-            if "norm" in name or leaf in ("dt_bias", "bias"):
-                p.add_(0.2 * noise)
-            else:
-                p.mul_(1.0 + 0.5 * noise.abs())
 
 
 def _qwen3_next_moe() -> torch.nn.Module:
@@ -106,7 +94,7 @@ def checkpoint(
 ) -> tuple[Path, torch.nn.Module]:
     torch.manual_seed(0)
     hf = ARCHS[request.param]().eval()
-    _perturb(hf, 1)
+    perturb_weights(hf, 1)
     path: Path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
     return path, hf
