@@ -100,14 +100,23 @@ def test_live_servers_on_and_off_give_the_same_greedy_text(model_dir: Path, tmp_
     prompts = ["The quick brown fox", "hybrid models: ", "x" * 70]
     texts: dict[str, list[str]] = {}
     for mode in ("on", "off"):
-        with start_runtime_server(model_dir, "--native-decode", mode, log_dir=tmp_path / mode) as server:
+        # Two torch threads: the native step chooses between one and two per step (a pool of its own).
+        args = ("--native-decode", mode, "--num-threads", "2")
+        with start_runtime_server(model_dir, *args, log_dir=tmp_path / mode) as server:
             info = httpx.get(server.url + "/server_info", timeout=30).json()
             state = info["internal_states"][0]["native_decode"]
             assert state == ("on" if mode == "on" else "off: --native-decode off")
             texts[mode] = [_greedy_text(server.url, p, 24) for p in prompts]
+            threads = httpx.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
             log = server.log_text()
             line = next(x for x in log.splitlines() if "Native decode:" in x)
             assert ("Native decode: on (" in line) == (mode == "on"), line
+            if mode == "on":
+                assert "threads adaptive 1|2" in line, line
+                # After decoding, the bucket of batch 1 has a current count.
+                assert threads["native_decode_threads"].startswith("adaptive 1|2 (now batch 1+: "), threads
+            else:
+                assert threads["native_decode_threads"] == ""
     assert texts["on"] == texts["off"]
     assert all(len(t) > 0 for t in texts["on"])
 

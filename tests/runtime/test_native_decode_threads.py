@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime.core.batch import PoolBuffers
-from runtime.engine.native_decode import NativeDecode
+from runtime.engine.native_decode import THREADS_ENV, NativeDecode
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
@@ -35,6 +35,7 @@ pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compi
 @pytest.fixture
 def split_finely(model: HybridModel) -> Iterator[NativeDecode]:  # noqa: F811
     native = NativeDecode(model)
+    native.chooser = None  # the tests set the count; the engine's per-step choice would override it
     set_min_part_bytes(native.library, 1)
     yield native
     set_min_part_bytes(native.library, 32768)
@@ -66,10 +67,17 @@ def test_threads_give_bit_identical_logits_and_pools(model: HybridModel, split_f
             assert torch.equal(a, b), f"{count} threads: tensor {i} differs by {float((a - b).abs().max())}"
 
 
-def test_two_threads_still_match_torch(model: HybridModel, split_finely: NativeDecode) -> None:  # noqa: F811
-    set_threads(split_finely.library, 2)
+def test_two_pinned_threads_still_match_torch(
+    model: HybridModel,  # noqa: F811
+    split_finely: NativeDecode,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(THREADS_ENV, "2")
+    native = NativeDecode(model)
+    assert native.describe_threads() == "2 (pinned)"
     runner, nxt = _prefilled(model, [3, 40])
-    _assert_same_step(model, runner, _decode_batch(runner, dict(enumerate(nxt))))
+    _assert_same_step(model, runner, _decode_batch(runner, dict(enumerate(nxt))), native)
+    assert threads(native.library) == 2
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +101,7 @@ def many_experts(tmp_path_factory: pytest.TempPathFactory) -> HybridModel:
 
 def test_more_active_experts_than_a_region_holds(many_experts: HybridModel) -> None:
     native = NativeDecode(many_experts)
+    native.chooser = None
     set_min_part_bytes(native.library, 1)
     try:
         lengths = [4, 7, 11, 2, 9, 13, 5, 8]
