@@ -119,12 +119,16 @@ static void *hp_worker_(void *arg) {
     for (;;) {
         uint32_t g = hp_gen_(atomic_load_explicit(&p->work, memory_order_acquire));
         if (g == seen) {
-            /* Spin (checking the clock every 256 polls), then sleep until the next region. */
+            /* Spin, then sleep until the next region. Every 256 polls the spin yields the core (a no-op when
+             * nothing else waits for it: the HTTP loop or another process runs instead of our spin) and checks
+             * the clock. Measured served (benchmarks/serving_ab.py, load 1.5): 1.09x single stream, 1.11x 8 x 128
+             * over the spin without the yield. */
             const int64_t start = hp_now_ns_(), spin = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
             for (unsigned i = 1; g == seen; i++) {
                 HP_PAUSE();
                 g = hp_gen_(atomic_load_explicit(&p->work, memory_order_acquire));
                 if (g == seen && (i & 255) == 0) {
+                    sched_yield();
                     const int64_t now = hp_now_ns_();
                     if (now - start >= spin || now < start) break;
                 }
