@@ -103,8 +103,8 @@ def main() -> None:
         path_threads[0] = threads
 
     path_threads = [1]
-    # The engine's own choice of native threads is bypassed here: each measured call sets its count.
-    native.chooser = None
+    # The engine's own thread count is bypassed here: each measured call sets its count.
+    native.threads = None
 
     for batch in BATCHES:
         fb = _decode_batch(batch, a.kv_len, vocab)

@@ -174,7 +174,7 @@ class EngineStats:
     torch_compile: str = "off"
     # The decode path (runtime/engine/native_decode.py): "on" (one C call a step) or "off: <reason>".
     native_decode: str = "off"
-    # Its threads: "adaptive 1|2 (now batch 1+: 2, ...)", "2 (pinned)", "1"; "" while native decode is off.
+    # Its thread count: "2", "1 (RUNTIME_NATIVE_DECODE_THREADS)"; "" while native decode is off.
     native_decode_threads: str = ""
     elastic_mode: str = ""  # the elastic pool's mode ("" when the split is fixed)
     elastic_moves_total: int = 0  # chunks moved between the KV and state pools

@@ -10,11 +10,14 @@ decode step (it needs no warm-up) and the compiled extend still serves short ext
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 weights and fp32 pools;
 elsewhere `why_not` says why and the torch path runs.
 
-Threads: the C step splits its weight rows over a pool of its own (runtime/native/parallel.h), up to the process's
-torch thread count (`--num-threads`) and the cores it may run on. Each step's count is chosen from measured wall
-time by a DecodeThreadChooser (as the torch paths' are): on a quiet host two threads stream the weights from two
-cores, on a busy one a second thread waits for a core, so neither fixed count is right. RUNTIME_NATIVE_DECODE_THREADS
-pins it. The result does not depend on the count (bit-identical rows; tests/runtime/test_native_decode_threads.py).
+Threads: the C step splits its weight rows over a pool of its own (runtime/native/parallel.h) of as many threads as
+the process's torch thread count (`--num-threads`) and the cores it may run on allow; RUNTIME_NATIVE_DECODE_THREADS
+sets another count. Fixed, not chosen per step as the torch paths' counts are: the pool's parts are claimed one at
+a time, so a worker that is descheduled on a busy host costs at most the part it holds (the caller runs the rest),
+and served A/Bs on the shared 2-core host (docs/performance.md, "Two-thread native decode (session 10)") had two
+fixed threads at or ahead of both one thread and a per-step DecodeThreadChooser at every load tried, while the
+chooser flapped on the step's noise. The result does not depend on the count (bit-identical rows;
+tests/runtime/test_native_decode_threads.py).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
-from runtime.engine.decode_threads import DecodeThreadChooser
+from runtime.engine.decode_threads import pinned_from_env
 from runtime.models.base import HybridModel
 from runtime.models.decoder import FULL, LINEAR, DecoderLM
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
@@ -257,10 +260,10 @@ class NativeDecode:
     def __init__(self, model: HybridModel, max_threads: int | None = None) -> None:
         self.model = model
         self.library = load_library()  # NativeUnavailable: no compiler, a compile error, HYBRIDCTL_NATIVE=0
-        # None: the caller sets the library's thread count itself (benchmarks); else chosen per step.
-        self.chooser: DecodeThreadChooser | None = DecodeThreadChooser.up_to(
-            max_threads or usable_threads(), THREADS_ENV, label="Native decode"
-        )
+        pinned = pinned_from_env(THREADS_ENV)
+        self.pinned = pinned is not None
+        # None: the caller sets the library's thread count itself (benchmarks, tests).
+        self.threads: int | None = pinned if pinned is not None else max_threads or usable_threads()
         self._sources = _derived_sources(model)
         self._key: tuple[tuple[int, int], ...] | None = None
         self.kernel = self._rebuild()
@@ -309,25 +312,16 @@ class NativeDecode:
             offsets,
             kv_flat,
         )
-        if self.chooser is None:
-            return self.kernel.step(*args)
-        return self.chooser.timed(len(lengths), lambda n: self._step_on(n, args))
-
-    def _step_on(self, threads: int, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        # Set every step (one ctypes call, ~1 us): the library's pool is per process, shared by every instance.
-        set_threads(self.library, threads)
+        if self.threads is not None:
+            # Set every step (one ctypes call, ~1 us): the library's pool is per process, shared by every instance.
+            set_threads(self.library, self.threads)
         return self.kernel.step(*args)
 
     def describe_threads(self) -> str:
-        """The thread setting ("adaptive 1|2", "2 (pinned)", "1") and, once steps ran, each batch bucket's
-        current count: what /server_info reports."""
-        if self.chooser is None:
+        """The thread count ("2", "1 (RUNTIME_NATIVE_DECODE_THREADS)"): what /server_info and the log report."""
+        if self.threads is None:
             return "set by the caller"
-        text = self.chooser.describe()
-        in_use = self.chooser.in_use()
-        if self.chooser.adaptive and in_use:
-            text += " (now " + ", ".join(f"batch {b}+: {t}" for b, t in in_use.items()) + ")"
-        return text
+        return f"{self.threads} ({THREADS_ENV})" if self.pinned else str(self.threads)
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compi
 @pytest.fixture
 def split_finely(model: HybridModel) -> Iterator[NativeDecode]:  # noqa: F811
     native = NativeDecode(model)
-    native.chooser = None  # the tests set the count; the engine's per-step choice would override it
+    native.threads = None  # the tests set the count; the engine's per-step choice would override it
     set_min_part_bytes(native.library, 1)
     yield native
     set_min_part_bytes(native.library, 32768)
@@ -74,7 +74,7 @@ def test_two_pinned_threads_still_match_torch(
 ) -> None:
     monkeypatch.setenv(THREADS_ENV, "2")
     native = NativeDecode(model)
-    assert native.describe_threads() == "2 (pinned)"
+    assert native.describe_threads() == f"2 ({THREADS_ENV})"
     runner, nxt = _prefilled(model, [3, 40])
     _assert_same_step(model, runner, _decode_batch(runner, dict(enumerate(nxt))), native)
     assert threads(native.library) == 2
@@ -101,7 +101,7 @@ def many_experts(tmp_path_factory: pytest.TempPathFactory) -> HybridModel:
 
 def test_more_active_experts_than_a_region_holds(many_experts: HybridModel) -> None:
     native = NativeDecode(many_experts)
-    native.chooser = None
+    native.threads = None
     set_min_part_bytes(native.library, 1)
     try:
         lengths = [4, 7, 11, 2, 9, 13, 5, 8]
