@@ -17,8 +17,8 @@
  *
  * One region at a time per library: a second thread calling in while a region runs (two engine threads in one
  * process), or a task calling hp_parallel_for itself, runs its loop inline on its own thread: correct, serial.
- * Workers copy the caller's MXCSR (flush-to-zero / denormals-are-zero) per region, so a part computes exactly as it
- * would on the caller: the split never changes a result.
+ * Workers copy the caller's MXCSR / FPCR (flush-to-zero, denormals-are-zero) per region, so a part computes exactly as
+ * it would on the caller: the split never changes a result.
  *
  * Each .so that includes this header has its own pool (static state); its workers sleep while another runs.
  */
@@ -31,16 +31,25 @@
 #include <stdint.h>
 #include <time.h>
 
+/* The floating-point control word a worker takes from the caller: MXCSR on x86, FPCR on AArch64 (flush-to-zero). */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define HP_PAUSE() _mm_pause()
-#define HP_HAS_MXCSR 1
+#define HP_HAS_FPENV 1
+static inline uint64_t hp_get_fpenv_(void) { return _mm_getcsr(); }
+static inline void hp_set_fpenv_(uint64_t v) { _mm_setcsr((unsigned)v); }
 #elif defined(__aarch64__)
 #define HP_PAUSE() __asm__ __volatile__("yield")
-#define HP_HAS_MXCSR 0
+#define HP_HAS_FPENV 1
+static inline uint64_t hp_get_fpenv_(void) {
+    uint64_t v;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(v));
+    return v;
+}
+static inline void hp_set_fpenv_(uint64_t v) { __asm__ __volatile__("msr fpcr, %0" : : "r"(v)); }
 #else
 #define HP_PAUSE() ((void)0)
-#define HP_HAS_MXCSR 0
+#define HP_HAS_FPENV 0
 #endif
 
 #define HP_MAX_THREADS 64
@@ -54,7 +63,7 @@ typedef struct {
     pthread_mutex_t region; /* held by the thread running a region */
     pthread_mutex_t sleep_mu;
     pthread_cond_t sleep_cv;
-    int threads; /* the configured count (>= 1) */
+    atomic_int threads; /* the configured count (>= 1) */
     int started; /* workers started: 1 .. started-1 */
     uint32_t generation; /* the current region's number (written under `region`) */
     /* The region's claim word: generation << 32 | parts << 16 | next part. A thread claims a part with one CAS that
@@ -69,7 +78,7 @@ typedef struct {
     hp_task fn;
     void *ctx;
     int64_t n;
-    unsigned mxcsr;
+    uint64_t mxcsr;
     pthread_t tids[HP_MAX_THREADS];
 } hp_pool_t;
 
@@ -100,8 +109,8 @@ static inline void hp_drain_(hp_pool_t *p, uint32_t gen, int worker) {
         if (hp_gen_(w) != gen || part >= parts) return;
         if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
             continue;
-#if HP_HAS_MXCSR
-        if (worker && _mm_getcsr() != p->mxcsr) _mm_setcsr(p->mxcsr);
+#if HP_HAS_FPENV
+        if (worker && hp_get_fpenv_() != p->mxcsr) hp_set_fpenv_(p->mxcsr);
 #else
         (void)worker;
 #endif
@@ -180,7 +189,8 @@ static inline void hp_parallel_for(int64_t n, int64_t grain, hp_task fn, void *c
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     int64_t parts = n / grain;
-    if (parts > p->threads) parts = p->threads;
+    const int threads = atomic_load_explicit(&p->threads, memory_order_relaxed);
+    if (parts > threads) parts = threads;
     if (parts <= 1 || pthread_mutex_trylock(&p->region) != 0) {
         fn(ctx, 0, n); /* one part, a nested call, or another thread's region running: inline */
         return;
@@ -194,8 +204,8 @@ static inline void hp_parallel_for(int64_t n, int64_t grain, hp_task fn, void *c
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
-#if HP_HAS_MXCSR
-    p->mxcsr = _mm_getcsr();
+#if HP_HAS_FPENV
+    p->mxcsr = hp_get_fpenv_();
 #endif
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     const uint32_t gen = ++p->generation;
@@ -218,12 +228,12 @@ static inline void hp_set_threads(int n) {
     hp_pool_t *p = &hp_pool_;
     if (n < 1) n = 1;
     if (n > HP_MAX_THREADS) n = HP_MAX_THREADS;
-    pthread_mutex_lock(&p->region);
-    p->threads = n;
+    pthread_mutex_lock(&p->region); /* not while a region of this library runs */
+    atomic_store(&p->threads, n);
     pthread_mutex_unlock(&p->region);
 }
 
-static inline int hp_threads(void) { return hp_pool_.threads; }
+static inline int hp_threads(void) { return atomic_load_explicit(&hp_pool_.threads, memory_order_relaxed); }
 
 /* Introspection and tuning beyond the three calls above (tests, benchmarks). */
 static inline int hp_started_threads(void) { return hp_pool_.started; }
