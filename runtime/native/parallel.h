@@ -6,8 +6,9 @@
  *     int hp_threads(void);
  *
  * hp_parallel_for splits [0, n) into P = min(hp_threads(), n / grain) contiguous parts, part p = [n*p/P, n*(p+1)/P),
- * and returns when all are done. The caller and the workers claim parts one at a time (the caller first), so a
- * worker that is descheduled or slow to wake costs nothing: the caller runs the parts it has not claimed. Which
+ * and returns when all are done. The caller and the workers claim parts one at a time (the caller right after it
+ * publishes the region), so a worker that is descheduled or slow to wake costs nothing: the caller runs the parts no
+ * worker claimed. A task must not assume which thread runs which part, or that parts run on distinct threads. Which
  * thread runs a part never changes what it computes (see MXCSR below), so results do not depend on the timing.
  *
  * Why not OpenMP: torch links its own OpenMP runtime; a second one in the same process fights it for the cores.
