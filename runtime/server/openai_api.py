@@ -29,6 +29,7 @@ from runtime.server.generate_request import (
     RequestValueError,
     apply_bootstrap_fields,
     apply_logprob_fields,
+    is_token_ids,
     parse_sampling_params,
     prepare_request,
     short_repr,
@@ -206,17 +207,13 @@ async def _parse(request: Request) -> dict[str, Any] | Response:
     return body
 
 
-def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
 def _completion_prompts(ctx: ServerContext, prompt: Any) -> list[list[int]]:
     """OpenAI's prompt forms: a string, token ids, or a batch (list) of either."""
     if isinstance(prompt, str):
         return [ctx.encode_prompt(prompt)]
-    if _is_ids(prompt) and prompt:
+    if is_token_ids(prompt) and prompt:
         return [list(prompt)]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or (_is_ids(p) and p) for p in prompt):
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or (is_token_ids(p) and p) for p in prompt):
         return [ctx.encode_prompt(p) if isinstance(p, str) else list(p) for p in prompt]
     if prompt is None:
         raise RequestValueError("prompt is required")
