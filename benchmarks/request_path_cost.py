@@ -86,7 +86,8 @@ def main() -> None:
     pair("body: parse_json, 2048 ids", old_parse, lambda: parse_json(raw), a.reps)
     pair("hop: parse_generate_body, thread vs inline", hop, parse_args, a.reps)
     pair("rows: logits[[0]] vs select_rows, 2 threads", lambda: logits[[0]], lambda: select_rows(logits, [0]), a.reps)
-    pair("rows: 1 of 2 rows", lambda: torch.randn(2, 4096)[[1]], lambda: select_rows(torch.randn(2, 4096), [1]), a.reps)
+    two = torch.randn(2, 4096)
+    pair("rows: 1 of 2 rows", lambda: two[[1]], lambda: select_rows(two, [1]), a.reps)
     pair(
         "slots: 2000 pages, torch.tensor vs mirror",
         lambda: torch.tensor(pages[:2000], dtype=torch.int64),
