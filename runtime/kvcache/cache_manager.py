@@ -230,9 +230,10 @@ class CacheManager:
     def token_slots(self, mem: ReqMemory, upto: int) -> torch.Tensor:
         """KV token slots of tokens [0, upto) as an int64 tensor (vectorised: contexts are long)."""
         ps = self.page_size
-        pages = torch.tensor(mem.pages[: self.pages_for(upto)], dtype=torch.int64)
+        # Through the page list's own mirror (page_list.py): ~2 us for 2000 pages instead of torch.tensor's ~100.
+        pages = mem.pages.as_tensor(self.pages_for(upto))  # type: ignore[attr-defined]
         if ps == 1:
-            return pages
+            return pages.clone()  # the mirror is shared: the caller may write to its tensor
         return (pages[:, None] * ps + torch.arange(ps)).flatten()[:upto]
 
     def checkpoint(self, mem: ReqMemory, tokens: list[int]) -> bool:

@@ -21,6 +21,7 @@ import torch
 
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.scheduler.request import Req
+from runtime.scheduler.sampling import select_rows
 
 
 class ForkHolds:
@@ -93,4 +94,4 @@ class ForkHolds:
                 rows.append(i)
         if len(out) == len(reqs):
             return reqs, logits
-        return out, logits[torch.tensor(rows, dtype=torch.int64, device=logits.device)]
+        return out, select_rows(logits, rows)

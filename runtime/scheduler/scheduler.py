@@ -38,7 +38,7 @@ from runtime.scheduler.penalties import apply_penalties
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
-from runtime.scheduler.sampling import greedy_tokens, sample_isolated
+from runtime.scheduler.sampling import greedy_tokens, sample_isolated, select_rows
 from runtime.scheduler.stats import DecodeRate, stats_snapshot
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
 
@@ -323,7 +323,7 @@ class Scheduler:
             ends = list(itertools.accumulate(len(t) for t in batch.tokens))
             for req, end, start, tokens in zip(batch.reqs, ends, batch.starts, batch.tokens, strict=True):
                 lp.record_prompt(req, start, logits[end - len(tokens) : end])
-            logits = logits[[end - 1 for end in ends]]
+            logits = select_rows(logits, [end - 1 for end in ends])
         if self.spec is not None:  # before any checkpoint below is cached: the drafter completes what goes with it
             assert batch.forward is not None
             self.spec.after_prefill(batch.forward)
@@ -345,7 +345,7 @@ class Scheduler:
         done = [i for i in done if batch.reqs[i].max_new_tokens > 0]
         if done:
             reqs, rows = self.forks.fork(
-                [batch.reqs[i] for i in done], logits[done], self.cache,
+                [batch.reqs[i] for i in done], select_rows(logits, done), self.cache,
                 can_run=lambda: len(self.running) < self.config.max_running_requests,
                 on_forked=self._start_fork, on_unforked=self.waiting.append,
             )  # fmt: skip

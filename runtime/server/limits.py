@@ -79,7 +79,11 @@ def parse_json(raw: bytes) -> Any:
         raise BadJson(f"JSON decode error: {e}") from None
     except RecursionError:
         raise BadJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
-    if isinstance(value, dict | list) and _too_deep(value):
+    # Nesting needs an opening bracket a level: a body with few of them cannot be too deep, and counting bytes
+    # is ~100x cheaper than walking a 2000-id prompt (~0.3 ms of time to first token). Brackets inside strings
+    # only make the count larger, never let a deep document through.
+    few_brackets = raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH if isinstance(raw, bytes) else False
+    if isinstance(value, dict | list) and not few_brackets and _too_deep(value):
         raise BadJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     return value
 

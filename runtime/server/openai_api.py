@@ -29,6 +29,7 @@ from runtime.server.generate_request import (
     RequestValueError,
     apply_bootstrap_fields,
     apply_logprob_fields,
+    is_token_ids,
     parse_sampling_params,
     prepare_request,
     short_repr,
@@ -206,17 +207,13 @@ async def _parse(request: Request) -> dict[str, Any] | Response:
     return body
 
 
-def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
 def _completion_prompts(ctx: ServerContext, prompt: Any) -> list[list[int]]:
     """OpenAI's prompt forms: a string, token ids, or a batch (list) of either."""
     if isinstance(prompt, str):
         return [ctx.encode_prompt(prompt)]
-    if _is_ids(prompt) and prompt:
+    if is_token_ids(prompt) and prompt:
         return [list(prompt)]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or (_is_ids(p) and p) for p in prompt):
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or (is_token_ids(p) and p) for p in prompt):
         return [ctx.encode_prompt(p) if isinstance(p, str) else list(p) for p in prompt]
     if prompt is None:
         raise RequestValueError("prompt is required")
@@ -230,12 +227,17 @@ async def completions(request: Request) -> Response:
         return body
     try:
         refuse_unimplemented(body, OPENAI_REFUSED, COMPLETIONS_REFUSED)
-        prompts = await asyncio.to_thread(_completion_prompts, ctx, body.get("prompt"))  # tokenizing: off the loop
+        prompt = body.get("prompt")
+        # Tokenizing runs off the loop; token ids skip the thread hop (~1 ms of time to first token).
+        tokenizes = isinstance(prompt, str) or (isinstance(prompt, list) and any(isinstance(p, str) for p in prompt))
+        prompts = (
+            await asyncio.to_thread(_completion_prompts, ctx, prompt) if tokenizes else _completion_prompts(ctx, prompt)
+        )
         if body.get("max_tokens") is None:
             body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions
         prepared = [_prepare(ctx, body, ids, ("max_tokens",), index=i) for i, ids in enumerate(prompts)]
         prepared = fan_out(prepared)  # n > 1: choice i*n + j is sample j of prompt i
-        await asyncio.to_thread(ctx.compile_grammars, prepared)  # structured output; a bad grammar is a 400
+        await ctx.compile_grammars(prepared)  # structured output; a bad grammar is a 400
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
     return await _serve(ctx, request, body, prepared, chat=None)
@@ -279,7 +281,7 @@ async def chat_completions(request: Request) -> Response:
         if opts.parses_tools:  # SGLang keeps special tokens then: call markers often are special tokens
             for p in prepared:
                 p.skip_special_tokens = False
-        await asyncio.to_thread(ctx.compile_grammars, prepared)  # structured output; a bad grammar is a 400
+        await ctx.compile_grammars(prepared)  # structured output; a bad grammar is a 400
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
     return await _serve(ctx, request, body, prepared, chat=opts)
@@ -310,7 +312,10 @@ def _echo_texts(ctx: ServerContext, body: dict[str, Any], prepared: list[Prepare
 
 
 async def _serve(
-    ctx: ServerContext, request: Request, body: dict[str, Any], prepared: list[PreparedRequest],
+    ctx: ServerContext,
+    request: Request,
+    body: dict[str, Any],
+    prepared: list[PreparedRequest],
     chat: ChatOptions | None,
 ) -> Response:
     try:
@@ -327,9 +332,7 @@ async def _serve(
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         echo = [] if chat is not None else _echo_texts(ctx, body, prepared)
-        chunks = _stream(
-            ctx, group, states, response_id, model, chat, include_usage, _sglext_later(body, states), echo
-        )
+        chunks = _stream(ctx, group, states, response_id, model, chat, include_usage, _sglext_later(body, states), echo)
         return AbortingStreamingResponse(chunks, on_close=group.close)
     await run_to_end(ctx, request, group, states)
     failure = abort_error(states)
