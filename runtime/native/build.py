@@ -27,7 +27,17 @@ from hybridctl.host.compiler import find_c_compiler
 # home directory shared between machines never loads a library built for another CPU); -fopenmp-simd honours
 # `#pragma omp simd` without linking an OpenMP runtime (torch brings its own). No -ffast-math: a kernel states any
 # reassociation it wants with a simd reduction clause, so IEEE semantics (inf, nan, signed zero) hold elsewhere.
-DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11", "-lm")
+# -pthread: the worker pool of parallel.h (older C libraries keep pthreads outside libc).
+DEFAULT_FLAGS: tuple[str, ...] = (
+    "-O3",
+    "-march=native",
+    "-fopenmp-simd",
+    "-pthread",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+    "-lm",
+)
 CACHE_ENV = "HYBRIDCTL_NATIVE_CACHE"  # where built libraries live; default $XDG_CACHE_HOME/hybridctl/native
 DISABLE_ENV = "HYBRIDCTL_NATIVE"  # "0" or "off": never build or load a native library (the torch path only)
 
