@@ -20,74 +20,75 @@ from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable
 logger = logging.getLogger("runtime.native")
 HERE = Path(__file__).parent
 # -fno-trapping-math: lets the branch-free clamps of the C exp vectorize (no FP exception is ever observed here).
-# -ffp-contract=fast (the MoE kernel only): a*b+c as one FMA, the matmul's inner step; one rounding instead of two.
-FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math")
+# -ffp-contract=fast: a*b+c as one FMA (the matmuls' and the delta rule's inner steps); one rounding instead of two.
+FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math", "-ffp-contract=fast")
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-# name: (C source, flags, {function: argtypes})
-KERNELS: dict[str, tuple[Path, tuple[str, ...], dict[str, list[type]]]] = {
-    "extend_kernels": (
-        HERE / "extend_kernels.c",
-        FLAGS,
-        {
-            "gdn_short_extend": [
-                _I64,
-                *[_PTR] * 4,
-                _I64,
-                _PTR,
-                _I64,
-                _PTR,
-                _PTR,
-                _I64,
-                *[_PTR] * 7,
-                _F32,
-                *[_I64] * 6,
-                *[_PTR] * 4,
-            ],
-            "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
-        },  # fmt: skip
-    ),
-    "moe_kernels": (
-        HERE / "moe_kernels.c",
-        (*FLAGS, "-ffp-contract=fast"),
-        {"moe_short_extend": [*[_I64] * 5, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5]},
-    ),
-}
+# One library (short_extend.c includes extend_kernels.c and moe_kernels.c): one worker pool for all of them.
+SOURCE = HERE / "short_extend.c"
+FUNCTIONS: dict[str, list[type]] = {
+    "gdn_short_extend": [
+        _I64,
+        *[_PTR] * 4,
+        _I64,
+        _PTR,
+        _I64,
+        _PTR,
+        _PTR,
+        _I64,
+        *[_PTR] * 7,
+        _F32,
+        *[_I64] * 6,
+        *[_PTR] * 4,
+    ],
+    "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
+    "moe_short_extend": [*[_I64] * 5, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
+    "short_extend_set_threads": [ctypes.c_int],
+}  # fmt: skip
 
-_state: dict[str, NativeLibrary | str] = {}  # name: the loaded library, or why there is none
+_state: dict[str, NativeLibrary | str] = {}  # "lib": the loaded library, or why there is none
+_pool_threads = [1]  # the kernels' worker pool's thread count, as last set
 
 
 class NativeRefused(ValueError):
     """A call's tensors do not fit the kernel (the caller takes its torch path)."""
 
 
-def library(name: str = "extend_kernels") -> NativeLibrary | None:
-    """One of `KERNELS`, built at first use; None (the reason logged once) when it cannot be had."""
-    held = _state.get(name)
+def library() -> NativeLibrary | None:
+    """The short-extend kernels, built at first use; None (the reason logged once) when they cannot be had."""
+    held = _state.get("lib")
     if isinstance(held, NativeLibrary):
         return held
     if held is not None:
         return None
-    source, flags, functions = KERNELS[name]
     try:
-        lib = load(name, source, flags)
+        lib = load("short_extend", SOURCE, FLAGS)
     except NativeUnavailable as exc:
-        _state[name] = exc.reason
-        logger.warning("short-extend C kernels (%s) unavailable: %s; short extends take the torch path", name,
-                       exc.reason)  # fmt: skip
+        _state["lib"] = exc.reason
+        logger.warning("short-extend C kernels unavailable: %s; short extends take the torch path", exc.reason)
         return None
-    for fn_name, argtypes in functions.items():
+    for fn_name, argtypes in FUNCTIONS.items():
         fn = getattr(lib.lib, fn_name)
         fn.restype, fn.argtypes = ctypes.c_int, argtypes
     how = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "from the cache"
     logger.info("short-extend C kernels loaded: %s (%s)", lib.path.name, how)
-    _state[name] = lib
+    _state["lib"] = lib
     return lib
 
 
-def unavailable_reason(name: str = "extend_kernels") -> str | None:
-    """Why `library(name)` returned None, once it has been asked."""
-    reason = _state.get(name)
+def unavailable_reason() -> str | None:
+    """Why `library()` returned None, once it has been asked."""
+    reason = _state.get("lib")
     return reason if isinstance(reason, str) else None
+
+
+def _threaded(lib: NativeLibrary) -> ctypes.CDLL:
+    """The library, its worker pool set to torch's intra-op thread count: the engine chooses 1 or all threads per
+    step (runtime/engine/model_runner.py) and the kernels follow that choice."""
+    threads = torch.get_num_threads()
+    if threads != _pool_threads[0]:
+        lib.lib.short_extend_set_threads(threads)
+        _pool_threads[0] = threads
+    return lib.lib
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def gdn_short_extend(
     out = torch.empty(tokens, nv * dv, dtype=torch.float32)
     lens, flags, state_slots, ck_seq, ck_tokens, ck_slots = plan.pointers()
     row = mixed.stride(0) if tokens else conv_dim
-    failed = lib.lib.gdn_short_extend(
+    failed = _threaded(lib).gdn_short_extend(
         plan.batch, lens, flags, state_slots,
         mixed.data_ptr(), row, z.data_ptr(), z.stride(0) if tokens else nv * dv,
         b.data_ptr(), a.data_ptr(), b.stride(0) if tokens else nv,
@@ -225,9 +226,9 @@ def moe_short_extend(
     [S, H], up [S, H], down [H, S], gate vector [H]), added scaled by sigmoid(x . gate vector). Returns [T, H],
     each token's routed terms summed in ascending expert order, then the shared term. Raises NativeRefused before
     any work when a tensor does not fit."""
-    lib = library("moe_kernels")
+    lib = library()
     if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason('moe_kernels')}")
+        raise NativeRefused(f"no library: {unavailable_reason()}")
     if w_in.dim() != 3 or w_out.dim() != 3 or x.dim() != 2 or ids.dim() != 2:
         raise NativeRefused("moe: x, ids 2-D and expert weights 3-D expected")
     experts, two_inter, hidden = w_in.shape
@@ -236,6 +237,8 @@ def moe_short_extend(
     _check(weights, "weights", (tokens, top_k))
     _check(w_in, "w_in", (experts, two_inter, hidden))
     _check(w_out, "w_out", (experts, hidden, two_inter // 2))
+    if top_k > 64:
+        raise NativeRefused(f"moe: top-k {top_k}, the kernel sums at most 64 experts a token")
     if two_inter % 2 or ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous():
         raise NativeRefused("moe: ids must be contiguous int64 on the CPU, w_in's rows gate then up")
     if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
@@ -251,7 +254,7 @@ def moe_short_extend(
         _check(gate_vec, "shared gate vector", (hidden,))
         shared_ptrs = [t.data_ptr() for t in shared]
     out = torch.empty(tokens, hidden, dtype=torch.float32)
-    failed = lib.lib.moe_short_extend(
+    failed = _threaded(lib).moe_short_extend(
         tokens, hidden, two_inter // 2, experts, top_k, x.data_ptr(), x.stride(0) if tokens else hidden,
         ids.data_ptr(), weights.data_ptr(), w_in.data_ptr(), w_out.data_ptr(), shared_inter, *shared_ptrs,
         out.data_ptr(),

@@ -6,6 +6,7 @@ moe_kernels.c: a sparse MoE block's routed and shared experts over random shapes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -135,6 +136,37 @@ def test_short_extend_matches_the_chunked_path(case: dict) -> None:
     assert torch.equal(got_conv[untouched], conv[untouched]) and torch.equal(got_ssm[untouched], ssm[untouched])
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """n intra-op threads; the kernels' worker pool follows torch's count (extend_kernels._threaded)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_cases(), threads=st.sampled_from([2, 3]))
+def test_short_extend_gives_the_same_bits_on_any_thread_count(case: dict, threads: int) -> None:
+    """The kernel splits tokens (conv, gates) and value heads (recurrence, checkpoints) over the worker pool; each
+    is computed the same way on any thread, so outputs, states and checkpoints are identical to one thread's."""
+    monkeypatch = pytest.MonkeyPatch()
+    nk, ratio, dk, dv = case["heads"]
+    layer = _layer(case["seed"], nk, ratio, dk, dv, case["split"], case["bias"])
+    gen = torch.Generator().manual_seed(case["seed"])
+    conv = torch.randn(SLOTS, *layer.conv_state_shape, generator=gen)
+    ssm = torch.randn(SLOTS, *layer.ssm_state_shape, generator=gen) * 0.2
+    batch = _batch(case["lens"], case["prefixed"], case["slots"], case["ckpts"])
+    x = torch.randn(sum(case["lens"]), 32, generator=gen)
+    one = _run(layer, x, batch, (conv, ssm), True, monkeypatch)
+    with _torch_threads(threads):
+        many = _run(layer, x, batch, (conv, ssm), True, monkeypatch)
+    for got, want in zip(many, one, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_a_long_extend_takes_the_chunked_path() -> None:
     batch = _batch([SHORT_EXTEND_MAX_TOKENS + 1], [True], [0], [[]])
     assert SequencePacking.build(batch, torch.device("cpu")).short_extend_plan() is None
@@ -207,6 +239,31 @@ def test_short_extend_moe_matches_the_torch_experts(tokens: int, shape: tuple[in
         got = moe(x, short_extend=True)
     assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tokens=st.integers(2, moe_layer.SHORT_EXTEND_MAX_TOKENS),
+    shape=st.sampled_from([(8, 2, 256, 128, 128), (4, 1, 24, 12, 0), (16, 4, 40, 8, 24), (3, 2, 13, 5, 7)]),
+    threads=st.sampled_from([2, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_short_extend_moe_gives_the_same_bits_on_any_thread_count(
+    tokens: int, shape: tuple[int, ...], threads: int, seed: int
+) -> None:
+    """The MoE kernel's units (expert, 4 output rows, 3 token rows) are split over the worker pool; each unit is
+    computed the same way on any thread, so the block's output is identical to one thread's."""
+    experts, top_k, hidden, inter, shared = shape
+    torch.manual_seed(seed)
+    moe = SparseMoE(hidden, experts, top_k, inter, shared, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+        x = torch.randn(tokens, hidden)
+        one = moe(x, short_extend=True)
+        with _torch_threads(threads):
+            many = moe(x, short_extend=True)
+    assert torch.equal(many, one)
 
 
 @settings(max_examples=20, deadline=None)

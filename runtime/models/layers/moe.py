@@ -127,7 +127,7 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate > 0 else None
 
     def after_weights_loaded(self) -> None:
-        extend_kernels.library("moe_kernels")  # built (or its absence logged) at load, not in the first request
+        extend_kernels.library()  # built (or its absence logged) at load, not in the first request
 
     def forward(self, x: torch.Tensor, short_extend: bool = False) -> torch.Tensor:
         """`short_extend`: the rows are a short extend's tokens (runtime/models/layers/packing.py): the experts and
