@@ -41,7 +41,7 @@ FUNCTIONS: dict[str, list[type]] = {
         *[_PTR] * 4,
     ],
     "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
-    "moe_short_extend": [*[_I64] * 5, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
+    "moe_short_extend": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
     "short_extend_set_threads": [ctypes.c_int],
 }  # fmt: skip
 
@@ -213,36 +213,66 @@ def gdn_short_extend(
     return out
 
 
+@dataclass(frozen=True)
+class Router:
+    """A top-k softmax router for moe_short_extend to run in C: weight [E, H] fp32, `top_k` experts a token, their
+    probabilities renormalized to sum to 1 when `normalize` (TopKRouter's norm_topk_prob)."""
+
+    weight: torch.Tensor
+    top_k: int
+    normalize: bool
+
+
 def moe_short_extend(
     x: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
+    ids: torch.Tensor | None,
+    weights: torch.Tensor | None,
     w_in: torch.Tensor,
     w_out: torch.Tensor,
     shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    *,
+    router: Router | None = None,
 ) -> torch.Tensor:
     """A sparse MoE block's experts for a few tokens: x [T, H] (rows contiguous), ids [T, K] int64, weights
     [T, K] fp32, w_in [E, 2I, H] (gate rows then up rows), w_out [E, H, I]; `shared`: a shared expert's (gate
     [S, H], up [S, H], down [H, S], gate vector [H]), added scaled by sigmoid(x . gate vector). Returns [T, H],
-    each token's routed terms summed in ascending expert order, then the shared term. Raises NativeRefused before
-    any work when a tensor does not fit."""
+    each token's routed terms summed in ascending expert order, then the shared term. With `router` (ids and
+    weights None) the kernel routes the tokens itself. Raises NativeRefused before any work when a tensor does
+    not fit."""
     lib = library()
     if lib is None:
         raise NativeRefused(f"no library: {unavailable_reason()}")
-    if w_in.dim() != 3 or w_out.dim() != 3 or x.dim() != 2 or ids.dim() != 2:
-        raise NativeRefused("moe: x, ids 2-D and expert weights 3-D expected")
+    if w_in.dim() != 3 or w_out.dim() != 3 or x.dim() != 2:
+        raise NativeRefused("moe: x 2-D and expert weights 3-D expected")
     experts, two_inter, hidden = w_in.shape
-    tokens, top_k = ids.shape
+    tokens = x.shape[0]
     _check(x, "x", (tokens, hidden), rows_apart=True)
-    _check(weights, "weights", (tokens, top_k))
     _check(w_in, "w_in", (experts, two_inter, hidden))
     _check(w_out, "w_out", (experts, hidden, two_inter // 2))
+    if two_inter % 2:
+        raise NativeRefused("moe: w_in's rows must be gate rows then up rows")
+    if router is not None:
+        if ids is not None or weights is not None:
+            raise NativeRefused("moe: a router or ids and weights, not both")
+        top_k = router.top_k
+        if not 0 < top_k <= experts:
+            raise NativeRefused(f"moe: top-k {top_k} of {experts} experts")
+        _check(router.weight, "router", (experts, hidden))
+        ids = torch.empty(tokens, top_k, dtype=torch.int64)
+        weights = torch.empty(tokens, top_k, dtype=torch.float32)
+    else:
+        if ids is None or weights is None or ids.dim() != 2:
+            raise NativeRefused("moe: ids [T, K] and weights [T, K] expected")
+        top_k = ids.shape[1]
+        if tuple(ids.shape) != (tokens, top_k) or ids.dtype != torch.int64 or ids.device.type != "cpu":
+            raise NativeRefused("moe: ids must be [T, K] int64 on the CPU")
+        if not ids.is_contiguous():
+            raise NativeRefused("moe: ids not contiguous")
+        _check(weights, "weights", (tokens, top_k))
+        if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
+            raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
     if top_k > 64:
         raise NativeRefused(f"moe: top-k {top_k}, the kernel sums at most 64 experts a token")
-    if two_inter % 2 or ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous():
-        raise NativeRefused("moe: ids must be contiguous int64 on the CPU, w_in's rows gate then up")
-    if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
-        raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
     shared_inter = 0
     shared_ptrs: list[int | None] = [None] * 4
     if shared is not None:
@@ -256,6 +286,7 @@ def moe_short_extend(
     out = torch.empty(tokens, hidden, dtype=torch.float32)
     failed = _threaded(lib).moe_short_extend(
         tokens, hidden, two_inter // 2, experts, top_k, x.data_ptr(), x.stride(0) if tokens else hidden,
+        None if router is None else router.weight.data_ptr(), int(router is not None and router.normalize),
         ids.data_ptr(), weights.data_ptr(), w_in.data_ptr(), w_out.data_ptr(), shared_inter, *shared_ptrs,
         out.data_ptr(),
     )  # fmt: skip
