@@ -9,8 +9,10 @@ drifts; trust the ratios), one torch thread, medians over `--blocks` blocks of `
   what the engine thread does per token, HTTP excluded).
 
 Reported: process CPU ms per call (time.process_time) and wall ms, and the load average before and after.
+`--threads 1,2` runs the native path once per thread count (its C pool, runtime/native/parallel.h; the engine
+normally chooses per step), interleaved with the others.
 
-    python benchmarks/native_decode_step.py [--model DIR] [--blocks 7] [--calls 30] [--kv-len 100]
+    python benchmarks/native_decode_step.py [--model DIR] [--blocks 7] [--calls 30] [--kv-len 100] [--threads 1,2]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from runtime.demo_model import build_demo_model
 from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.engine_core import EngineCore
 from runtime.engine.native_decode import NativeDecode
+from runtime.native.hybrid_decode import set_threads
 
 BATCHES = (1, 8)
 
@@ -67,11 +70,10 @@ def _interleaved(fns: dict[str, Callable[[], object]], blocks: int, calls: int) 
 
 
 def _print(title: str, result: dict[str, tuple[float, float]]) -> None:
-    native, eager = result["native"], result["torch"]
-    print(
-        f"{title}: native {native[0]:.3f} ms CPU ({native[1]:.3f} wall) | torch {eager[0]:.3f} ms CPU "
-        f"({eager[1]:.3f} wall) | torch/native CPU {eager[0] / native[0]:.1f}x"
-    )
+    eager = result["torch"]
+    parts = [f"{name} {cpu:.3f} ms CPU ({wall:.3f} wall)" for name, (cpu, wall) in result.items()]
+    first = next(iter(result.values()))
+    print(f"{title}: {' | '.join(parts)} | torch/{next(iter(result))} wall {eager[1] / first[1]:.1f}x")
 
 
 def main() -> None:
@@ -80,7 +82,9 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=7)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--kv-len", type=int, default=100)
+    ap.add_argument("--threads", default="1", help="native thread counts to compare, e.g. 1,2")
     a = ap.parse_args()
+    counts = [int(t) for t in a.threads.split(",")]
     flush_denormals_on_this_thread()  # as the engine thread does
     torch.set_num_threads(1)
     model = a.model or str(build_demo_model(Path(tempfile.mkdtemp()) / "demo"))
@@ -92,18 +96,27 @@ def main() -> None:
         raise SystemExit(f"native decode is off for this model: {runner.native_status}")
     vocab = core.model.layout().vocab_size
 
-    def use(path: NativeDecode | None) -> None:
+    def use(path: NativeDecode | None, threads: int = 1) -> None:
         runner.native_decode = path
+        if path is not None:
+            set_threads(path.library, threads)
+        path_threads[0] = threads
+
+    path_threads = [1]
+    # The engine's own thread count is bypassed here: each measured call sets its count.
+    native.threads = None
 
     for batch in BATCHES:
         fb = _decode_batch(batch, a.kv_len, vocab)
 
-        def forward(path: NativeDecode | None, fb: ForwardBatch = fb) -> None:
-            use(path)
+        def forward(path: NativeDecode | None, threads: int = 1, fb: ForwardBatch = fb) -> None:
+            use(path, threads)
             runner.forward(fb)
 
-        forward(native), forward(None)  # settle
-        result = _interleaved({"native": lambda: forward(native), "torch": lambda: forward(None)}, a.blocks, a.calls)
+        fns = {f"native {t}t": (lambda t=t: forward(native, t)) for t in counts} | {"torch": lambda: forward(None)}
+        for fn in fns.values():
+            fn()  # settle
+        result = _interleaved(fns, a.blocks, a.calls)
         _print(f"forward, batch {batch}, {a.kv_len} cached tokens", result)
 
     for batch in BATCHES:
@@ -115,11 +128,12 @@ def main() -> None:
         for _ in range(4):
             core.step()  # every request decoding
 
-        def step(path: NativeDecode | None) -> None:
-            use(path)
+        def step(path: NativeDecode | None, threads: int = 1) -> None:
+            use(path, threads)
             core.step()
 
-        result = _interleaved({"native": lambda: step(native), "torch": lambda: step(None)}, a.blocks, a.calls)
+        fns = {f"native {t}t": (lambda t=t: step(native, t)) for t in counts} | {"torch": lambda: step(None)}
+        result = _interleaved(fns, a.blocks, a.calls)
         _print(f"engine step, batch {batch}", result)
         for i in range(batch):
             core.scheduler.abort(f"b{batch}-{i}")

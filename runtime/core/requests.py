@@ -174,6 +174,8 @@ class EngineStats:
     torch_compile: str = "off"
     # The decode path (runtime/engine/native_decode.py): "on" (one C call a step) or "off: <reason>".
     native_decode: str = "off"
+    # Its thread count: "2", "1 (RUNTIME_NATIVE_DECODE_THREADS)"; "" while native decode is off.
+    native_decode_threads: str = ""
     elastic_mode: str = ""  # the elastic pool's mode ("" when the split is fixed)
     elastic_moves_total: int = 0  # chunks moved between the KV and state pools
     elastic_realloc_timeouts_total: int = 0

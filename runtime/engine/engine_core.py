@@ -80,6 +80,8 @@ class EngineCore:
         s.weight_bytes = self.weight_bytes
         s.torch_compile = self.runner.compiled_paths() if self.args.enable_torch_compile else "off"
         s.native_decode = self.runner.native_status
+        native = self.runner.native_decode
+        s.native_decode_threads = native.describe_threads() if native is not None else ""
         if self.spec is not None:
             c = self.spec.counters
             s.avg_spec_accept_length = c.avg_accept_length

@@ -9,18 +9,29 @@ decode step (it needs no warm-up) and the compiled extend still serves short ext
 
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 weights and fp32 pools;
 elsewhere `why_not` says why and the torch path runs.
+
+Threads: the C step splits its weight rows over a pool of its own (runtime/native/parallel.h) of as many threads as
+the process's torch thread count (`--num-threads`) and the cores it may run on allow; RUNTIME_NATIVE_DECODE_THREADS
+sets another count. Fixed, not chosen per step as the torch paths' counts are: the pool's parts are claimed one at
+a time, so a worker that is descheduled on a busy host costs at most the part it holds (the caller runs the rest),
+and served A/Bs on the shared 2-core host (docs/performance.md, "Two-thread native decode (session 10)") had two
+fixed threads at or ahead of both one thread and a per-step DecodeThreadChooser at every load tried, while the
+chooser flapped on the step's noise. The result does not depend on the count (bit-identical rows;
+tests/runtime/test_native_decode_threads.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.engine.decode_threads import pinned_from_env
 from runtime.models.base import HybridModel
 from runtime.models.decoder import FULL, LINEAR, DecoderLM
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
@@ -40,11 +51,13 @@ from runtime.native.hybrid_decode import (
     LayerWeights,
     WeightError,
     load_library,
+    set_threads,
 )
 
 logger = logging.getLogger("runtime.engine")
 
 MODES = ("auto", "on", "off")
+THREADS_ENV = "RUNTIME_NATIVE_DECODE_THREADS"  # pins the native step's thread count ("1", "2", ...)
 
 
 class Unsupported(Exception):
@@ -219,10 +232,20 @@ def _hooked_module(model: nn.Module) -> str:
     return ""
 
 
+def usable_threads() -> int:
+    """The most threads the native step may use: the process's torch thread count (--num-threads) and no more
+    than the cores this process may run on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores))
+
+
 @dataclass(frozen=True)
 class NativeStatus:
     """What the start-up log and /server_info say: `state` "on" / "off", and the detail (why off; compiled or
-    cached)."""
+    cached; the thread setting)."""
 
     state: str
     detail: str
@@ -234,9 +257,13 @@ class NativeStatus:
 class NativeDecode:
     """The runner's native decode path for one model; `handles(batch)` says which batches it takes."""
 
-    def __init__(self, model: HybridModel) -> None:
+    def __init__(self, model: HybridModel, max_threads: int | None = None) -> None:
         self.model = model
         self.library = load_library()  # NativeUnavailable: no compiler, a compile error, HYBRIDCTL_NATIVE=0
+        pinned = pinned_from_env(THREADS_ENV)
+        self.pinned = pinned is not None
+        # None: the caller sets the library's thread count itself (benchmarks, tests).
+        self.threads: int | None = pinned if pinned is not None else max_threads or usable_threads()
         self._sources = _derived_sources(model)
         self._key: tuple[tuple[int, int], ...] | None = None
         self.kernel = self._rebuild()
@@ -277,7 +304,7 @@ class NativeDecode:
         kv_flat = _int64(kv_locs[0]) if len(kv_locs) == 1 else torch.cat([_int64(loc) for loc in kv_locs])
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
         self.steps += 1
-        return self.kernel.step(
+        args = (
             _int64(batch.input_ids),
             _int64(batch.positions),
             _int64(batch.out_locs),
@@ -285,6 +312,16 @@ class NativeDecode:
             offsets,
             kv_flat,
         )
+        if self.threads is not None:
+            # Set every step (one ctypes call, ~1 us): the library's pool is per process, shared by every instance.
+            set_threads(self.library, self.threads)
+        return self.kernel.step(*args)
+
+    def describe_threads(self) -> str:
+        """The thread count ("2", "1 (RUNTIME_NATIVE_DECODE_THREADS)"): what /server_info and the log report."""
+        if self.threads is None:
+            return "set by the caller"
+        return f"{self.threads} ({THREADS_ENV})" if self.pinned else str(self.threads)
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:
@@ -322,4 +359,4 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
         return None, NativeStatus("off", exc.reason)
     lib = native.library
     detail = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "cached"
-    return native, NativeStatus("on", detail)
+    return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}")

@@ -11,7 +11,16 @@
  *
  * Weight streaming: every projection is one pass over its rows for all B rows of the batch (gemm below), so a
  * batch of 8 reads each weight once; a MoE expert's weights stream once for all the tokens routed to it.
+ *
+ * Threads (hd_set_threads; parallel.h's pool): the rows of every projection, the lm_head and the experts split
+ * across the threads in blocks of 4 rows (each thread streams its share of the weights), and the DeltaNet
+ * recurrence splits by (sequence, key head). Each row is computed by the same code in the same order whichever
+ * thread runs it, so logits and pool rows are bit-identical under any thread count. The phases that must see every
+ * row of the one before (a norm over the hidden vector, the routing) are the only barriers: per layer two regions
+ * for the mixer's projections and recurrence, one for its output projection, two for the feed-forward.
  */
+
+#include "parallel.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -194,6 +203,70 @@ static void gemm(const float *restrict W, const float *restrict bias, int64_t N,
     }
 }
 
+
+/* ---- projections split by rows across the pool's threads ---- */
+
+#define HD_MAX_JOBS 24
+/* Weights a part streams at least: below that a region costs more than it saves (hd_set_min_part_bytes: tests
+ * split tiny models to the row block). */
+static int64_t hd_part_bytes = 32768;
+
+typedef struct {
+    const float *W, *bias;
+    int64_t N, K;
+    const float *X;
+    int64_t ldx, B;
+    float *Y;
+    int64_t ldy;
+} GemmJob;
+
+/* Several independent projections of one phase as one region: their 4-row blocks numbered one after another. */
+typedef struct {
+    int n;
+    int64_t bytes;
+    GemmJob job[HD_MAX_JOBS];
+    int64_t first[HD_MAX_JOBS + 1]; /* block offsets */
+} GemmSet;
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static void gemm_add(GemmSet *g, const float *W, const float *bias, int64_t N, int64_t K, const float *X, int64_t ldx,
+                     int64_t B, float *Y, int64_t ldy) {
+    if (N <= 0 || B <= 0) return;
+    if (g->n == 0) g->first[0] = 0, g->bytes = 0;
+    g->job[g->n] = (GemmJob){W, bias, N, K, X, ldx, B, Y, ldy};
+    g->first[g->n + 1] = g->first[g->n] + (N + 3) / 4;
+    g->bytes += N * K * (int64_t)sizeof(float);
+    g->n++;
+}
+
+/* Rows [4*lo, 4*hi) of the jobs, clipped to each job's N: a block starts on a multiple of 4 of its job, so gemm
+ * blocks it exactly as one call over all N rows would (the same arithmetic per row). */
+static void gemm_blocks(void *ctx, int64_t begin, int64_t end) {
+    const GemmSet *g = ctx;
+    for (int j = 0; j < g->n; j++) {
+        const int64_t lo = max64(begin, g->first[j]), hi = min64(end, g->first[j + 1]);
+        if (lo >= hi) continue;
+        const GemmJob *q = &g->job[j];
+        const int64_t r0 = (lo - g->first[j]) * 4, r1 = min64((hi - g->first[j]) * 4, q->N);
+        gemm(q->W + r0 * q->K, q->bias ? q->bias + r0 : NULL, r1 - r0, q->K, q->X, q->ldx, q->B, q->Y + r0, q->ldy);
+    }
+}
+
+/* The grain of a region over `units` units that stream `bytes` of weights in all. */
+static int64_t grain_for(int64_t units, int64_t bytes) {
+    const int64_t per_unit = units > 0 ? bytes / units : 0;
+    return per_unit > 0 ? max64(1, (hd_part_bytes + per_unit - 1) / per_unit) : units;
+}
+
+static void gemm_run(GemmSet *g) {
+    if (g->n == 0) return;
+    const int64_t units = g->first[g->n];
+    hp_parallel_for(units, grain_for(units, g->bytes), gemm_blocks, g);
+    g->n = 0;
+}
+
 /* ---- elementwise pieces ---- */
 
 static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -209,42 +282,51 @@ static void rms_norm(const float *x, const float *scale, int64_t n, double eps, 
 
 /* ---- gated DeltaNet, one token per sequence ---- */
 
-static int deltanet(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work) {
-    const int64_t B = s->batch, H = m->hidden;
+typedef struct {
+    const HDModel *m;
+    const HDLayer *L;
+    const HDStep *s;
+    float *mixed, *z, *bb, *aa, *o, *qn;
+} DeltaCtx;
+
+/* Depthwise causal conv over [state, x] for channels [c0, c1) of one sequence, then silu; the state rolls by one. */
+static void conv_channels(const HDLayer *L, float *mx, float *cs, int64_t c0, int64_t c1) {
+    const int64_t width = L->kernel - 1;
+    for (int64_t c = c0; c < c1; c++) {
+        float *st = cs + c * width;
+        const float *w = L->conv_w + c * L->kernel;
+        const float xv = mx[c];
+        float acc = 0.0f;
+        for (int64_t t = 0; t < width; t++) acc += st[t] * w[t];
+        acc += xv * w[width];
+        if (L->conv_b) acc += L->conv_b[c];
+        for (int64_t t = 0; t + 1 < width; t++) st[t] = st[t + 1];
+        if (width > 0) st[width - 1] = xv;
+        mx[c] = siluf_(acc);
+    }
+}
+
+/* Units (sequence b, key head kh): the conv of kh's q, k and v channels, then the recurrence of kh's value heads. The
+ * channels and states of two units never overlap. */
+static void deltanet_heads(void *ctx, int64_t begin, int64_t end) {
+    const DeltaCtx *d = ctx;
+    const HDModel *m = d->m;
+    const HDLayer *L = d->L;
+    const HDStep *s = d->s;
     const int64_t key_dim = L->nk * L->dk, value_dim = L->nv * L->dv, conv_dim = 2 * key_dim + value_dim;
     const int64_t width = L->kernel - 1, ratio = L->nv / L->nk;
-    float *mixed = work; /* [B, conv_dim] */
-    float *z = mixed + B * conv_dim; /* [B, value_dim] */
-    float *bb = z + B * value_dim; /* [B, nv] */
-    float *aa = bb + B * L->nv; /* [B, nv] */
-    float *o = aa + B * L->nv; /* [B, value_dim] */
-    float *qn = o + B * value_dim; /* [2 * nk * dk] */
-    gemm(L->w_qkv, NULL, conv_dim, H, xn, H, B, mixed, conv_dim);
-    gemm(L->w_z, NULL, value_dim, H, xn, H, B, z, value_dim);
-    gemm(L->w_b, NULL, L->nv, H, xn, H, B, bb, L->nv);
-    gemm(L->w_a, NULL, L->nv, H, xn, H, B, aa, L->nv);
-    float *conv = s->conv_pool[L->ordinal];
-    float *ssm = s->ssm_pool[L->ordinal];
     const float qscale = 1.0f / sqrtf((float)L->dk);
-    for (int64_t b = 0; b < B; b++) {
+    for (int64_t u = begin; u < end; u++) {
+        const int64_t b = u / L->nk, kh = u % L->nk;
         const int64_t slot = s->state_slots[b];
-        float *mx = mixed + b * conv_dim;
-        float *cs = conv + slot * conv_dim * width;
-        /* Depthwise causal conv over [state, x], then silu; the state rolls by one. */
-        for (int64_t c = 0; c < conv_dim; c++) {
-            float *st = cs + c * width;
-            const float *w = L->conv_w + c * L->kernel;
-            const float xv = mx[c];
-            float acc = 0.0f;
-            for (int64_t t = 0; t < width; t++) acc += st[t] * w[t];
-            acc += xv * w[width];
-            if (L->conv_b) acc += L->conv_b[c];
-            for (int64_t t = 0; t + 1 < width; t++) st[t] = st[t + 1];
-            if (width > 0) st[width - 1] = xv;
-            mx[c] = siluf_(acc);
-        }
-        /* l2-normalized q and k per key head (q also scaled by dk^-0.5, as the recurrent step does). */
-        for (int64_t h = 0; h < 2 * L->nk; h++) {
+        float *mx = d->mixed + b * conv_dim;
+        float *cs = s->conv_pool[L->ordinal] + slot * conv_dim * width;
+        float *qn = d->qn + b * 2 * key_dim;
+        conv_channels(L, mx, cs, kh * L->dk, (kh + 1) * L->dk);
+        conv_channels(L, mx, cs, key_dim + kh * L->dk, key_dim + (kh + 1) * L->dk);
+        conv_channels(L, mx, cs, 2 * key_dim + kh * ratio * L->dv, 2 * key_dim + (kh + 1) * ratio * L->dv);
+        /* l2-normalized q and k of this key head (q also scaled by dk^-0.5, as the recurrent step does). */
+        for (int64_t h = kh; h < 2 * L->nk; h += L->nk) {
             const float *src = mx + h * L->dk;
             float *dst = qn + h * L->dk;
             const float r = 1.0f / sqrtf(dot(src, src, L->dk) + 1e-6f);
@@ -253,13 +335,12 @@ static int deltanet(const HDModel *m, const HDLayer *L, const HDStep *s, const f
                 for (int64_t i = 0; i < L->dk; i++) dst[i] *= qscale;
         }
         const float *v = mx + 2 * key_dim;
-        for (int64_t h = 0; h < L->nv; h++) {
-            const float *q = qn + (h / ratio) * L->dk;
-            const float *k = qn + key_dim + (h / ratio) * L->dk;
-            const float beta = sigmoidf_(bb[b * L->nv + h]);
-            const float decay = expf(L->neg_a[h] * softplusf_(aa[b * L->nv + h] + L->dt_bias[h]));
-            float *S = ssm + ((slot * L->nv + h) * L->dv) * L->dk; /* [dv, dk] */
-            float *oh = o + b * value_dim + h * L->dv;
+        const float *q = qn + kh * L->dk, *k = qn + key_dim + kh * L->dk;
+        for (int64_t h = kh * ratio; h < (kh + 1) * ratio; h++) {
+            const float beta = sigmoidf_(d->bb[b * L->nv + h]);
+            const float decay = expf(L->neg_a[h] * softplusf_(d->aa[b * L->nv + h] + L->dt_bias[h]));
+            float *S = s->ssm_pool[L->ordinal] + ((slot * L->nv + h) * L->dv) * L->dk; /* [dv, dk] */
+            float *oh = d->o + b * value_dim + h * L->dv;
             for (int64_t i = 0; i < L->dv; i++) {
                 float *row = S + i * L->dk;
                 for (int64_t j = 0; j < L->dk; j++) row[j] *= decay;
@@ -268,12 +349,36 @@ static int deltanet(const HDModel *m, const HDLayer *L, const HDStep *s, const f
                 oh[i] = dot(row, q, L->dk);
             }
             /* Gated RMSNorm: norm(o) * w * silu(z). */
-            const float *zh = z + b * value_dim + h * L->dv;
+            const float *zh = d->z + b * value_dim + h * L->dv;
             rms_norm(oh, L->gnorm_w, L->dv, m->eps, oh);
             for (int64_t i = 0; i < L->dv; i++) oh[i] *= siluf_(zh[i]);
         }
     }
-    gemm(L->w_out, NULL, H, value_dim, o, value_dim, B, out, H);
+}
+
+static int64_t deltanet_scratch(const HDLayer *L, int64_t B) {
+    const int64_t vd = L->nv * L->dv, conv = 2 * L->nk * L->dk + vd;
+    return B * (conv + 2 * vd + 2 * L->nv + 2 * L->nk * L->dk);
+}
+
+static int deltanet(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work,
+                    GemmSet *g) {
+    const int64_t B = s->batch, H = m->hidden;
+    const int64_t key_dim = L->nk * L->dk, value_dim = L->nv * L->dv, conv_dim = 2 * key_dim + value_dim;
+    DeltaCtx d = {m, L, s, work, NULL, NULL, NULL, NULL, NULL};
+    d.z = d.mixed + B * conv_dim; /* [B, value_dim] */
+    d.bb = d.z + B * value_dim; /* [B, nv] */
+    d.aa = d.bb + B * L->nv; /* [B, nv] */
+    d.o = d.aa + B * L->nv; /* [B, value_dim] */
+    d.qn = d.o + B * value_dim; /* [B, 2 * nk * dk] */
+    gemm_add(g, L->w_qkv, NULL, conv_dim, H, xn, H, B, d.mixed, conv_dim);
+    gemm_add(g, L->w_z, NULL, value_dim, H, xn, H, B, d.z, value_dim);
+    gemm_add(g, L->w_b, NULL, L->nv, H, xn, H, B, d.bb, L->nv);
+    gemm_add(g, L->w_a, NULL, L->nv, H, xn, H, B, d.aa, L->nv);
+    gemm_run(g);
+    hp_parallel_for(B * L->nk, 1, deltanet_heads, &d);
+    gemm_add(g, L->w_out, NULL, H, value_dim, d.o, value_dim, B, out, H);
+    gemm_run(g);
     return HD_OK;
 }
 
@@ -288,22 +393,80 @@ static void rope(float *x, const float *cs, const float *sn, int64_t rd) {
     }
 }
 
+typedef struct {
+    const HDLayer *L;
+    const HDStep *s;
+    const float *q;
+    float *o;
+    float *scores; /* [slots, max_kv]: one row per part */
+    int64_t max_kv;
+    atomic_int next_slot;
+} AttnCtx;
+
+/* Units (sequence b, query head h): softmax(q . K) V over the sequence's KV slots, gated. */
+static void attention_heads(void *ctx, int64_t begin, int64_t end) {
+    AttnCtx *a = ctx;
+    const HDLayer *L = a->L;
+    const HDStep *s = a->s;
+    const int64_t hd = L->hd, nh = L->nh, kvw = L->nkv * hd, group = nh / L->nkv;
+    const int64_t qw = nh * hd * (L->out_gate ? 2 : 1), qstride = L->out_gate ? 2 * hd : hd;
+    const float *kp = s->k_pool[L->ordinal], *vp = s->v_pool[L->ordinal];
+    const float scale = (float)L->attn_scale;
+    /* Parts <= slots (the caller's grain), so each part has a row of its own. */
+    float *scores = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->max_kv;
+    for (int64_t u = begin; u < end; u++) {
+        const int64_t b = u / nh, h = u % nh;
+        const int64_t *locs = s->kv_flat + s->kv_offsets[b];
+        const int64_t n = s->kv_offsets[b + 1] - s->kv_offsets[b];
+        const float *qh = a->q + b * qw + h * qstride;
+        const int64_t g = h / group;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < n; t++) {
+            scores[t] = dot(qh, kp + locs[t] * kvw + g * hd, hd) * scale;
+            if (scores[t] > mx) mx = scores[t];
+        }
+        float sum = 0.0f;
+        for (int64_t t = 0; t < n; t++) {
+            scores[t] = expf(scores[t] - mx);
+            sum += scores[t];
+        }
+        const float inv = 1.0f / sum;
+        float *oh = a->o + b * nh * hd + h * hd;
+        memset(oh, 0, (size_t)hd * sizeof(float));
+        for (int64_t t = 0; t < n; t++) {
+            const float p = scores[t] * inv;
+            const float *vr = vp + locs[t] * kvw + g * hd;
+#pragma omp simd
+            for (int64_t i = 0; i < hd; i++) oh[i] += p * vr[i];
+        }
+        if (L->out_gate) {
+            const float *gate = qh + hd;
+            for (int64_t i = 0; i < hd; i++) oh[i] *= sigmoidf_(gate[i]);
+        }
+    }
+}
+
+static int64_t attention_scratch(const HDLayer *L, int64_t B) {
+    const int64_t qw = L->nh * L->hd * (L->out_gate ? 2 : 1);
+    return B * (qw + 2 * L->nkv * L->hd + L->nh * L->hd) + L->rot_dim + 2;
+}
+
 static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work,
-                     float *scores) {
+                     float *scores, int64_t max_kv, int64_t slots, GemmSet *gs) {
     const int64_t B = s->batch, H = m->hidden, hd = L->hd, nh = L->nh, nkv = L->nkv;
-    const int64_t qw = nh * hd * (L->out_gate ? 2 : 1), kvw = nkv * hd, group = nh / nkv;
+    const int64_t qw = nh * hd * (L->out_gate ? 2 : 1), kvw = nkv * hd;
     float *q = work; /* [B, qw] */
     float *k = q + B * qw; /* [B, kvw] */
     float *v = k + B * kvw; /* [B, kvw] */
     float *o = v + B * kvw; /* [B, nh * hd] */
     float *cs = o + B * nh * hd; /* [rot_dim / 2] */
     float *sn = cs + L->rot_dim / 2 + 1;
-    gemm(L->wq, L->bq, qw, H, xn, H, B, q, qw);
-    gemm(L->wk, L->bk, kvw, H, xn, H, B, k, kvw);
-    gemm(L->wv, L->bv, kvw, H, xn, H, B, v, kvw);
+    gemm_add(gs, L->wq, L->bq, qw, H, xn, H, B, q, qw);
+    gemm_add(gs, L->wk, L->bk, kvw, H, xn, H, B, k, kvw);
+    gemm_add(gs, L->wv, L->bv, kvw, H, xn, H, B, v, kvw);
+    gemm_run(gs);
     float *kp = s->k_pool[L->ordinal], *vp = s->v_pool[L->ordinal];
     const int64_t qstride = L->out_gate ? 2 * hd : hd; /* q_proj emits [query | gate] per head */
-    const float scale = (float)L->attn_scale;
     for (int64_t b = 0; b < B; b++) {
         const float pos = (float)s->positions[b];
         for (int64_t i = 0; i < L->rot_dim / 2; i++) {
@@ -327,67 +490,142 @@ static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const 
         memcpy(vp + loc * kvw, vb, (size_t)kvw * sizeof(float));
     }
     /* After every new token's K/V is written (a sequence may read another's slot only through its own kv_locs). */
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t *locs = s->kv_flat + s->kv_offsets[b];
-        const int64_t n = s->kv_offsets[b + 1] - s->kv_offsets[b];
-        for (int64_t h = 0; h < nh; h++) {
-            const float *qh = q + b * qw + h * qstride;
-            const int64_t g = h / group;
-            float mx = -INFINITY;
-            for (int64_t t = 0; t < n; t++) {
-                scores[t] = dot(qh, kp + locs[t] * kvw + g * hd, hd) * scale;
-                if (scores[t] > mx) mx = scores[t];
-            }
-            float sum = 0.0f;
-            for (int64_t t = 0; t < n; t++) {
-                scores[t] = expf(scores[t] - mx);
-                sum += scores[t];
-            }
-            const float inv = 1.0f / sum;
-            float *oh = o + b * nh * hd + h * hd;
-            memset(oh, 0, (size_t)hd * sizeof(float));
-            for (int64_t t = 0; t < n; t++) {
-                const float p = scores[t] * inv;
-                const float *vr = vp + locs[t] * kvw + g * hd;
-#pragma omp simd
-                for (int64_t i = 0; i < hd; i++) oh[i] += p * vr[i];
-            }
-            if (L->out_gate) {
-                const float *gate = qh + hd;
-                for (int64_t i = 0; i < hd; i++) oh[i] *= sigmoidf_(gate[i]);
-            }
-        }
-    }
-    gemm(L->wo, L->bo, H, nh * hd, o, nh * hd, B, out, H);
+    AttnCtx a = {L, s, q, o, scores, max_kv, 0};
+    const int64_t units = B * nh;
+    hp_parallel_for(units, max64(1, (units + slots - 1) / slots), attention_heads, &a);
+    gemm_add(gs, L->wo, L->bo, H, nh * hd, o, nh * hd, B, out, H);
+    gemm_run(gs);
     return HD_OK;
 }
 
-/* ---- feed-forward ---- */
+/* ---- feed-forward: a sparse MoE with an optional gated shared expert, or a dense SwiGLU MLP ---- */
 
-/* out[B, H] = down(silu(gate x) * up x) */
-static void swiglu_mlp(const float *wg, const float *wu, const float *wd, int64_t inter, int64_t H, const float *x,
-                       int64_t B, float *out, float *work) {
-    float *g = work, *u = work + B * inter;
-    gemm(wg, NULL, inter, H, x, H, B, g, inter);
-    gemm(wu, NULL, inter, H, x, H, B, u, inter);
-    for (int64_t i = 0; i < B * inter; i++) g[i] = siluf_(g[i]) * u[i];
-    gemm(wd, NULL, H, inter, g, inter, B, out, H);
+/* A SwiGLU's input side for `cnt` rows: h = silu(gate x) * up x, [cnt, inter]. */
+typedef struct {
+    const float *gate, *up; /* [inter, H] each */
+    int64_t inter, cnt;
+    const float *x; /* [cnt, H] */
+    float *g, *u, *h; /* [cnt, inter] each */
+} UpJob;
+
+/* Its output side: rows [r0, r1) of down [H, inter] applied to h; an expert's rows are added into the tokens it
+ * serves, times their routing weights. */
+typedef struct {
+    const float *down;
+    const int64_t *tok; /* [cnt] the batch row of each of h's rows (NULL: row r is batch row r) */
+    const float *tokw; /* [cnt] routing weights (NULL: the shared expert / dense MLP) */
+} DownJob;
+
+typedef struct {
+    int n;
+    int64_t H, B;
+    UpJob up[HD_MAX_JOBS];
+    DownJob down[HD_MAX_JOBS];
+    int64_t first[HD_MAX_JOBS + 1]; /* 4-row blocks of each job's intermediate rows */
+    int64_t bytes_up, bytes_down;
+    float *out; /* [B, H] */
+    float *eo; /* [rows of all jobs, H]: each job's down projection before it is added */
+    int64_t eo_off[HD_MAX_JOBS];
+    const float *shared_gate; /* [B] the shared expert's gate logits, or NULL */
+    int mode; /* FFN_CLEAR: out = the jobs' sum; FFN_ADD: out += it (a later round); FFN_DENSE: out = down(h) */
+} FfnCtx;
+
+enum { FFN_CLEAR = 0, FFN_ADD = 1, FFN_DENSE = 2 };
+
+static void ffn_up_blocks(void *ctx, int64_t begin, int64_t end) {
+    const FfnCtx *f = ctx;
+    for (int j = 0; j < f->n; j++) {
+        const int64_t lo = max64(begin, f->first[j]), hi = min64(end, f->first[j + 1]);
+        if (lo >= hi) continue;
+        const UpJob *q = &f->up[j];
+        const int64_t r0 = (lo - f->first[j]) * 4, r1 = min64((hi - f->first[j]) * 4, q->inter), I = q->inter;
+        gemm(q->gate + r0 * f->H, NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->g + r0, I);
+        gemm(q->up + r0 * f->H, NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->u + r0, I);
+        for (int64_t r = 0; r < q->cnt; r++)
+            for (int64_t i = r0; i < r1; i++) q->h[r * I + i] = siluf_(q->g[r * I + i]) * q->u[r * I + i];
+    }
+}
+
+/* Output rows [4*begin, 4*end) of H: every job's down rows for them, added in job order (experts ascending, then
+ * the shared expert), as the one-thread loop adds them. */
+static void ffn_down_blocks(void *ctx, int64_t begin, int64_t end) {
+    const FfnCtx *f = ctx;
+    const int64_t H = f->H, r0 = begin * 4, r1 = min64(end * 4, H);
+    if (f->mode == FFN_DENSE) {
+        const UpJob *q = &f->up[0];
+        gemm(f->down[0].down + r0 * q->inter, NULL, r1 - r0, q->inter, q->h, q->inter, q->cnt, f->out + r0, H);
+        return;
+    }
+    if (f->mode == FFN_CLEAR)
+        for (int64_t b = 0; b < f->B; b++) memset(f->out + b * H + r0, 0, (size_t)(r1 - r0) * sizeof(float));
+    for (int j = 0; j < f->n; j++) {
+        const UpJob *q = &f->up[j];
+        const DownJob *d = &f->down[j];
+        float *eo = f->eo + f->eo_off[j] * H;
+        gemm(d->down + r0 * q->inter, NULL, r1 - r0, q->inter, q->h, q->inter, q->cnt, eo + r0, H);
+        for (int64_t r = 0; r < q->cnt; r++) {
+            const int64_t b = d->tok ? d->tok[r] : r;
+            float *dst = f->out + b * H;
+            const float *src = eo + r * H;
+            if (d->tokw) {
+                const float w = d->tokw[r];
+                for (int64_t i = r0; i < r1; i++) dst[i] += src[i] * w;
+            } else if (f->shared_gate) {
+                const float gate = sigmoidf_(f->shared_gate[b]);
+                for (int64_t i = r0; i < r1; i++) dst[i] += gate * src[i];
+            } else {
+                for (int64_t i = r0; i < r1; i++) dst[i] += src[i];
+            }
+        }
+    }
+}
+
+static void ffn_add(FfnCtx *f, const float *gate, const float *up, const float *down, int64_t inter, int64_t cnt,
+                    const float *x, float *buf, const int64_t *tok, const float *tokw) {
+    const int j = f->n++;
+    f->up[j] = (UpJob){gate, up, inter, cnt, x, buf, buf + cnt * inter, buf + 2 * cnt * inter};
+    f->down[j] = (DownJob){down, tok, tokw};
+    f->first[j + 1] = f->first[j] + (inter + 3) / 4;
+    f->bytes_up += 2 * inter * f->H * (int64_t)sizeof(float);
+    f->bytes_down += inter * f->H * (int64_t)sizeof(float);
+}
+
+static void ffn_run(FfnCtx *f) {
+    const int64_t units = f->first[f->n], down_units = (f->H + 3) / 4;
+    hp_parallel_for(units, grain_for(units, f->bytes_up), ffn_up_blocks, f);
+    hp_parallel_for(down_units, grain_for(down_units, f->bytes_down), ffn_down_blocks, f);
+}
+
+/* Floats of scratch the feed-forward needs for B sequences (moe / swiglu below lay it out in this order). */
+static int64_t ffn_scratch(const HDLayer *L, int64_t B, int64_t H) {
+    if (L->n_exp <= 0) return 3 * B * L->mlp_inter;
+    const int64_t rows = B * L->top_k;
+    return B * L->n_exp + 2 * B * L->top_k + 2 * rows + 2 /* probs, topw, topi */ + rows * H /* gathered */ +
+           3 * rows * L->exp_inter + (rows + B) * H /* eo */ + 3 * rows + 2 /* tok, tokw */ + B /* shared gate */ +
+           3 * B * L->mlp_inter + 16;
+}
+
+static void swiglu_mlp(const HDLayer *L, int64_t H, const float *x, int64_t B, float *out, float *work) {
+    FfnCtx f = {.n = 0, .H = H, .B = B, .out = out, .mode = FFN_DENSE};
+    ffn_add(&f, L->mlp_gate, L->mlp_up, L->mlp_down, L->mlp_inter, B, x, work, NULL, NULL);
+    ffn_run(&f);
 }
 
 static void moe(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work) {
     const int64_t B = s->batch, H = m->hidden, E = L->n_exp, K = L->top_k, I = L->exp_inter;
     /* Offsets rounded to even floats so the int64 arrays stay 8-byte aligned. */
 #define HD_NEXT(p, n) ((p) + (((n) + 1) & ~(int64_t)1))
+    const int64_t rows = B * K;
     float *probs = work; /* [B, E] */
     float *topw = HD_NEXT(probs, B * E); /* [B, K] */
     int64_t *topi = (int64_t *)HD_NEXT(topw, B * K); /* [B, K] */
-    float *rows = (float *)(topi + B * K); /* [B, H] gathered tokens of one expert */
-    float *gu = rows + B * H; /* [B, 2I] */
-    float *hbuf = gu + B * 2 * I; /* [B, I] */
-    float *eo = hbuf + B * I; /* [B, H] */
-    int64_t *tok = (int64_t *)HD_NEXT(eo, B * H); /* [B] */
-    float *tokw = (float *)(tok + B); /* [B] */
-    float *rest = tokw + B;
+    float *gathered = (float *)(topi + B * K); /* [rows, H] each expert's tokens, experts ascending */
+    float *bufs = gathered + rows * H; /* [rows, 3I] each expert's g | u | h */
+    float *eo = bufs + 3 * rows * I; /* [rows + B, H] */
+    int64_t *tok = (int64_t *)HD_NEXT(eo, (rows + B) * H); /* [rows] */
+    float *tokw = (float *)(tok + rows); /* [rows] */
+    float *sg = tokw + rows; /* [B] */
+    float *shared_buf = sg + B; /* [B, 3 * mlp_inter] */
 #undef HD_NEXT
     gemm(L->router, NULL, E, H, xn, H, B, probs, E);
     for (int64_t b = 0; b < B; b++) {
@@ -415,67 +653,54 @@ static void moe(const HDModel *m, const HDLayer *L, const HDStep *s, const float
         if (L->norm_topk)
             for (int64_t j = 0; j < K; j++) topw[b * K + j] /= tsum;
     }
-    memset(out, 0, (size_t)(B * H) * sizeof(float));
-    /* Experts in ascending id order: each token's terms are summed in that order, as the torch paths sum them. */
+    FfnCtx f = {.n = 0, .H = H, .B = B, .out = out, .eo = eo, .mode = FFN_CLEAR};
+    /* Experts in ascending id order: each token's terms are summed in that order, as the torch paths sum them. At
+     * most HD_MAX_JOBS - 1 active experts a region; more (a large batch of a many-expert model) run in rounds. */
+    int64_t at = 0;
     for (int64_t e = 0; e < E; e++) {
         int64_t cnt = 0;
         for (int64_t b = 0; b < B; b++)
             for (int64_t j = 0; j < K; j++)
                 if (topi[b * K + j] == e) {
-                    tok[cnt] = b;
-                    tokw[cnt] = topw[b * K + j];
-                    memcpy(rows + cnt * H, xn + b * H, (size_t)H * sizeof(float));
+                    tok[at + cnt] = b;
+                    tokw[at + cnt] = topw[b * K + j];
+                    memcpy(gathered + (at + cnt) * H, xn + b * H, (size_t)H * sizeof(float));
                     cnt++;
                 }
         if (!cnt) continue;
-        const float *w_in = L->exp_gate_up + e * 2 * I * H, *w_out = L->exp_down + e * H * I;
-        gemm(w_in, NULL, 2 * I, H, rows, H, cnt, gu, 2 * I);
-        for (int64_t r = 0; r < cnt; r++)
-            for (int64_t i = 0; i < I; i++) hbuf[r * I + i] = siluf_(gu[r * 2 * I + i]) * gu[r * 2 * I + I + i];
-        gemm(w_out, NULL, H, I, hbuf, I, cnt, eo, H);
-        for (int64_t r = 0; r < cnt; r++) {
-            float *dst = out + tok[r] * H;
-            for (int64_t i = 0; i < H; i++) dst[i] += eo[r * H + i] * tokw[r];
+        if (f.n == HD_MAX_JOBS - 1) {
+            ffn_run(&f); /* the rounds after the first add into out, in the same expert order */
+            f.n = 0;
+            f.bytes_up = f.bytes_down = 0;
+            f.mode = FFN_ADD;
         }
+        f.eo_off[f.n] = at;
+        ffn_add(&f, L->exp_gate_up + e * 2 * I * H, L->exp_gate_up + e * 2 * I * H + I * H, L->exp_down + e * H * I, I,
+                cnt, gathered + at * H, bufs + 3 * at * I, tok + at, tokw + at);
+        at += cnt;
     }
     if (L->mlp_inter > 0) {
-        float *sh = rest; /* [B, H] */
-        float *sg = sh + B * H; /* [B] */
-        swiglu_mlp(L->mlp_gate, L->mlp_up, L->mlp_down, L->mlp_inter, H, xn, B, sh, sg + B);
         if (L->shared_gate) {
             gemm(L->shared_gate, NULL, 1, H, xn, H, B, sg, 1);
-            for (int64_t b = 0; b < B; b++) {
-                const float gate = sigmoidf_(sg[b]);
-                for (int64_t i = 0; i < H; i++) out[b * H + i] += gate * sh[b * H + i];
-            }
-        } else {
-            for (int64_t i = 0; i < B * H; i++) out[i] += sh[i];
+            f.shared_gate = sg;
         }
+        f.eo_off[f.n] = rows;
+        ffn_add(&f, L->mlp_gate, L->mlp_up, L->mlp_down, L->mlp_inter, B, xn, shared_buf, NULL, NULL);
     }
+    ffn_run(&f);
 }
 
 /* ---- the step ---- */
 
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
 /* Floats of scratch one layer needs for B sequences. */
 static int64_t layer_scratch(const HDLayer *L, int64_t B, int64_t H) {
-    int64_t need = 0;
-    if (L->kind == 0) {
-        const int64_t vd = L->nv * L->dv, conv = 2 * L->nk * L->dk + vd;
-        need = B * (conv + 2 * vd + 2 * L->nv) + 2 * L->nk * L->dk;
-    } else {
-        const int64_t qw = L->nh * L->hd * (L->out_gate ? 2 : 1);
-        need = B * (qw + 2 * L->nkv * L->hd + L->nh * L->hd) + L->rot_dim + 2;
-    }
-    int64_t ff = 0;
-    if (L->n_exp > 0) {
-        ff = B * (L->n_exp + 4 * L->top_k + 3 * H + 3 * L->exp_inter + 2 * L->mlp_inter + 8) + 16;
-    } else {
-        ff = 2 * B * L->mlp_inter;
-    }
-    return max64(need, ff) + 16;
+    const int64_t mixer = L->kind == 0 ? deltanet_scratch(L, B) : attention_scratch(L, B);
+    return max64(mixer, ffn_scratch(L, B, H)) + 16;
 }
+
+void hd_set_threads(int n) { hp_set_threads(n); }
+void hd_set_min_part_bytes(int64_t bytes) { hd_part_bytes = bytes < 1 ? 1 : bytes; }
+int hd_threads(void) { return hp_threads(); }
 
 int hd_decode(const HDModel *m, const HDStep *s) {
     const int64_t B = s->batch, H = m->hidden;
@@ -492,9 +717,11 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     }
     int64_t scratch = 0;
     for (int64_t l = 0; l < m->n_layers; l++) scratch = max64(scratch, layer_scratch(&m->layers[l], B, H));
-    float *x = malloc(sizeof(float) * (size_t)(3 * B * H + scratch + max_kv));
+    const int64_t slots = hp_threads(); /* one attention score row per part */
+    float *x = malloc(sizeof(float) * (size_t)(3 * B * H + scratch + slots * max_kv));
     if (!x) return HD_NO_MEMORY;
     float *xn = x + B * H, *delta = xn + B * H, *work = delta + B * H, *scores = work + scratch;
+    GemmSet g = {0};
     for (int64_t b = 0; b < B; b++) {
         const float *row = m->embed + s->ids[b] * H;
         for (int64_t i = 0; i < H; i++) x[b * H + i] = m->embed_scale != 1.0 ? row[i] * (float)m->embed_scale : row[i];
@@ -503,19 +730,20 @@ int hd_decode(const HDModel *m, const HDStep *s) {
         const HDLayer *L = &m->layers[l];
         for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->in_norm, H, m->eps, xn + b * H);
         if (L->kind == 0)
-            deltanet(m, L, s, xn, delta, work);
+            deltanet(m, L, s, xn, delta, work, &g);
         else
-            attention(m, L, s, xn, delta, work, scores);
+            attention(m, L, s, xn, delta, work, scores, max_kv, slots, &g);
         for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
         for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->post_norm, H, m->eps, xn + b * H);
         if (L->n_exp > 0)
             moe(m, L, s, xn, delta, work);
         else
-            swiglu_mlp(L->mlp_gate, L->mlp_up, L->mlp_down, L->mlp_inter, H, xn, B, delta, work);
+            swiglu_mlp(L, H, xn, B, delta, work);
         for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
     }
     for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, m->final_norm, H, m->eps, xn + b * H);
-    gemm(m->lm_head, NULL, m->vocab, H, xn, H, B, s->logits, m->vocab);
+    gemm_add(&g, m->lm_head, NULL, m->vocab, H, xn, H, B, s->logits, m->vocab);
+    gemm_run(&g);
     free(x);
     return HD_OK;
 }

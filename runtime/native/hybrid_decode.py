@@ -211,7 +211,30 @@ def load_library() -> NativeLibrary:
     fn = library.lib.hd_decode
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+    library.lib.hd_set_threads.argtypes = [ctypes.c_int]
+    library.lib.hd_set_threads.restype = None
+    library.lib.hd_threads.restype = ctypes.c_int
+    library.lib.hd_set_min_part_bytes.argtypes = [ctypes.c_int64]
+    library.lib.hd_set_min_part_bytes.restype = None
     return library
+
+
+def set_threads(library: NativeLibrary, threads: int) -> None:
+    """The threads every later step of this library splits its work over (parallel.h's pool, one per library:
+    1 runs on the calling thread alone and starts no worker). Results are bit-identical under any count."""
+    if threads < 1:
+        raise ValueError(f"native decode: thread count must be >= 1, got {threads}")
+    library.lib.hd_set_threads(int(threads))
+
+
+def threads(library: NativeLibrary) -> int:
+    return int(library.lib.hd_threads())
+
+
+def set_min_part_bytes(library: NativeLibrary, nbytes: int) -> None:
+    """The least weight bytes a thread's part of a projection streams (default 32 KiB: a smaller part costs more
+    in the region than it saves); tests set 1 to split even a tiny model's projections down to 4-row blocks."""
+    library.lib.hd_set_min_part_bytes(int(nbytes))
 
 
 class WeightError(ValueError):
@@ -420,4 +443,7 @@ __all__ = [
     "NativeUnavailable",
     "WeightError",
     "load_library",
+    "set_min_part_bytes",
+    "set_threads",
+    "threads",
 ]

@@ -69,3 +69,25 @@ void probe_flush_to_zero(int64_t n, float *out) {
     _mm_setcsr(saved);
 }
 #endif
+
+typedef struct {
+    int64_t iters;
+    int64_t *thread; /* [n] */
+    double *sink; /* [n] */
+} Busy;
+
+static void busy_task(void *ctx, int64_t begin, int64_t end) {
+    Busy *b = ctx;
+    for (int64_t i = begin; i < end; i++) {
+        double x = (double)i;
+        for (int64_t k = 0; k < b->iters; k++) x = x * 0.999999 + 1e-9; /* a dependent chain: fixed time an item */
+        b->sink[i] = x;
+        b->thread[i] = (int64_t)(intptr_t)&thread_tag;
+    }
+}
+
+/* n items of `iters` dependent multiply-adds each, one region; `thread[i]` says who ran item i. */
+void probe_busy(int64_t n, int64_t iters, int64_t *thread, double *sink) {
+    Busy b = {iters, thread, sink};
+    hp_parallel_for(n, 1, busy_task, &b);
+}

@@ -150,8 +150,10 @@ def _clone(buffers: PoolBuffers) -> PoolBuffers:
     return PoolBuffers(*([t.clone() for t in group] for group in (buffers.k, buffers.v, buffers.conv, buffers.ssm)))
 
 
-def _assert_same_step(model: HybridModel, runner: SimpleRunner, batch: ForwardBatch) -> torch.Tensor:
-    native = NativeDecode(model)
+def _assert_same_step(
+    model: HybridModel, runner: SimpleRunner, batch: ForwardBatch, native: NativeDecode | None = None
+) -> torch.Tensor:
+    native = native or NativeDecode(model)
     torch_buffers, native_buffers = runner.buffers, _clone(runner.buffers)
     with torch.inference_mode():
         expected = model(batch, torch_buffers)

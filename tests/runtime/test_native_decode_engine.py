@@ -4,6 +4,7 @@ torch decode's (`off`) over random prompts, batched and alone, with the prefix c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,14 +101,23 @@ def test_live_servers_on_and_off_give_the_same_greedy_text(model_dir: Path, tmp_
     prompts = ["The quick brown fox", "hybrid models: ", "x" * 70]
     texts: dict[str, list[str]] = {}
     for mode in ("on", "off"):
-        with start_runtime_server(model_dir, "--native-decode", mode, log_dir=tmp_path / mode) as server:
+        # Two torch threads: the native step splits its rows over two (a pool of its own).
+        args = ("--native-decode", mode, "--num-threads", "2")
+        with start_runtime_server(model_dir, *args, log_dir=tmp_path / mode) as server:
             info = httpx.get(server.url + "/server_info", timeout=30).json()
             state = info["internal_states"][0]["native_decode"]
             assert state == ("on" if mode == "on" else "off: --native-decode off")
             texts[mode] = [_greedy_text(server.url, p, 24) for p in prompts]
+            threads = httpx.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
             log = server.log_text()
             line = next(x for x in log.splitlines() if "Native decode:" in x)
             assert ("Native decode: on (" in line) == (mode == "on"), line
+            if mode == "on":
+                cores = min(2, len(os.sched_getaffinity(0)))  # --num-threads 2, at most the cores we may use
+                assert f"threads {cores})" in line, line
+                assert threads["native_decode_threads"] == str(cores)
+            else:
+                assert threads["native_decode_threads"] == ""
     assert texts["on"] == texts["off"]
     assert all(len(t) > 0 for t in texts["on"])
 
