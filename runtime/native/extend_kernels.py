@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ FUNCTIONS: dict[str, list[type]] = {
 
 _state: dict[str, NativeLibrary | str] = {}  # "lib": the loaded library, or why there is none
 _pool_threads = [1]  # the kernels' worker pool's thread count, as last set
+THREADS_ENV = "RUNTIME_SHORT_EXTEND_THREADS"  # pins the pool's thread count ("1", "2", ...)
 
 
 class NativeRefused(ValueError):
@@ -72,6 +74,7 @@ def library() -> NativeLibrary | None:
     how = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "from the cache"
     logger.info("short-extend C kernels loaded: %s (%s)", lib.path.name, how)
     _state["lib"] = lib
+    set_threads(default_threads())  # at model load: torch's count is the process's --num-threads then
     return lib
 
 
@@ -81,14 +84,36 @@ def unavailable_reason() -> str | None:
     return reason if isinstance(reason, str) else None
 
 
-def _threaded(lib: NativeLibrary) -> ctypes.CDLL:
-    """The library, its worker pool set to torch's intra-op thread count: the engine chooses 1 or all threads per
-    step (runtime/engine/model_runner.py) and the kernels follow that choice."""
-    threads = torch.get_num_threads()
-    if threads != _pool_threads[0]:
-        lib.lib.short_extend_set_threads(threads)
-        _pool_threads[0] = threads
-    return lib.lib
+def threads() -> int:
+    """The kernels' worker-pool thread count."""
+    return _pool_threads[0]
+
+
+def set_threads(n: int) -> None:
+    """Split the kernels' work over n threads (1: inline on the caller, no worker). Any count gives the same bits."""
+    lib = library()
+    if lib is None or n < 1:
+        return
+    lib.lib.short_extend_set_threads(n)
+    _pool_threads[0] = n
+
+
+def default_threads() -> int:
+    """THREADS_ENV when set, else the process's torch thread count (--num-threads) at most the cores it may run on.
+    Fixed, not the engine's per-step choice for torch's ops: the pool claims parts with a CAS (parallel.h), so a
+    worker that is late or descheduled costs nothing but its part, which the caller then runs itself; in-process,
+    48 new tokens after 2000 (peer model, load ~2): torch on 1 thread with the kernels on 2, 26.8-27.9 ms a forward,
+    on 1, 28.4-31.4."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{THREADS_ENV}={raw!r}: expected a positive thread count (e.g. 1 or 2), or unset it")
+        return int(raw)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores))
 
 
 @dataclass(frozen=True)
@@ -199,7 +224,7 @@ def gdn_short_extend(
     out = torch.empty(tokens, nv * dv, dtype=torch.float32)
     lens, flags, state_slots, ck_seq, ck_tokens, ck_slots = plan.pointers()
     row = mixed.stride(0) if tokens else conv_dim
-    failed = _threaded(lib).gdn_short_extend(
+    failed = lib.lib.gdn_short_extend(
         plan.batch, lens, flags, state_slots,
         mixed.data_ptr(), row, z.data_ptr(), z.stride(0) if tokens else nv * dv,
         b.data_ptr(), a.data_ptr(), b.stride(0) if tokens else nv,
@@ -284,7 +309,7 @@ def moe_short_extend(
         _check(gate_vec, "shared gate vector", (hidden,))
         shared_ptrs = [t.data_ptr() for t in shared]
     out = torch.empty(tokens, hidden, dtype=torch.float32)
-    failed = _threaded(lib).moe_short_extend(
+    failed = lib.lib.moe_short_extend(
         tokens, hidden, two_inter // 2, experts, top_k, x.data_ptr(), x.stride(0) if tokens else hidden,
         None if router is None else router.weight.data_ptr(), int(router is not None and router.normalize),
         ids.data_ptr(), weights.data_ptr(), w_in.data_ptr(), w_out.data_ptr(), shared_inter, *shared_ptrs,

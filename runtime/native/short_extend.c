@@ -2,8 +2,8 @@
  * (moe_kernels.c) built as one shared object, because parallel.h keeps one worker pool per library: with two, one
  * library's workers would still be spinning on the second core when the other's region wants it.
  *
- * The pool's thread count follows the forward's (runtime/native/extend_kernels.py sets it from torch's intra-op
- * thread count before a call), so the engine's per-step choice of 1 or 2 threads covers these kernels too. */
+ * The pool's thread count is set once at load (runtime/native/extend_kernels.py: --num-threads, at most the usable
+ * cores; RUNTIME_SHORT_EXTEND_THREADS pins another). */
 #include "extend_kernels.c"
 #include "moe_kernels.c"
 

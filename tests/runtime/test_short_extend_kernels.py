@@ -137,14 +137,14 @@ def test_short_extend_matches_the_chunked_path(case: dict) -> None:
 
 
 @contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """n intra-op threads; the kernels' worker pool follows torch's count (extend_kernels._threaded)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
+def _pool_threads(n: int) -> Iterator[None]:
+    """The kernels' worker pool on n threads."""
+    before = extend_kernels.threads()
+    extend_kernels.set_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        extend_kernels.set_threads(before)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -175,8 +175,9 @@ def test_short_extend_gives_the_same_bits_on_any_thread_count(case: dict, thread
         return out, c, m
 
     with torch.no_grad():
-        one = run()
-        with _torch_threads(threads):
+        with _pool_threads(1):
+            one = run()
+        with _pool_threads(threads):
             many = run()
     for got, want in zip(many, one, strict=True):
         assert torch.equal(got, want)
@@ -281,8 +282,9 @@ def test_short_extend_moe_gives_the_same_bits_on_any_thread_count(
         both = None if mlp is None or gate is None else (mlp.gate_proj.weight, mlp.up_proj.weight,
                                                          mlp.down_proj.weight, gate.weight[0])  # fmt: skip
         args = (x, ids, weights, moe.experts.gate_up_proj, moe.experts.down_proj, both)
-        one = extend_kernels.moe_short_extend(*args)
-        with _torch_threads(threads):
+        with _pool_threads(1):
+            one = extend_kernels.moe_short_extend(*args)
+        with _pool_threads(threads):
             many = extend_kernels.moe_short_extend(*args)
     assert torch.equal(many, one)
 
