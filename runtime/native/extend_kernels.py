@@ -1,5 +1,7 @@
 """Short extends in C (`extend_kernels.c`): a gated-DeltaNet layer's conv, gates, delta rule and gated norm over a
-few new tokens in one call, token by token, instead of the chunked torch form's ~100 dispatched ops a layer.
+few new tokens in one call, token by token, instead of the chunked torch form's ~100 dispatched ops a layer; a
+sparse MoE block with its router (`moe_kernels.c`); the RMSNorms. One library (`short_extend.c`), its work split over
+one worker pool (`parallel.h`) of `threads()` threads, any count giving the same bits.
 
 Tensors in, tensors out; this module validates every tensor (dtype, device, layout, shape, slot ranges) before a
 call, because a wrong pointer in C is a segfault that takes the server down. Anything it cannot take (not fp32,

@@ -1,5 +1,5 @@
-/* Routed experts (SwiGLU) of a short extend in one call: the tokens grouped by expert, each expert's two matmuls
- * over its few rows, the routing weights, and the sum back per token.
+/* A sparse MoE block of a short extend in one call: the router (when given), the tokens grouped by expert, each
+ * expert's two matmuls over its few rows, the routing weights, the shared expert, and the sum back per token.
  *
  * At a few dozen tokens torch runs each expert as two small matmuls (M ~ 12 rows) at about half the speed of
  * one large one, plus a sort, a gather, a host sync and a scatter-add; that was the largest piece of the peer
