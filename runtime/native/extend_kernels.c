@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "vexp.h"
 
 static inline float softplus(float x) {
@@ -97,9 +98,79 @@ static void gated_rmsnorm(float *restrict x, const float *restrict z, const floa
     }
 }
 
+/* One sequence's work, shared by the parallel parts below. */
+typedef struct {
+    int64_t len, row0, conv_dim, key_dim, nk, nv, dk, dv, taps, ratio, head_size, ba_stride, z_stride, n_ck, seq;
+    float scale, norm_eps;
+    const float *full, *w_t, *conv_bias, *a, *b, *neg_exp_a, *dt_bias, *z, *norm_w;
+    const int64_t *ck_seq, *ck_tokens, *ck_slots;
+    int has_prefix;
+    float *act, *gates, *state, *ssm_pool, *work, *out;
+    int64_t state_size;
+} gdn_seq;
+
+/* Tokens [begin, end): conv taps in torch's order (x0*w0, then + x_tap*w_tap, then + bias), silu, the l2 norm of
+ * the q and k heads, and the gates. Tokens are independent here. */
+static void gdn_prologue(void *ctx, int64_t begin, int64_t end) {
+    const gdn_seq *c = ctx;
+    const int64_t conv_dim = c->conv_dim, nv = c->nv;
+    for (int64_t t = begin; t < end; t++) {
+        const int64_t row = c->row0 + t;
+        float *tok = c->act + t * conv_dim;
+        const float *x0 = c->full + t * conv_dim;
+#pragma omp simd
+        for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] = x0[ch] * c->w_t[ch];
+        for (int64_t j = 1; j < c->taps; j++) {
+            const float *xj = c->full + (t + j) * conv_dim, *wj = c->w_t + j * conv_dim;
+#pragma omp simd
+            for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] += xj[ch] * wj[ch];
+        }
+        if (c->conv_bias) {
+#pragma omp simd
+            for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] += c->conv_bias[ch];
+        }
+#pragma omp simd
+        for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] = silu(tok[ch]);
+        l2norm_heads(tok, 2 * c->nk, c->dk); /* q heads, then k heads */
+        for (int64_t h = 0; h < nv; h++) {
+            const float g = c->neg_exp_a[h] * softplus(c->a[row * c->ba_stride + h] + c->dt_bias[h]);
+            c->gates[(2 * t) * nv + h] = vexpf(g);
+            c->gates[(2 * t + 1) * nv + h] = 1.0f / (1.0f + vexpf(-c->b[row * c->ba_stride + h]));
+        }
+    }
+}
+
+/* Value heads [begin, end): the recurrence token by token, one head's state ([dk, dv], 16 KB at 64 x 64) in L1
+ * across the tokens, each output row gated-normed as it is made, and the head's share of every checkpoint.
+ * Heads are independent: each writes its own output columns and state slices. */
+static void gdn_heads(void *ctx, int64_t begin, int64_t end) {
+    const gdn_seq *c = ctx;
+    const int64_t dk = c->dk, dv = c->dv, nv = c->nv, head_size = c->head_size;
+    for (int64_t h = begin; h < end; h++) {
+        float *work = c->work + h * (head_size + dv), *kv = work + head_size;
+        const int64_t kh = h / c->ratio;
+        if (c->has_prefix)
+            transpose_heads(work, c->state + h * head_size, 1, dv, dk);
+        else
+            memset(work, 0, sizeof(float) * (size_t)head_size);
+        for (int64_t t = 0; t < c->len; t++) {
+            const int64_t row = c->row0 + t;
+            const float *tok = c->act + t * c->conv_dim;
+            float *o = c->out + row * nv * dv + h * dv;
+            delta_step(work, tok + kh * dk, tok + c->key_dim + kh * dk, tok + 2 * c->key_dim + h * dv,
+                       c->gates[(2 * t) * nv + h], c->gates[(2 * t + 1) * nv + h], c->scale, o, kv, dv, dk);
+            gated_rmsnorm(o, c->z + row * c->z_stride + h * dv, c->norm_w, 1, dv, c->norm_eps);
+            for (int64_t m = 0; m < c->n_ck; m++)
+                if (c->ck_seq[m] == c->seq && c->ck_tokens[m] == t + 1)
+                    transpose_heads(c->ssm_pool + c->ck_slots[m] * c->state_size + h * head_size, work, 1, dk, dv);
+        }
+        transpose_heads(c->state + h * head_size, work, 1, dk, dv);
+    }
+}
+
 /* Returns 0, or 1 when scratch memory could not be had (nothing written then). Per sequence: every new token's
- * conv, silu, l2 norm and gates first, then the recurrence head by head (one head's state, 16 KB at 64 x 64,
- * stays in L1 across the tokens), each output row gated-normed as it is made. */
+ * conv, silu, l2 norm and gates first (split over threads by token), then the recurrence (split by value head).
+ * Which thread computes a token or a head does not change how: any thread count gives the same bits. */
 int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_prefix, const int64_t *state_slots,
                      const float *mixed, int64_t mixed_stride, const float *z, int64_t z_stride, const float *b,
                      const float *a, int64_t ba_stride, const float *conv_w, const float *conv_bias,
@@ -109,17 +180,16 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
                      const int64_t *ck_slots, float *out) {
     const int64_t key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv, taps = width + 1;
     const int64_t ratio = nv / nk, head_size = dv * dk, state_size = nv * head_size;
-    const float scale = 1.0f / sqrtf((float)dk);
     int64_t max_len = 0;
     for (int64_t s = 0; s < n_seqs; s++) max_len = lens[s] > max_len ? lens[s] : max_len;
     /* full: time-major conv input of one sequence (its old window, then the new tokens); act: the conv outputs,
-     * q and k normalized; gates: decay then beta per (token, head); w_t: the taps tap-major; work: one head's
-     * state as [dk, dv], then kv [dv] */
+     * q and k normalized; gates: decay then beta per (token, head); w_t: the taps tap-major; work: per value head,
+     * its state as [dk, dv], then kv [dv] */
     float *full = malloc(sizeof(float) * (size_t)((width + max_len) * conv_dim));
-    float *act = malloc(sizeof(float) * (size_t)(max_len * conv_dim));
-    float *gates = malloc(sizeof(float) * (size_t)(2 * max_len * nv));
+    float *act = malloc(sizeof(float) * (size_t)(max_len * conv_dim + 1));
+    float *gates = malloc(sizeof(float) * (size_t)(2 * max_len * nv + 1));
     float *w_t = malloc(sizeof(float) * (size_t)(taps * conv_dim));
-    float *work = malloc(sizeof(float) * (size_t)(head_size + dv));
+    float *work = malloc(sizeof(float) * (size_t)(nv * (head_size + dv)));
     if (!full || !act || !gates || !w_t || !work) {
         free(full);
         free(act);
@@ -128,75 +198,41 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
         free(work);
         return 1;
     }
-    float *kv = work + head_size;
-    for (int64_t c = 0; c < conv_dim; c++)
-        for (int64_t j = 0; j < taps; j++) w_t[j * conv_dim + c] = conv_w[c * taps + j];
+    for (int64_t ch = 0; ch < conv_dim; ch++)
+        for (int64_t j = 0; j < taps; j++) w_t[j * conv_dim + ch] = conv_w[ch * taps + j];
     int64_t start = 0;
     for (int64_t s = 0; s < n_seqs; s++) {
         const int64_t len = lens[s];
         float *cstate = conv_pool + state_slots[s] * conv_dim * width;
-        float *state = ssm_pool + state_slots[s] * state_size;
         if (has_prefix[s]) {
             for (int64_t j = 0; j < width; j++)
-                for (int64_t c = 0; c < conv_dim; c++) full[j * conv_dim + c] = cstate[c * width + j];
+                for (int64_t ch = 0; ch < conv_dim; ch++) full[j * conv_dim + ch] = cstate[ch * width + j];
         } else {
             memset(full, 0, sizeof(float) * (size_t)(width * conv_dim));
         }
         for (int64_t t = 0; t < len; t++)
             memcpy(full + (width + t) * conv_dim, mixed + (start + t) * mixed_stride, sizeof(float) * conv_dim);
-        for (int64_t t = 0; t < len; t++) {
-            const int64_t row = start + t;
-            float *tok = act + t * conv_dim;
-            /* conv taps in torch's order: x0*w0, then + x_tap*w_tap, then + bias; silu */
-            const float *x0 = full + t * conv_dim;
-#pragma omp simd
-            for (int64_t c = 0; c < conv_dim; c++) tok[c] = x0[c] * w_t[c];
-            for (int64_t j = 1; j < taps; j++) {
-                const float *xj = full + (t + j) * conv_dim, *wj = w_t + j * conv_dim;
-#pragma omp simd
-                for (int64_t c = 0; c < conv_dim; c++) tok[c] += xj[c] * wj[c];
-            }
-            if (conv_bias) {
-#pragma omp simd
-                for (int64_t c = 0; c < conv_dim; c++) tok[c] += conv_bias[c];
-            }
-#pragma omp simd
-            for (int64_t c = 0; c < conv_dim; c++) tok[c] = silu(tok[c]);
-            l2norm_heads(tok, 2 * nk, dk); /* q heads, then k heads */
-            for (int64_t h = 0; h < nv; h++) {
-                const float g = neg_exp_a[h] * softplus(a[row * ba_stride + h] + dt_bias[h]);
-                gates[(2 * t) * nv + h] = vexpf(g);
-                gates[(2 * t + 1) * nv + h] = 1.0f / (1.0f + vexpf(-b[row * ba_stride + h]));
-            }
-        }
-        for (int64_t h = 0; h < nv; h++) {
-            const int64_t kh = h / ratio;
-            if (has_prefix[s])
-                transpose_heads(work, state + h * head_size, 1, dv, dk);
-            else
-                memset(work, 0, sizeof(float) * (size_t)head_size);
-            for (int64_t t = 0; t < len; t++) {
-                const int64_t row = start + t;
-                const float *tok = act + t * conv_dim;
-                float *o = out + row * nv * dv + h * dv;
-                delta_step(work, tok + kh * dk, tok + key_dim + kh * dk, tok + 2 * key_dim + h * dv,
-                           gates[(2 * t) * nv + h], gates[(2 * t + 1) * nv + h], scale, o, kv, dv, dk);
-                gated_rmsnorm(o, z + row * z_stride + h * dv, norm_w, 1, dv, norm_eps);
-                for (int64_t m = 0; m < n_ck; m++)
-                    if (ck_seq[m] == s && ck_tokens[m] == t + 1)
-                        transpose_heads(ssm_pool + ck_slots[m] * state_size + h * head_size, work, 1, dk, dv);
-            }
-            transpose_heads(state + h * head_size, work, 1, dk, dv);
-        }
+        gdn_seq c = {
+            .len = len, .row0 = start, .conv_dim = conv_dim, .key_dim = key_dim, .nk = nk, .nv = nv, .dk = dk,
+            .dv = dv, .taps = taps, .ratio = ratio, .head_size = head_size, .ba_stride = ba_stride,
+            .z_stride = z_stride, .n_ck = n_ck, .seq = s, .scale = 1.0f / sqrtf((float)dk), .norm_eps = norm_eps,
+            .full = full, .w_t = w_t, .conv_bias = conv_bias, .a = a, .b = b, .neg_exp_a = neg_exp_a,
+            .dt_bias = dt_bias, .z = z, .norm_w = norm_w, .ck_seq = ck_seq, .ck_tokens = ck_tokens,
+            .ck_slots = ck_slots, .has_prefix = (int)has_prefix[s], .act = act, .gates = gates,
+            .state = ssm_pool + state_slots[s] * state_size, .ssm_pool = ssm_pool, .work = work, .out = out,
+            .state_size = state_size,
+        };
+        hp_parallel_for(len, 8, gdn_prologue, &c);
+        hp_parallel_for(nv, 1, gdn_heads, &c);
         /* conv windows: the `width` inputs ending at each checkpoint's token, and at the last new token */
         for (int64_t m = 0; m < n_ck; m++) {
             if (ck_seq[m] != s) continue;
             float *cw = conv_pool + ck_slots[m] * conv_dim * width;
-            for (int64_t c = 0; c < conv_dim; c++)
-                for (int64_t j = 0; j < width; j++) cw[c * width + j] = full[(ck_tokens[m] + j) * conv_dim + c];
+            for (int64_t ch = 0; ch < conv_dim; ch++)
+                for (int64_t j = 0; j < width; j++) cw[ch * width + j] = full[(ck_tokens[m] + j) * conv_dim + ch];
         }
-        for (int64_t c = 0; c < conv_dim; c++)
-            for (int64_t j = 0; j < width; j++) cstate[c * width + j] = full[(len + j) * conv_dim + c];
+        for (int64_t ch = 0; ch < conv_dim; ch++)
+            for (int64_t j = 0; j < width; j++) cstate[ch * width + j] = full[(len + j) * conv_dim + ch];
         start += len;
     }
     free(full);

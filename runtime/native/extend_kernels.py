@@ -1,5 +1,7 @@
 """Short extends in C (`extend_kernels.c`): a gated-DeltaNet layer's conv, gates, delta rule and gated norm over a
-few new tokens in one call, token by token, instead of the chunked torch form's ~100 dispatched ops a layer.
+few new tokens in one call, token by token, instead of the chunked torch form's ~100 dispatched ops a layer; a
+sparse MoE block with its router (`moe_kernels.c`); the RMSNorms. One library (`short_extend.c`), its work split over
+one worker pool (`parallel.h`) of `threads()` threads, any count giving the same bits.
 
 Tensors in, tensors out; this module validates every tensor (dtype, device, layout, shape, slot ranges) before a
 call, because a wrong pointer in C is a segfault that takes the server down. Anything it cannot take (not fp32,
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,74 +23,99 @@ from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable
 logger = logging.getLogger("runtime.native")
 HERE = Path(__file__).parent
 # -fno-trapping-math: lets the branch-free clamps of the C exp vectorize (no FP exception is ever observed here).
-# -ffp-contract=fast (the MoE kernel only): a*b+c as one FMA, the matmul's inner step; one rounding instead of two.
-FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math")
+# -ffp-contract=fast: a*b+c as one FMA (the matmuls' and the delta rule's inner steps); one rounding instead of two.
+FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math", "-ffp-contract=fast")
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-# name: (C source, flags, {function: argtypes})
-KERNELS: dict[str, tuple[Path, tuple[str, ...], dict[str, list[type]]]] = {
-    "extend_kernels": (
-        HERE / "extend_kernels.c",
-        FLAGS,
-        {
-            "gdn_short_extend": [
-                _I64,
-                *[_PTR] * 4,
-                _I64,
-                _PTR,
-                _I64,
-                _PTR,
-                _PTR,
-                _I64,
-                *[_PTR] * 7,
-                _F32,
-                *[_I64] * 6,
-                *[_PTR] * 4,
-            ],
-            "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
-        },  # fmt: skip
-    ),
-    "moe_kernels": (
-        HERE / "moe_kernels.c",
-        (*FLAGS, "-ffp-contract=fast"),
-        {"moe_short_extend": [*[_I64] * 5, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5]},
-    ),
-}
+# One library (short_extend.c includes extend_kernels.c and moe_kernels.c): one worker pool for all of them.
+SOURCE = HERE / "short_extend.c"
+FUNCTIONS: dict[str, list[type]] = {
+    "gdn_short_extend": [
+        _I64,
+        *[_PTR] * 4,
+        _I64,
+        _PTR,
+        _I64,
+        _PTR,
+        _PTR,
+        _I64,
+        *[_PTR] * 7,
+        _F32,
+        *[_I64] * 6,
+        *[_PTR] * 4,
+    ],
+    "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
+    "moe_short_extend": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
+    "short_extend_set_threads": [ctypes.c_int],
+}  # fmt: skip
 
-_state: dict[str, NativeLibrary | str] = {}  # name: the loaded library, or why there is none
+_state: dict[str, NativeLibrary | str] = {}  # "lib": the loaded library, or why there is none
+_pool_threads = [1]  # the kernels' worker pool's thread count, as last set
+THREADS_ENV = "RUNTIME_SHORT_EXTEND_THREADS"  # pins the pool's thread count ("1", "2", ...)
 
 
 class NativeRefused(ValueError):
     """A call's tensors do not fit the kernel (the caller takes its torch path)."""
 
 
-def library(name: str = "extend_kernels") -> NativeLibrary | None:
-    """One of `KERNELS`, built at first use; None (the reason logged once) when it cannot be had."""
-    held = _state.get(name)
+def library() -> NativeLibrary | None:
+    """The short-extend kernels, built at first use; None (the reason logged once) when they cannot be had."""
+    held = _state.get("lib")
     if isinstance(held, NativeLibrary):
         return held
     if held is not None:
         return None
-    source, flags, functions = KERNELS[name]
     try:
-        lib = load(name, source, flags)
+        lib = load("short_extend", SOURCE, FLAGS)
     except NativeUnavailable as exc:
-        _state[name] = exc.reason
-        logger.warning("short-extend C kernels (%s) unavailable: %s; short extends take the torch path", name,
-                       exc.reason)  # fmt: skip
+        _state["lib"] = exc.reason
+        logger.warning("short-extend C kernels unavailable: %s; short extends take the torch path", exc.reason)
         return None
-    for fn_name, argtypes in functions.items():
+    for fn_name, argtypes in FUNCTIONS.items():
         fn = getattr(lib.lib, fn_name)
         fn.restype, fn.argtypes = ctypes.c_int, argtypes
     how = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "from the cache"
     logger.info("short-extend C kernels loaded: %s (%s)", lib.path.name, how)
-    _state[name] = lib
+    _state["lib"] = lib
+    set_threads(default_threads())  # at model load: torch's count is the process's --num-threads then
     return lib
 
 
-def unavailable_reason(name: str = "extend_kernels") -> str | None:
-    """Why `library(name)` returned None, once it has been asked."""
-    reason = _state.get(name)
+def unavailable_reason() -> str | None:
+    """Why `library()` returned None, once it has been asked."""
+    reason = _state.get("lib")
     return reason if isinstance(reason, str) else None
+
+
+def threads() -> int:
+    """The kernels' worker-pool thread count."""
+    return _pool_threads[0]
+
+
+def set_threads(n: int) -> None:
+    """Split the kernels' work over n threads (1: inline on the caller, no worker). Any count gives the same bits."""
+    lib = library()
+    if lib is None or n < 1:
+        return
+    lib.lib.short_extend_set_threads(n)
+    _pool_threads[0] = n
+
+
+def default_threads() -> int:
+    """THREADS_ENV when set, else the process's torch thread count (--num-threads) at most the cores it may run on.
+    Fixed, not the engine's per-step choice for torch's ops: the pool claims parts with a CAS (parallel.h), so a
+    worker that is late or descheduled costs nothing but its part, which the caller then runs itself; in-process,
+    48 new tokens after 2000 (peer model, load ~2): torch on 1 thread with the kernels on 2, 26.8-27.9 ms a forward,
+    on 1, 28.4-31.4."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{THREADS_ENV}={raw!r}: expected a positive thread count (e.g. 1 or 2), or unset it")
+        return int(raw)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores))
 
 
 @dataclass(frozen=True)
@@ -212,34 +240,66 @@ def gdn_short_extend(
     return out
 
 
+@dataclass(frozen=True)
+class Router:
+    """A top-k softmax router for moe_short_extend to run in C: weight [E, H] fp32, `top_k` experts a token, their
+    probabilities renormalized to sum to 1 when `normalize` (TopKRouter's norm_topk_prob)."""
+
+    weight: torch.Tensor
+    top_k: int
+    normalize: bool
+
+
 def moe_short_extend(
     x: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
+    ids: torch.Tensor | None,
+    weights: torch.Tensor | None,
     w_in: torch.Tensor,
     w_out: torch.Tensor,
     shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    *,
+    router: Router | None = None,
 ) -> torch.Tensor:
     """A sparse MoE block's experts for a few tokens: x [T, H] (rows contiguous), ids [T, K] int64, weights
     [T, K] fp32, w_in [E, 2I, H] (gate rows then up rows), w_out [E, H, I]; `shared`: a shared expert's (gate
     [S, H], up [S, H], down [H, S], gate vector [H]), added scaled by sigmoid(x . gate vector). Returns [T, H],
-    each token's routed terms summed in ascending expert order, then the shared term. Raises NativeRefused before
-    any work when a tensor does not fit."""
-    lib = library("moe_kernels")
+    each token's routed terms summed in ascending expert order, then the shared term. With `router` (ids and
+    weights None) the kernel routes the tokens itself. Raises NativeRefused before any work when a tensor does
+    not fit."""
+    lib = library()
     if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason('moe_kernels')}")
-    if w_in.dim() != 3 or w_out.dim() != 3 or x.dim() != 2 or ids.dim() != 2:
-        raise NativeRefused("moe: x, ids 2-D and expert weights 3-D expected")
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    if w_in.dim() != 3 or w_out.dim() != 3 or x.dim() != 2:
+        raise NativeRefused("moe: x 2-D and expert weights 3-D expected")
     experts, two_inter, hidden = w_in.shape
-    tokens, top_k = ids.shape
+    tokens = x.shape[0]
     _check(x, "x", (tokens, hidden), rows_apart=True)
-    _check(weights, "weights", (tokens, top_k))
     _check(w_in, "w_in", (experts, two_inter, hidden))
     _check(w_out, "w_out", (experts, hidden, two_inter // 2))
-    if two_inter % 2 or ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous():
-        raise NativeRefused("moe: ids must be contiguous int64 on the CPU, w_in's rows gate then up")
-    if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
-        raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
+    if two_inter % 2:
+        raise NativeRefused("moe: w_in's rows must be gate rows then up rows")
+    if router is not None:
+        if ids is not None or weights is not None:
+            raise NativeRefused("moe: a router or ids and weights, not both")
+        top_k = router.top_k
+        if not 0 < top_k <= experts:
+            raise NativeRefused(f"moe: top-k {top_k} of {experts} experts")
+        _check(router.weight, "router", (experts, hidden))
+        ids = torch.empty(tokens, top_k, dtype=torch.int64)
+        weights = torch.empty(tokens, top_k, dtype=torch.float32)
+    else:
+        if ids is None or weights is None or ids.dim() != 2:
+            raise NativeRefused("moe: ids [T, K] and weights [T, K] expected")
+        top_k = ids.shape[1]
+        if tuple(ids.shape) != (tokens, top_k) or ids.dtype != torch.int64 or ids.device.type != "cpu":
+            raise NativeRefused("moe: ids must be [T, K] int64 on the CPU")
+        if not ids.is_contiguous():
+            raise NativeRefused("moe: ids not contiguous")
+        _check(weights, "weights", (tokens, top_k))
+        if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
+            raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
+    if top_k > 64:
+        raise NativeRefused(f"moe: top-k {top_k}, the kernel sums at most 64 experts a token")
     shared_inter = 0
     shared_ptrs: list[int | None] = [None] * 4
     if shared is not None:
@@ -253,6 +313,7 @@ def moe_short_extend(
     out = torch.empty(tokens, hidden, dtype=torch.float32)
     failed = lib.lib.moe_short_extend(
         tokens, hidden, two_inter // 2, experts, top_k, x.data_ptr(), x.stride(0) if tokens else hidden,
+        None if router is None else router.weight.data_ptr(), int(router is not None and router.normalize),
         ids.data_ptr(), weights.data_ptr(), w_in.data_ptr(), w_out.data_ptr(), shared_inter, *shared_ptrs,
         out.data_ptr(),
     )  # fmt: skip

@@ -6,6 +6,7 @@ moe_kernels.c: a sparse MoE block's routed and shared experts over random shapes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -135,6 +136,53 @@ def test_short_extend_matches_the_chunked_path(case: dict) -> None:
     assert torch.equal(got_conv[untouched], conv[untouched]) and torch.equal(got_ssm[untouched], ssm[untouched])
 
 
+@contextlib.contextmanager
+def _pool_threads(n: int) -> Iterator[None]:
+    """The kernels' worker pool on n threads."""
+    before = extend_kernels.threads()
+    extend_kernels.set_threads(n)
+    try:
+        yield
+    finally:
+        extend_kernels.set_threads(before)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_cases(), threads=st.sampled_from([2, 3]))
+def test_short_extend_gives_the_same_bits_on_any_thread_count(case: dict, threads: int) -> None:
+    """The kernel splits tokens (conv, gates) and value heads (recurrence, checkpoints) over the worker pool; each
+    is computed the same way on any thread, so outputs, states and checkpoints are identical to one thread's. (The
+    kernel alone: torch's own projections may round differently on another thread count.)"""
+    nk, ratio, dk, dv = case["heads"]
+    layer = _layer(case["seed"], nk, ratio, dk, dv, case["split"], case["bias"])
+    gen = torch.Generator().manual_seed(case["seed"])
+    conv = torch.randn(SLOTS, *layer.conv_state_shape, generator=gen)
+    ssm = torch.randn(SLOTS, *layer.ssm_state_shape, generator=gen) * 0.2
+    batch = _batch(case["lens"], case["prefixed"], case["slots"], case["ckpts"])
+    plan = SequencePacking.build(batch, torch.device("cpu")).short_extend_plan()
+    assert plan is not None
+    x = torch.randn(sum(case["lens"]), 32, generator=gen)
+    with torch.no_grad():
+        mixed, z, b, a = layer._project(x)  # noqa: SLF001 - the layer's own inputs to the kernel
+    heads = (nk, nk * ratio, dk, dv)
+    norm = (-layer.A_log.exp(), layer.dt_bias, layer.norm.weight, 1e-6, heads)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c, m = conv.clone(), ssm.clone()
+        weight = layer.conv1d.weight[:, 0, :]
+        out = extend_kernels.gdn_short_extend(plan, mixed, z.reshape(len(x), -1), b, a, weight, layer.conv1d.bias,
+                                              c, m, *norm)  # fmt: skip
+        return out, c, m
+
+    with torch.no_grad():
+        with _pool_threads(1):
+            one = run()
+        with _pool_threads(threads):
+            many = run()
+    for got, want in zip(many, one, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_a_long_extend_takes_the_chunked_path() -> None:
     batch = _batch([SHORT_EXTEND_MAX_TOKENS + 1], [True], [0], [[]])
     assert SequencePacking.build(batch, torch.device("cpu")).short_extend_plan() is None
@@ -207,6 +255,38 @@ def test_short_extend_moe_matches_the_torch_experts(tokens: int, shape: tuple[in
         got = moe(x, short_extend=True)
     assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tokens=st.integers(2, moe_layer.SHORT_EXTEND_MAX_TOKENS),
+    shape=st.sampled_from([(8, 2, 256, 128, 128), (4, 1, 24, 12, 0), (16, 4, 40, 8, 24), (3, 2, 13, 5, 7)]),
+    threads=st.sampled_from([2, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_short_extend_moe_gives_the_same_bits_on_any_thread_count(
+    tokens: int, shape: tuple[int, ...], threads: int, seed: int
+) -> None:
+    """The MoE kernel's units (expert, 4 output rows, 3 token rows) are split over the worker pool; each unit is
+    computed the same way on any thread, so the block's output is identical to one thread's (the kernel alone, the
+    router's routing fixed)."""
+    experts, top_k, hidden, inter, shared = shape
+    torch.manual_seed(seed)
+    moe = SparseMoE(hidden, experts, top_k, inter, shared, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+        x = torch.randn(tokens, hidden)
+        weights, ids = moe.gate(x)
+        mlp, gate = moe.shared_expert, moe.shared_expert_gate
+        both = None if mlp is None or gate is None else (mlp.gate_proj.weight, mlp.up_proj.weight,
+                                                         mlp.down_proj.weight, gate.weight[0])  # fmt: skip
+        args = (x, ids, weights, moe.experts.gate_up_proj, moe.experts.down_proj, both)
+        with _pool_threads(1):
+            one = extend_kernels.moe_short_extend(*args)
+        with _pool_threads(threads):
+            many = extend_kernels.moe_short_extend(*args)
+    assert torch.equal(many, one)
 
 
 @settings(max_examples=20, deadline=None)

@@ -127,29 +127,31 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate > 0 else None
 
     def after_weights_loaded(self) -> None:
-        extend_kernels.library("moe_kernels")  # built (or its absence logged) at load, not in the first request
+        extend_kernels.library()  # built (or its absence logged) at load, not in the first request
 
     def forward(self, x: torch.Tensor, short_extend: bool = False) -> torch.Tensor:
-        """`short_extend`: the rows are a short extend's tokens (runtime/models/layers/packing.py): the experts and
-        the shared expert then run in one C call when the kernel can take the tensors (decode stays in torch)."""
-        weights, ids = self.gate(x)
+        """`short_extend`: the rows are a short extend's tokens (runtime/models/layers/packing.py): the router,
+        the experts and the shared expert then run in one C call when the kernel can take the tensors (decode
+        stays in torch)."""
         if short_extend and 1 < x.shape[0] <= SHORT_EXTEND_MAX_TOKENS and not torch.compiler.is_compiling():
-            out = self._short_extend(x, ids, weights)
+            out = self._short_extend(x)
             if out is not None:
                 return out
+        weights, ids = self.gate(x)
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
-    def _short_extend(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor | None:
+    def _short_extend(self, x: torch.Tensor) -> torch.Tensor | None:
         shared = None
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             mlp = self.shared_expert
             shared = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, self.shared_expert_gate.weight[0])
+        router = extend_kernels.Router(self.gate.weight, self.gate.top_k, self.gate.norm_topk_prob)
         try:
             return extend_kernels.moe_short_extend(
-                x, ids, weights, self.experts.gate_up_proj, self.experts.down_proj, shared
+                x, None, None, self.experts.gate_up_proj, self.experts.down_proj, shared, router=router
             ).to(x.dtype)
         except extend_kernels.NativeRefused:
             return None
