@@ -214,14 +214,20 @@ static void route(int64_t tokens, int64_t hidden, int64_t experts, int64_t top_k
         }
         for (int64_t e = 0; e < experts; e++) probs[e] /= sum;
         float chosen = 0.0f;
+        int64_t *row_ids = ids + t * top_k;
         for (int64_t k = 0; k < top_k; k++) {
+            /* The first expert not yet taken always qualifies, so a NaN (a NaN hidden state makes every
+             * probability NaN, and NaN compares false) still yields k distinct ids in [0, experts): NaN weights
+             * then, as in torch, never an id the grouping below would index out of bounds with. */
             int64_t best = -1;
-            for (int64_t e = 0; e < experts; e++)
-                if (probs[e] >= 0.0f && (best < 0 || probs[e] > probs[best])) best = e;
-            ids[t * top_k + k] = best;
+            for (int64_t e = 0; e < experts; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < k; i++) taken |= row_ids[i] == e;
+                if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+            }
+            row_ids[k] = best;
             weights[t * top_k + k] = probs[best];
             chosen += probs[best];
-            probs[best] = -1.0f; /* taken */
         }
         if (norm)
             for (int64_t k = 0; k < top_k; k++) weights[t * top_k + k] /= chosen;

@@ -257,6 +257,25 @@ def test_short_extend_moe_matches_the_torch_experts(tokens: int, shape: tuple[in
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize("nan_rows", [[0], [1, 3], [0, 1, 2, 3, 4]])
+def test_a_nan_hidden_state_routes_without_harm_to_the_server(nan_rows: list[int]) -> None:
+    """A NaN in a token's hidden state makes all its router probabilities NaN: the C router must still pick k
+    distinct experts in range (NaN out for that token, as torch gives), never an id that indexes out of bounds
+    (which corrupted the heap and killed the server); the other tokens are untouched."""
+    torch.manual_seed(7)
+    moe = SparseMoE(32, 8, 2, 16, 16, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+        x = torch.randn(6, 32)
+        x[nan_rows, 3] = float("nan")
+        want = moe(x)
+        got = moe(x, short_extend=True)
+    clean = [r for r in range(6) if r not in nan_rows]
+    assert torch.isnan(got[nan_rows]).all()
+    torch.testing.assert_close(got[clean], want[clean], atol=ATOL, rtol=RTOL)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     tokens=st.integers(2, moe_layer.SHORT_EXTEND_MAX_TOKENS),
