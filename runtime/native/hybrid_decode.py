@@ -412,6 +412,10 @@ class HybridDecodeKernel:
                 raise ValueError(f"native decode: index tensors must be contiguous int64 CPU tensors of {n} values")
         if kv_flat.dtype != torch.int64 or kv_flat.device.type != "cpu" or not kv_flat.is_contiguous():
             raise ValueError("native decode: kv_flat must be a contiguous int64 CPU tensor")
+        # Distinct rows: the threads advance each sequence's state (and write its K/V) in parallel, so a shared
+        # slot would be a data race in C, not just a wrong answer.
+        if batch > 1 and (len(set(state_slots.tolist())) != batch or len(set(out_locs.tolist())) != batch):
+            raise ValueError("native decode: two sequences of the step share a state slot or a KV slot")
         offsets = kv_offsets.tolist()
         if offsets[0] != 0 or offsets[-1] != kv_flat.numel() or any(b < a for a, b in itertools.pairwise(offsets)):
             raise ValueError("native decode: kv_offsets must rise from 0 to the number of KV slots")

@@ -271,6 +271,20 @@ def test_bad_pools_are_refused_before_the_call(model: HybridModel) -> None:
         native(batch, runner.buffers)
 
 
+def test_a_state_slot_or_kv_slot_shared_by_two_sequences_is_refused(model: HybridModel) -> None:
+    """The threads advance each sequence's state in parallel: two rows on one slot would race in C."""
+    runner, nxt = _prefilled(model, [4, 5])
+    native = NativeDecode(model)
+    batch = _decode_batch(runner, {0: nxt[0], 1: nxt[1]})
+    batch.state_slots = batch.state_slots[[0, 0]].contiguous()
+    with pytest.raises(ValueError, match="share a state slot"):
+        native(batch, runner.buffers)
+    batch = _decode_batch(runner, {0: nxt[0], 1: nxt[1]})
+    batch.out_locs = batch.out_locs[[1, 1]].contiguous()
+    with pytest.raises(ValueError, match="share a state slot or a KV slot"):
+        native(batch, runner.buffers)
+
+
 def test_a_forward_hook_keeps_the_torch_forward(model: HybridModel) -> None:
     """A hook on a layer (speculative decoding's MTP capture) only runs in the torch forward."""
     handle = model.body.layers[-1].register_forward_hook(lambda module, args, output: None)
