@@ -10,7 +10,7 @@ drifts; trust the ratios), one torch thread, medians over `--blocks` blocks of `
 
 Reported: process CPU ms per call (time.process_time) and wall ms, and the load average before and after.
 `--threads 1,2` runs the native path once per thread count (its C pool, runtime/native/parallel.h; the engine
-normally chooses per step), interleaved with the others.
+uses min(--num-threads, usable cores) unless RUNTIME_NATIVE_DECODE_THREADS pins it), interleaved with the others.
 
     python benchmarks/native_decode_step.py [--model DIR] [--blocks 7] [--calls 30] [--kv-len 100] [--threads 1,2]
 """
@@ -100,9 +100,7 @@ def main() -> None:
         runner.native_decode = path
         if path is not None:
             set_threads(path.library, threads)
-        path_threads[0] = threads
 
-    path_threads = [1]
     # The engine's own thread count is bypassed here: each measured call sets its count.
     native.threads = None
 

@@ -33,7 +33,7 @@ import torch
 from runtime.kvcache.page_list import PageList
 from runtime.scheduler.sampling import select_rows
 from runtime.server.generate_request import parse_generate_body
-from runtime.server.limits import _too_deep, parse_json  # noqa: PLC2701 - the old path, for the comparison
+from runtime.server.limits import parse_json, too_deep  # too_deep: the old path, for the comparison
 
 PROMPT = 2048
 
@@ -67,7 +67,7 @@ def main() -> None:
 
     def old_parse() -> object:
         value = json.loads(raw)
-        _too_deep(value)
+        too_deep(value)
         return value
 
     def parse_args() -> object:

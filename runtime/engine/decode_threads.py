@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+from runtime.native.threads import pinned_from_env
 
 logger = logging.getLogger("runtime.engine")
 T = TypeVar("T")
@@ -45,16 +46,6 @@ MARGIN = 0.1  # switch only when the other setting is >= 10% faster: no flapping
 EXPLORE_EVERY = 16
 EXPLORE_STEPS = 3
 MAX_EXPLORE_EVERY = 1024
-
-
-def pinned_from_env(name: str) -> int | None:
-    """A thread count pinned by the environment variable `name` ("1", "2", ...), None when unset."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{name}={raw!r}: expected a positive thread count (e.g. 1 or 2), or unset it")
-    return int(raw)
 
 
 def bucket_of(batch_size: int, width_bits: int = 1) -> int:

@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
-from runtime.engine.decode_threads import pinned_from_env
 from runtime.models.base import HybridModel
 from runtime.models.decoder import FULL, LINEAR, DecoderLM
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
@@ -52,7 +50,9 @@ from runtime.native.hybrid_decode import (
     WeightError,
     load_library,
     set_threads,
+    threads,
 )
+from runtime.native.threads import pinned_from_env, usable_threads
 
 logger = logging.getLogger("runtime.engine")
 
@@ -232,16 +232,6 @@ def _hooked_module(model: nn.Module) -> str:
     return ""
 
 
-def usable_threads() -> int:
-    """The most threads the native step may use: the process's torch thread count (--num-threads) and no more
-    than the cores this process may run on."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(torch.get_num_threads(), cores))
-
-
 @dataclass(frozen=True)
 class NativeStatus:
     """What the start-up log and /server_info say: `state` "on" / "off", and the detail (why off; compiled or
@@ -257,13 +247,15 @@ class NativeStatus:
 class NativeDecode:
     """The runner's native decode path for one model; `handles(batch)` says which batches it takes."""
 
-    def __init__(self, model: HybridModel, max_threads: int | None = None) -> None:
+    def __init__(self, model: HybridModel) -> None:
         self.model = model
         self.library = load_library()  # NativeUnavailable: no compiler, a compile error, HYBRIDCTL_NATIVE=0
         pinned = pinned_from_env(THREADS_ENV)
         self.pinned = pinned is not None
-        # None: the caller sets the library's thread count itself (benchmarks, tests).
-        self.threads: int | None = pinned if pinned is not None else max_threads or usable_threads()
+        set_threads(self.library, pinned if pinned is not None else usable_threads())
+        # What the pool took (it caps the count): what the log reports. Benchmarks and tests set None to set the
+        # library's count themselves.
+        self.threads: int | None = threads(self.library)
         self._sources = _derived_sources(model)
         self._key: tuple[tuple[int, int], ...] | None = None
         self.kernel = self._rebuild()

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable, load
+from runtime.native.threads import pinned_from_env, usable_threads
 
 logger = logging.getLogger("runtime.native")
 HERE = Path(__file__).parent
@@ -73,10 +73,13 @@ def library() -> NativeLibrary | None:
     for fn_name, argtypes in FUNCTIONS.items():
         fn = getattr(lib.lib, fn_name)
         fn.restype, fn.argtypes = ctypes.c_int, argtypes
+    # At model load: torch's count is the process's --num-threads then. Before the library is kept, so a bad
+    # THREADS_ENV is refused at every call (start-up names it), never half-applied.
+    count = default_threads()
     how = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "from the cache"
     logger.info("short-extend C kernels loaded: %s (%s)", lib.path.name, how)
     _state["lib"] = lib
-    set_threads(default_threads())  # at model load: torch's count is the process's --num-threads then
+    set_threads(count)
     return lib
 
 
@@ -96,8 +99,7 @@ def set_threads(n: int) -> None:
     lib = library()
     if lib is None or n < 1:
         return
-    lib.lib.short_extend_set_threads(n)
-    _pool_threads[0] = n
+    _pool_threads[0] = lib.lib.short_extend_set_threads(n)  # what the pool took (it caps the count)
 
 
 def default_threads() -> int:
@@ -106,16 +108,8 @@ def default_threads() -> int:
     worker that is late or descheduled costs nothing but its part, which the caller then runs itself; in-process,
     48 new tokens after 2000 (peer model, load ~2): torch on 1 thread with the kernels on 2, 26.8-27.9 ms a forward,
     on 1, 28.4-31.4."""
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if raw:
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValueError(f"{THREADS_ENV}={raw!r}: expected a positive thread count (e.g. 1 or 2), or unset it")
-        return int(raw)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(torch.get_num_threads(), cores))
+    pinned = pinned_from_env(THREADS_ENV)
+    return pinned if pinned is not None else usable_threads()
 
 
 @dataclass(frozen=True)

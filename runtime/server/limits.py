@@ -57,7 +57,7 @@ def _too_large(size: int, limit: int, at_least: bool = False) -> str:
     )
 
 
-def _too_deep(value: Any) -> bool:
+def too_deep(value: Any) -> bool:
     """True when containers nest deeper than MAX_JSON_DEPTH (iterative: no recursion to exhaust)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
@@ -83,7 +83,7 @@ def parse_json(raw: bytes) -> Any:
     # is ~100x cheaper than walking a 2000-id prompt (~0.3 ms of time to first token). Brackets inside strings
     # only make the count larger, never let a deep document through.
     few_brackets = raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH if isinstance(raw, bytes) else False
-    if isinstance(value, dict | list) and not few_brackets and _too_deep(value):
+    if isinstance(value, dict | list) and not few_brackets and too_deep(value):
         raise BadJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     return value
 

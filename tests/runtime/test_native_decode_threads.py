@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compi
 @pytest.fixture
 def split_finely(model: HybridModel) -> Iterator[NativeDecode]:  # noqa: F811
     native = NativeDecode(model)
-    native.threads = None  # the tests set the count; the engine's per-step choice would override it
+    native.threads = None  # the tests set the count; the engine would set its own at every step
     set_min_part_bytes(native.library, 1)
     yield native
     set_min_part_bytes(native.library, 32768)
