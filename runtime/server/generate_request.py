@@ -11,7 +11,7 @@ import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from runtime.core.requests import GenerateRequest, SamplingParams
 
@@ -114,7 +114,7 @@ def _strings(key: str, v: Any) -> list[str]:
     raise _invalid(key, v, "a string or a sequence of strings")
 
 
-def is_token_ids(v: Any) -> bool:
+def is_token_ids(v: Any) -> TypeGuard[list[int]]:
     """A list of JSON integers (booleans are not). Types are collected in C (`map`, `set`): a 2048-id prompt in
     ~20 us instead of ~150 for an isinstance check per id."""
     return isinstance(v, list) and set(map(type, v)) <= {int}
