@@ -19,6 +19,7 @@ from runtime.server.generate_request import (
     ContractError,
     PreparedRequest,
     RequestValueError,
+    checked_inline,
     parse_generate_body,
 )
 from runtime.server.limits import BadJson
@@ -100,10 +101,11 @@ async def generate(request: Request) -> Response:
         parse = functools.partial(
             parse_generate_body, body, encode=ctx.encode_prompt, vocab_size=ctx.vocab_size, context_len=ctx.context_len
         )
-        # Tokenizing is CPU work: on a worker thread, so /health and other requests are answered meanwhile. Token
-        # ids need no tokenizer, and their checks cost less than the hop (~1 ms of time to first token).
-        tokenizes = not isinstance(body, dict) or body.get("text") is not None
-        prepared, single, stream = await asyncio.to_thread(parse) if tokenizes else parse()
+        # Tokenizing is CPU work: on a worker thread, so /health and other requests are answered meanwhile; a
+        # prompt of token ids is checked inline (checked_inline).
+        text = body.get("text") if isinstance(body, dict) else None
+        inline = isinstance(body, dict) and text is None and checked_inline(body.get("input_ids"))
+        prepared, single, stream = parse() if inline else await asyncio.to_thread(parse)
         expanded = fan_out(prepared)  # n > 1: n continuations per prompt, answered as a batch
         # Structured output, after the fan-out so that each continuation owns its grammar; a bad one is a 400.
         await ctx.compile_grammars(expanded)

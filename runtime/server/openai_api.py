@@ -29,6 +29,7 @@ from runtime.server.generate_request import (
     RequestValueError,
     apply_bootstrap_fields,
     apply_logprob_fields,
+    checked_inline,
     is_token_ids,
     parse_sampling_params,
     prepare_request,
@@ -228,10 +229,11 @@ async def completions(request: Request) -> Response:
     try:
         refuse_unimplemented(body, OPENAI_REFUSED, COMPLETIONS_REFUSED)
         prompt = body.get("prompt")
-        # Tokenizing runs off the loop; token ids skip the thread hop (~1 ms of time to first token).
-        tokenizes = isinstance(prompt, str) or (isinstance(prompt, list) and any(isinstance(p, str) for p in prompt))
+        # Tokenizing runs off the loop; a prompt of token ids is checked inline (checked_inline).
         prompts = (
-            await asyncio.to_thread(_completion_prompts, ctx, prompt) if tokenizes else _completion_prompts(ctx, prompt)
+            _completion_prompts(ctx, prompt)
+            if checked_inline(prompt)
+            else await asyncio.to_thread(_completion_prompts, ctx, prompt)
         )
         if body.get("max_tokens") is None:
             body["max_tokens"] = 16  # OpenAI's (and SGLang's) default for completions

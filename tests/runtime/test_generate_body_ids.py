@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.server.generate_request import ContractError, RequestValueError, is_token_ids, parse_generate_body
+from runtime.server.generate_request import (
+    INLINE_CHECK_IDS,
+    ContractError,
+    RequestValueError,
+    checked_inline,
+    is_token_ids,
+    parse_generate_body,
+)
 
 VOCAB = 1000
 
@@ -39,3 +46,25 @@ def test_a_non_integer_anywhere_is_refused(odd: Any, where: int) -> None:
 def test_ids_outside_the_vocabulary_are_named(bad: int) -> None:
     with pytest.raises(RequestValueError, match=rf"outside the vocabulary \[0, {VOCAB}\): \[{bad}\]"):
         _parse([1, 2, bad, 3])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "inline"),
+    [
+        ([5] * 2048, True),
+        ([5] * (INLINE_CHECK_IDS + 1), False),
+        ([[5] * 100, [6] * 100], True),
+        ([[5] * INLINE_CHECK_IDS, [6]], False),
+        ("a text", False),
+        (["a", "b"], False),
+        ([[1, 2], "a text"], False),
+        ([1, "a"], True),  # refused at once, nothing to tokenize
+        (None, True),
+        (7, True),
+        ([], True),
+    ],
+)
+def test_only_small_token_id_prompts_are_checked_on_the_event_loop(prompt: Any, inline: bool) -> None:
+    """Texts are tokenized on a worker thread, and so are id prompts too big to check in ~1 ms: the event loop
+    keeps answering other requests meanwhile."""
+    assert checked_inline(prompt) is inline
