@@ -71,26 +71,36 @@ def _batch(lens: list[int], prefixed: list[bool], slots: list[int], ckpts: list[
     )
 
 
+@contextlib.contextmanager
+def _counting(kernel_name: str) -> Iterator[list[int]]:
+    """Within the block, each call of extend_kernels.<kernel_name> appends to the list it yields (the kernel still
+    runs): proof that the layer ran the kernel rather than refusing into its torch path."""
+    kernel = getattr(extend_kernels, kernel_name)
+    calls: list[int] = []
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        out = kernel(*args, **kwargs)
+        calls.append(1)
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(extend_kernels, kernel_name, counted)
+        yield calls
+
+
 def _run(layer: GatedDeltaNet, x: torch.Tensor, batch: ForwardBatch, pools: tuple[torch.Tensor, torch.Tensor],
-         native: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+         native: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     conv, ssm = pools[0].clone(), pools[1].clone()
     packing = SequencePacking.build(batch, torch.device("cpu"))
-    calls: list[int] = []
     if native:
         assert packing.short_extend_plan() is not None
-        kernel = extend_kernels.gdn_short_extend
-
-        def counted(*args: object, **kwargs: object) -> torch.Tensor:
-            out = kernel(*args, **kwargs)  # type: ignore[arg-type]
-            calls.append(1)
-            return out
-
-        monkeypatch.setattr(extend_kernels, "gdn_short_extend", counted)
     else:
         packing.host = None  # the chunked torch path
-    with torch.no_grad():
+    counting: contextlib.AbstractContextManager[list[int]] = (
+        _counting("gdn_short_extend") if native else contextlib.nullcontext([])
+    )
+    with torch.no_grad(), counting as calls:
         out = layer(x, conv, ssm, packing, packing.state_slots)
-    monkeypatch.undo()
     assert len(calls) == int(native)  # the kernel ran (not refused into the torch path)
     return out, conv, ssm
 
@@ -117,7 +127,6 @@ def _cases(draw: st.DrawFn) -> dict:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=_cases())
 def test_short_extend_matches_the_chunked_path(case: dict) -> None:
-    monkeypatch = pytest.MonkeyPatch()
     nk, ratio, dk, dv = case["heads"]
     layer = _layer(case["seed"], nk, ratio, dk, dv, case["split"], case["bias"])
     gen = torch.Generator().manual_seed(case["seed"])
@@ -125,8 +134,8 @@ def test_short_extend_matches_the_chunked_path(case: dict) -> None:
     ssm = torch.randn(SLOTS, *layer.ssm_state_shape, generator=gen) * 0.2
     batch = _batch(case["lens"], case["prefixed"], case["slots"], case["ckpts"])
     x = torch.randn(sum(case["lens"]), 32, generator=gen)
-    want, want_conv, want_ssm = _run(layer, x, batch, (conv, ssm), False, monkeypatch)
-    got, got_conv, got_ssm = _run(layer, x, batch, (conv, ssm), True, monkeypatch)
+    want, want_conv, want_ssm = _run(layer, x, batch, (conv, ssm), False)
+    got, got_conv, got_ssm = _run(layer, x, batch, (conv, ssm), True)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
     written = case["slots"] + [slot for seq in case["ckpts"] for _, slot in seq]
     for slot in written:  # final states and every checkpoint
@@ -242,17 +251,10 @@ def test_short_extend_moe_matches_the_torch_experts(tokens: int, shape: tuple[in
         for p in moe.parameters():
             p.copy_(torch.randn_like(p) * 0.2)
     x = torch.randn(tokens, hidden)
-    calls: list[int] = []
-    kernel = extend_kernels.moe_short_extend
-
-    def counted(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(1)
-        return kernel(*args, **kwargs)  # type: ignore[arg-type]
-
-    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+    with torch.no_grad():
         want = moe(x)
-        patch.setattr(extend_kernels, "moe_short_extend", counted)
-        got = moe(x, short_extend=True)
+        with _counting("moe_short_extend") as calls:
+            got = moe(x, short_extend=True)
     assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
 
@@ -318,17 +320,10 @@ def test_short_extend_rms_norm_matches_f_rms_norm(rows: int, dim: int, seed: int
         norm.weight.copy_(torch.randn(dim) * 0.5)
     wide = torch.randn(rows, dim + 3) * 3
     x = wide[:, :dim]  # rows apart by dim + 3
-    calls: list[int] = []
-    kernel = extend_kernels.rms_norm
-
-    def counted(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(1)
-        return kernel(*args, **kwargs)  # type: ignore[arg-type]
-
-    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+    with torch.no_grad():
         want = norm(x)
-        patch.setattr(extend_kernels, "rms_norm", counted)
-        got = norm(x, short_extend=True)
+        with _counting("rms_norm") as calls:
+            got = norm(x, short_extend=True)
     assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
 
