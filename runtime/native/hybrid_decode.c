@@ -48,8 +48,8 @@ typedef struct {
     const HDStep *s;
     const float *q;
     float *o;
-    float *scores; /* [slots, max_kv]: one row per part */
-    int64_t max_kv;
+    float *scores; /* [slots, part]: each part's own scratch (attention_part) */
+    int64_t part;
     atomic_int next_slot;
 } AttnCtx;
 
@@ -63,7 +63,7 @@ static void attention_heads(void *ctx, int64_t begin, int64_t end) {
     const float *kp = s->k_pool[L->ordinal], *vp = s->v_pool[L->ordinal];
     const float scale = (float)L->attn_scale;
     /* Parts <= slots (the caller's grain), so each part has a row of its own. */
-    float *scores = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->max_kv;
+    float *scores = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->part;
     for (int64_t u = begin; u < end; u++) {
         const int64_t b = u / nh, h = u % nh;
         int64_t n;
@@ -96,13 +96,81 @@ static void attention_heads(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+/* An extend's units (query head h), every row at once: the head's K and V over the sequence's slots gathered
+ * into [n8, hd] and [hd, n8] (n8: the slot count rounded up to 8, zero-padded), the scores of all B rows as one
+ * GEMM against the gathered keys (each key block read once for every row), a softmax over each row's causal span
+ * (row b: the first kv_offsets[b + 1] slots; the rest weighted 0), and the outputs as a second GEMM. */
+static void attention_chain(void *ctx, int64_t begin, int64_t end) {
+    AttnCtx *a = ctx;
+    const HDLayer *L = a->L;
+    const HDStep *s = a->s;
+    const int64_t hd = L->hd, nh = L->nh, kvw = L->nkv * hd, group = nh / L->nkv, B = s->batch;
+    const int64_t qw = nh * hd * (L->out_gate ? 2 : 1), qstride = L->out_gate ? 2 * hd : hd;
+    const int64_t n = s->kv_offsets[B], n8 = (n + 7) & ~(int64_t)7;
+    const float *kp = s->k_pool[L->ordinal], *vp = s->v_pool[L->ordinal];
+    const float scale = (float)L->attn_scale;
+    float *kg = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->part; /* [n8, hd] */
+    float *vt = kg + n8 * hd; /* [hd, n8] */
+    float *sc = vt + hd * n8; /* [B, n8] */
+    int64_t gathered = -1;
+    for (int64_t h = begin; h < end; h++) {
+        const int64_t g = h / group;
+        if (g != gathered) {
+            memset(kg + n * hd, 0, (size_t)((n8 - n) * hd) * sizeof(float));
+            for (int64_t t = 0; t < n; t++) {
+                const float *kr = kp + s->kv_flat[t] * kvw + g * hd, *vr = vp + s->kv_flat[t] * kvw + g * hd;
+                memcpy(kg + t * hd, kr, (size_t)hd * sizeof(float));
+                for (int64_t i = 0; i < hd; i++) vt[i * n8 + t] = vr[i];
+            }
+            for (int64_t i = 0; i < hd; i++)
+                for (int64_t t = n; t < n8; t++) vt[i * n8 + t] = 0.0f;
+            gathered = g;
+        }
+        gemm(kg, NULL, n8, hd, a->q + h * qstride, qw, B, sc, n8);
+        for (int64_t b = 0; b < B; b++) {
+            float *row = sc + b * n8;
+            const int64_t nb = s->kv_offsets[b + 1];
+            float mx = -INFINITY, sum = 0.0f;
+            for (int64_t t = 0; t < nb; t++) {
+                row[t] *= scale;
+                mx = row[t] > mx ? row[t] : mx;
+            }
+            for (int64_t t = 0; t < nb; t++) {
+                row[t] = expf(row[t] - mx);
+                sum += row[t];
+            }
+            const float inv = 1.0f / sum;
+            for (int64_t t = 0; t < nb; t++) row[t] *= inv;
+            for (int64_t t = nb; t < n8; t++) row[t] = 0.0f;
+        }
+        gemm(vt, NULL, hd, n8, sc, n8, B, a->o + h * hd, nh * hd);
+        if (L->out_gate)
+            for (int64_t b = 0; b < B; b++) {
+                const float *gate = a->q + b * qw + h * qstride + hd;
+                float *oh = a->o + b * nh * hd + h * hd;
+                for (int64_t i = 0; i < hd; i++) oh[i] *= sigmoidf_(gate[i]);
+            }
+    }
+}
+
+/* Floats of one part's attention scratch (hd_decode gives every part its own): a score row of the longest span
+ * in a decode step; an extend's gathered K and V and its rows' scores (attention_chain). */
+static int64_t attention_part(const HDModel *m, const HDStep *s, int64_t max_kv) {
+    if (!s->chain) return max_kv;
+    int64_t hd = 0;
+    for (int64_t l = 0; l < m->n_layers; l++)
+        if (m->layers[l].kind == 1) hd = max64(hd, m->layers[l].hd);
+    const int64_t n8 = (max_kv + 7) & ~(int64_t)7;
+    return 2 * hd * n8 + s->batch * n8;
+}
+
 static int64_t attention_scratch(const HDLayer *L, int64_t B) {
     const int64_t qw = L->nh * L->hd * (L->out_gate ? 2 : 1);
     return B * (qw + 2 * L->nkv * L->hd + L->nh * L->hd) + L->rot_dim + 2;
 }
 
 static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work,
-                     float *scores, int64_t max_kv, int64_t slots, GemmSet *gs) {
+                     float *scores, int64_t part, int64_t slots, GemmSet *gs) {
     const int64_t B = s->batch, H = m->hidden, hd = L->hd, nh = L->nh, nkv = L->nkv;
     const int64_t qw = nh * hd * (L->out_gate ? 2 : 1), kvw = nkv * hd;
     float *q = work; /* [B, qw] */
@@ -140,9 +208,9 @@ static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const 
         memcpy(vp + loc * kvw, vb, (size_t)kvw * sizeof(float));
     }
     /* After every row's K/V is written: an extend's row reads the K/V of the rows before it. */
-    AttnCtx a = {L, s, q, o, scores, max_kv, 0};
-    const int64_t units = B * nh;
-    hp_parallel_for(units, max64(1, (units + slots - 1) / slots), attention_heads, &a);
+    AttnCtx a = {L, s, q, o, scores, part, 0};
+    const int64_t units = s->chain ? nh : B * nh;
+    hp_parallel_for(units, max64(1, (units + slots - 1) / slots), s->chain ? attention_chain : attention_heads, &a);
     gemm_add(gs, L->wo, L->bo, H, nh * hd, o, nh * hd, B, out, H);
     gemm_run(gs);
     return HD_OK;
@@ -369,8 +437,8 @@ int hd_decode(const HDModel *m, const HDStep *s) {
         if (s->kv_flat[t] < 0 || s->kv_flat[t] >= s->token_slots) return HD_BAD_TOKEN_SLOT;
     int64_t scratch = 0;
     for (int64_t l = 0; l < m->n_layers; l++) scratch = max64(scratch, layer_scratch(&m->layers[l], B, H));
-    const int64_t slots = hp_threads(); /* one attention score row per part */
-    float *x = malloc(sizeof(float) * (size_t)(3 * B * H + scratch + slots * max_kv));
+    const int64_t slots = hp_threads(), part = attention_part(m, s, max_kv); /* attention scratch per part */
+    float *x = malloc(sizeof(float) * (size_t)(3 * B * H + scratch + slots * part));
     if (!x) return HD_NO_MEMORY;
     float *xn = x + B * H, *delta = xn + B * H, *work = delta + B * H, *scores = work + scratch;
     GemmSet g = {0};
@@ -384,7 +452,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
         if (L->kind == 0)
             deltanet(m, L, s, xn, delta, work, &g);
         else
-            attention(m, L, s, xn, delta, work, scores, max_kv, slots, &g);
+            attention(m, L, s, xn, delta, work, scores, part, slots, &g);
         for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
         for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->post_norm, H, m->eps, xn + b * H);
         if (L->n_exp > 0)
