@@ -416,6 +416,27 @@ static int64_t layer_scratch(const HDLayer *L, int64_t B, int64_t H) {
     return max64(mixer, ffn_scratch(L, B, H)) + 16;
 }
 
+/* The step's scratch. Up to HD_KEPT_SCRATCH floats it is kept per calling thread and reused: a fresh malloc of
+ * an extend's few MB is an mmap whose pages the kernel faults in and zeroes on every call. A larger one (a long
+ * context's extend) is allocated per call, so an idle server keeps no more than that. */
+#define HD_KEPT_SCRATCH ((size_t)2 << 20)
+static _Thread_local float *kept_scratch;
+static _Thread_local size_t kept_floats;
+
+static float *scratch_for(size_t floats) {
+    if (floats > HD_KEPT_SCRATCH) return malloc(floats * sizeof(float));
+    if (floats > kept_floats) {
+        free(kept_scratch);
+        kept_scratch = malloc(floats * sizeof(float));
+        kept_floats = kept_scratch ? floats : 0;
+    }
+    return kept_scratch;
+}
+
+static void scratch_done(float *x) {
+    if (x != kept_scratch) free(x);
+}
+
 void hd_set_threads(int n) { hp_set_threads(n); }
 void hd_set_min_part_bytes(int64_t bytes) { hd_part_bytes = bytes < 1 ? 1 : bytes; }
 int hd_threads(void) { return hp_threads(); }
@@ -438,7 +459,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     int64_t scratch = 0;
     for (int64_t l = 0; l < m->n_layers; l++) scratch = max64(scratch, layer_scratch(&m->layers[l], B, H));
     const int64_t slots = hp_threads(), part = attention_part(m, s, max_kv); /* attention scratch per part */
-    float *x = malloc(sizeof(float) * (size_t)(3 * B * H + scratch + slots * part));
+    float *x = scratch_for((size_t)(3 * B * H + scratch + slots * part));
     if (!x) return HD_NO_MEMORY;
     float *xn = x + B * H, *delta = xn + B * H, *work = delta + B * H, *scores = work + scratch;
     GemmSet g = {0};
@@ -466,6 +487,6 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     for (int64_t b = first; b < B; b++) rms_norm(x + b * H, m->final_norm, H, m->eps, xn + b * H);
     gemm_add(&g, m->lm_head, NULL, m->vocab, H, xn + first * H, H, B - first, s->logits, m->vocab);
     gemm_run(&g);
-    free(x);
+    scratch_done(x);
     return HD_OK;
 }
