@@ -18,7 +18,7 @@ import torch
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
 from runtime.engine.model_runner import ModelRunner
-from runtime.engine.native_decode import EXTEND_MAX_TOKENS, NativeDecode
+from runtime.engine.native_decode import EXTEND_ENV, EXTEND_MAX_TOKENS, NativeDecode
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
@@ -82,7 +82,7 @@ def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) 
 def test_extend_matches_the_torch_extend(model: HybridModel, prefix: int, new: int) -> None:  # noqa: F811
     runner = _runner(model, prefix)
     batch = _extend_batch(runner, _prompt(new, 23))
-    native = NativeDecode(model)
+    native = NativeDecode(model, extends=True)
     assert native.handles(batch)
     torch_buffers, native_buffers = runner.buffers, _clone(runner.buffers)
     with torch.inference_mode():
@@ -108,7 +108,7 @@ def test_extend_matches_the_torch_extend(model: HybridModel, prefix: int, new: i
 
 def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     runner = _runner(model, 6)
-    native = NativeDecode(model)
+    native = NativeDecode(model, extends=True)
     batch = _extend_batch(runner, _prompt(EXTEND_MAX_TOKENS, 1))
     assert native.handles(batch)
     longer = copy.copy(batch)
@@ -123,10 +123,18 @@ def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     assert not native.handles(two)  # several sequences: the torch (or compiled) extend
 
 
+def test_extends_are_opt_in(model: HybridModel, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    batch = _extend_batch(_runner(model, 6), _prompt(8, 1))
+    monkeypatch.delenv(EXTEND_ENV, raising=False)
+    assert not NativeDecode(model).handles(batch)
+    monkeypatch.setenv(EXTEND_ENV, "1")
+    assert NativeDecode(model).handles(batch)
+
+
 def test_extend_refuses_new_slots_that_are_not_the_end_of_its_kv_list(model: HybridModel) -> None:  # noqa: F811
     runner = _runner(model, 6)
     batch = _extend_batch(runner, _prompt(4, 2))
-    native = NativeDecode(model)
+    native = NativeDecode(model, extends=True)
     bad = copy.copy(batch)
     bad.out_locs = batch.out_locs.flip(0).contiguous()
     with pytest.raises(ValueError, match="distinct and end kv_flat"):
@@ -142,7 +150,7 @@ def test_extend_refuses_new_slots_that_are_not_the_end_of_its_kv_list(model: Hyb
 
 @pytest.fixture
 def split_finely(model: HybridModel) -> Iterator[NativeDecode]:  # noqa: F811
-    native = NativeDecode(model)
+    native = NativeDecode(model, extends=True)
     native.threads = None  # the test sets the count
     set_min_part_bytes(native.library, 1)
     yield native
@@ -179,7 +187,7 @@ def test_greedy_through_the_runner_matches_transformers_generate(
     prompt, follow = _prompt(12, 8), _prompt(9, 9)
     runner = SimpleRunner(model, num_state_slots=2)
     model_runner = ModelRunner(model, cast("Pools", SimpleNamespace(buffers=runner.buffers)))
-    model_runner.native_decode = NativeDecode(model)
+    model_runner.native_decode = NativeDecode(model, extends=True)
     runner.add(0)
     got: list[int] = []
     for turn in range(2):
