@@ -375,4 +375,5 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
         return None, NativeStatus("off", exc.reason)
     lib = native.library
     detail = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "cached"
-    return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}")
+    extends = f"; short extends ({EXTEND_ENV})" if native.extends else ""
+    return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}{extends}")

@@ -18,7 +18,7 @@ import torch
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
 from runtime.engine.model_runner import ModelRunner
-from runtime.engine.native_decode import EXTEND_ENV, EXTEND_MAX_TOKENS, NativeDecode
+from runtime.engine.native_decode import EXTEND_ENV, EXTEND_MAX_TOKENS, NativeDecode, native_decode_for
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
@@ -127,8 +127,10 @@ def test_extends_are_opt_in(model: HybridModel, monkeypatch: pytest.MonkeyPatch)
     batch = _extend_batch(_runner(model, 6), _prompt(8, 1))
     monkeypatch.delenv(EXTEND_ENV, raising=False)
     assert not NativeDecode(model).handles(batch)
+    assert "short extends" not in native_decode_for(model, "auto", "cpu")[1].line()
     monkeypatch.setenv(EXTEND_ENV, "1")
     assert NativeDecode(model).handles(batch)
+    assert native_decode_for(model, "auto", "cpu")[1].line().endswith(f"; short extends ({EXTEND_ENV}))")
 
 
 def test_extend_refuses_new_slots_that_are_not_the_end_of_its_kv_list(model: HybridModel) -> None:  # noqa: F811
