@@ -4,8 +4,10 @@
 This module decides which models and batches go native and builds the kernel's weight table from the model's
 own parameters (no copies; the few parameter-only derived tensors, `1 + w` and `-exp(A_log)`, come from the
 layers' kept caches and the table is rebuilt when one of their source parameters changes). The runner calls it
-for decode batches and one-token continuations, before the compiled decode: where both are on, native wins the
-decode step (it needs no warm-up) and the compiled extend still serves short extends.
+for decode batches and one-token continuations (and, with RUNTIME_NATIVE_EXTEND=1, short single-sequence extends:
+2..EXTEND_MAX_TOKENS new tokens of one sequence as rows of one chain, the recurrent state advanced token by token),
+before the compiled paths: where both are on, native wins the decode step (it needs no warm-up) and the compiled
+extend still serves short extends.
 
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 weights and fp32 pools;
 elsewhere `why_not` says why and the torch path runs.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +61,13 @@ logger = logging.getLogger("runtime.engine")
 
 MODES = ("auto", "on", "off")
 THREADS_ENV = "RUNTIME_NATIVE_DECODE_THREADS"  # pins the native step's thread count ("1", "2", ...)
+# The longest single-sequence extend the C step takes as one chain of rows (the warm request's 48 new tokens after
+# a cached prefix; a multi-turn follow-up). Longer ones are prefills: torch's GEMMs and SDPA win there.
+EXTEND_MAX_TOKENS = 64
+# "1": take those extends (off by default: on the shared 2-core host, with one core effectively free, the warm
+# request's 48-token extend ran ~25 % slower as one C call than through torch's GEMMs and SDPA around the tuned
+# short-extend kernels; docs/performance.md, "Warm extend on two cores (session 10)").
+EXTEND_ENV = "RUNTIME_NATIVE_EXTEND"
 
 
 class Unsupported(Exception):
@@ -247,8 +257,10 @@ class NativeStatus:
 class NativeDecode:
     """The runner's native decode path for one model; `handles(batch)` says which batches it takes."""
 
-    def __init__(self, model: HybridModel) -> None:
+    def __init__(self, model: HybridModel, *, extends: bool | None = None) -> None:
         self.model = model
+        # Short single-sequence extends as one chain of rows (`extends`; default: RUNTIME_NATIVE_EXTEND=1).
+        self.extends = os.environ.get(EXTEND_ENV, "") == "1" if extends is None else extends
         self.library = load_library()  # NativeUnavailable: no compiler, a compile error, HYBRIDCTL_NATIVE=0
         pinned = pinned_from_env(THREADS_ENV)
         self.pinned = pinned is not None
@@ -278,6 +290,8 @@ class NativeDecode:
             return False
         if batch.mode == "decode":
             return True
+        if self.extends and _short_extend(batch):
+            return True
         # One-token continuations (runtime/engine/model_runner.py: one_token_continuations).
         return all(n == 1 for n in batch.extend_lens) and all(p > 0 for p in batch.prefix_lens)
 
@@ -292,10 +306,17 @@ class NativeDecode:
             self.kernel.bind_pools(*pools)
             self._pool_key = pool_key
         kv_locs = batch.kv_locs
+        if self.threads is not None:
+            # Set every step (one ctypes call, ~1 us): the library's pool is per process, shared by every instance.
+            set_threads(self.library, self.threads)
+        self.steps += 1
+        if self.extends and _short_extend(batch):
+            ids, positions, out_locs = _int64(batch.input_ids), _int64(batch.positions), _int64(batch.out_locs)
+            slot = int(batch.state_slots[0])
+            return self.kernel.extend(ids, positions, out_locs, slot, _int64(kv_locs[0]))
         lengths = [loc.numel() for loc in kv_locs]
         kv_flat = _int64(kv_locs[0]) if len(kv_locs) == 1 else torch.cat([_int64(loc) for loc in kv_locs])
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
-        self.steps += 1
         args = (
             _int64(batch.input_ids),
             _int64(batch.positions),
@@ -304,9 +325,6 @@ class NativeDecode:
             offsets,
             kv_flat,
         )
-        if self.threads is not None:
-            # Set every step (one ctypes call, ~1 us): the library's pool is per process, shared by every instance.
-            set_threads(self.library, self.threads)
         return self.kernel.step(*args)
 
     def describe_threads(self) -> str:
@@ -314,6 +332,12 @@ class NativeDecode:
         if self.threads is None:
             return "set by the caller"
         return f"{self.threads} ({THREADS_ENV})" if self.pinned else str(self.threads)
+
+
+def _short_extend(batch: ForwardBatch) -> bool:
+    """An extend of ONE sequence by 2..EXTEND_MAX_TOKENS tokens (cached prefix or fresh; the caller has ruled out
+    per-token logits and checkpoints): the kernel runs its tokens as rows of one chain (HDStep.chain)."""
+    return batch.mode == "extend" and len(batch.extend_lens) == 1 and 2 <= batch.extend_lens[0] <= EXTEND_MAX_TOKENS
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:
@@ -351,4 +375,5 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
         return None, NativeStatus("off", exc.reason)
     lib = native.library
     detail = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "cached"
-    return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}")
+    extends = f"; short extends ({EXTEND_ENV})" if native.extends else ""
+    return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}{extends}")

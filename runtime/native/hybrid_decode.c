@@ -1,7 +1,9 @@
 /* One decode step of the Qwen3-Next family (qwen3_next, qwen3_5, qwen3_5_moe) in plain C: embedding, every
  * layer (gated DeltaNet or gated full attention, then a sparse MoE with shared expert or a dense SwiGLU MLP),
- * final norm and lm_head, for B sequences of one new token each. Called once per step through ctypes
- * (runtime/native/hybrid_decode.py), so a step is one call instead of ~800 dispatched torch ops.
+ * final norm and lm_head, for B sequences of one new token each, or for one sequence's B new tokens (a short
+ * extend: HDStep.chain; the DeltaNet rows then run in token order, hd_deltanet.h, and row b attends to the cached
+ * tokens and the new ones up to itself). Called once per step through ctypes (runtime/native/hybrid_decode.py),
+ * so a step is one call instead of ~800 dispatched torch ops (an extend's ~1000).
  *
  * Semantics follow the torch modules (runtime/models/layers/): every weight is fp32, read in place from the
  * model's own parameters (row-major [out, in]); the pools are the engine's fp32 buffers, written in place at the
@@ -20,6 +22,8 @@
  * for the mixer's projections and recurrence, one for its output projection, two for the feed-forward.
  */
 
+#include "hd_deltanet.h"
+#include "hd_model.h"
 #include "parallel.h"
 #include "row_gemm.h"
 
@@ -27,180 +31,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    int64_t kind; /* 0: gated DeltaNet, 1: gated full attention */
-    int64_t ordinal; /* index into the pool lists of its kind */
-    const float *in_norm; /* [H] 1 + w */
-    const float *post_norm; /* [H] 1 + w */
-    /* gated DeltaNet */
-    int64_t nk, nv, dk, dv, kernel;
-    const float *w_qkv; /* [2*nk*dk + nv*dv, H] rows q | k | v */
-    const float *w_z; /* [nv*dv, H] */
-    const float *w_b; /* [nv, H] */
-    const float *w_a; /* [nv, H] */
-    const float *conv_w; /* [conv_dim, kernel] */
-    const float *conv_b; /* [conv_dim] or NULL */
-    const float *neg_a; /* [nv] -exp(A_log) */
-    const float *dt_bias; /* [nv] */
-    const float *gnorm_w; /* [dv] */
-    const float *w_out; /* [H, nv*dv] */
-    /* gated attention */
-    int64_t nh, nkv, hd, rot_dim, out_gate;
-    const float *wq, *wk, *wv, *wo; /* [nh*hd*(1+out_gate), H], [nkv*hd, H] x2, [H, nh*hd] */
-    const float *bq, *bk, *bv, *bo; /* biases or NULL */
-    const float *q_norm, *k_norm; /* [hd] 1 + w, or NULL */
-    const float *inv_freq; /* [rot_dim / 2] */
-    double attn_scale;
-    /* feed-forward: a sparse MoE (n_exp > 0) with an optional shared expert, or a dense SwiGLU MLP */
-    int64_t n_exp, top_k, exp_inter, norm_topk;
-    const float *router; /* [E, H] */
-    const float *exp_gate_up; /* [E, 2*I, H] */
-    const float *exp_down; /* [E, H, I] */
-    int64_t mlp_inter; /* the dense MLP's or the shared expert's intermediate size; 0: none */
-    const float *mlp_gate, *mlp_up, *mlp_down; /* [I, H], [I, H], [H, I] */
-    const float *shared_gate; /* [1, H] or NULL */
-} HDLayer;
-
-typedef struct {
-    int64_t hidden, vocab, n_layers;
-    double eps;
-    double embed_scale;
-    const float *embed; /* [V, H] */
-    const float *final_norm; /* [H] 1 + w */
-    const float *lm_head; /* [V, H] */
-    const HDLayer *layers;
-} HDModel;
-
-typedef struct {
-    int64_t batch;
-    const int64_t *ids, *positions, *out_locs, *state_slots; /* [B] each */
-    const int64_t *kv_offsets; /* [B + 1]: sequence b's KV slots are kv_flat[kv_offsets[b] .. kv_offsets[b+1]) */
-    const int64_t *kv_flat;
-    float *const *k_pool; /* per attention ordinal: [token_slots, nkv, hd] */
-    float *const *v_pool;
-    float *const *conv_pool; /* per linear ordinal: [state_slots, conv_dim, kernel - 1] */
-    float *const *ssm_pool; /* per linear ordinal: [state_slots, nv, dv, dk] */
-    int64_t token_slots, state_slots_count;
-    float *logits; /* [B, V] */
-} HDStep;
-
-enum { HD_OK = 0, HD_BAD_TOKEN = 1, HD_BAD_TOKEN_SLOT = 2, HD_BAD_STATE_SLOT = 3, HD_NO_MEMORY = 4, HD_EMPTY_KV = 5 };
-
-/* ---- elementwise pieces ---- */
-
-static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float siluf_(float x) { return x / (1.0f + expf(-x)); }
-static inline float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's threshold 20 */
-
-/* out = x * rsqrt(mean(x^2) + eps) * scale (scale NULL: none), over n values. */
-static void rms_norm(const float *x, const float *scale, int64_t n, double eps, float *out) {
-    float ss = dot(x, x, n);
-    float r = 1.0f / sqrtf(ss / (float)n + (float)eps);
-    for (int64_t i = 0; i < n; i++) out[i] = scale ? x[i] * r * scale[i] : x[i] * r;
-}
-
-/* ---- gated DeltaNet, one token per sequence ---- */
-
-typedef struct {
-    const HDModel *m;
-    const HDLayer *L;
-    const HDStep *s;
-    float *mixed, *z, *bb, *aa, *o, *qn;
-} DeltaCtx;
-
-/* Depthwise causal conv over [state, x] for channels [c0, c1) of one sequence, then silu; the state rolls by one. */
-static void conv_channels(const HDLayer *L, float *mx, float *cs, int64_t c0, int64_t c1) {
-    const int64_t width = L->kernel - 1;
-    for (int64_t c = c0; c < c1; c++) {
-        float *st = cs + c * width;
-        const float *w = L->conv_w + c * L->kernel;
-        const float xv = mx[c];
-        float acc = 0.0f;
-        for (int64_t t = 0; t < width; t++) acc += st[t] * w[t];
-        acc += xv * w[width];
-        if (L->conv_b) acc += L->conv_b[c];
-        for (int64_t t = 0; t + 1 < width; t++) st[t] = st[t + 1];
-        if (width > 0) st[width - 1] = xv;
-        mx[c] = siluf_(acc);
-    }
-}
-
-/* Units (sequence b, key head kh): the conv of kh's q, k and v channels, then the recurrence of kh's value heads. The
- * channels and states of two units never overlap. */
-static void deltanet_heads(void *ctx, int64_t begin, int64_t end) {
-    const DeltaCtx *d = ctx;
-    const HDModel *m = d->m;
-    const HDLayer *L = d->L;
-    const HDStep *s = d->s;
-    const int64_t key_dim = L->nk * L->dk, value_dim = L->nv * L->dv, conv_dim = 2 * key_dim + value_dim;
-    const int64_t width = L->kernel - 1, ratio = L->nv / L->nk;
-    const float qscale = 1.0f / sqrtf((float)L->dk);
-    for (int64_t u = begin; u < end; u++) {
-        const int64_t b = u / L->nk, kh = u % L->nk;
-        const int64_t slot = s->state_slots[b];
-        float *mx = d->mixed + b * conv_dim;
-        float *cs = s->conv_pool[L->ordinal] + slot * conv_dim * width;
-        float *qn = d->qn + b * 2 * key_dim;
-        conv_channels(L, mx, cs, kh * L->dk, (kh + 1) * L->dk);
-        conv_channels(L, mx, cs, key_dim + kh * L->dk, key_dim + (kh + 1) * L->dk);
-        conv_channels(L, mx, cs, 2 * key_dim + kh * ratio * L->dv, 2 * key_dim + (kh + 1) * ratio * L->dv);
-        /* l2-normalized q and k of this key head (q also scaled by dk^-0.5, as the recurrent step does). */
-        for (int64_t h = kh; h < 2 * L->nk; h += L->nk) {
-            const float *src = mx + h * L->dk;
-            float *dst = qn + h * L->dk;
-            const float r = 1.0f / sqrtf(dot(src, src, L->dk) + 1e-6f);
-            for (int64_t i = 0; i < L->dk; i++) dst[i] = src[i] * r;
-            if (h < L->nk)
-                for (int64_t i = 0; i < L->dk; i++) dst[i] *= qscale;
-        }
-        const float *v = mx + 2 * key_dim;
-        const float *q = qn + kh * L->dk, *k = qn + key_dim + kh * L->dk;
-        for (int64_t h = kh * ratio; h < (kh + 1) * ratio; h++) {
-            const float beta = sigmoidf_(d->bb[b * L->nv + h]);
-            const float decay = expf(L->neg_a[h] * softplusf_(d->aa[b * L->nv + h] + L->dt_bias[h]));
-            float *S = s->ssm_pool[L->ordinal] + ((slot * L->nv + h) * L->dv) * L->dk; /* [dv, dk] */
-            float *oh = d->o + b * value_dim + h * L->dv;
-            for (int64_t i = 0; i < L->dv; i++) {
-                float *row = S + i * L->dk;
-                for (int64_t j = 0; j < L->dk; j++) row[j] *= decay;
-                const float delta = (v[h * L->dv + i] - dot(row, k, L->dk)) * beta;
-                for (int64_t j = 0; j < L->dk; j++) row[j] += delta * k[j];
-                oh[i] = dot(row, q, L->dk);
-            }
-            /* Gated RMSNorm: norm(o) * w * silu(z). */
-            const float *zh = d->z + b * value_dim + h * L->dv;
-            rms_norm(oh, L->gnorm_w, L->dv, m->eps, oh);
-            for (int64_t i = 0; i < L->dv; i++) oh[i] *= siluf_(zh[i]);
-        }
-    }
-}
-
-static int64_t deltanet_scratch(const HDLayer *L, int64_t B) {
-    const int64_t vd = L->nv * L->dv, conv = 2 * L->nk * L->dk + vd;
-    return B * (conv + 2 * vd + 2 * L->nv + 2 * L->nk * L->dk);
-}
-
-static int deltanet(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work,
-                    GemmSet *g) {
-    const int64_t B = s->batch, H = m->hidden;
-    const int64_t key_dim = L->nk * L->dk, value_dim = L->nv * L->dv, conv_dim = 2 * key_dim + value_dim;
-    DeltaCtx d = {m, L, s, work, NULL, NULL, NULL, NULL, NULL};
-    d.z = d.mixed + B * conv_dim; /* [B, value_dim] */
-    d.bb = d.z + B * value_dim; /* [B, nv] */
-    d.aa = d.bb + B * L->nv; /* [B, nv] */
-    d.o = d.aa + B * L->nv; /* [B, value_dim] */
-    d.qn = d.o + B * value_dim; /* [B, 2 * nk * dk] */
-    gemm_add(g, L->w_qkv, NULL, conv_dim, H, xn, H, B, d.mixed, conv_dim);
-    gemm_add(g, L->w_z, NULL, value_dim, H, xn, H, B, d.z, value_dim);
-    gemm_add(g, L->w_b, NULL, L->nv, H, xn, H, B, d.bb, L->nv);
-    gemm_add(g, L->w_a, NULL, L->nv, H, xn, H, B, d.aa, L->nv);
-    gemm_run(g);
-    hp_parallel_for(B * L->nk, 1, deltanet_heads, &d);
-    gemm_add(g, L->w_out, NULL, H, value_dim, d.o, value_dim, B, out, H);
-    gemm_run(g);
-    return HD_OK;
-}
 
 /* ---- gated full attention over the paged KV pool ---- */
 
@@ -218,8 +48,8 @@ typedef struct {
     const HDStep *s;
     const float *q;
     float *o;
-    float *scores; /* [slots, max_kv]: one row per part */
-    int64_t max_kv;
+    float *scores; /* [slots, part]: each part's own scratch (attention_part) */
+    int64_t part;
     atomic_int next_slot;
 } AttnCtx;
 
@@ -233,11 +63,11 @@ static void attention_heads(void *ctx, int64_t begin, int64_t end) {
     const float *kp = s->k_pool[L->ordinal], *vp = s->v_pool[L->ordinal];
     const float scale = (float)L->attn_scale;
     /* Parts <= slots (the caller's grain), so each part has a row of its own. */
-    float *scores = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->max_kv;
+    float *scores = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->part;
     for (int64_t u = begin; u < end; u++) {
         const int64_t b = u / nh, h = u % nh;
-        const int64_t *locs = s->kv_flat + s->kv_offsets[b];
-        const int64_t n = s->kv_offsets[b + 1] - s->kv_offsets[b];
+        int64_t n;
+        const int64_t *locs = hd_kv_span(s, b, &n);
         const float *qh = a->q + b * qw + h * qstride;
         const int64_t g = h / group;
         float mx = -INFINITY;
@@ -266,13 +96,81 @@ static void attention_heads(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+/* An extend's units (query head h), every row at once: the head's K and V over the sequence's slots gathered
+ * into [n8, hd] and [hd, n8] (n8: the slot count rounded up to 8, zero-padded), the scores of all B rows as one
+ * GEMM against the gathered keys (each key block read once for every row), a softmax over each row's causal span
+ * (row b: the first kv_offsets[b + 1] slots; the rest weighted 0), and the outputs as a second GEMM. */
+static void attention_chain(void *ctx, int64_t begin, int64_t end) {
+    AttnCtx *a = ctx;
+    const HDLayer *L = a->L;
+    const HDStep *s = a->s;
+    const int64_t hd = L->hd, nh = L->nh, kvw = L->nkv * hd, group = nh / L->nkv, B = s->batch;
+    const int64_t qw = nh * hd * (L->out_gate ? 2 : 1), qstride = L->out_gate ? 2 * hd : hd;
+    const int64_t n = s->kv_offsets[B], n8 = (n + 7) & ~(int64_t)7;
+    const float *kp = s->k_pool[L->ordinal], *vp = s->v_pool[L->ordinal];
+    const float scale = (float)L->attn_scale;
+    float *kg = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->part; /* [n8, hd] */
+    float *vt = kg + n8 * hd; /* [hd, n8] */
+    float *sc = vt + hd * n8; /* [B, n8] */
+    int64_t gathered = -1;
+    for (int64_t h = begin; h < end; h++) {
+        const int64_t g = h / group;
+        if (g != gathered) {
+            memset(kg + n * hd, 0, (size_t)((n8 - n) * hd) * sizeof(float));
+            for (int64_t t = 0; t < n; t++) {
+                const float *kr = kp + s->kv_flat[t] * kvw + g * hd, *vr = vp + s->kv_flat[t] * kvw + g * hd;
+                memcpy(kg + t * hd, kr, (size_t)hd * sizeof(float));
+                for (int64_t i = 0; i < hd; i++) vt[i * n8 + t] = vr[i];
+            }
+            for (int64_t i = 0; i < hd; i++)
+                for (int64_t t = n; t < n8; t++) vt[i * n8 + t] = 0.0f;
+            gathered = g;
+        }
+        gemm(kg, NULL, n8, hd, a->q + h * qstride, qw, B, sc, n8);
+        for (int64_t b = 0; b < B; b++) {
+            float *row = sc + b * n8;
+            const int64_t nb = s->kv_offsets[b + 1];
+            float mx = -INFINITY, sum = 0.0f;
+            for (int64_t t = 0; t < nb; t++) {
+                row[t] *= scale;
+                mx = row[t] > mx ? row[t] : mx;
+            }
+            for (int64_t t = 0; t < nb; t++) {
+                row[t] = expf(row[t] - mx);
+                sum += row[t];
+            }
+            const float inv = 1.0f / sum;
+            for (int64_t t = 0; t < nb; t++) row[t] *= inv;
+            for (int64_t t = nb; t < n8; t++) row[t] = 0.0f;
+        }
+        gemm(vt, NULL, hd, n8, sc, n8, B, a->o + h * hd, nh * hd);
+        if (L->out_gate)
+            for (int64_t b = 0; b < B; b++) {
+                const float *gate = a->q + b * qw + h * qstride + hd;
+                float *oh = a->o + b * nh * hd + h * hd;
+                for (int64_t i = 0; i < hd; i++) oh[i] *= sigmoidf_(gate[i]);
+            }
+    }
+}
+
+/* Floats of one part's attention scratch (hd_decode gives every part its own): a score row of the longest span
+ * in a decode step; an extend's gathered K and V and its rows' scores (attention_chain). */
+static int64_t attention_part(const HDModel *m, const HDStep *s, int64_t max_kv) {
+    if (!s->chain) return max_kv;
+    int64_t hd = 0;
+    for (int64_t l = 0; l < m->n_layers; l++)
+        if (m->layers[l].kind == 1) hd = max64(hd, m->layers[l].hd);
+    const int64_t n8 = (max_kv + 7) & ~(int64_t)7;
+    return 2 * hd * n8 + s->batch * n8;
+}
+
 static int64_t attention_scratch(const HDLayer *L, int64_t B) {
     const int64_t qw = L->nh * L->hd * (L->out_gate ? 2 : 1);
     return B * (qw + 2 * L->nkv * L->hd + L->nh * L->hd) + L->rot_dim + 2;
 }
 
 static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work,
-                     float *scores, int64_t max_kv, int64_t slots, GemmSet *gs) {
+                     float *scores, int64_t part, int64_t slots, GemmSet *gs) {
     const int64_t B = s->batch, H = m->hidden, hd = L->hd, nh = L->nh, nkv = L->nkv;
     const int64_t qw = nh * hd * (L->out_gate ? 2 : 1), kvw = nkv * hd;
     float *q = work; /* [B, qw] */
@@ -309,10 +207,10 @@ static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const 
         memcpy(kp + loc * kvw, kb, (size_t)kvw * sizeof(float));
         memcpy(vp + loc * kvw, vb, (size_t)kvw * sizeof(float));
     }
-    /* After every new token's K/V is written (a sequence may read another's slot only through its own kv_locs). */
-    AttnCtx a = {L, s, q, o, scores, max_kv, 0};
-    const int64_t units = B * nh;
-    hp_parallel_for(units, max64(1, (units + slots - 1) / slots), attention_heads, &a);
+    /* After every row's K/V is written: an extend's row reads the K/V of the rows before it. */
+    AttnCtx a = {L, s, q, o, scores, part, 0};
+    const int64_t units = s->chain ? nh : B * nh;
+    hp_parallel_for(units, max64(1, (units + slots - 1) / slots), s->chain ? attention_chain : attention_heads, &a);
     gemm_add(gs, L->wo, L->bo, H, nh * hd, o, nh * hd, B, out, H);
     gemm_run(gs);
     return HD_OK;
@@ -518,6 +416,27 @@ static int64_t layer_scratch(const HDLayer *L, int64_t B, int64_t H) {
     return max64(mixer, ffn_scratch(L, B, H)) + 16;
 }
 
+/* The step's scratch. Up to HD_KEPT_SCRATCH floats it is kept per calling thread and reused: a fresh malloc of
+ * an extend's few MB is an mmap whose pages the kernel faults in and zeroes on every call. A larger one (a long
+ * context's extend) is allocated per call, so an idle server keeps no more than that. */
+#define HD_KEPT_SCRATCH ((size_t)2 << 20)
+static _Thread_local float *kept_scratch;
+static _Thread_local size_t kept_floats;
+
+static float *scratch_for(size_t floats) {
+    if (floats > HD_KEPT_SCRATCH) return malloc(floats * sizeof(float));
+    if (floats > kept_floats) {
+        free(kept_scratch);
+        kept_scratch = malloc(floats * sizeof(float));
+        kept_floats = kept_scratch ? floats : 0;
+    }
+    return kept_scratch;
+}
+
+static void scratch_done(float *x) {
+    if (x != kept_scratch) free(x);
+}
+
 void hd_set_threads(int n) { hp_set_threads(n); }
 void hd_set_min_part_bytes(int64_t bytes) { hd_part_bytes = bytes < 1 ? 1 : bytes; }
 int hd_threads(void) { return hp_threads(); }
@@ -529,16 +448,18 @@ int hd_decode(const HDModel *m, const HDStep *s) {
         if (s->ids[b] < 0 || s->ids[b] >= m->vocab) return HD_BAD_TOKEN;
         if (s->state_slots[b] < 0 || s->state_slots[b] >= s->state_slots_count) return HD_BAD_STATE_SLOT;
         if (s->out_locs[b] < 0 || s->out_locs[b] >= s->token_slots) return HD_BAD_TOKEN_SLOT;
-        const int64_t n = s->kv_offsets[b + 1] - s->kv_offsets[b];
+        int64_t n;
+        hd_kv_span(s, b, &n);
         if (n < 1) return HD_EMPTY_KV;
         max_kv = max64(max_kv, n);
-        for (int64_t t = s->kv_offsets[b]; t < s->kv_offsets[b + 1]; t++)
-            if (s->kv_flat[t] < 0 || s->kv_flat[t] >= s->token_slots) return HD_BAD_TOKEN_SLOT;
     }
+    /* Every row's span lies in kv_flat[0 .. kv_offsets[B]) (the caller checked that the offsets rise from 0). */
+    for (int64_t t = 0; t < s->kv_offsets[B]; t++)
+        if (s->kv_flat[t] < 0 || s->kv_flat[t] >= s->token_slots) return HD_BAD_TOKEN_SLOT;
     int64_t scratch = 0;
     for (int64_t l = 0; l < m->n_layers; l++) scratch = max64(scratch, layer_scratch(&m->layers[l], B, H));
-    const int64_t slots = hp_threads(); /* one attention score row per part */
-    float *x = malloc(sizeof(float) * (size_t)(3 * B * H + scratch + slots * max_kv));
+    const int64_t slots = hp_threads(), part = attention_part(m, s, max_kv); /* attention scratch per part */
+    float *x = scratch_for((size_t)(3 * B * H + scratch + slots * part));
     if (!x) return HD_NO_MEMORY;
     float *xn = x + B * H, *delta = xn + B * H, *work = delta + B * H, *scores = work + scratch;
     GemmSet g = {0};
@@ -552,7 +473,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
         if (L->kind == 0)
             deltanet(m, L, s, xn, delta, work, &g);
         else
-            attention(m, L, s, xn, delta, work, scores, max_kv, slots, &g);
+            attention(m, L, s, xn, delta, work, scores, part, slots, &g);
         for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
         for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->post_norm, H, m->eps, xn + b * H);
         if (L->n_exp > 0)
@@ -561,9 +482,11 @@ int hd_decode(const HDModel *m, const HDStep *s) {
             swiglu_mlp(L, H, xn, B, delta, work);
         for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
     }
-    for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, m->final_norm, H, m->eps, xn + b * H);
-    gemm_add(&g, m->lm_head, NULL, m->vocab, H, xn, H, B, s->logits, m->vocab);
+    /* An extend needs only its last token's logits: the lm_head is the largest projection. */
+    const int64_t first = s->last_logits ? B - 1 : 0;
+    for (int64_t b = first; b < B; b++) rms_norm(x + b * H, m->final_norm, H, m->eps, xn + b * H);
+    gemm_add(&g, m->lm_head, NULL, m->vocab, H, xn + first * H, H, B - first, s->logits, m->vocab);
     gemm_run(&g);
-    free(x);
+    scratch_done(x);
     return HD_OK;
 }

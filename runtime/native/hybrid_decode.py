@@ -119,6 +119,9 @@ class _Step(ctypes.Structure):
         ("token_slots", _I64),
         ("state_slots_count", _I64),
         ("logits", _F),
+        ("chain", _I64),
+        ("fresh", _I64),
+        ("last_logits", _I64),
     ]
 
 
@@ -403,15 +406,9 @@ class HybridDecodeKernel:
         linear layer's state at `state_slots`, in the pools of the last `bind_pools`. Index tensors: int64, CPU,
         contiguous, [B] (`kv_offsets` [B+1], from 0 to kv_flat's length: sequence b's KV slots are
         kv_flat[kv_offsets[b]:kv_offsets[b+1]])."""
-        if not self._bound:
-            raise ValueError("native decode: no pools bound (bind_pools)")
         batch = ids.shape[0]
-        expected = ((ids, batch), (positions, batch), (out_locs, batch), (state_slots, batch), (kv_offsets, batch + 1))
-        for t, n in expected:
-            if t.dtype != torch.int64 or t.device.type != "cpu" or not t.is_contiguous() or t.shape != (n,):
-                raise ValueError(f"native decode: index tensors must be contiguous int64 CPU tensors of {n} values")
-        if kv_flat.dtype != torch.int64 or kv_flat.device.type != "cpu" or not kv_flat.is_contiguous():
-            raise ValueError("native decode: kv_flat must be a contiguous int64 CPU tensor")
+        _check_index(state_slots, batch, "state_slots")
+        _check_index(kv_offsets, batch + 1, "kv_offsets")
         # Distinct rows: the threads advance each sequence's state (and write its K/V) in parallel, so a shared
         # slot would be a data race in C, not just a wrong answer.
         if batch > 1 and (len(set(state_slots.tolist())) != batch or len(set(out_locs.tolist())) != batch):
@@ -419,7 +416,50 @@ class HybridDecodeKernel:
         offsets = kv_offsets.tolist()
         if offsets[0] != 0 or offsets[-1] != kv_flat.numel() or any(b < a for a, b in itertools.pairwise(offsets)):
             raise ValueError("native decode: kv_offsets must rise from 0 to the number of KV slots")
-        logits = torch.empty(batch, self.weights.vocab, dtype=torch.float32)
+        return self._call(ids, positions, out_locs, state_slots, kv_offsets, kv_flat, chain=False, fresh=False)
+
+    def extend(
+        self, ids: torch.Tensor, positions: torch.Tensor, out_locs: torch.Tensor, state_slot: int, kv_flat: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [1, vocab] fp32 of the last of ONE sequence's T new tokens (`ids`, `positions`, `out_locs`: [T]),
+        after the cached tokens whose KV slots begin `kv_flat` (all its tokens' slots, the new ones last: they must
+        be `out_locs`). Writes the new K/V and advances the conv window and state at `state_slot` token by token;
+        with no cached token the state starts from zero whatever the slot holds."""
+        tokens = ids.shape[0]
+        _check_index(kv_flat, kv_flat.numel(), "kv_flat")
+        prefix = kv_flat.numel() - tokens
+        if tokens < 1 or prefix < 0:
+            raise ValueError("native decode: an extend needs at least one new token, each with a KV slot")
+        _check_index(out_locs, tokens, "out_locs")
+        # The rows' K/V are written at out_locs and read back through kv_flat: the two must name the same slots,
+        # and distinct ones (each row its own).
+        if not torch.equal(kv_flat[prefix:], out_locs) or len(set(out_locs.tolist())) != tokens:
+            raise ValueError("native decode: an extend's new KV slots must be distinct and end kv_flat")
+        # Row t attends to kv_flat[0 : prefix + t + 1] (HDStep.chain).
+        offsets = torch.arange(prefix, prefix + tokens + 1, dtype=torch.int64)
+        offsets[0] = 0
+        slots = torch.full((tokens,), int(state_slot), dtype=torch.int64)
+        return self._call(ids, positions, out_locs, slots, offsets, kv_flat, chain=True, fresh=prefix == 0)
+
+    def _call(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_locs: torch.Tensor,
+        state_slots: torch.Tensor,
+        kv_offsets: torch.Tensor,
+        kv_flat: torch.Tensor,
+        *,
+        chain: bool,
+        fresh: bool,
+    ) -> torch.Tensor:
+        if not self._bound:
+            raise ValueError("native decode: no pools bound (bind_pools)")
+        batch = ids.shape[0]
+        for t, name in ((ids, "ids"), (positions, "positions"), (out_locs, "out_locs")):
+            _check_index(t, batch, name)
+        _check_index(kv_flat, kv_flat.numel(), "kv_flat")
+        logits = torch.empty(1 if chain else batch, self.weights.vocab, dtype=torch.float32)
         step = self._step
         step.batch = batch
         step.ids = ctypes.cast(ids.data_ptr(), _I)
@@ -429,10 +469,17 @@ class HybridDecodeKernel:
         step.kv_offsets = ctypes.cast(kv_offsets.data_ptr(), _I)
         step.kv_flat = ctypes.cast(kv_flat.data_ptr(), _I)
         step.logits = ctypes.cast(logits.data_ptr(), _F)
+        step.chain, step.fresh, step.last_logits = int(chain), int(fresh), int(chain)
         code = self._fn(self._model_ref, self._step_ref)
         if code != 0:
             raise ValueError(f"native decode refused the step: {_ERRORS.get(code, f'error {code}')}")
         return logits
+
+
+def _check_index(t: torch.Tensor, n: int, name: str) -> None:
+    """`t` must be what the C side reads through its pointer: a contiguous int64 CPU tensor of `n` values."""
+    if t.dtype != torch.int64 or t.device.type != "cpu" or not t.is_contiguous() or t.shape != (n,):
+        raise ValueError(f"native decode: {name} must be a contiguous int64 CPU tensor of {n} values")
 
 
 __all__ = [

@@ -1,0 +1,132 @@
+/* The gated DeltaNet mixer of the native step (hybrid_decode.c): projections, causal conv, delta-rule recurrence,
+ * gated norm and output projection, for B rows: B sequences of one token each (a decode step, parallel over
+ * (sequence, key head)), or one sequence's B consecutive tokens (an extend, HDStep.chain: the rows share one conv
+ * window and one state, so they run in token order inside a key head's unit, parallel over key heads only). */
+#ifndef HYBRIDCTL_HD_DELTANET_H
+#define HYBRIDCTL_HD_DELTANET_H
+
+#include "hd_model.h"
+#include "parallel.h"
+
+#include <string.h>
+
+
+typedef struct {
+    const HDModel *m;
+    const HDLayer *L;
+    const HDStep *s;
+    float *mixed, *z, *bb, *aa, *o, *qn;
+} DeltaCtx;
+
+/* Depthwise causal conv over [state, x] for channels [c0, c1) of one sequence, then silu; the state rolls by one. */
+static void conv_channels(const HDLayer *L, float *mx, float *cs, int64_t c0, int64_t c1) {
+    const int64_t width = L->kernel - 1;
+    for (int64_t c = c0; c < c1; c++) {
+        float *st = cs + c * width;
+        const float *w = L->conv_w + c * L->kernel;
+        const float xv = mx[c];
+        float acc = 0.0f;
+        for (int64_t t = 0; t < width; t++) acc += st[t] * w[t];
+        acc += xv * w[width];
+        if (L->conv_b) acc += L->conv_b[c];
+        for (int64_t t = 0; t + 1 < width; t++) st[t] = st[t + 1];
+        if (width > 0) st[width - 1] = xv;
+        mx[c] = siluf_(acc);
+    }
+}
+
+/* Row b's key head kh: the conv of kh's q, k and v channels (the window of `slot` rolls by one), then the
+ * recurrence of kh's value heads on `slot`'s state. The channels and states of two key heads never overlap. */
+static void deltanet_row(const DeltaCtx *d, int64_t b, int64_t kh, int64_t slot) {
+    const HDModel *m = d->m;
+    const HDLayer *L = d->L;
+    const HDStep *s = d->s;
+    const int64_t key_dim = L->nk * L->dk, value_dim = L->nv * L->dv, conv_dim = 2 * key_dim + value_dim;
+    const int64_t width = L->kernel - 1, ratio = L->nv / L->nk;
+    const float qscale = 1.0f / sqrtf((float)L->dk);
+    float *mx = d->mixed + b * conv_dim;
+    float *cs = s->conv_pool[L->ordinal] + slot * conv_dim * width;
+    float *qn = d->qn + b * 2 * key_dim;
+    conv_channels(L, mx, cs, kh * L->dk, (kh + 1) * L->dk);
+    conv_channels(L, mx, cs, key_dim + kh * L->dk, key_dim + (kh + 1) * L->dk);
+    conv_channels(L, mx, cs, 2 * key_dim + kh * ratio * L->dv, 2 * key_dim + (kh + 1) * ratio * L->dv);
+    /* l2-normalized q and k of this key head (q also scaled by dk^-0.5, as the recurrent step does). */
+    for (int64_t h = kh; h < 2 * L->nk; h += L->nk) {
+        const float *src = mx + h * L->dk;
+        float *dst = qn + h * L->dk;
+        const float r = 1.0f / sqrtf(dot(src, src, L->dk) + 1e-6f);
+        for (int64_t i = 0; i < L->dk; i++) dst[i] = src[i] * r;
+        if (h < L->nk)
+            for (int64_t i = 0; i < L->dk; i++) dst[i] *= qscale;
+    }
+    const float *v = mx + 2 * key_dim;
+    const float *q = qn + kh * L->dk, *k = qn + key_dim + kh * L->dk;
+    for (int64_t h = kh * ratio; h < (kh + 1) * ratio; h++) {
+        const float beta = sigmoidf_(d->bb[b * L->nv + h]);
+        const float decay = expf(L->neg_a[h] * softplusf_(d->aa[b * L->nv + h] + L->dt_bias[h]));
+        float *S = s->ssm_pool[L->ordinal] + ((slot * L->nv + h) * L->dv) * L->dk; /* [dv, dk] */
+        float *oh = d->o + b * value_dim + h * L->dv;
+        for (int64_t i = 0; i < L->dv; i++) {
+            float *row = S + i * L->dk;
+            for (int64_t j = 0; j < L->dk; j++) row[j] *= decay;
+            const float delta = (v[h * L->dv + i] - dot(row, k, L->dk)) * beta;
+            for (int64_t j = 0; j < L->dk; j++) row[j] += delta * k[j];
+            oh[i] = dot(row, q, L->dk);
+        }
+        /* Gated RMSNorm: norm(o) * w * silu(z). */
+        const float *zh = d->z + b * value_dim + h * L->dv;
+        rms_norm(oh, L->gnorm_w, L->dv, m->eps, oh);
+        for (int64_t i = 0; i < L->dv; i++) oh[i] *= siluf_(zh[i]);
+    }
+}
+
+/* Decode units (sequence b, key head kh): each its own slot. */
+static void deltanet_heads(void *ctx, int64_t begin, int64_t end) {
+    const DeltaCtx *d = ctx;
+    const int64_t nk = d->L->nk;
+    for (int64_t u = begin; u < end; u++) deltanet_row(d, u / nk, u % nk, d->s->state_slots[u / nk]);
+}
+
+/* Extend units (key head kh): every row of the one sequence in token order, on state_slots[0]. */
+static void deltanet_chain(void *ctx, int64_t begin, int64_t end) {
+    const DeltaCtx *d = ctx;
+    for (int64_t kh = begin; kh < end; kh++)
+        for (int64_t b = 0; b < d->s->batch; b++) deltanet_row(d, b, kh, d->s->state_slots[0]);
+}
+
+static int64_t deltanet_scratch(const HDLayer *L, int64_t B) {
+    const int64_t vd = L->nv * L->dv, conv = 2 * L->nk * L->dk + vd;
+    return B * (conv + 2 * vd + 2 * L->nv + 2 * L->nk * L->dk);
+}
+
+static int deltanet(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work,
+                    GemmSet *g) {
+    const int64_t B = s->batch, H = m->hidden;
+    const int64_t key_dim = L->nk * L->dk, value_dim = L->nv * L->dv, conv_dim = 2 * key_dim + value_dim;
+    DeltaCtx d = {m, L, s, work, NULL, NULL, NULL, NULL, NULL};
+    d.z = d.mixed + B * conv_dim; /* [B, value_dim] */
+    d.bb = d.z + B * value_dim; /* [B, nv] */
+    d.aa = d.bb + B * L->nv; /* [B, nv] */
+    d.o = d.aa + B * L->nv; /* [B, value_dim] */
+    d.qn = d.o + B * value_dim; /* [B, 2 * nk * dk] */
+    gemm_add(g, L->w_qkv, NULL, conv_dim, H, xn, H, B, d.mixed, conv_dim);
+    gemm_add(g, L->w_z, NULL, value_dim, H, xn, H, B, d.z, value_dim);
+    gemm_add(g, L->w_b, NULL, L->nv, H, xn, H, B, d.bb, L->nv);
+    gemm_add(g, L->w_a, NULL, L->nv, H, xn, H, B, d.aa, L->nv);
+    gemm_run(g);
+    if (s->chain) {
+        if (s->fresh) {
+            const int64_t slot = s->state_slots[0], width = L->kernel - 1, state = L->nv * L->dv * L->dk;
+            memset(s->conv_pool[L->ordinal] + slot * conv_dim * width, 0, (size_t)(conv_dim * width) * sizeof(float));
+            memset(s->ssm_pool[L->ordinal] + slot * state, 0, (size_t)state * sizeof(float));
+        }
+        hp_parallel_for(L->nk, 1, deltanet_chain, &d);
+    } else {
+        hp_parallel_for(B * L->nk, 1, deltanet_heads, &d);
+    }
+    gemm_add(g, L->w_out, NULL, H, value_dim, d.o, value_dim, B, out, H);
+    gemm_run(g);
+    return HD_OK;
+}
+
+#endif

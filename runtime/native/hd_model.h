@@ -1,0 +1,97 @@
+/* The Qwen3-Next-family native step's shared pieces (runtime/native/hybrid_decode.c and its headers): the
+ * structs ctypes fills (runtime/native/hybrid_decode.py declares the same layouts), the error codes, and the
+ * elementwise helpers every phase uses. */
+#ifndef HYBRIDCTL_HD_MODEL_H
+#define HYBRIDCTL_HD_MODEL_H
+
+#include "row_gemm.h"
+
+#include <math.h>
+#include <stdint.h>
+
+typedef struct {
+    int64_t kind; /* 0: gated DeltaNet, 1: gated full attention */
+    int64_t ordinal; /* index into the pool lists of its kind */
+    const float *in_norm; /* [H] 1 + w */
+    const float *post_norm; /* [H] 1 + w */
+    /* gated DeltaNet */
+    int64_t nk, nv, dk, dv, kernel;
+    const float *w_qkv; /* [2*nk*dk + nv*dv, H] rows q | k | v */
+    const float *w_z; /* [nv*dv, H] */
+    const float *w_b; /* [nv, H] */
+    const float *w_a; /* [nv, H] */
+    const float *conv_w; /* [conv_dim, kernel] */
+    const float *conv_b; /* [conv_dim] or NULL */
+    const float *neg_a; /* [nv] -exp(A_log) */
+    const float *dt_bias; /* [nv] */
+    const float *gnorm_w; /* [dv] */
+    const float *w_out; /* [H, nv*dv] */
+    /* gated attention */
+    int64_t nh, nkv, hd, rot_dim, out_gate;
+    const float *wq, *wk, *wv, *wo; /* [nh*hd*(1+out_gate), H], [nkv*hd, H] x2, [H, nh*hd] */
+    const float *bq, *bk, *bv, *bo; /* biases or NULL */
+    const float *q_norm, *k_norm; /* [hd] 1 + w, or NULL */
+    const float *inv_freq; /* [rot_dim / 2] */
+    double attn_scale;
+    /* feed-forward: a sparse MoE (n_exp > 0) with an optional shared expert, or a dense SwiGLU MLP */
+    int64_t n_exp, top_k, exp_inter, norm_topk;
+    const float *router; /* [E, H] */
+    const float *exp_gate_up; /* [E, 2*I, H] */
+    const float *exp_down; /* [E, H, I] */
+    int64_t mlp_inter; /* the dense MLP's or the shared expert's intermediate size; 0: none */
+    const float *mlp_gate, *mlp_up, *mlp_down; /* [I, H], [I, H], [H, I] */
+    const float *shared_gate; /* [1, H] or NULL */
+} HDLayer;
+
+typedef struct {
+    int64_t hidden, vocab, n_layers;
+    double eps;
+    double embed_scale;
+    const float *embed; /* [V, H] */
+    const float *final_norm; /* [H] 1 + w */
+    const float *lm_head; /* [V, H] */
+    const HDLayer *layers;
+} HDModel;
+
+typedef struct {
+    int64_t batch;
+    const int64_t *ids, *positions, *out_locs, *state_slots; /* [B] each */
+    const int64_t *kv_offsets; /* [B + 1]: sequence b's KV slots are kv_flat[kv_offsets[b] .. kv_offsets[b+1]) */
+    const int64_t *kv_flat;
+    float *const *k_pool; /* per attention ordinal: [token_slots, nkv, hd] */
+    float *const *v_pool;
+    float *const *conv_pool; /* per linear ordinal: [state_slots, conv_dim, kernel - 1] */
+    float *const *ssm_pool; /* per linear ordinal: [state_slots, nv, dv, dk] */
+    int64_t token_slots, state_slots_count;
+    float *logits; /* [B, V], or [1, V] with last_logits */
+    /* An extend of ONE sequence (chain = 1): the B rows are its consecutive new tokens. They share state_slots[0]
+     * (conv window and recurrent state, advanced token by token in order), and row b attends to the causal prefix
+     * kv_flat[0 .. kv_offsets[b + 1]) (the cached tokens, then the new ones up to itself). fresh: no cached
+     * prefix, the state starts from zero whatever the slot holds. */
+    int64_t chain, fresh;
+    int64_t last_logits; /* 1: the last row's logits only */
+} HDStep;
+
+/* Row b's KV slots and their count (see HDStep). */
+static inline const int64_t *hd_kv_span(const HDStep *s, int64_t b, int64_t *n) {
+    const int64_t begin = s->chain ? 0 : s->kv_offsets[b];
+    *n = s->kv_offsets[b + 1] - begin;
+    return s->kv_flat + begin;
+}
+
+enum { HD_OK = 0, HD_BAD_TOKEN = 1, HD_BAD_TOKEN_SLOT = 2, HD_BAD_STATE_SLOT = 3, HD_NO_MEMORY = 4, HD_EMPTY_KV = 5 };
+
+/* ---- elementwise pieces ---- */
+
+static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float siluf_(float x) { return x / (1.0f + expf(-x)); }
+static inline float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's threshold 20 */
+
+/* out = x * rsqrt(mean(x^2) + eps) * scale (scale NULL: none), over n values. */
+static void rms_norm(const float *x, const float *scale, int64_t n, double eps, float *out) {
+    float ss = dot(x, x, n);
+    float r = 1.0f / sqrtf(ss / (float)n + (float)eps);
+    for (int64_t i = 0; i < n; i++) out[i] = scale ? x[i] * r * scale[i] : x[i] * r;
+}
+
+#endif

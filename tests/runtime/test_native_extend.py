@@ -1,0 +1,207 @@
+"""The native step's short single-sequence extend (HDStep.chain in runtime/native/hybrid_decode.c: one sequence's
+2..64 new tokens as rows of one call, the DeltaNet state advanced token by token, row t attending to the cached
+tokens and the new ones up to t) against the torch extend of the same model: the last row's logits and every pool
+row the extend writes (K/V at the new slots, conv windows, recurrent states), after a cached prefix and fresh (a
+fresh sequence's slot holding garbage it must ignore), bit-identical on 1 and 2 threads, and greedy generation
+through the engine's runner equal to transformers' generate. The four model shapes of test_native_decode.py."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
+
+import pytest
+import torch
+
+from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.engine.model_runner import ModelRunner
+from runtime.engine.native_decode import EXTEND_ENV, EXTEND_MAX_TOKENS, NativeDecode, native_decode_for
+from runtime.models.base import HybridModel
+from runtime.native.build import find_compiler
+from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
+from tests.runtime.simple_runner import SimpleRunner
+from tests.runtime.test_native_decode import (
+    VOCAB,
+    _clone,
+    _prompt,
+    checkpoint,  # noqa: F401 - the parametrized module fixture
+    model,  # noqa: F401
+)
+
+if TYPE_CHECKING:
+    from runtime.engine.pool_setup import Pools
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
+
+
+def _runner(model: HybridModel, prefix: int) -> SimpleRunner:  # noqa: F811
+    """A runner holding sequence 0 after a torch prefill of `prefix` tokens (none: a fresh slot, filled with
+    garbage that a fresh extend must not read)."""
+    runner = SimpleRunner(model, num_state_slots=3)
+    runner.add(7)  # another sequence's slot first, so sequence 0's slot is not slot 0
+    runner.add(0)
+    if prefix:
+        runner.extend({0: _prompt(prefix, 11)})
+    else:
+        slot = runner.seqs[0].slot
+        for buf in (*runner.buffers.conv, *runner.buffers.ssm):
+            buf[slot].normal_(generator=torch.Generator().manual_seed(5))
+    return runner
+
+
+def _extend_batch(runner: SimpleRunner, tokens: list[int]) -> ForwardBatch:
+    """The extend batch the engine builds for `tokens` appended to sequence 0 (slots taken from the runner)."""
+    seq = runner.seqs[0]
+    start = len(seq.tokens)
+    locs = list(range(runner.next_token_slot, runner.next_token_slot + len(tokens)))
+    runner.next_token_slot += len(tokens)
+    seq.tokens += tokens
+    seq.kv_locs += locs
+    return ForwardBatch(
+        mode="extend",
+        input_ids=torch.tensor(tokens, dtype=torch.int64),
+        positions=torch.arange(start, start + len(tokens), dtype=torch.int64),
+        extend_lens=[len(tokens)],
+        prefix_lens=[start],
+        kv_locs=[torch.tensor(seq.kv_locs, dtype=torch.int64)],
+        out_locs=torch.tensor(locs, dtype=torch.int64),
+        state_slots=torch.tensor([seq.slot], dtype=torch.int64),
+    )
+
+
+def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
+    err = float((got - want).abs().max())
+    assert err < rel * max(1.0, float(want.abs().max())), f"{name} differs by {err}"
+
+
+@pytest.mark.parametrize(("prefix", "new"), [(0, 2), (0, 17), (1, 2), (9, 5), (40, 48), (70, EXTEND_MAX_TOKENS)])
+def test_extend_matches_the_torch_extend(model: HybridModel, prefix: int, new: int) -> None:  # noqa: F811
+    runner = _runner(model, prefix)
+    batch = _extend_batch(runner, _prompt(new, 23))
+    native = NativeDecode(model, extends=True)
+    assert native.handles(batch)
+    torch_buffers, native_buffers = runner.buffers, _clone(runner.buffers)
+    with torch.inference_mode():
+        expected = model(batch, torch_buffers)
+        got = native(batch, native_buffers)
+    assert got.shape == expected.shape == (1, VOCAB)
+    _assert_close("logits", got, expected, 1e-4)
+    slot = int(batch.state_slots[0])
+    for i, (a, b) in enumerate(zip(torch_buffers.k, native_buffers.k, strict=True)):
+        _assert_close(f"k[{i}] at the new slots", b[batch.out_locs], a[batch.out_locs], 1e-5)
+    for i, (a, b) in enumerate(zip(torch_buffers.v, native_buffers.v, strict=True)):
+        _assert_close(f"v[{i}] at the new slots", b[batch.out_locs], a[batch.out_locs], 1e-5)
+    for name in ("conv", "ssm"):
+        for i, (a, b) in enumerate(zip(getattr(torch_buffers, name), getattr(native_buffers, name), strict=True)):
+            _assert_close(f"{name}[{i}] at the sequence's slot", b[slot], a[slot], 1e-4)
+    # Nothing else written: every other row of every pool is as it was.
+    for name in ("k", "v", "conv", "ssm"):
+        for i, (a, b) in enumerate(zip(getattr(torch_buffers, name), getattr(native_buffers, name), strict=True)):
+            keep = torch.ones(a.shape[0], dtype=torch.bool)
+            keep[batch.out_locs if name in ("k", "v") else slot] = False
+            assert torch.equal(a[keep], b[keep]), f"{name}[{i}]: a row outside the extend's slots changed"
+
+
+def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
+    runner = _runner(model, 6)
+    native = NativeDecode(model, extends=True)
+    batch = _extend_batch(runner, _prompt(EXTEND_MAX_TOKENS, 1))
+    assert native.handles(batch)
+    longer = copy.copy(batch)
+    longer.extend_lens = [EXTEND_MAX_TOKENS + 1]
+    assert not native.handles(longer)  # a prefill: torch's GEMMs and SDPA
+    for field, value in (("all_logits", True), ("state_checkpoints", [[(2, 1)]])):
+        other = copy.copy(batch)
+        setattr(other, field, value)
+        assert not native.handles(other)
+    two = copy.copy(batch)
+    two.extend_lens, two.prefix_lens = [3, 61], [6, 0]
+    assert not native.handles(two)  # several sequences: the torch (or compiled) extend
+
+
+def test_extends_are_opt_in(model: HybridModel, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    batch = _extend_batch(_runner(model, 6), _prompt(8, 1))
+    monkeypatch.delenv(EXTEND_ENV, raising=False)
+    assert not NativeDecode(model).handles(batch)
+    assert "short extends" not in native_decode_for(model, "auto", "cpu")[1].line()
+    monkeypatch.setenv(EXTEND_ENV, "1")
+    assert NativeDecode(model).handles(batch)
+    assert native_decode_for(model, "auto", "cpu")[1].line().endswith(f"; short extends ({EXTEND_ENV}))")
+
+
+def test_extend_refuses_new_slots_that_are_not_the_end_of_its_kv_list(model: HybridModel) -> None:  # noqa: F811
+    runner = _runner(model, 6)
+    batch = _extend_batch(runner, _prompt(4, 2))
+    native = NativeDecode(model, extends=True)
+    bad = copy.copy(batch)
+    bad.out_locs = batch.out_locs.flip(0).contiguous()
+    with pytest.raises(ValueError, match="distinct and end kv_flat"):
+        native(bad, runner.buffers)
+    bad.out_locs = batch.out_locs[[0, 0, 1, 2]].contiguous()
+    with pytest.raises(ValueError, match="distinct and end kv_flat"):
+        native(bad, runner.buffers)
+    bad = copy.copy(batch)
+    bad.kv_locs = [torch.cat([torch.tensor([10**9]), batch.kv_locs[0]])]
+    with pytest.raises(ValueError, match="KV token slot"):
+        native(bad, runner.buffers)
+
+
+@pytest.fixture
+def split_finely(model: HybridModel) -> Iterator[NativeDecode]:  # noqa: F811
+    native = NativeDecode(model, extends=True)
+    native.threads = None  # the test sets the count
+    set_min_part_bytes(native.library, 1)
+    yield native
+    set_min_part_bytes(native.library, 32768)
+    set_threads(native.library, 1)
+
+
+@pytest.mark.parametrize("prefix", [0, 30])
+def test_extend_on_two_threads_is_bit_identical(
+    model: HybridModel,  # noqa: F811
+    split_finely: NativeDecode,
+    prefix: int,
+) -> None:
+    results: list[list[torch.Tensor]] = []
+    for count in (1, 2):
+        set_threads(split_finely.library, count)
+        runner = _runner(model, prefix)
+        batch = _extend_batch(runner, _prompt(33, 4))
+        with torch.inference_mode():
+            logits = split_finely(batch, runner.buffers)
+        b: PoolBuffers = runner.buffers
+        results.append([logits.clone()] + [t.clone() for group in (b.k, b.v, b.conv, b.ssm) for t in group])
+    for i, (one, two) in enumerate(zip(*results, strict=True)):
+        assert torch.equal(one, two), f"tensor {i} differs between 1 and 2 threads"
+
+
+def test_greedy_through_the_runner_matches_transformers_generate(
+    checkpoint: tuple[Path, torch.nn.Module],  # noqa: F811
+    model: HybridModel,  # noqa: F811
+) -> None:
+    """The engine's runner (native first): a 12-token prompt (a fresh native extend), 20 greedy tokens, then a
+    follow-up turn (the last sampled token and 9 new ones: a native extend after the cached conversation), 20
+    more: the tokens transformers' fp32 generate picks for the same texts."""
+    prompt, follow = _prompt(12, 8), _prompt(9, 9)
+    runner = SimpleRunner(model, num_state_slots=2)
+    model_runner = ModelRunner(model, cast("Pools", SimpleNamespace(buffers=runner.buffers)))
+    model_runner.native_decode = NativeDecode(model, extends=True)
+    runner.add(0)
+    got: list[int] = []
+    for turn in range(2):
+        batch = _extend_batch(runner, [got[-1], *follow] if turn else prompt)
+        assert model_runner.native_decode.handles(batch)
+        with torch.inference_mode():
+            got.append(int(model_runner.forward(batch)[-1].argmax()))
+            for _ in range(19):
+                got.append(int(model_runner.forward(_extend_batch(runner, [got[-1]]))[-1].argmax()))
+    history = [*prompt, *got[:20], *follow]
+    with torch.no_grad():
+        first = checkpoint[1].generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)
+        second = checkpoint[1].generate(torch.tensor([history]), max_new_tokens=20, do_sample=False)
+    assert got[:20] == first[0, len(prompt) :].tolist()
+    assert got[20:] == second[0, len(history) :].tolist()
