@@ -62,6 +62,10 @@ def type_text(annotation: object) -> str:
     if origin in (typing.Union, types.UnionType):
         names = [type_text(a) for a in typing.get_args(annotation)]
         return "/".join(dict.fromkeys(names))
+    if origin is typing.Annotated:  # a constrained type (pydantic's FiniteFloat): its base, and the constraint
+        base, *metadata = typing.get_args(annotation)
+        finite = any(getattr(m, "allow_inf_nan", True) is False for m in metadata)
+        return ("finite " if finite else "") + type_text(base)
     if origin is dict:
         _, value = typing.get_args(annotation)
         return f"table of {type_text(value)}"

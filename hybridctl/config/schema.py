@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
-ScalarValue = str | int | float | bool
+# An engine flag's value. Finite floats only: TOML writes nan and inf, and no flag takes them.
+ScalarValue = str | int | FiniteFloat | bool
 EngineName = Literal["auto", "sglang", "builtin"]  # server.engine; also what `--engine` accepts
 
 

@@ -203,6 +203,22 @@ CASES = [
         "error",
     ),
     (
+        "flag-nan-value",
+        "[extra_engine_args]\nmax-prefill-tokens = nan\n",
+        "{}",
+        "WRONG_TYPE",
+        "extra_engine_args.max-prefill-tokens",
+        "error",
+    ),
+    (
+        "flag-inf-value",
+        "[extra_engine_args]\nmem-fraction-static = -inf\n",
+        "{}",
+        "WRONG_TYPE",
+        "extra_engine_args.mem-fraction-static",
+        "error",
+    ),
+    (
         "flag-switch-value",
         "[extra_engine_args]\nenable-metrics = 3\n",
         "{}",
