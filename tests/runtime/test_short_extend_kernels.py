@@ -235,6 +235,17 @@ def test_tensors_that_do_not_fit_are_refused_before_the_call() -> None:
         extend_kernels.gdn_short_extend(plan, mixed, z2, b, a, weight, layer.conv1d.bias, conv.half(), *args[2:])
 
 
+def _random_moe(shape: tuple[int, ...], seed: int) -> SparseMoE:
+    """A SparseMoE of `shape` (experts, top_k, hidden, intermediate, shared intermediate) with random weights."""
+    experts, top_k, hidden, inter, shared = shape
+    torch.manual_seed(seed)
+    moe = SparseMoE(hidden, experts, top_k, inter, shared, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    return moe
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     tokens=st.integers(2, moe_layer.SHORT_EXTEND_MAX_TOKENS),
@@ -245,11 +256,7 @@ def test_short_extend_moe_matches_the_torch_experts(tokens: int, shape: tuple[in
     """The routed experts and the shared expert in C against SparseMoE's torch path (sorted or dense dispatch),
     including sizes that are not multiples of the kernel's 4 x 4 x 8 blocks."""
     experts, top_k, hidden, inter, shared = shape
-    torch.manual_seed(seed)
-    moe = SparseMoE(hidden, experts, top_k, inter, shared, norm_topk_prob=True)
-    with torch.no_grad():
-        for p in moe.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
+    moe = _random_moe(shape, seed)
     x = torch.randn(tokens, hidden)
     with torch.no_grad():
         want = moe(x)
@@ -264,11 +271,8 @@ def test_a_nan_hidden_state_routes_without_harm_to_the_server(nan_rows: list[int
     """A NaN in a token's hidden state makes all its router probabilities NaN: the C router must still pick k
     distinct experts in range (NaN out for that token, as torch gives), never an id that indexes out of bounds
     (which corrupted the heap and killed the server); the other tokens are untouched."""
-    torch.manual_seed(7)
-    moe = SparseMoE(32, 8, 2, 16, 16, norm_topk_prob=True)
+    moe = _random_moe((8, 2, 32, 16, 16), 7)
     with torch.no_grad():
-        for p in moe.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
         x = torch.randn(6, 32)
         x[nan_rows, 3] = float("nan")
         want = moe(x)
@@ -292,11 +296,8 @@ def test_short_extend_moe_gives_the_same_bits_on_any_thread_count(
     computed the same way on any thread, so the block's output is identical to one thread's (the kernel alone, the
     router's routing fixed)."""
     experts, top_k, hidden, inter, shared = shape
-    torch.manual_seed(seed)
-    moe = SparseMoE(hidden, experts, top_k, inter, shared, norm_topk_prob=True)
+    moe = _random_moe(shape, seed)
     with torch.no_grad():
-        for p in moe.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
         x = torch.randn(tokens, hidden)
         weights, ids = moe.gate(x)
         mlp, gate = moe.shared_expert, moe.shared_expert_gate
