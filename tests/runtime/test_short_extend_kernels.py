@@ -124,9 +124,8 @@ def _cases(draw: st.DrawFn) -> dict:
     }  # fmt: skip
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=_cases())
-def test_short_extend_matches_the_chunked_path(case: dict) -> None:
+def _case_inputs(case: dict) -> tuple[GatedDeltaNet, torch.Tensor, torch.Tensor, ForwardBatch, torch.Tensor]:
+    """A drawn case's layer, conv and SSM pools, batch and input rows (random from the case's seed)."""
     nk, ratio, dk, dv = case["heads"]
     layer = _layer(case["seed"], nk, ratio, dk, dv, case["split"], case["bias"])
     gen = torch.Generator().manual_seed(case["seed"])
@@ -134,6 +133,13 @@ def test_short_extend_matches_the_chunked_path(case: dict) -> None:
     ssm = torch.randn(SLOTS, *layer.ssm_state_shape, generator=gen) * 0.2
     batch = _batch(case["lens"], case["prefixed"], case["slots"], case["ckpts"])
     x = torch.randn(sum(case["lens"]), 32, generator=gen)
+    return layer, conv, ssm, batch, x
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_cases())
+def test_short_extend_matches_the_chunked_path(case: dict) -> None:
+    layer, conv, ssm, batch, x = _case_inputs(case)
     want, want_conv, want_ssm = _run(layer, x, batch, (conv, ssm), False)
     got, got_conv, got_ssm = _run(layer, x, batch, (conv, ssm), True)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
@@ -163,14 +169,9 @@ def test_short_extend_gives_the_same_bits_on_any_thread_count(case: dict, thread
     is computed the same way on any thread, so outputs, states and checkpoints are identical to one thread's. (The
     kernel alone: torch's own projections may round differently on another thread count.)"""
     nk, ratio, dk, dv = case["heads"]
-    layer = _layer(case["seed"], nk, ratio, dk, dv, case["split"], case["bias"])
-    gen = torch.Generator().manual_seed(case["seed"])
-    conv = torch.randn(SLOTS, *layer.conv_state_shape, generator=gen)
-    ssm = torch.randn(SLOTS, *layer.ssm_state_shape, generator=gen) * 0.2
-    batch = _batch(case["lens"], case["prefixed"], case["slots"], case["ckpts"])
+    layer, conv, ssm, batch, x = _case_inputs(case)
     plan = SequencePacking.build(batch, torch.device("cpu")).short_extend_plan()
     assert plan is not None
-    x = torch.randn(sum(case["lens"]), 32, generator=gen)
     with torch.no_grad():
         mixed, z, b, a = layer._project(x)  # noqa: SLF001 - the layer's own inputs to the kernel
     heads = (nk, nk * ratio, dk, dv)
