@@ -32,4 +32,41 @@ static inline float vexpf(float x) {
 
 static inline float silu(float x) { return x / (1.0f + vexpf(-x)); }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HYBRIDCTL_VEXP256 1
+/* vexpf on 8 lanes (the same reduction and polynomial; FMA contraction may round a lane differently from the
+ * scalar form, so a kernel uses one or the other for a given value, never both). */
+static inline __m256 vexp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.37f));
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    const __m256 r2 = _mm256_mul_ps(r, r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, r2, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* x[i] = silu(x[i]) for i < n: 8 lanes at a time where vexp256 exists, silu() for the rest. */
+static inline void silu_inplace(float *x, int64_t n) {
+    int64_t i = 0;
+#ifdef HYBRIDCTL_VEXP256
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        _mm256_storeu_ps(x + i, _mm256_div_ps(v, _mm256_add_ps(one, vexp256(_mm256_sub_ps(_mm256_setzero_ps(), v)))));
+    }
+#endif
+    for (; i < n; i++) x[i] = silu(x[i]);
+}
+
 #endif
