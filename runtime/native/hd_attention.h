@@ -33,6 +33,7 @@ typedef struct {
     float *scores; /* [slots, part]: each part's own scratch (attention_part) */
     int64_t part;
     atomic_int next_slot;
+    const float *kc, *vc; /* an extend's K and V rows gathered in span order, [span, nkv * hd] each */
 } AttnCtx;
 
 /* Units (sequence b, query head h): softmax(q . K) V over the sequence's KV slots, gated. */
@@ -100,13 +101,11 @@ static inline int64_t chain_blocks(const HDLayer *L, int64_t B) {
 
 /* ST[t][i] = sum over d of K_t[d] * QT[d][i] (d ascending, one FMA each), for t < nt; key t's row is at
  * kp + flat[t] * kvw (its head's offset included). */
-static void chain_scores(const float *QT, int64_t hd, const float *kp, const int64_t *flat, int64_t kvw, int64_t nt,
-                         float *ST) {
+static void chain_scores(const float *QT, int64_t hd, const float *kp, int64_t kvw, int64_t nt, float *ST) {
     int64_t t = 0;
 #ifdef __AVX2__
     for (; t + 6 <= nt; t += 6) {
-        const float *k0 = kp + flat[t] * kvw, *k1 = kp + flat[t + 1] * kvw, *k2 = kp + flat[t + 2] * kvw;
-        const float *k3 = kp + flat[t + 3] * kvw, *k4 = kp + flat[t + 4] * kvw, *k5 = kp + flat[t + 5] * kvw;
+        const float *k0 = kp + t * kvw, *k1 = k0 + kvw, *k2 = k1 + kvw, *k3 = k2 + kvw, *k4 = k3 + kvw, *k5 = k4 + kvw;
         __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
         __m256 a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
         for (int64_t d = 0; d < hd; d++) {
@@ -132,7 +131,7 @@ static void chain_scores(const float *QT, int64_t hd, const float *kp, const int
     }
 #endif
     for (; t < nt; t++) {
-        const float *k = kp + flat[t] * kvw;
+        const float *k = kp + t * kvw;
         float acc[16] = {0};
         for (int64_t d = 0; d < hd; d++)
             for (int i = 0; i < 16; i++) acc[i] = fmaf(k[d], QT[d * 16 + i], acc[i]);
@@ -146,8 +145,7 @@ static void chain_softmax(float *ST, int64_t nt, const int64_t *nb, int64_t lo, 
     for (int64_t t = lo; t < nt; t++)
         for (int i = 0; i < 16; i++)
             if (t >= nb[i]) ST[t * 16 + i] = -INFINITY;
-    float mx[16], sum[16];
-    for (int i = 0; i < 16; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
+    float sum[16] = {0};
     int64_t t = 0;
 #ifdef HYBRIDCTL_VEXP256
     __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
@@ -170,6 +168,8 @@ static void chain_softmax(float *ST, int64_t nt, const int64_t *nb, int64_t lo, 
     }
     _mm256_storeu_ps(sum, s0), _mm256_storeu_ps(sum + 8, s1);
 #else
+    float mx[16];
+    for (int i = 0; i < 16; i++) mx[i] = -INFINITY;
     for (; t < nt; t++)
         for (int i = 0; i < 16; i++) mx[i] = ST[t * 16 + i] > mx[i] ? ST[t * 16 + i] : mx[i];
     for (t = 0; t < nt; t++)
@@ -183,8 +183,7 @@ static void chain_softmax(float *ST, int64_t nt, const int64_t *nb, int64_t lo, 
 }
 
 /* OT[d][i] = sum over t < nt of P[t][i] * V_t[d] (t ascending, one FMA each); OT [hd][16] starts zeroed. */
-static void chain_pv(const float *P, int64_t hd, const float *vp, const int64_t *flat, int64_t kvw, int64_t nt,
-                     float *OT) {
+static void chain_pv(const float *P, int64_t hd, const float *vp, int64_t kvw, int64_t nt, float *OT) {
     for (int64_t t0 = 0; t0 < nt; t0 += HD_ATT_KEYS) {
         const int64_t t1 = min64(nt, t0 + HD_ATT_KEYS);
         int64_t d = 0;
@@ -197,7 +196,7 @@ static void chain_pv(const float *P, int64_t hd, const float *vp, const int64_t 
             __m256 a30 = _mm256_loadu_ps(o + 48), a31 = _mm256_loadu_ps(o + 56), a40 = _mm256_loadu_ps(o + 64);
             __m256 a41 = _mm256_loadu_ps(o + 72), a50 = _mm256_loadu_ps(o + 80), a51 = _mm256_loadu_ps(o + 88);
             for (int64_t t = t0; t < t1; t++) {
-                const float *v = vp + flat[t] * kvw + d;
+                const float *v = vp + t * kvw + d;
                 const __m256 p0 = _mm256_loadu_ps(P + t * 16), p1 = _mm256_loadu_ps(P + t * 16 + 8);
                 __m256 x = _mm256_broadcast_ss(v);
                 a00 = HD_FMA(x, p0, a00), a01 = HD_FMA(x, p1, a01);
@@ -220,7 +219,7 @@ static void chain_pv(const float *P, int64_t hd, const float *vp, const int64_t 
         for (; d < hd; d++) {
             __m256 a0 = _mm256_loadu_ps(OT + d * 16), a1 = _mm256_loadu_ps(OT + d * 16 + 8);
             for (int64_t t = t0; t < t1; t++) {
-                const __m256 x = _mm256_broadcast_ss(vp + flat[t] * kvw + d);
+                const __m256 x = _mm256_broadcast_ss(vp + t * kvw + d);
                 a0 = HD_FMA(x, _mm256_loadu_ps(P + t * 16), a0);
                 a1 = HD_FMA(x, _mm256_loadu_ps(P + t * 16 + 8), a1);
             }
@@ -229,9 +228,27 @@ static void chain_pv(const float *P, int64_t hd, const float *vp, const int64_t 
 #endif
         for (; d < hd; d++)
             for (int64_t t = t0; t < t1; t++) {
-                const float x = vp[flat[t] * kvw + d];
+                const float x = vp[t * kvw + d];
                 for (int i = 0; i < 16; i++) OT[d * 16 + i] = fmaf(x, P[t * 16 + i], OT[d * 16 + i]);
             }
+    }
+}
+
+/* The span's K and V rows copied out of the pool into span order: every block then reads them sequentially
+ * (read in place through kv_flat, pages scattered over a large pool cost the tiles ~50 % more). */
+typedef struct {
+    const float *kp, *vp;
+    const int64_t *flat;
+    int64_t kvw;
+    float *kc, *vc;
+} GatherCtx;
+
+static void gather_kv(void *ctx, int64_t begin, int64_t end) {
+    const GatherCtx *c = ctx;
+    const size_t row = (size_t)c->kvw * sizeof(float);
+    for (int64_t t = begin; t < end; t++) {
+        memcpy(c->kc + t * c->kvw, c->kp + c->flat[t] * c->kvw, row);
+        memcpy(c->vc + t * c->kvw, c->vp + c->flat[t] * c->kvw, row);
     }
 }
 
@@ -261,11 +278,11 @@ static void attention_chain(void *ctx, int64_t begin, int64_t end) {
             for (int64_t d = 0; d < hd; d++) QT[d * 16 + i] = 0.0f;
             nb[i] = nt;
         }
-        const float *kp = s->k_pool[L->ordinal] + g * hd, *vp = s->v_pool[L->ordinal] + g * hd;
-        chain_scores(QT, hd, kp, s->kv_flat, kvw, nt, ST);
+        const float *kp = a->kc + g * hd, *vp = a->vc + g * hd;
+        chain_scores(QT, hd, kp, kvw, nt, ST);
         chain_softmax(ST, nt, nb, lo, inv);
         memset(OT, 0, (size_t)(hd * 16) * sizeof(float));
-        chain_pv(ST, hd, vp, s->kv_flat, kvw, nt, OT);
+        chain_pv(ST, hd, vp, kvw, nt, OT);
         for (int64_t i = 0; i < rows; i++) {
             const int64_t r = r0 + i, b = r % B, h = g * group + r / B;
             float *oh = a->o + b * nh * hd + h * hd;
@@ -286,6 +303,15 @@ static int64_t attention_part(const HDModel *m, const HDStep *s, int64_t max_kv)
     for (int64_t l = 0; l < m->n_layers; l++)
         if (m->layers[l].kind == 1) hd = max64(hd, m->layers[l].hd);
     return 16 * (s->kv_offsets[s->batch] + 2 * hd);
+}
+
+/* Floats an extend's attention shares between its parts, ahead of them: the gathered K and V (gather_kv). */
+static int64_t attention_shared(const HDModel *m, const HDStep *s) {
+    if (!s->chain) return 0;
+    int64_t kvw = 0;
+    for (int64_t l = 0; l < m->n_layers; l++)
+        if (m->layers[l].kind == 1) kvw = max64(kvw, m->layers[l].nkv * m->layers[l].hd);
+    return 2 * s->kv_offsets[s->batch] * kvw;
 }
 
 static int64_t attention_scratch(const HDLayer *L, int64_t B) {
@@ -332,7 +358,13 @@ static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const 
         memcpy(vp + loc * kvw, vb, (size_t)kvw * sizeof(float));
     }
     /* After every row's K/V is written: an extend's row reads the K/V of the rows before it. */
-    AttnCtx a = {L, s, q, o, scores, part, 0};
+    AttnCtx a = {L, s, q, o, scores + attention_shared(m, s), part, 0, scores, NULL};
+    if (s->chain) {
+        float *vc = scores + s->kv_offsets[B] * kvw;
+        GatherCtx gc = {kp, vp, s->kv_flat, kvw, scores, vc};
+        a.vc = vc;
+        hp_parallel_for(s->kv_offsets[B], 256, gather_kv, &gc);
+    }
     const int64_t units = s->chain ? nkv * chain_blocks(L, B) : B * nh;
     hp_parallel_for(units, max64(1, (units + slots - 1) / slots), s->chain ? attention_chain : attention_heads, &a);
     gemm_add(gs, L->wo, L->bo, H, nh * hd, o, nh * hd, B, out, H);

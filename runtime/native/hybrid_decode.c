@@ -276,7 +276,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     int64_t scratch = 0;
     for (int64_t l = 0; l < m->n_layers; l++) scratch = max64(scratch, layer_scratch(&m->layers[l], B, H));
     const int64_t slots = hp_threads(), part = attention_part(m, s, max_kv); /* attention scratch per part */
-    float *x = scratch_for((size_t)(3 * B * H + scratch + slots * part));
+    float *x = scratch_for((size_t)(3 * B * H + scratch + attention_shared(m, s) + slots * part));
     if (!x) return HD_NO_MEMORY;
     float *xn = x + B * H, *delta = xn + B * H, *work = delta + B * H, *scores = work + scratch;
     GemmSet g = {0};
