@@ -6,6 +6,11 @@ handle each token while the engine thread waits. So outputs are queued, and the 
 step (`EngineClient.add_step_listener`) to drain all of them, for every request; a client without step notices
 gets a wake-up per output, coalesced while one is pending. In the process layout (`--engine-process`) the event
 loop itself reads each step's outputs from the engine process and drains them at once, with no wake-up.
+A step that produced some request's FIRST token hands over to the loop: the engine thread waits (at most
+FIRST_TOKEN_HANDOFF_S) until the loop has drained that step and written what it queued, before it starts the next
+step. Why: the event loop is SCHED_BATCH (it defers to the engine, server/launch.py) and the next step keeps every
+core busy (the engine thread and its kernels' worker threads), so the first token could wait for a scheduler
+tick, 4-13 ms on a two-core host, and time to first token is the latency a client sees. Later tokens do not wait.
 Whatever ends an HTTP exchange early (client disconnect, error, server shutdown) goes through
 `RequestGroup.close()`, which aborts the unfinished requests so their KV pages and state slots go back to the
 pools.
@@ -25,6 +30,9 @@ from runtime.engine.api import EngineClient
 
 OutputSink = Callable[[RequestOutput], None]
 
+# The longest the engine thread waits for the event loop to write a step's first tokens (normally well under 1 ms).
+FIRST_TOKEN_HANDOFF_S = 0.005
+
 
 class DuplicateRequestId(ValueError):
     pass
@@ -39,6 +47,13 @@ class AsyncEngine:
         # Filled by the engine thread (or a PD fetch thread), drained on the event loop.
         self._inbox: collections.deque[tuple[OutputSink, RequestOutput]] = collections.deque()
         self._wake_pending = False
+        # First-token handoff (module docstring): set by the engine thread, answered by _drain on the loop.
+        self._first_tokens = False  # engine thread: the step being reported produced a request's first token
+        self._want_handoff = False
+        self._handed = threading.Event()
+        self._handoff_lock = threading.Lock()  # the flag's test-and-clear on the loop vs its set on the engine
+        self.handoffs = 0  # steps the loop answered within the timeout
+        self.handoff_timeouts = 0  # steps that gave up waiting
         self._loop_thread = threading.get_ident()  # built on the event loop (ServerContext.engine)
         # True: outputs come from the engine thread only, each step followed by _step_done; wake up once per step.
         self._per_step = client.add_step_listener(self._step_done)
@@ -55,6 +70,8 @@ class AsyncEngine:
 
         def on_output(out: RequestOutput) -> None:  # engine thread (PD decode: also its fetch threads)
             self._inbox.append((sink, out))
+            if out.new_token_ids and out.completion_tokens == len(out.new_token_ids):
+                self._first_tokens = True
             if not self._per_step:
                 self._wake()
 
@@ -69,9 +86,20 @@ class AsyncEngine:
         if not self._inbox:
             return
         if threading.get_ident() == self._loop_thread:
+            self._first_tokens = False
             self._drain()  # the process layout read the step on the loop itself: nothing to wake
-        else:
-            self._wake()
+            return
+        handoff, self._first_tokens = self._first_tokens, False
+        if handoff:
+            with self._handoff_lock:
+                self._handed.clear()
+                self._want_handoff = True
+        self._wake()
+        if handoff:
+            if self._handed.wait(FIRST_TOKEN_HANDOFF_S):
+                self.handoffs += 1
+            else:
+                self.handoff_timeouts += 1
 
     def _wake(self) -> None:
         if self._wake_pending:
@@ -84,15 +112,19 @@ class AsyncEngine:
 
     def _drain(self) -> None:
         self._wake_pending = False  # before reading: an output queued from now on schedules its own drain
+        with self._handoff_lock:
+            handoff, self._want_handoff = self._want_handoff, False
         inbox = self._inbox
-        if not inbox:
-            return
-        self.last_output_time = time.monotonic()
+        if inbox:
+            self.last_output_time = time.monotonic()
         while inbox:
             sink, out = inbox.popleft()
             if out.finished:
                 self._active.discard(out.rid)
             sink(out)
+        if handoff:
+            # After the callbacks the sinks scheduled (the streams' writes): call_soon runs them in order.
+            self.loop.call_soon(self._handed.set)
 
     def abort(self, rid: str) -> None:
         """Abort a request that has not finished (a no-op for one that has)."""

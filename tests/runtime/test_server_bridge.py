@@ -1,6 +1,7 @@
 """The asyncio bridge (runtime/server/engine_bridge.py) on a real threaded engine: every output arrives, in
-order, the same tokens as read straight off the engine thread, and the event loop is woken about once per
-engine step for all running requests, not once per token."""
+order, the same tokens as read straight off the engine thread, the event loop is woken about once per
+engine step for all running requests, not once per token, and a step that produced first tokens waits for the
+loop to take them before the engine goes on."""
 
 from __future__ import annotations
 
@@ -89,3 +90,35 @@ def test_bridge_delivers_every_token_with_one_wake_up_per_step(client: EngineCli
     # The 8 requests prefill and decode together, so each step has 8 outputs; one wake-up drains them all
     # (per token it would be 8 x 24 = 192). Slack for a GIL switch that lets the loop in mid-step.
     assert wakes <= 2 * (N_NEW + 2), f"{wakes} wake-ups for {outputs} outputs"
+
+
+async def _first_tokens_seen_at_handoff(client: EngineClient) -> tuple[AsyncEngine, list[int]]:
+    """Streams a group through the bridge; a step listener registered after the bridge's (so it runs on the
+    engine thread right after the bridge's own, before the next step) records how many requests' first tokens
+    the event loop had consumed each time a handoff completed."""
+    loop = asyncio.get_running_loop()
+    engine = AsyncEngine(client, loop)
+    seen_first: set[str] = set()
+    at_handoff: list[int] = []
+    answered = 0
+
+    def after_bridge() -> None:  # engine thread
+        nonlocal answered
+        if engine.handoffs > answered:
+            answered = engine.handoffs
+            at_handoff.append(len(seen_first))
+
+    client.add_step_listener(after_bridge)  # like the bridge's, it stays with the module's engine (harmless)
+    async for _, out in RequestGroup(engine, _requests("h")).updates():
+        if out.new_token_ids:
+            seen_first.add(out.rid)
+    return engine, at_handoff
+
+
+def test_first_token_step_waits_for_the_loop_to_take_it(client: EngineClient) -> None:
+    engine, at_handoff = asyncio.run(_first_tokens_seen_at_handoff(client))
+    # Only steps that produced some request's first token hand over: at most one per request, never per token.
+    assert 1 <= engine.handoffs + engine.handoff_timeouts <= N_REQ
+    assert engine.handoffs >= 1, "the idle event loop never answered a handoff within its timeout"
+    # When the engine thread went on, the loop had already consumed the first tokens it was handed.
+    assert at_handoff and all(n >= 1 for n in at_handoff), at_handoff
