@@ -4,10 +4,10 @@
 This module decides which models and batches go native and builds the kernel's weight table from the model's
 own parameters (no copies; the few parameter-only derived tensors, `1 + w` and `-exp(A_log)`, come from the
 layers' kept caches and the table is rebuilt when one of their source parameters changes). The runner calls it
-for decode batches and one-token continuations (and, with RUNTIME_NATIVE_EXTEND=1, short single-sequence extends:
-2..EXTEND_MAX_TOKENS new tokens of one sequence as rows of one chain, the recurrent state advanced token by token),
-before the compiled paths: where both are on, native wins the decode step (it needs no warm-up) and the compiled
-extend still serves short extends.
+for decode batches, one-token continuations and short single-sequence extends (2..EXTEND_MAX_TOKENS new tokens of
+one sequence as rows of one chain, the recurrent state advanced token by token; RUNTIME_NATIVE_EXTEND=0 leaves
+them to the torch path), before the compiled paths: where both are on, native wins the decode step and the short
+extends (it needs no warm-up).
 
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 weights and fp32 pools;
 elsewhere `why_not` says why and the torch path runs.
@@ -64,10 +64,21 @@ THREADS_ENV = "RUNTIME_NATIVE_DECODE_THREADS"  # pins the native step's thread c
 # The longest single-sequence extend the C step takes as one chain of rows (the warm request's 48 new tokens after
 # a cached prefix; a multi-turn follow-up). Longer ones are prefills: torch's GEMMs and SDPA win there.
 EXTEND_MAX_TOKENS = 64
-# "1": take those extends (off by default: on the shared 2-core host, with one core effectively free, the warm
-# request's 48-token extend ran ~25 % slower as one C call than through torch's GEMMs and SDPA around the tuned
-# short-extend kernels; docs/performance.md, "Warm extend on two cores (session 10)").
+# "0": leave those extends to the torch path. On by default since session 11, when its attention (query rows as
+# vector lanes) and GEMMs made the warm request's 48-token extend ~1.5x faster than torch's GEMMs and SDPA around
+# the short-extend kernels (docs/performance.md, "Current result (session 11)").
 EXTEND_ENV = "RUNTIME_NATIVE_EXTEND"
+
+
+def extends_from_env() -> bool:
+    """Whether the native step takes short extends: RUNTIME_NATIVE_EXTEND unset or "1" yes, "0" no; ValueError
+    naming the variable for anything else."""
+    raw = os.environ.get(EXTEND_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(
+            f"{EXTEND_ENV}={raw!r}: expected 1 (native short extends, the default) or 0 (torch), or unset it"
+        )
+    return raw != "0"
 
 
 class Unsupported(Exception):
@@ -259,8 +270,8 @@ class NativeDecode:
 
     def __init__(self, model: HybridModel, *, extends: bool | None = None) -> None:
         self.model = model
-        # Short single-sequence extends as one chain of rows (`extends`; default: RUNTIME_NATIVE_EXTEND=1).
-        self.extends = os.environ.get(EXTEND_ENV, "") == "1" if extends is None else extends
+        # Short single-sequence extends as one chain of rows (`extends`; default: extends_from_env()).
+        self.extends = extends_from_env() if extends is None else extends
         self.library = load_library()  # NativeUnavailable: no compiler, a compile error, HYBRIDCTL_NATIVE=0
         pinned = pinned_from_env(THREADS_ENV)
         self.pinned = pinned is not None
@@ -375,5 +386,5 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
         return None, NativeStatus("off", exc.reason)
     lib = native.library
     detail = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "cached"
-    extends = f"; short extends ({EXTEND_ENV})" if native.extends else ""
+    extends = "; short extends" if native.extends else f"; short extends off ({EXTEND_ENV}=0)"
     return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}{extends}")

@@ -123,14 +123,19 @@ def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     assert not native.handles(two)  # several sequences: the torch (or compiled) extend
 
 
-def test_extends_are_opt_in(model: HybridModel, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_extends_are_on_by_default_and_env_turns_them_off(model: HybridModel, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     batch = _extend_batch(_runner(model, 6), _prompt(8, 1))
     monkeypatch.delenv(EXTEND_ENV, raising=False)
+    assert NativeDecode(model).handles(batch)
+    assert native_decode_for(model, "auto", "cpu")[1].line().endswith("; short extends)")
+    monkeypatch.setenv(EXTEND_ENV, "0")
     assert not NativeDecode(model).handles(batch)
-    assert "short extends" not in native_decode_for(model, "auto", "cpu")[1].line()
+    assert native_decode_for(model, "auto", "cpu")[1].line().endswith(f"; short extends off ({EXTEND_ENV}=0))")
     monkeypatch.setenv(EXTEND_ENV, "1")
     assert NativeDecode(model).handles(batch)
-    assert native_decode_for(model, "auto", "cpu")[1].line().endswith(f"; short extends ({EXTEND_ENV}))")
+    monkeypatch.setenv(EXTEND_ENV, "yes")
+    with pytest.raises(ValueError, match=f"{EXTEND_ENV}='yes'"):
+        NativeDecode(model)
 
 
 def test_extend_refuses_new_slots_that_are_not_the_end_of_its_kv_list(model: HybridModel) -> None:  # noqa: F811
