@@ -16,6 +16,10 @@ from runtime.engine.builder import build_engine
 
 logger = logging.getLogger("runtime.engine")
 
+# Free state slots made ready while the engine is idle (StateSlotPool.prefault): about what the next few
+# requests take (one slot each, plus checkpoints), ~3 MB of resident memory for the peer model.
+IDLE_PREFAULT_SLOTS = 8
+
 
 class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
@@ -51,6 +55,13 @@ class EngineCore:
             raise
         sched.postprocess(batch, logits)
         return True
+
+    def on_idle(self) -> None:
+        """Bounded work for when no request runs (the engine thread calls it before it blocks): fault in the state
+        slots the next requests will be handed, so their first copy does not (the elastic pool's slots move
+        between chunks: not there)."""
+        if self.elastic is None:
+            self.cache.state_pool.prefault(IDLE_PREFAULT_SLOTS)
 
     def check_invariants(self) -> None:
         """Pool accounting (free + cached + in-use == total, nothing in two places); raises AssertionError."""

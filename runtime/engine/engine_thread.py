@@ -214,6 +214,8 @@ class ThreadedEngineClient(EngineClient):
                 # Block only when idle; while requests run, just drain what has arrived (and skip the queue's
                 # lock and Empty exception, ~3 us a step, when nothing has).
                 block = not self.core.scheduler.has_work
+                if block and not self._commands.qsize():
+                    self.core.on_idle()
                 while block or self._commands.qsize():
                     kind, payload, fut = self._commands.get(block=block, timeout=None)
                     commanded = True
