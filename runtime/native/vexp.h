@@ -38,7 +38,9 @@ static inline float silu(float x) { return x / (1.0f + vexpf(-x)); }
 /* vexpf on 8 lanes (the same reduction and polynomial; FMA contraction may round a lane differently from the
  * scalar form, so a kernel uses one or the other for a given value, never both). */
 static inline __m256 vexp256(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.37f));
+    /* A NaN stays NaN, as in vexpf (the clamp alone would turn it into exp(-87.3)). */
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    x = _mm256_blendv_ps(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.37f)), x, nan);
     const __m256 magic = _mm256_set1_ps(12582912.0f);
     const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic), magic);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
