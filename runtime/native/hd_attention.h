@@ -319,6 +319,23 @@ static int64_t attention_scratch(const HDLayer *L, int64_t B) {
     return B * (qw + 2 * L->nkv * L->hd + L->nh * L->hd) + L->rot_dim + 2;
 }
 
+/* Attention of the step's rows (q [B, qw] after RoPE, their K/V already in the pools) into o [B, nh * hd]: the
+ * decode's per-(sequence, head) units, or an extend's gather then (KV head, row block) units. `scores`: `shared`
+ * floats for the gathered K/V, then `slots` parts of `part` floats (attention_shared, attention_part). */
+static void attend(const HDLayer *L, const HDStep *s, const float *q, float *o, float *scores, int64_t shared,
+                   int64_t part, int64_t slots) {
+    const int64_t B = s->batch, kvw = L->nkv * L->hd;
+    AttnCtx a = {L, s, q, o, scores + shared, part, 0, scores, NULL};
+    if (s->chain) {
+        float *vc = scores + s->kv_offsets[B] * kvw;
+        GatherCtx gc = {s->k_pool[L->ordinal], s->v_pool[L->ordinal], s->kv_flat, kvw, scores, vc};
+        a.vc = vc;
+        hp_parallel_for(s->kv_offsets[B], 256, gather_kv, &gc);
+    }
+    const int64_t units = s->chain ? L->nkv * chain_blocks(L, B) : B * L->nh;
+    hp_parallel_for(units, max64(1, (units + slots - 1) / slots), s->chain ? attention_chain : attention_heads, &a);
+}
+
 static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work,
                      float *scores, int64_t part, int64_t slots, GemmSet *gs) {
     const int64_t B = s->batch, H = m->hidden, hd = L->hd, nh = L->nh, nkv = L->nkv;
@@ -358,15 +375,7 @@ static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const 
         memcpy(vp + loc * kvw, vb, (size_t)kvw * sizeof(float));
     }
     /* After every row's K/V is written: an extend's row reads the K/V of the rows before it. */
-    AttnCtx a = {L, s, q, o, scores + attention_shared(m, s), part, 0, scores, NULL};
-    if (s->chain) {
-        float *vc = scores + s->kv_offsets[B] * kvw;
-        GatherCtx gc = {kp, vp, s->kv_flat, kvw, scores, vc};
-        a.vc = vc;
-        hp_parallel_for(s->kv_offsets[B], 256, gather_kv, &gc);
-    }
-    const int64_t units = s->chain ? nkv * chain_blocks(L, B) : B * nh;
-    hp_parallel_for(units, max64(1, (units + slots - 1) / slots), s->chain ? attention_chain : attention_heads, &a);
+    attend(L, s, q, o, scores, attention_shared(m, s), part, slots);
     gemm_add(gs, L->wo, L->bo, H, nh * hd, o, nh * hd, B, out, H);
     gemm_run(gs);
     return HD_OK;
