@@ -34,7 +34,7 @@ typedef struct {
     int64_t H, B;
     UpJob up[HD_MAX_JOBS];
     DownJob down[HD_MAX_JOBS];
-    int64_t first[HD_MAX_JOBS + 1]; /* 4-row blocks of each job's intermediate rows */
+    int64_t first[HD_MAX_JOBS + 1]; /* units of the input side: each job's 4-row blocks, ffn_block_units each */
     int64_t bytes_up, bytes_down;
     float *out; /* [B, H] */
     float *eo; /* [rows of all jobs, H]: each job's down projection before it is added */
@@ -45,13 +45,23 @@ typedef struct {
 
 enum { FFN_CLEAR = 0, FFN_ADD = 1, FFN_DENSE = 2 };
 
+/* The input side's units per 4-row block of a job: its rows (the FMAs) plus what streaming the block's weights
+ * costs, in rows. The threads' parts split these units evenly, so a busy expert (or the shared one, every row)
+ * weighs what it costs: split by blocks, an extend's second part took the shared expert and ran ~2x the first. */
+#define FFN_WEIGHT_ROWS 4
+static inline int64_t ffn_block_units(const UpJob *q) { return q->cnt + FFN_WEIGHT_ROWS; }
+
 static void ffn_up_blocks(void *ctx, int64_t begin, int64_t end) {
     const FfnCtx *f = ctx;
     for (int j = 0; j < f->n; j++) {
         const int64_t lo = max64(begin, f->first[j]), hi = min64(end, f->first[j + 1]);
         if (lo >= hi) continue;
         const UpJob *q = &f->up[j];
-        const int64_t r0 = (lo - f->first[j]) * 4, r1 = min64((hi - f->first[j]) * 4, q->inter), I = q->inter;
+        /* The blocks whose first unit lies in [lo, hi): each block in exactly one part, computed whole. */
+        const int64_t w = ffn_block_units(q);
+        const int64_t i0 = (lo - f->first[j] + w - 1) / w, i1 = (hi - f->first[j] + w - 1) / w;
+        if (i0 >= i1) continue;
+        const int64_t r0 = i0 * 4, r1 = min64(i1 * 4, q->inter), I = q->inter;
         gemm_rows(q->gate + r0 * f->H, NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->g + r0, I);
         gemm_rows(q->up + r0 * f->H, NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->u + r0, I);
         for (int64_t r = 0; r < q->cnt; r++)
@@ -98,7 +108,7 @@ static void ffn_add(FfnCtx *f, const float *gate, const float *up, const float *
     const int j = f->n++;
     f->up[j] = (UpJob){gate, up, inter, cnt, x, buf, buf + cnt * inter, buf + 2 * cnt * inter};
     f->down[j] = (DownJob){down, tok, tokw};
-    f->first[j + 1] = f->first[j] + (inter + 3) / 4;
+    f->first[j + 1] = f->first[j] + (inter + 3) / 4 * ffn_block_units(&f->up[j]);
     f->bytes_up += 2 * inter * f->H * (int64_t)sizeof(float);
     f->bytes_down += inter * f->H * (int64_t)sizeof(float);
 }

@@ -29,10 +29,41 @@
 #endif
 #define WG_NR 16
 
-/* Xt[k][j] = X[b0 + j, k0 + k] for j < bc, 0 for bc <= j < ld. */
+#ifdef WG_AVX
+/* The 8 x 8 block at x (row stride ldx) transposed into xt (row stride ld). */
+static inline void wg_transpose8(const float *x, int64_t ldx, float *xt, int64_t ld) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(x + i * ldx);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(xt + i * ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(xt + (i + 4) * ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#endif
+
+/* Xt[k][j] = X[b0 + j, k0 + k] for j < bc, 0 for bc <= j < ld (a copy: the values are the same either way). */
 static inline void wg_pack(const float *X, int64_t ldx, int64_t b0, int64_t bc, int64_t k0, int64_t kc, float *Xt,
                            int64_t ld) {
-    for (int64_t j = 0; j < ld; j++) {
+    int64_t j0 = 0;
+#ifdef WG_AVX
+    for (; j0 + 8 <= bc; j0 += 8) {
+        int64_t k = 0;
+        for (; k + 8 <= kc; k += 8) wg_transpose8(X + (b0 + j0) * ldx + k0 + k, ldx, Xt + k * ld + j0, ld);
+        for (; k < kc; k++)
+            for (int64_t j = j0; j < j0 + 8; j++) Xt[k * ld + j] = X[(b0 + j) * ldx + k0 + k];
+    }
+#endif
+    for (int64_t j = j0; j < ld; j++) {
         const float *x = j < bc ? X + (b0 + j) * ldx + k0 : NULL;
         for (int64_t k = 0; k < kc; k++) Xt[k * ld + j] = x ? x[k] : 0.0f;
     }
