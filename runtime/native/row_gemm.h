@@ -1,12 +1,14 @@
 /* Row-major fp32 GEMV/GEMM for the decode kernels (header-only; hybrid_decode.c): `gemm` streams each weight row once
  * for all B rows of a batch (AVX2 + FMA blocks of 4 weight rows x 2 batch rows, software prefetch of the next block),
- * and a GemmSet runs several projections of one phase as ONE region of parallel.h's pool, split in 4-row blocks so
+ * `gemm_rows` takes wide_gemm.h's broadcast form instead from HD_WIDE_ROWS rows on, and a GemmSet runs several
+ * projections of one phase as ONE region of parallel.h's pool, split in 4-row blocks so
  * every row is computed by the same code in the same order whichever thread runs it (bit-identical to one thread).
  */
 #ifndef HYBRIDCTL_ROW_GEMM_H
 #define HYBRIDCTL_ROW_GEMM_H
 
 #include "parallel.h"
+#include "wide_gemm.h"
 
 #include <stdint.h>
 
@@ -127,6 +129,21 @@ static inline void gemm(const float *restrict W, const float *restrict bias, int
     }
 }
 
+/* The batch size from which gemm_rows takes gemm_wide: a decode batch (B <= 8) keeps the dot form (the weights
+ * stream from DRAM there and the two forms ran alike at 8..12 rows; docs/performance.md, "Native extend GEMMs");
+ * an extend's projections (its new tokens) and its busy experts take the register tile. Which form a call takes
+ * depends only on B, never on the thread or the split, so every row is computed the same way under any threads. */
+#ifndef HD_WIDE_ROWS
+#define HD_WIDE_ROWS 12
+#endif
+
+static inline void gemm_rows(const float *restrict W, const float *restrict bias, int64_t N, int64_t K, const float *X,
+                             int64_t ldx, int64_t B, float *Y, int64_t ldy) {
+    if (B >= HD_WIDE_ROWS)
+        gemm_wide(W, bias, N, K, X, ldx, B, Y, ldy);
+    else
+        gemm(W, bias, N, K, X, ldx, B, Y, ldy);
+}
 
 /* ---- projections split by rows across the pool's threads ---- */
 
@@ -174,7 +191,8 @@ static inline void gemm_blocks(void *ctx, int64_t begin, int64_t end) {
         if (lo >= hi) continue;
         const GemmJob *q = &g->job[j];
         const int64_t r0 = (lo - g->first[j]) * 4, r1 = min64((hi - g->first[j]) * 4, q->N);
-        gemm(q->W + r0 * q->K, q->bias ? q->bias + r0 : NULL, r1 - r0, q->K, q->X, q->ldx, q->B, q->Y + r0, q->ldy);
+        gemm_rows(q->W + r0 * q->K, q->bias ? q->bias + r0 : NULL, r1 - r0, q->K, q->X, q->ldx, q->B, q->Y + r0,
+                  q->ldy);
     }
 }
 

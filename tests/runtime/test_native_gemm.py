@@ -1,0 +1,141 @@
+"""The native step's GEMMs (runtime/native/row_gemm.h: the dot form `gemm`; wide_gemm.h: the broadcast form
+`gemm_wide`, which `gemm_rows` takes from HD_WIDE_ROWS batch rows on), driven through a probe library built from
+tests/runtime/native_gemm_probe.c exactly as the runtime builds its kernels: each form against a float64
+reference, the dispatch on B (a decode batch keeps the dot form bit for bit), and the broadcast form's promise that
+a row's result never depends on the tile it falls in, the split of the rows or the thread count."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import platform
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.native import build
+
+PROBE = Path(__file__).with_name("native_gemm_probe.c")
+_F = ctypes.POINTER(ctypes.c_float)
+_I64 = ctypes.c_int64
+
+pytestmark = pytest.mark.skipif(build.find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
+
+# (N, K, B): N off the 4/6/12-row tiles, K off the 8-float vectors and past one 256-long chunk, B across the
+# 16-row panels' remainders and past one 64-row panel.
+SHAPES = [(1, 8, 12), (13, 24, 12), (37, 200, 17), (50, 264, 33), (24, 520, 48), (7, 300, 70), (130, 256, 64)]
+
+
+def _load(tmp_path: Path, name: str, flags: tuple[str, ...] = build.DEFAULT_FLAGS) -> ctypes.CDLL:
+    lib = build.load(f"{name}_{tmp_path.name}", PROBE, flags).lib
+    lib.probe_gemm.argtypes = [ctypes.c_int, _F, _F, _I64, _I64, _F, _I64, _I64, _F, _I64]
+    lib.probe_gemm_set.argtypes = [_F, _I64, _F, _F, _I64, _I64, _F, _I64, _F, _F]
+    lib.probe_set_min_part_bytes.argtypes = [_I64]
+    return lib
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ctypes.CDLL]:
+    # One build for the module (its own cache dir); the pool test puts the thread count back.
+    with pytest.MonkeyPatch.context() as mp:
+        tmp = tmp_path_factory.mktemp("gemm")
+        mp.setenv(build.CACHE_ENV, str(tmp / "cache"))
+        mp.delenv(build.DISABLE_ENV, raising=False)
+        build.forget_loaded()
+        yield _load(tmp, "gemm_probe")
+        build.forget_loaded()
+
+
+def _ptr(a: np.ndarray | None) -> ctypes._Pointer[ctypes.c_float] | None:
+    return None if a is None else a.ctypes.data_as(_F)
+
+
+def _inputs(n: int, k: int, b: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    # X rows with a stride wider than K (ldx = K + 3): the kernels read a row's first K floats only.
+    x = rng.standard_normal((b, k + 3)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    return w, x, bias
+
+
+def _run(lib: ctypes.CDLL, form: int, w: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    n, k = w.shape
+    b, ldx = x.shape
+    y = np.full((b, n + 5), np.nan, dtype=np.float32)  # ldy = N + 5: the columns past N stay untouched
+    lib.probe_gemm(form, _ptr(w), _ptr(bias), n, k, _ptr(x), ldx, b, _ptr(y), n + 5)
+    assert np.isnan(y[:, n:]).all()
+    return y[:, :n]
+
+
+@pytest.mark.parametrize(("n", "k", "b"), SHAPES)
+@pytest.mark.parametrize("form", [0, 1])
+def test_each_form_matches_a_float64_reference(probe: ctypes.CDLL, form: int, n: int, k: int, b: int) -> None:
+    w, x, bias = _inputs(n, k, b, seed=n * 1000 + k + b)
+    for with_bias in (False, True):
+        got = _run(probe, form, w, x, bias if with_bias else None)
+        xs = x[:, :k].astype(np.float64)
+        want = xs @ w.astype(np.float64).T + (bias if with_bias else 0.0)
+        # fp32 sums of K products: error within a few K ulps of the sum of |products|.
+        bound = 4 * k * 2.0**-24 * (np.abs(xs) @ np.abs(w.astype(np.float64)).T) + 1e-6
+        assert (np.abs(got - want) <= bound).all(), f"form {form} off by {np.abs(got - want).max()}"
+
+
+@pytest.mark.parametrize(("n", "k", "b"), SHAPES[:3] + [(40, 256, 5), (40, 256, 8), (40, 256, 11)])
+def test_rows_take_the_dot_form_below_the_threshold_and_the_broadcast_form_from_it(
+    probe: ctypes.CDLL, n: int, k: int, b: int
+) -> None:
+    threshold = probe.probe_wide_rows()
+    assert 8 < threshold <= 16  # a decode batch (B <= 8) keeps the dot form
+    w, x, bias = _inputs(n, k, b, seed=7)
+    got = _run(probe, 2, w, x, bias)
+    want = _run(probe, 0 if b < threshold else 1, w, x, bias)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(("n", "k", "b"), SHAPES)
+def test_broadcast_form_rows_do_not_depend_on_the_split(probe: ctypes.CDLL, n: int, k: int, b: int) -> None:
+    w, x, bias = _inputs(n, k, b, seed=3)
+    whole = _run(probe, 1, w, x, bias)
+    # Any split of the rows, not only at the 4-row blocks the pool uses: every row is its own fma chain.
+    cuts = sorted({0, n, *np.random.default_rng(n).integers(0, n, size=4).tolist()})
+    for lo, hi in itertools.pairwise(cuts):
+        part = _run(probe, 1, w[lo:hi].copy(), x, bias[lo:hi].copy())
+        assert np.array_equal(part, whole[:, lo:hi]), (lo, hi)
+    # And a subset of the batch rows (another panel layout) gives those rows' values.
+    assert np.array_equal(_run(probe, 1, w, x[1:].copy(), bias), whole[1:])
+
+
+@pytest.mark.parametrize("b", [3, 12, 48])
+def test_projections_through_the_pool_are_bit_identical_under_1_2_3_threads(probe: ctypes.CDLL, b: int) -> None:
+    k, n0, n1 = 256, 100, 52
+    rng = np.random.default_rng(b)
+    w0 = rng.standard_normal((n0, k)).astype(np.float32)
+    w1 = rng.standard_normal((n1, k)).astype(np.float32)
+    bias1 = rng.standard_normal(n1).astype(np.float32)
+    x = rng.standard_normal((b, k)).astype(np.float32)
+    probe.probe_set_min_part_bytes(1)  # split to the 4-row block
+    results = []
+    for threads in (1, 2, 3):
+        probe.probe_set_threads(threads)
+        y0, y1 = np.zeros((b, n0), np.float32), np.zeros((b, n1), np.float32)
+        probe.probe_gemm_set(_ptr(w0), n0, _ptr(w1), _ptr(bias1), n1, k, _ptr(x), b, _ptr(y0), _ptr(y1))
+        results.append((y0, y1))
+    probe.probe_set_threads(1)
+    probe.probe_set_min_part_bytes(32768)
+    for y0, y1 in results[1:]:
+        assert np.array_equal(y0, results[0][0]) and np.array_equal(y1, results[0][1])
+    # The same bits as one gemm_rows call over all of a projection's rows.
+    assert np.array_equal(results[0][0], _run(probe, 2, w0, x, None))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX2 path is x86's")
+def test_plain_c_form_computes_the_same_chains_as_the_avx2_one(probe: ctypes.CDLL, tmp_path: Path) -> None:
+    flags = tuple(f for f in build.DEFAULT_FLAGS if f != "-march=native") + ("-mno-avx2", "-mno-fma")
+    plain = _load(tmp_path, "gemm_probe_plain", flags)
+    for n, k, b in SHAPES:
+        w, x, bias = _inputs(n, k, b, seed=11)
+        # fmaf is one rounding per product-add, as the AVX2 tile's FMA: the same bits, not just close.
+        assert np.array_equal(_run(plain, 1, w, x, bias), _run(probe, 1, w, x, bias)), (n, k, b)
