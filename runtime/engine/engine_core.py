@@ -7,6 +7,7 @@ server; tests drive it directly, in-process. `builder.py` builds it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -56,12 +57,12 @@ class EngineCore:
         sched.postprocess(batch, logits)
         return True
 
-    def on_idle(self) -> None:
-        """Bounded work for when no request runs (the engine thread calls it before it blocks): fault in the state
-        slots the next requests will be handed, so their first copy does not (the elastic pool's slots move
-        between chunks: not there)."""
+    def on_idle(self, interrupted: Callable[[], bool]) -> None:
+        """Work for when no request runs (the engine thread calls it before it blocks), dropped as soon as
+        `interrupted()` (a command arrived): fault in the state slots the next requests will be handed, so their
+        first copy does not (the elastic pool's slots move between chunks: not there)."""
         if self.elastic is None:
-            self.cache.state_pool.prefault(IDLE_PREFAULT_SLOTS)
+            self.cache.state_pool.prefault(IDLE_PREFAULT_SLOTS, interrupted)
 
     def check_invariants(self) -> None:
         """Pool accounting (free + cached + in-use == total, nothing in two places); raises AssertionError."""

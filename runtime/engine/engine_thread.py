@@ -215,7 +215,7 @@ class ThreadedEngineClient(EngineClient):
                 # lock and Empty exception, ~3 us a step, when nothing has).
                 block = not self.core.scheduler.has_work
                 if block and not self._commands.qsize():
-                    self.core.on_idle()
+                    self.core.on_idle(lambda: self._commands.qsize() > 0)
                 while block or self._commands.qsize():
                     kind, payload, fut = self._commands.get(block=block, timeout=None)
                     commanded = True

@@ -6,7 +6,7 @@ is how the prefix cache snapshots a running request's state and hands a cached s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -109,15 +109,25 @@ class StateSlotPool:
         written since start-up: their pages are not faulted in yet."""
         return [slot for slot in reversed(self._free[-count:] if count > 0 else []) if slot not in self._written]
 
-    def prefault(self, count: int) -> int:
-        """Zero next_unwritten(count); returns how many. The engine calls it when idle: a fresh slot's first write
-        (a request's copy of a cached state, ~0.4 MB for the peer model) otherwise faults its pages in on the
-        request's critical path (~0.4 of a cached prompt's ~1.1 ms schedule). Only free slots are touched, so no
-        state is lost, and the free list keeps its order."""
-        slots = self.next_unwritten(count)
-        for slot in slots:
-            self.zero(slot)
-        return len(slots)
+    def prefault(self, count: int, stop: Callable[[], bool] | None = None) -> int:
+        """Zero next_unwritten(count), one layer's tensor at a time, giving up as soon as `stop()` says so (a
+        request arrived: it must not wait for this); returns how many slots were finished. The engine calls it
+        when idle: a fresh slot's first write (a request's copy of a cached state, ~0.4 MB for the peer model)
+        otherwise faults its pages in on the request's critical path (~0.4 of a cached prompt's ~1.1 ms
+        schedule). Only free slots are touched, so no state is lost, and the free list keeps its order."""
+        done = 0
+        for slot in self.next_unwritten(count):
+            for t in self._slot_tensors():
+                if stop is not None and stop():
+                    return done
+                t[slot].zero_()
+            self._written.add(slot)
+            done += 1
+        return done
+
+    def _slot_tensors(self) -> list[torch.Tensor]:
+        per_layer = [] if self.buffers is None else [*self.buffers.conv, *self.buffers.ssm]
+        return [*self.extra, *per_layer]
 
     def read(self, slot: int) -> list[torch.Tensor]:
         """Clones of the slot's tensors (tests compare states with this)."""

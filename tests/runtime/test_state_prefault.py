@@ -81,3 +81,18 @@ def test_the_idle_engine_has_its_next_slots_faulted_in(demo_model_dir: Path) -> 
         assert left == 0
     finally:
         client.shutdown()
+
+
+def test_prefault_stops_when_asked_and_leaves_unfinished_slots_for_later() -> None:
+    pool = _pool(5)
+    asked = 0
+
+    def stop_after_three() -> bool:  # a request arrives after three layer tensors
+        nonlocal asked
+        asked += 1
+        return asked > 3
+
+    first = pool.next_unwritten(4)
+    assert pool.prefault(4, stop_after_three) == 1  # slot 1 has two tensors (conv, ssm): done; slot 2 half
+    assert pool.next_unwritten(4) == first[1:]
+    assert pool.prefault(4) == 3 and pool.next_unwritten(4) == []
