@@ -119,7 +119,7 @@ static inline __attribute__((always_inline)) void wg_tile(const float *restrict 
 /* Y[b, n] = W[n, :] . X[b, :] (+ bias[n]) for b < B, n < N, as the chains above: tiles of 12 weight rows, each
  * across the panel's batch rows (two 6 x 16 tiles per 16 rows, one 12 x 8 for a last 1..8), the first of them
  * prefetching the next 12 rows. */
-static inline void gemm_wide(const float *restrict W, const float *restrict bias, int64_t N, int64_t K,
+static __attribute__((noinline)) void gemm_wide(const float *restrict W, const float *restrict bias, int64_t N, int64_t K,
                              const float *X, int64_t ldx, int64_t B, float *Y, int64_t ldy) {
     float Xt[WG_KC * WG_BC];
     for (int64_t b0 = 0; b0 < B; b0 += WG_BC) {
