@@ -17,9 +17,10 @@ from runtime.engine.builder import build_engine
 
 logger = logging.getLogger("runtime.engine")
 
-# Free state slots made ready while the engine is idle (StateSlotPool.prefault): about what the next few
-# requests take (one slot each, plus checkpoints), ~3 MB of resident memory for the peer model.
-IDLE_PREFAULT_SLOTS = 8
+# Free state slots made ready while the engine is idle (StateSlotPool.prefault): what the next requests take (one
+# slot each, plus a cold prompt's checkpoints), as many as fit in this many bytes, at least one (a large model's
+# slot is tens of MB: resident memory grows by at most this much, or one slot, ahead of use).
+IDLE_PREFAULT_BYTES = 16 << 20
 
 
 class EngineCore:
@@ -62,7 +63,11 @@ class EngineCore:
         `interrupted()` (a command arrived): fault in the state slots the next requests will be handed, so their
         first copy does not (the elastic pool's slots move between chunks: not there)."""
         if self.elastic is None:
-            self.cache.state_pool.prefault(IDLE_PREFAULT_SLOTS, interrupted)
+            self.cache.state_pool.prefault(self.idle_prefault_slots(), interrupted)
+
+    def idle_prefault_slots(self) -> int:
+        """How many free state slots on_idle keeps faulted in."""
+        return max(1, IDLE_PREFAULT_BYTES // max(1, self.cache.state_pool.slot_bytes))
 
     def check_invariants(self) -> None:
         """Pool accounting (free + cached + in-use == total, nothing in two places); raises AssertionError."""

@@ -32,6 +32,9 @@ _STATS_LOG_INTERVAL_S = 10.0
 # While a steady decode runs, the snapshot's token counters and gauges may lag by this much (SGLang itself
 # refreshes its decode metrics every 40 steps); request starts and ends are always seen at once.
 _STATS_REFRESH_S = 0.05
+# How long the engine, gone idle, waits for a command before it does its idle work (EngineCore.on_idle): a client
+# that sends its next request as soon as the last one ends must find the engine free, not faulting pages in.
+_IDLE_WORK_DELAY_S = 0.02
 
 _T = TypeVar("_T")
 
@@ -49,6 +52,7 @@ class ThreadedEngineClient(EngineClient):
         self._stopped = False
         self._failure: str | None = None  # why the engine loop died (it never should)
         self._step_listeners: list[Callable[[], None]] = []
+        self._idle_work_due = True  # EngineCore.on_idle has not run since the last step that did work
         self._thread = threading.Thread(target=self._loop, name="runtime-engine", daemon=True)
 
     @classmethod
@@ -214,10 +218,8 @@ class ThreadedEngineClient(EngineClient):
                 # Block only when idle; while requests run, just drain what has arrived (and skip the queue's
                 # lock and Empty exception, ~3 us a step, when nothing has).
                 block = not self.core.scheduler.has_work
-                if block and not self._commands.qsize():
-                    self.core.on_idle(lambda: self._commands.qsize() > 0)
                 while block or self._commands.qsize():
-                    kind, payload, fut = self._commands.get(block=block, timeout=None)
+                    kind, payload, fut = self._next_command(block)
                     commanded = True
                     if not self._apply(kind, payload, fut):
                         self._refresh_stats()
@@ -229,6 +231,7 @@ class ThreadedEngineClient(EngineClient):
             stepped = False
             try:
                 stepped = self.core.step()
+                self._idle_work_due = self._idle_work_due or stepped
             except Exception as exc:  # noqa: BLE001 - one bad step must not kill the server; its requests fail
                 logger.exception("engine step failed; aborting the requests it was running")
                 for r in list(self.core.scheduler.running):
@@ -239,6 +242,17 @@ class ThreadedEngineClient(EngineClient):
             if self.core.args.log_mamba_state_stats and time.monotonic() - last_stats_log > _STATS_LOG_INTERVAL_S:
                 last_stats_log = time.monotonic()
                 self.core.log_state_stats()
+
+    def _next_command(self, block: bool) -> tuple[str, Any, Future[Any] | None]:
+        """The next command (queue.Empty when none and not `block`). Gone idle after work, the engine first
+        waits _IDLE_WORK_DELAY_S for one, then does its idle work (dropped when a command arrives), then blocks."""
+        if block and self._idle_work_due:
+            try:
+                return self._commands.get(timeout=_IDLE_WORK_DELAY_S)
+            except queue.Empty:
+                self._idle_work_due = False
+                self.core.on_idle(lambda: self._commands.qsize() > 0)
+        return self._commands.get(block=block, timeout=None)
 
     def _notify_step_listeners(self) -> None:
         for listener in self._step_listeners:

@@ -105,6 +105,11 @@ class StateSlotPool:
         for t in (*self.buffers.conv, *self.buffers.ssm):
             t[dst].copy_(t[src])
 
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes one slot holds across every buffer (0 without buffers)."""
+        return sum(t[0].numel() * t.element_size() for t in self._slot_tensors() if t.shape[0] > 0)
+
     def next_unwritten(self, count: int) -> list[int]:
         """Those of the next `count` free slots the allocator will hand out (the top of its stack) that were never
         written since start-up: their pages are not faulted in yet."""

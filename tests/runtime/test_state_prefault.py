@@ -15,7 +15,6 @@ from runtime.core.batch import ModelLayout
 from runtime.core.buffers import allocate_pool_buffers
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
-from runtime.engine.engine_core import IDLE_PREFAULT_SLOTS
 from runtime.engine.engine_thread import start_engine
 from runtime.kvcache.state_pool import StateSlotPool
 
@@ -75,7 +74,9 @@ def test_the_idle_engine_has_its_next_slots_faulted_in(demo_model_dir: Path) -> 
         left = -1
         for _ in range(50):
             time.sleep(0.1)
-            left = len(client.call_in_engine(lambda core: core.cache.state_pool.next_unwritten(IDLE_PREFAULT_SLOTS)))
+            left = len(
+                client.call_in_engine(lambda core: core.cache.state_pool.next_unwritten(core.idle_prefault_slots()))
+            )
             if left == 0:
                 break
         assert left == 0
