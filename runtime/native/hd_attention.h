@@ -34,6 +34,7 @@ typedef struct {
     int64_t part;
     atomic_int next_slot;
     const float *kc, *vc; /* an extend's K and V rows gathered in span order, [span, nkv * hd] each */
+    int64_t ffn_hidden; /* > 0: an extend's units prefetch the layer's feed-forward weights (hd_prefetch_ffn) */
 } AttnCtx;
 
 /* Units (sequence b, query head h): softmax(q . K) V over the sequence's KV slots, gated. */
@@ -265,6 +266,7 @@ static void attention_chain(void *ctx, int64_t begin, int64_t end) {
     int64_t nb[16];
     float inv[16];
     for (int64_t u = begin; u < end; u++) {
+        if (a->ffn_hidden > 0) hd_prefetch_ffn(L, a->ffn_hidden, u, L->nkv * nblk); /* compute-bound: DRAM idle */
         const int64_t g = u / nblk, r0 = (u % nblk) * HD_ATT_ROWS, rows = min64(HD_ATT_ROWS, R - r0);
         int64_t nt = 0, lo = INT64_MAX;
         for (int64_t i = 0; i < rows; i++) {
@@ -321,11 +323,12 @@ static int64_t attention_scratch(const HDLayer *L, int64_t B) {
 
 /* Attention of the step's rows (q [B, qw] after RoPE, their K/V already in the pools) into o [B, nh * hd]: the
  * decode's per-(sequence, head) units, or an extend's gather then (KV head, row block) units. `scores`: `shared`
- * floats for the gathered K/V, then `slots` parts of `part` floats (attention_shared, attention_part). */
+ * floats for the gathered K/V, then `slots` parts of `part` floats (attention_shared, attention_part);
+ * `ffn_hidden` > 0: an extend also prefetches the layer's feed-forward weights (H = ffn_hidden) meanwhile. */
 static void attend(const HDLayer *L, const HDStep *s, const float *q, float *o, float *scores, int64_t shared,
-                   int64_t part, int64_t slots) {
+                   int64_t part, int64_t slots, int64_t ffn_hidden) {
     const int64_t B = s->batch, kvw = L->nkv * L->hd;
-    AttnCtx a = {L, s, q, o, scores + shared, part, 0, scores, NULL};
+    AttnCtx a = {L, s, q, o, scores + shared, part, 0, scores, NULL, ffn_hidden};
     if (s->chain) {
         float *vc = scores + s->kv_offsets[B] * kvw;
         GatherCtx gc = {s->k_pool[L->ordinal], s->v_pool[L->ordinal], s->kv_flat, kvw, scores, vc};
@@ -375,7 +378,7 @@ static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const 
         memcpy(vp + loc * kvw, vb, (size_t)kvw * sizeof(float));
     }
     /* After every row's K/V is written: an extend's row reads the K/V of the rows before it. */
-    attend(L, s, q, o, scores, attention_shared(m, s), part, slots);
+    attend(L, s, q, o, scores, attention_shared(m, s), part, slots, m->hidden);
     gemm_add(gs, L->wo, L->bo, H, nh * hd, o, nh * hd, B, out, H);
     gemm_run(gs);
     return HD_OK;

@@ -138,8 +138,12 @@ static void deltanet_heads(void *ctx, int64_t begin, int64_t end) {
 /* Extend units (key head kh): every row of the one sequence in token order, on state_slots[0]. */
 static void deltanet_chain(void *ctx, int64_t begin, int64_t end) {
     const DeltaCtx *d = ctx;
+    const int64_t B = d->s->batch, nk = d->L->nk;
     for (int64_t kh = begin; kh < end; kh++)
-        for (int64_t b = 0; b < d->s->batch; b++) deltanet_row(d, b, kh, d->s->state_slots[0]);
+        for (int64_t b = 0; b < B; b++) {
+            hd_prefetch_ffn(d->L, d->m->hidden, b * nk + kh, B * nk); /* the MoE after this mixer: see hd_model.h */
+            deltanet_row(d, b, kh, d->s->state_slots[0]);
+        }
 }
 
 static int64_t deltanet_scratch(const HDLayer *L, int64_t B) {

@@ -87,6 +87,30 @@ static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float siluf_(float x) { return x / (1.0f + expf(-x)); }
 static inline float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's threshold 20 */
 
+/* Prefetch slice i of n of layer L's feed-forward weights (experts' gate|up, experts' down, then the shared or
+ * dense MLP's gate, up, down), one cache line at a time. An extend's mixer phases (the DeltaNet recurrence) are
+ * compute-bound and leave DRAM idle, while the feed-forward after them streams its weights (~3 MB a layer for the
+ * peer model, more than L2): fetched meanwhile, they wait in L2/L3 (Zen's L3 takes what L2 evicts). */
+static inline void hd_prefetch_ffn(const HDLayer *L, int64_t H, int64_t i, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    const int64_t E = L->n_exp, I = L->exp_inter, M = L->mlp_inter;
+    const float *base[5] = {L->exp_gate_up, L->exp_down, L->mlp_gate, L->mlp_up, L->mlp_down};
+    const int64_t len[5] = {E > 0 ? E * 2 * I * H : 0, E > 0 ? E * H * I : 0, M * H, M * H, H * M};
+    int64_t total = 0;
+    for (int r = 0; r < 5; r++) total += base[r] ? len[r] : 0;
+    const int64_t lo = total * i / n, hi = total * (i + 1) / n;
+    int64_t at = 0;
+    for (int r = 0; r < 5; r++) {
+        if (!base[r] || len[r] == 0) continue;
+        const int64_t a = lo > at ? lo - at : 0, b = hi < at + len[r] ? hi - at : len[r];
+        for (int64_t f = a; f < b; f += 16) _mm_prefetch((const char *)(base[r] + f), _MM_HINT_T1);
+        at += len[r];
+    }
+#else
+    (void)L, (void)H, (void)i, (void)n;
+#endif
+}
+
 /* out = x * rsqrt(mean(x^2) + eps) * scale (scale NULL: none), over n values. */
 static void rms_norm(const float *x, const float *scale, int64_t n, double eps, float *out) {
     float ss = dot(x, x, n);

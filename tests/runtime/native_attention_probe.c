@@ -30,7 +30,7 @@ int probe_attend(int64_t nh, int64_t nkv, int64_t hd, int64_t out_gate, double s
     const int64_t slots = hp_threads(), part = attention_part(&m, &s, max_kv), shared = attention_shared(&m, &s);
     float *scores = malloc((size_t)(shared + slots * part) * sizeof(float));
     if (!scores) return HD_NO_MEMORY;
-    attend(&L, &s, q, o, scores, shared, part, slots);
+    attend(&L, &s, q, o, scores, shared, part, slots, 0);
     free(scores);
     return HD_OK;
 }
