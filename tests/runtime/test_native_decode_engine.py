@@ -114,7 +114,7 @@ def test_live_servers_on_and_off_give_the_same_greedy_text(model_dir: Path, tmp_
             assert ("Native decode: on (" in line) == (mode == "on"), line
             if mode == "on":
                 cores = min(2, len(os.sched_getaffinity(0)))  # --num-threads 2, at most the cores we may use
-                assert f"threads {cores})" in line, line
+                assert f"threads {cores}; short extends)" in line, line
                 assert threads["native_decode_threads"] == str(cores)
             else:
                 assert threads["native_decode_threads"] == ""
