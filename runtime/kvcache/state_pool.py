@@ -88,21 +88,13 @@ class StateSlotPool:
 
     def zero(self, slot: int) -> None:
         self._written.add(slot)
-        for t in self.extra:
-            t[slot].zero_()
-        if self.buffers is None:
-            return
-        for t in (*self.buffers.conv, *self.buffers.ssm):
+        for t in self._slot_tensors():
             t[slot].zero_()
 
     def copy(self, src: int, dst: int) -> None:
         self.copies += 1
         self._written.add(dst)
-        for t in self.extra:
-            t[dst].copy_(t[src])
-        if self.buffers is None:
-            return
-        for t in (*self.buffers.conv, *self.buffers.ssm):
+        for t in self._slot_tensors():
             t[dst].copy_(t[src])
 
     @property
