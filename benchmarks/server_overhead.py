@@ -20,9 +20,10 @@ CPU and blocked time, unlike tok/s, barely move when other processes share the c
 only the thread holding the GIL) and writes its collapsed stacks to FILE, then prints the top functions by own
 time, per thread.
 
-Both halves run with --enable-torch-compile when the peers harness does (its default), or eager with --eager.
+Both halves run in the runtime's default configuration, as the peers harness does, or with --enable-torch-compile
+with --compile (the harness's --runtime-compile).
 
-    python benchmarks/server_overhead.py [--model DIR] [--threads 2] [--repeats 3] [--eager] [--stream-interval N]
+    python benchmarks/server_overhead.py [--model DIR] [--threads 2] [--repeats 3] [--compile] [--stream-interval N]
         [--skip-engine] [--py-spy FILE]
 """
 
@@ -213,11 +214,11 @@ def main() -> None:
     ap.add_argument("--py-spy", type=Path, metavar="FILE", help="sample the server with py-spy into FILE")
     ap.add_argument("--skip-engine", action="store_true", help="HTTP half only (e.g. while profiling)")
     ap.add_argument(
-        "--eager", action="store_true", help="no --enable-torch-compile (the peers harness compiles by default)"
+        "--compile", action="store_true", help="--enable-torch-compile on both halves (the harness's --runtime-compile)"
     )
     ap.add_argument("--stream-interval", type=int, default=1, help="sampling_params.stream_interval of the HTTP half")
     a = ap.parse_args()
-    engines.RUNTIME_COMPILE = engines.RUNTIME_COMPILE and not a.eager
+    engines.RUNTIME_COMPILE = a.compile
     if a.model is None:
         from runtime.demo_model import build_demo_model
 

