@@ -32,7 +32,7 @@ sys.path.insert(1, str(HERE.parents[1]))
 
 import engines  # noqa: E402
 from report import render_table  # noqa: E402
-from workloads import agreement, build_prompts, measure  # noqa: E402
+from workloads import EngineFailed, agreement, build_prompts, measure  # noqa: E402
 
 ALL_ENGINES = ("runtime", "llamacpp", "vllm", "transformers")
 IDLE_SETTLE_S = 2.0  # after /health answers, before idle resident memory is read
@@ -140,17 +140,15 @@ def run_server_engines(names: list[str], model: Path, prompts: Any, threads: int
             return results
         idle = IdleCpu({n: r for n, (_, r) in started.items()})
         start = time.monotonic()
-        try:
-            measured = asyncio.run(measure({n: launch.client for n, (launch, _) in started.items()}, prompts, idle))
-        except Exception as exc:  # noqa: BLE001 - any failure of a peer is a row of the report, not a crash
-            for name, (launch, running) in started.items():
-                reason = f"{type(exc).__name__}: {exc} (log: {running.log_path}: {running.log_tail(3)})"
-                print(f"[{name}] failed: {reason}", flush=True)
-                results[name] = {"status": "failed", "reason": reason, "config": launch.config}
-            return results
+        measured = asyncio.run(measure({n: launch.client for n, (launch, _) in started.items()}, prompts, idle))
         print(f"[{', '.join(started)}] measured in {time.monotonic() - start:.0f}s", flush=True)
         for name, (launch, running) in started.items():
             metrics = measured[name]
+            if isinstance(metrics, EngineFailed):
+                reason = f"{metrics} (log: {running.log_path}: {running.log_tail(3)})"
+                print(f"[{name}] failed: {reason}", flush=True)
+                results[name] = {"status": "failed", "reason": reason, "config": launch.config}
+                continue
             metrics["idle_rss_mib"] = running.idle_rss
             metrics["rss_after_mib"], metrics["peak_rss_mib"] = engines.resident_mib(running)
             metrics["idle_cpu_ms_per_s"] = idle.ms_per_s(name)

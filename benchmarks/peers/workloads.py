@@ -175,16 +175,22 @@ class EngineRun:
 PhaseHook = Callable[[str, bool], None]
 
 
+class EngineFailed(Exception):
+    """An engine's phase raised: the engine drops out of the run; the others go on."""
+
+
 async def measure(
     clients: dict[str, EngineClient], prompts: Prompts, on_phase: PhaseHook | None = None
-) -> dict[str, dict[str, Any]]:
-    """Run every workload against started engines and return each one's numbers (see module docstring).
+) -> dict[str, dict[str, Any] | EngineFailed]:
+    """Run every workload against started engines; each one's numbers (see module docstring), or why it failed.
 
     With several engines, each workload's repetition runs on every engine before the next one starts (cold /
     warm / repeat, then concurrent, then single, for repetition 1, then 2, ...), in an order that alternates per
     repetition, so a host that slows down for a minute slows every engine's samples alike and the ratios hold.
+    An engine whose request fails drops out with its error; the others finish the run.
     """
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+    failed: dict[str, EngineFailed] = {}
     async with contextlib.AsyncExitStack() as stack:
         runs: dict[str, EngineRun] = {}
         for name, client in clients.items():
@@ -193,10 +199,14 @@ async def measure(
 
         async def each(order: list[str], phase: Callable[..., Awaitable[None]], *args: Any) -> None:
             for name in order:
+                if name in failed:
+                    continue
                 if on_phase is not None:
                     on_phase(name, True)
                 try:
                     await phase(runs[name], *args)
+                except Exception as exc:  # noqa: BLE001 - one engine's failure is its row, not the run's
+                    failed[name] = EngineFailed(f"{type(exc).__name__}: {exc}")
                 finally:
                     if on_phase is not None:
                         on_phase(name, False)
@@ -209,7 +219,7 @@ async def measure(
             await each(order, EngineRun.concurrent, prompts.concurrent[i])
             await each(order, EngineRun.single, prompts.single[i])
         await each(names, EngineRun.shared_prefix, prompts.gsp)
-    return {name: run.metrics(prompts) for name, run in runs.items()}
+    return {name: failed.get(name) or run.metrics(prompts) for name, run in runs.items()}
 
 
 def agreement(output: list[int], reference: list[int]) -> int:
