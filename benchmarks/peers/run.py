@@ -69,7 +69,9 @@ def ensure_model(path: Path | None) -> Path:
     return peer_model_dir(None)
 
 
-def start_server_engine(name: str, model: Path, threads: int, logs: Path) -> tuple[Any, Any] | dict[str, Any]:
+def start_server_engine(
+    name: str, model: Path, threads: int, logs: Path
+) -> tuple[engines.Launch, engines.Running] | dict[str, Any]:
     """(launch, running) of a started engine whose idle memory has been read, or its result row if it failed."""
     try:
         launch = engines.LAUNCHERS[name](model, threads, engines.free_port())
@@ -92,7 +94,7 @@ class IdleCpu:
     """The CPU time each started engine burns while another engine's phase runs (workloads.PhaseHook); at the
     end of an engine's turn, waits for that engine to go quiet (QUIET_*)."""
 
-    def __init__(self, running: dict[str, Any]) -> None:
+    def __init__(self, running: dict[str, engines.Running]) -> None:
         self.running = running
         self.cpu_s = dict.fromkeys(running, 0.0)
         self.wall_s = dict.fromkeys(running, 0.0)
@@ -103,13 +105,13 @@ class IdleCpu:
         if starting:
             self._start = (time.monotonic(), others)
             return
-        if len(self.running) > 1:
-            self.wait_quiet(name)
         assert self._start is not None
         t0, before = self._start
         for n, cpu in others.items():
             self.cpu_s[n] += cpu - before[n]
             self.wall_s[n] += time.monotonic() - t0
+        if len(self.running) > 1:
+            self.wait_quiet(name)
 
     def wait_quiet(self, name: str) -> None:
         deadline = time.monotonic() + QUIET_MAX_S
@@ -128,7 +130,7 @@ class IdleCpu:
 def run_server_engines(names: list[str], model: Path, prompts: Any, threads: int, logs: Path) -> dict[str, Any]:
     """Start the engines, measure them together (workloads.measure), stop them; a result row per engine."""
     results: dict[str, Any] = {}
-    started: dict[str, tuple[Any, Any]] = {}
+    started: dict[str, tuple[engines.Launch, engines.Running]] = {}
     try:
         for name in names:
             got = start_server_engine(name, model, threads, logs)
