@@ -61,12 +61,14 @@ logger = logging.getLogger("runtime.engine")
 
 MODES = ("auto", "on", "off")
 THREADS_ENV = "RUNTIME_NATIVE_DECODE_THREADS"  # pins the native step's thread count ("1", "2", ...)
-# The longest single-sequence extend the C step takes as one chain of rows (the warm request's 48 new tokens after
-# a cached prefix; a multi-turn follow-up). Longer ones are prefills: torch's GEMMs and SDPA win there.
-EXTEND_MAX_TOKENS = 64
+# The longest single-sequence extend the C step takes as one chain of rows (a warm request's new tokens after a
+# cached prefix, a multi-turn follow-up, a short prompt). Measured on the peer model (docs/performance.md, "Native
+# extends up to 512 tokens (session 12)"): 2.0-2.3x torch's extend at 48-256 new tokens after 2000 cached ones,
+# 1.66x at 512, 1.32x at 1024, 1.07x for a fresh 2048-token prompt; longer ones stay prefills for torch's GEMMs.
+EXTEND_MAX_TOKENS = 512
 # "0": leave those extends to the torch path. On by default since session 11, when its attention (query rows as
 # vector lanes) and GEMMs made the warm request's 48-token extend ~1.5x faster than torch's GEMMs and SDPA around
-# the short-extend kernels (docs/performance.md, "Current result (session 11)").
+# the short-extend kernels (docs/performance.md, "Session 11 result").
 EXTEND_ENV = "RUNTIME_NATIVE_EXTEND"
 
 
@@ -297,11 +299,13 @@ class NativeDecode:
         return tuple((p.data_ptr(), _version(p)) for p in self._sources)
 
     def handles(self, batch: ForwardBatch) -> bool:
-        if batch.all_logits or batch.state_checkpoints:
+        if batch.all_logits:
+            return False
+        if self.extends and _short_extend(batch):
+            return True  # its state checkpoints too: the chain copies the state after their tokens
+        if batch.state_checkpoints:
             return False
         if batch.mode == "decode":
-            return True
-        if self.extends and _short_extend(batch):
             return True
         # One-token continuations (runtime/engine/model_runner.py: one_token_continuations).
         return all(n == 1 for n in batch.extend_lens) and all(p > 0 for p in batch.prefix_lens)
@@ -324,7 +328,8 @@ class NativeDecode:
         if self.extends and _short_extend(batch):
             ids, positions, out_locs = _int64(batch.input_ids), _int64(batch.positions), _int64(batch.out_locs)
             slot = int(batch.state_slots[0])
-            return self.kernel.extend(ids, positions, out_locs, slot, _int64(kv_locs[0]))
+            marks = batch.state_checkpoints[0] if batch.state_checkpoints else ()
+            return self.kernel.extend(ids, positions, out_locs, slot, _int64(kv_locs[0]), marks)
         lengths = [loc.numel() for loc in kv_locs]
         kv_flat = _int64(kv_locs[0]) if len(kv_locs) == 1 else torch.cat([_int64(loc) for loc in kv_locs])
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
@@ -346,8 +351,9 @@ class NativeDecode:
 
 
 def _short_extend(batch: ForwardBatch) -> bool:
-    """An extend of ONE sequence by 2..EXTEND_MAX_TOKENS tokens (cached prefix or fresh; the caller has ruled out
-    per-token logits and checkpoints): the kernel runs its tokens as rows of one chain (HDStep.chain)."""
+    """An extend of ONE sequence by 2..EXTEND_MAX_TOKENS tokens (cached prefix or fresh, with or without state
+    checkpoints; the caller has ruled out per-token logits): the kernel runs its tokens as rows of one chain
+    (HDStep.chain)."""
     return batch.mode == "extend" and len(batch.extend_lens) == 1 and 2 <= batch.extend_lens[0] <= EXTEND_MAX_TOKENS
 
 

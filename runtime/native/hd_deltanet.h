@@ -135,14 +135,34 @@ static void deltanet_heads(void *ctx, int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; u++) deltanet_row(d, u / nk, u % nk, d->s->state_slots[u / nk]);
 }
 
-/* Extend units (key head kh): every row of the one sequence in token order, on state_slots[0]. */
+/* Key head kh's part of `slot`'s conv window (its q, k and v channels) and recurrent state (its value heads),
+ * copied to slot `dst`: the key heads' parts never overlap, so each extend unit copies its own. */
+static void deltanet_copy_head(const HDLayer *L, const HDStep *s, int64_t kh, int64_t slot, int64_t dst) {
+    const int64_t key_dim = L->nk * L->dk, conv_dim = 2 * key_dim + L->nv * L->dv;
+    const int64_t width = L->kernel - 1, ratio = L->nv / L->nk;
+    const float *cs = s->conv_pool[L->ordinal] + slot * conv_dim * width;
+    float *cd = s->conv_pool[L->ordinal] + dst * conv_dim * width;
+    const int64_t c0[3] = {kh * L->dk, key_dim + kh * L->dk, 2 * key_dim + kh * ratio * L->dv};
+    const int64_t cn[3] = {L->dk, L->dk, ratio * L->dv};
+    for (int r = 0; r < 3; r++)
+        memcpy(cd + c0[r] * width, cs + c0[r] * width, (size_t)(cn[r] * width) * sizeof(float));
+    const int64_t head = L->dv * L->dk, first = kh * ratio;
+    const float *S = s->ssm_pool[L->ordinal] + (slot * L->nv + first) * head;
+    memcpy(s->ssm_pool[L->ordinal] + (dst * L->nv + first) * head, S, (size_t)(ratio * head) * sizeof(float));
+}
+
+/* Extend units (key head kh): every row of the one sequence in token order, on state_slots[0]; after row b, the
+ * checkpoints taken after b + 1 tokens. */
 static void deltanet_chain(void *ctx, int64_t begin, int64_t end) {
     const DeltaCtx *d = ctx;
-    const int64_t B = d->s->batch, nk = d->L->nk;
+    const HDStep *s = d->s;
+    const int64_t B = s->batch, nk = d->L->nk, slot = s->state_slots[0];
     for (int64_t kh = begin; kh < end; kh++)
         for (int64_t b = 0; b < B; b++) {
             hd_prefetch_ffn(d->L, d->m->hidden, b * nk + kh, B * nk); /* the MoE after this mixer: see hd_model.h */
-            deltanet_row(d, b, kh, d->s->state_slots[0]);
+            deltanet_row(d, b, kh, slot);
+            for (int64_t c = 0; c < s->n_checkpoints; c++)
+                if (s->checkpoint_tokens[c] == b + 1) deltanet_copy_head(d->L, s, kh, slot, s->checkpoint_slots[c]);
         }
 }
 

@@ -70,6 +70,11 @@ typedef struct {
      * prefix, the state starts from zero whatever the slot holds. */
     int64_t chain, fresh;
     int64_t last_logits; /* 1: the last row's logits only */
+    /* An extend's state checkpoints (chain only): after checkpoint_tokens[m] of its new tokens (1..B), the conv
+     * window and recurrent state of every linear layer are also copied to state slot checkpoint_slots[m] (the
+     * prefix cache's states inside a prompt; runtime/models/layers/state_checkpoints.py). */
+    int64_t n_checkpoints;
+    const int64_t *checkpoint_tokens, *checkpoint_slots; /* [n_checkpoints] each */
 } HDStep;
 
 /* Row b's KV slots and their count (see HDStep). */
@@ -79,7 +84,15 @@ static inline const int64_t *hd_kv_span(const HDStep *s, int64_t b, int64_t *n) 
     return s->kv_flat + begin;
 }
 
-enum { HD_OK = 0, HD_BAD_TOKEN = 1, HD_BAD_TOKEN_SLOT = 2, HD_BAD_STATE_SLOT = 3, HD_NO_MEMORY = 4, HD_EMPTY_KV = 5 };
+enum {
+    HD_OK = 0,
+    HD_BAD_TOKEN = 1,
+    HD_BAD_TOKEN_SLOT = 2,
+    HD_BAD_STATE_SLOT = 3,
+    HD_NO_MEMORY = 4,
+    HD_EMPTY_KV = 5,
+    HD_BAD_CHECKPOINT = 6
+};
 
 /* ---- elementwise pieces ---- */
 

@@ -79,6 +79,11 @@ int hd_decode(const HDModel *m, const HDStep *s) {
         if (n < 1) return HD_EMPTY_KV;
         max_kv = max64(max_kv, n);
     }
+    for (int64_t c = 0; c < s->n_checkpoints; c++) {
+        const int64_t n = s->checkpoint_tokens[c], dst = s->checkpoint_slots[c];
+        if (!s->chain || n < 1 || n > B || dst < 0 || dst >= s->state_slots_count || dst == s->state_slots[0])
+            return HD_BAD_CHECKPOINT;
+    }
     /* Every row's span lies in kv_flat[0 .. kv_offsets[B]) (the caller checked that the offsets rise from 0). */
     for (int64_t t = 0; t < s->kv_offsets[B]; t++)
         if (s->kv_flat[t] < 0 || s->kv_flat[t] >= s->token_slots) return HD_BAD_TOKEN_SLOT;

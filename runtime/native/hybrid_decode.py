@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ _ERRORS = {
     3: "a state slot outside the state pool",
     4: "out of memory for the step's scratch",
     5: "a sequence with no KV tokens",
+    6: "a state checkpoint outside the extend or the state pool",
 }
 
 _F = ctypes.POINTER(ctypes.c_float)
@@ -122,6 +124,9 @@ class _Step(ctypes.Structure):
         ("chain", _I64),
         ("fresh", _I64),
         ("last_logits", _I64),
+        ("n_checkpoints", _I64),
+        ("checkpoint_tokens", _I),
+        ("checkpoint_slots", _I),
     ]
 
 
@@ -419,12 +424,20 @@ class HybridDecodeKernel:
         return self._call(ids, positions, out_locs, state_slots, kv_offsets, kv_flat, chain=False, fresh=False)
 
     def extend(
-        self, ids: torch.Tensor, positions: torch.Tensor, out_locs: torch.Tensor, state_slot: int, kv_flat: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_locs: torch.Tensor,
+        state_slot: int,
+        kv_flat: torch.Tensor,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> torch.Tensor:
         """Logits [1, vocab] fp32 of the last of ONE sequence's T new tokens (`ids`, `positions`, `out_locs`: [T]),
         after the cached tokens whose KV slots begin `kv_flat` (all its tokens' slots, the new ones last: they must
         be `out_locs`). Writes the new K/V and advances the conv window and state at `state_slot` token by token;
-        with no cached token the state starts from zero whatever the slot holds."""
+        with no cached token the state starts from zero whatever the slot holds. `checkpoints`: (n, slot) pairs,
+        the conv window and state after the first n new tokens also copied to `slot` (ForwardBatch's
+        state_checkpoints of this sequence)."""
         tokens = ids.shape[0]
         _check_index(kv_flat, kv_flat.numel(), "kv_flat")
         prefix = kv_flat.numel() - tokens
@@ -439,7 +452,19 @@ class HybridDecodeKernel:
         offsets = torch.arange(prefix, prefix + tokens + 1, dtype=torch.int64)
         offsets[0] = 0
         slots = torch.full((tokens,), int(state_slot), dtype=torch.int64)
-        return self._call(ids, positions, out_locs, slots, offsets, kv_flat, chain=True, fresh=prefix == 0)
+        marks = None
+        if checkpoints:
+            ns, dsts = [int(n) for n, _ in checkpoints], [int(d) for _, d in checkpoints]
+            # Distinct destinations, none the sequence's own slot: two units copying into one slot would race.
+            if not all(0 < n <= tokens for n in ns) or len(set(dsts)) != len(dsts) or int(state_slot) in dsts:
+                raise ValueError(
+                    f"native decode: state checkpoints {list(checkpoints)} must take 1..{tokens} tokens into "
+                    f"distinct slots other than the sequence's own ({state_slot})"
+                )
+            marks = (torch.tensor(ns, dtype=torch.int64), torch.tensor(dsts, dtype=torch.int64))
+        return self._call(
+            ids, positions, out_locs, slots, offsets, kv_flat, chain=True, fresh=prefix == 0, checkpoints=marks
+        )
 
     def _call(
         self,
@@ -452,6 +477,7 @@ class HybridDecodeKernel:
         *,
         chain: bool,
         fresh: bool,
+        checkpoints: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if not self._bound:
             raise ValueError("native decode: no pools bound (bind_pools)")
@@ -470,6 +496,10 @@ class HybridDecodeKernel:
         step.kv_flat = ctypes.cast(kv_flat.data_ptr(), _I)
         step.logits = ctypes.cast(logits.data_ptr(), _F)
         step.chain, step.fresh, step.last_logits = int(chain), int(fresh), int(chain)
+        step.n_checkpoints = 0 if checkpoints is None else checkpoints[0].numel()
+        if checkpoints is not None:  # the tensors live until the call returns (this frame holds them)
+            step.checkpoint_tokens = ctypes.cast(checkpoints[0].data_ptr(), _I)
+            step.checkpoint_slots = ctypes.cast(checkpoints[1].data_ptr(), _I)
         code = self._fn(self._model_ref, self._step_ref)
         if code != 0:
             raise ValueError(f"native decode refused the step: {_ERRORS.get(code, f'error {code}')}")

@@ -1,9 +1,10 @@
 """The native step's short single-sequence extend (HDStep.chain in runtime/native/hybrid_decode.c: one sequence's
-2..64 new tokens as rows of one call, the DeltaNet state advanced token by token, row t attending to the cached
-tokens and the new ones up to t) against the torch extend of the same model: the last row's logits and every pool
-row the extend writes (K/V at the new slots, conv windows, recurrent states), after a cached prefix and fresh (a
-fresh sequence's slot holding garbage it must ignore), bit-identical on 1 and 2 threads, and greedy generation
-through the engine's runner equal to transformers' generate. The four model shapes of test_native_decode.py."""
+2..EXTEND_MAX_TOKENS new tokens as rows of one call, the DeltaNet state advanced token by token, row t attending to
+the cached tokens and the new ones up to t) against the torch extend of the same model: the last row's logits and
+every pool row the extend writes (K/V at the new slots, conv windows, recurrent states, the prefix cache's state
+checkpoints), after a cached prefix and fresh (a fresh sequence's slot holding garbage it must ignore),
+bit-identical on 1 and 2 threads, and greedy generation through the engine's runner equal to transformers'
+generate. The four model shapes of test_native_decode.py."""
 
 from __future__ import annotations
 
@@ -106,6 +107,64 @@ def test_extend_matches_the_torch_extend(model: HybridModel, prefix: int, new: i
             assert torch.equal(a[keep], b[keep]), f"{name}[{i}]: a row outside the extend's slots changed"
 
 
+@pytest.mark.parametrize(
+    ("prefix", "new", "after"), [(0, 17, (1, 17)), (9, 48, (5, 30)), (70, EXTEND_MAX_TOKENS, (EXTEND_MAX_TOKENS,))]
+)
+def test_extend_with_state_checkpoints_matches_the_torch_extend(
+    model: HybridModel,  # noqa: F811
+    prefix: int,
+    new: int,
+    after: tuple[int, ...],
+) -> None:
+    """A chunk of a prompt that crosses the prefix cache's checkpoint positions: the state after each checkpoint's
+    tokens lands in its slot, as the torch extend writes it, and nothing else changes."""
+    runner = SimpleRunner(model, num_state_slots=5)
+    runner.add(7)
+    runner.add(0)
+    if prefix:
+        runner.extend({0: _prompt(prefix, 11)})
+    batch = _extend_batch(runner, _prompt(new, 29))
+    used = {runner.seqs[7].slot, runner.seqs[0].slot}
+    spare = [s for s in range(5) if s not in used][: len(after)]
+    batch.state_checkpoints = [list(zip(after, spare, strict=True))]
+    native = NativeDecode(model, extends=True)
+    assert native.handles(batch)
+    torch_buffers, native_buffers = runner.buffers, _clone(runner.buffers)
+    with torch.inference_mode():
+        expected = model(batch, torch_buffers)
+        got = native(batch, native_buffers)
+    _assert_close("logits", got, expected, 1e-4)
+    written = [int(batch.state_slots[0]), *spare]
+    for name in ("conv", "ssm"):
+        for i, (a, b) in enumerate(zip(getattr(torch_buffers, name), getattr(native_buffers, name), strict=True)):
+            for slot in written:
+                _assert_close(f"{name}[{i}] at slot {slot}", b[slot], a[slot], 1e-4)
+            keep = torch.ones(a.shape[0], dtype=torch.bool)
+            keep[written] = False
+            assert torch.equal(a[keep], b[keep]), f"{name}[{i}]: a slot outside the extend's changed"
+
+
+def test_extend_refuses_checkpoints_it_cannot_take(model: HybridModel) -> None:  # noqa: F811
+    runner = SimpleRunner(model, num_state_slots=4)
+    runner.add(0)
+    runner.extend({0: _prompt(6, 3)})
+    batch = _extend_batch(runner, _prompt(8, 2))
+    own = int(batch.state_slots[0])
+    spare = next(s for s in range(4) if s != own)
+    native = NativeDecode(model, extends=True)
+    for marks, message in (
+        ([(9, spare)], "must take 1..8 tokens"),
+        ([(0, spare)], "must take 1..8 tokens"),
+        ([(3, own)], "other than the sequence's own"),
+        ([(3, spare), (5, spare)], "distinct slots"),
+        ([(3, 10**6)], "state checkpoint outside"),
+    ):
+        bad = copy.copy(batch)
+        bad.state_checkpoints = [marks]
+        with pytest.raises(ValueError, match=message):
+            native(bad, runner.buffers)
+
+
 def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     runner = _runner(model, 6)
     native = NativeDecode(model, extends=True)
@@ -114,10 +173,14 @@ def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     longer = copy.copy(batch)
     longer.extend_lens = [EXTEND_MAX_TOKENS + 1]
     assert not native.handles(longer)  # a prefill: torch's GEMMs and SDPA
-    for field, value in (("all_logits", True), ("state_checkpoints", [[(2, 1)]])):
-        other = copy.copy(batch)
-        setattr(other, field, value)
-        assert not native.handles(other)
+    per_token = copy.copy(batch)
+    per_token.all_logits = True
+    assert not native.handles(per_token)
+    marked = copy.copy(batch)
+    marked.state_checkpoints = [[(2, 1)]]
+    assert native.handles(marked)  # the chain copies the state after the checkpoint's tokens
+    marked.extend_lens = [EXTEND_MAX_TOKENS + 1]
+    assert not native.handles(marked)
     two = copy.copy(batch)
     two.extend_lens, two.prefix_lens = [3, 61], [6, 0]
     assert not native.handles(two)  # several sequences: the torch (or compiled) extend
