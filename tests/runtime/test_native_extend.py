@@ -39,10 +39,10 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
 
 
-def _runner(model: HybridModel, prefix: int) -> SimpleRunner:  # noqa: F811
+def _runner(model: HybridModel, prefix: int, slots: int = 3) -> SimpleRunner:  # noqa: F811
     """A runner holding sequence 0 after a torch prefill of `prefix` tokens (none: a fresh slot, filled with
-    garbage that a fresh extend must not read)."""
-    runner = SimpleRunner(model, num_state_slots=3)
+    garbage that a fresh extend must not read), with `slots` state slots in all."""
+    runner = SimpleRunner(model, num_state_slots=slots)
     runner.add(7)  # another sequence's slot first, so sequence 0's slot is not slot 0
     runner.add(0)
     if prefix:
@@ -74,6 +74,20 @@ def _extend_batch(runner: SimpleRunner, tokens: list[int]) -> ForwardBatch:
     )
 
 
+def _both_ways(model: HybridModel, runner: SimpleRunner, batch: ForwardBatch) -> tuple[PoolBuffers, PoolBuffers]:  # noqa: F811
+    """The batch through the torch extend (the runner's pools) and the native one (a copy): both pools, after the
+    last row's logits were checked to agree."""
+    native = NativeDecode(model, extends=True)
+    assert native.handles(batch)
+    torch_buffers, native_buffers = runner.buffers, _clone(runner.buffers)
+    with torch.inference_mode():
+        expected = model(batch, torch_buffers)
+        got = native(batch, native_buffers)
+    assert got.shape == expected.shape == (1, VOCAB)
+    _assert_close("logits", got, expected, 1e-4)
+    return torch_buffers, native_buffers
+
+
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
     err = float((got - want).abs().max())
     assert err < rel * max(1.0, float(want.abs().max())), f"{name} differs by {err}"
@@ -83,14 +97,7 @@ def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) 
 def test_extend_matches_the_torch_extend(model: HybridModel, prefix: int, new: int) -> None:  # noqa: F811
     runner = _runner(model, prefix)
     batch = _extend_batch(runner, _prompt(new, 23))
-    native = NativeDecode(model, extends=True)
-    assert native.handles(batch)
-    torch_buffers, native_buffers = runner.buffers, _clone(runner.buffers)
-    with torch.inference_mode():
-        expected = model(batch, torch_buffers)
-        got = native(batch, native_buffers)
-    assert got.shape == expected.shape == (1, VOCAB)
-    _assert_close("logits", got, expected, 1e-4)
+    torch_buffers, native_buffers = _both_ways(model, runner, batch)
     slot = int(batch.state_slots[0])
     for i, (a, b) in enumerate(zip(torch_buffers.k, native_buffers.k, strict=True)):
         _assert_close(f"k[{i}] at the new slots", b[batch.out_locs], a[batch.out_locs], 1e-5)
@@ -118,22 +125,12 @@ def test_extend_with_state_checkpoints_matches_the_torch_extend(
 ) -> None:
     """A chunk of a prompt that crosses the prefix cache's checkpoint positions: the state after each checkpoint's
     tokens lands in its slot, as the torch extend writes it, and nothing else changes."""
-    runner = SimpleRunner(model, num_state_slots=5)
-    runner.add(7)
-    runner.add(0)
-    if prefix:
-        runner.extend({0: _prompt(prefix, 11)})
+    runner = _runner(model, prefix, slots=5)
     batch = _extend_batch(runner, _prompt(new, 29))
     used = {runner.seqs[7].slot, runner.seqs[0].slot}
     spare = [s for s in range(5) if s not in used][: len(after)]
     batch.state_checkpoints = [list(zip(after, spare, strict=True))]
-    native = NativeDecode(model, extends=True)
-    assert native.handles(batch)
-    torch_buffers, native_buffers = runner.buffers, _clone(runner.buffers)
-    with torch.inference_mode():
-        expected = model(batch, torch_buffers)
-        got = native(batch, native_buffers)
-    _assert_close("logits", got, expected, 1e-4)
+    torch_buffers, native_buffers = _both_ways(model, runner, batch)
     written = [int(batch.state_slots[0]), *spare]
     for name in ("conv", "ssm"):
         for i, (a, b) in enumerate(zip(getattr(torch_buffers, name), getattr(native_buffers, name), strict=True)):
