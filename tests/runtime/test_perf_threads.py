@@ -16,6 +16,7 @@ from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine import model_runner
 from runtime.engine.decode_threads import DecodeThreadChooser
 from runtime.engine.engine_core import EngineCore
+from runtime.engine.native_decode import EXTEND_ENV
 
 
 def _generate(core: EngineCore, prompts: list[list[int]], max_new: int) -> dict[str, list[int]]:
@@ -89,7 +90,9 @@ def test_small_forward_threads_pinned_by_env(demo_model_dir: Path, monkeypatch: 
 def test_prefill_threads_chosen_per_step_or_pinned(demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefills (> SERIAL_FORWARD_MAX_TOKENS tokens) are no longer always on every thread: their own chooser tries
     one thread and all of them per token bucket (two threads lose 3-4x on a shared host), `RUNTIME_PREFILL_THREADS`
-    pins the count, and the tokens are the same either way."""
+    pins the count, and the tokens are the same either way. The torch prefill's chooser: the native step's
+    single-sequence extends (which would take these prompts) are off."""
+    monkeypatch.setenv(EXTEND_ENV, "0")
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
