@@ -63,8 +63,9 @@ MODES = ("auto", "on", "off")
 THREADS_ENV = "RUNTIME_NATIVE_DECODE_THREADS"  # pins the native step's thread count ("1", "2", ...)
 # The longest single-sequence extend the C step takes as one chain of rows (a warm request's new tokens after a
 # cached prefix, a multi-turn follow-up, a short prompt). Measured on the peer model (docs/performance.md, "Native
-# extends up to 512 tokens (session 12)"): 2.0-2.3x torch's extend at 48-256 new tokens after 2000 cached ones,
-# 1.66x at 512, 1.32x at 1024, 1.07x for a fresh 2048-token prompt; longer ones stay prefills for torch's GEMMs.
+# extends up to 512 tokens (session 12)"): 1.5-2.2x torch's extend at 48-512 new tokens after 2000 cached ones,
+# 1.8-1.9x for fresh prompts of 128-512. It wins past 512 too (1.3x at 1024 after 2000, up to 1.7x for a fresh
+# 2048); those stay torch prefills until a chain that long is checked against transformers (the docs say why).
 EXTEND_MAX_TOKENS = 512
 # "0": leave those extends to the torch path. On by default since session 11, when its attention (query rows as
 # vector lanes) and GEMMs made the warm request's 48-token extend ~1.5x faster than torch's GEMMs and SDPA around
