@@ -57,6 +57,15 @@ static void conv_channels(const HDLayer *L, float *mx, float *cs, int64_t c0, in
     silu_inplace(mx + c0, c1 - c0);
 }
 
+/* Key head kh's conv channels: its q, k and v channels start at c0[0..2], cn[0..2] of each (those of two key heads
+ * never overlap). */
+static inline void head_channels(const HDLayer *L, int64_t kh, int64_t c0[3], int64_t cn[3]) {
+    const int64_t key_dim = L->nk * L->dk, ratio = L->nv / L->nk;
+    c0[0] = kh * L->dk, cn[0] = L->dk;
+    c0[1] = key_dim + kh * L->dk, cn[1] = L->dk;
+    c0[2] = 2 * key_dim + kh * ratio * L->dv, cn[2] = ratio * L->dv;
+}
+
 /* Row b's key head kh: the conv of kh's q, k and v channels (the window of `slot` rolls by one), then the
  * recurrence of kh's value heads on `slot`'s state. The channels and states of two key heads never overlap. */
 static void deltanet_row(const DeltaCtx *d, int64_t b, int64_t kh, int64_t slot) {
@@ -69,9 +78,9 @@ static void deltanet_row(const DeltaCtx *d, int64_t b, int64_t kh, int64_t slot)
     float *mx = d->mixed + b * conv_dim;
     float *cs = s->conv_pool[L->ordinal] + slot * conv_dim * width;
     float *qn = d->qn + b * 2 * key_dim;
-    conv_channels(L, mx, cs, kh * L->dk, (kh + 1) * L->dk);
-    conv_channels(L, mx, cs, key_dim + kh * L->dk, key_dim + (kh + 1) * L->dk);
-    conv_channels(L, mx, cs, 2 * key_dim + kh * ratio * L->dv, 2 * key_dim + (kh + 1) * ratio * L->dv);
+    int64_t c0[3], cn[3];
+    head_channels(L, kh, c0, cn);
+    for (int r = 0; r < 3; r++) conv_channels(L, mx, cs, c0[r], c0[r] + cn[r]);
     /* l2-normalized q and k of this key head (q also scaled by dk^-0.5, as the recurrent step does). */
     for (int64_t h = kh; h < 2 * L->nk; h += L->nk) {
         const float *src = mx + h * L->dk;
@@ -142,8 +151,8 @@ static void deltanet_copy_head(const HDLayer *L, const HDStep *s, int64_t kh, in
     const int64_t width = L->kernel - 1, ratio = L->nv / L->nk;
     const float *cs = s->conv_pool[L->ordinal] + slot * conv_dim * width;
     float *cd = s->conv_pool[L->ordinal] + dst * conv_dim * width;
-    const int64_t c0[3] = {kh * L->dk, key_dim + kh * L->dk, 2 * key_dim + kh * ratio * L->dv};
-    const int64_t cn[3] = {L->dk, L->dk, ratio * L->dv};
+    int64_t c0[3], cn[3];
+    head_channels(L, kh, c0, cn);
     for (int r = 0; r < 3; r++)
         memcpy(cd + c0[r] * width, cs + c0[r] * width, (size_t)(cn[r] * width) * sizeof(float));
     const int64_t head = L->dv * L->dk, first = kh * ratio;
