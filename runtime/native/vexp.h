@@ -4,6 +4,7 @@
 #define HYBRIDCTL_VEXP_H
 
 #include <stdint.h>
+#include <string.h>
 
 /* exp in plain arithmetic (Cephes' expf: range reduction by ln 2, a degree-6 polynomial, the exponent set
  * through the bits): libm's expf is a call the compiler cannot vectorize without -ffast-math, and it was most of
@@ -56,7 +57,29 @@ static inline __m256 vexp256(__m256 x) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+static inline __m256 silu256(__m256 v) {
+    return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), vexp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+}
 #endif
+
+/* h[i] = silu(g[i]) * u[i] for i < n (h may be g or u). Every value goes through the same 8-lane code, a tail
+ * through a padded vector, so its rounding never depends on where a row or a thread's part of it ends. */
+static inline void silu_mul(float *h, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+#ifdef HYBRIDCTL_VEXP256
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(silu256(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        float gt[8] = {0}, ut[8] = {0}, ht[8];
+        memcpy(gt, g + i, (size_t)(n - i) * sizeof(float));
+        memcpy(ut, u + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(ht, _mm256_mul_ps(silu256(_mm256_loadu_ps(gt)), _mm256_loadu_ps(ut)));
+        memcpy(h + i, ht, (size_t)(n - i) * sizeof(float));
+    }
+#else
+    for (; i < n; i++) h[i] = silu(g[i]) * u[i];
+#endif
+}
 
 /* x[i] = silu(x[i]) for i < n: 8 lanes at a time where vexp256 exists, silu() for the rest. */
 static inline void silu_inplace(float *x, int64_t n) {
