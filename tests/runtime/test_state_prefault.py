@@ -15,6 +15,7 @@ from runtime.core.batch import ModelLayout
 from runtime.core.buffers import allocate_pool_buffers
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
+from runtime.engine.engine_core import EngineCore
 from runtime.engine.engine_thread import start_engine
 from runtime.kvcache.state_pool import StateSlotPool
 
@@ -82,6 +83,20 @@ def test_the_idle_engine_has_its_next_slots_faulted_in(demo_model_dir: Path) -> 
         assert left == 0
     finally:
         client.shutdown()
+
+
+def test_going_idle_readies_just_the_next_slot_at_once(demo_model_dir: Path) -> None:
+    """The engine thread calls on_idle(next_only=True) the moment it goes idle (the bulk waits): exactly the slot
+    the next request takes is faulted in, and the free list's order is kept."""
+    core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.5))
+    pool = core.cache.state_pool
+    ahead = core.idle_prefault_slots()
+    before = pool.next_unwritten(ahead)
+    assert ahead > 1 and len(before) == ahead
+    core.on_idle(lambda: False, next_only=True)
+    assert pool.next_unwritten(1) == []
+    assert pool.next_unwritten(ahead) == before[1:]
+    assert pool.alloc() == before[0]
 
 
 def test_prefault_stops_when_asked_and_leaves_unfinished_slots_for_later() -> None:
