@@ -81,10 +81,10 @@ def report(trace: list[list[Any]], rounds: list[tuple[float, float, list[float]]
 
 
 async def _round(url: str, prompts: list[list[int]], tokens: int) -> tuple[list[Any], float]:
-    import httpx
     from clients import RuntimeClient
+    from http_stream import Connections
 
-    async with httpx.AsyncClient(trust_env=False, timeout=600, limits=httpx.Limits(max_connections=64)) as http:
+    async with Connections() as http:
         client, t0 = RuntimeClient(url), time.perf_counter()
         results = await asyncio.gather(*(client.generate(http, p, tokens) for p in prompts))
         return results, time.perf_counter() - t0

@@ -41,6 +41,7 @@ sys.path.insert(1, str(HERE.parent))
 
 import engines  # noqa: E402
 from clients import RuntimeClient  # noqa: E402
+from http_stream import Connections  # noqa: E402
 
 PROMPT = 128
 
@@ -117,7 +118,7 @@ def start_server(
 
 async def stream(url: str, prompt: list[int], n: int) -> tuple[float, int]:
     """(decode tok/s = (n - 1) / (last - first token), tokens)."""
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with Connections() as http:
         r = await RuntimeClient(url).generate(http, prompt, n)
     return r.decode_tok_s, len(r.output_ids)
 

@@ -23,8 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "peers"))
 sys.path.insert(0, str(HERE))
@@ -32,6 +30,7 @@ sys.path.insert(0, str(HERE))
 import engines  # noqa: E402
 import workloads  # noqa: E402
 from clients import RequestResult, RuntimeClient  # noqa: E402
+from http_stream import Connections  # noqa: E402
 from serving_ab import Server, start, stop, wait_healthy  # noqa: E402
 
 SIZING = ["--context-length", str(engines.CONTEXT_LEN), "--max-running-requests", str(engines.PARALLEL)]
@@ -45,14 +44,14 @@ def process_cpu_s(pid: int) -> float:
 
 
 async def one(url: str, prompt: list[int], max_new: int) -> RequestResult:
-    async with httpx.AsyncClient(trust_env=False, timeout=600) as http:
+    async with Connections() as http:
         return await RuntimeClient(url).generate(http, prompt, max_new)
 
 
 async def shared_prefix(url: str, prompts: list[list[int]]) -> float:
     """Mean TTFT (s) of the generated-shared-prefix prompts, GSP_CONCURRENCY in flight."""
     gate = asyncio.Semaphore(workloads.GSP_CONCURRENCY)
-    async with httpx.AsyncClient(trust_env=False, timeout=600, limits=httpx.Limits(max_connections=32)) as http:
+    async with Connections() as http:
         client = RuntimeClient(url)
 
         async def go(p: list[int]) -> RequestResult:

@@ -43,8 +43,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 import runtime  # noqa: F401 - before torch: sets OpenMP's wait policy as the server does
 
 HERE = Path(__file__).resolve().parent
@@ -53,6 +51,7 @@ sys.path[:0] = [str(HERE / "peers"), str(HERE)]
 import engines  # noqa: E402
 from clients import RuntimeClient  # noqa: E402
 from engines import free_port, runtime_launch, start, stop  # noqa: E402
+from http_stream import Connections  # noqa: E402
 
 VOCAB = 4000  # below the demo tokenizer's special tokens
 PROMPT, OUT, CONC = 128, 128, 8
@@ -129,9 +128,8 @@ async def http_run(
     warm: list[list[int]],
     repeats: int,
 ) -> tuple[Samples, list[list[int]]]:
-    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
     s, outputs = Samples(), []
-    async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
+    async with Connections() as http:
         await asyncio.gather(*(client.generate(http, p, 16) for p in warm))
         for _ in range(repeats):
             t0 = ThreadTimes(pid)

@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE / "peers"))
 
 import engines  # noqa: E402
 from clients import RuntimeClient  # noqa: E402
+from http_stream import Connections  # noqa: E402
 
 PROMPT = 128
 
@@ -128,13 +129,13 @@ def thread_stats(pid: int) -> dict[str, tuple[int, int, int, int]]:
 
 
 async def single(url: str, prompt: list[int], n: int) -> tuple[float, int]:
-    async with httpx.AsyncClient(trust_env=False, timeout=600) as http:
+    async with Connections() as http:
         r = await RuntimeClient(url).generate(http, prompt, n)
     return r.decode_tok_s, len(r.output_ids)
 
 
 async def concurrent(url: str, prompts: list[list[int]], n: int) -> tuple[float, int]:
-    async with httpx.AsyncClient(trust_env=False, timeout=600, limits=httpx.Limits(max_connections=64)) as http:
+    async with Connections() as http:
         client = RuntimeClient(url)
         t0 = time.perf_counter()
         results = await asyncio.gather(*(client.generate(http, p, n) for p in prompts))

@@ -13,15 +13,11 @@ as a stream so the time to the first token is when the first chunk carrying a to
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
-TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=600.0)
+from http_stream import Connections, HttpError
 
 
 @dataclass
@@ -42,27 +38,11 @@ class RequestResult:
 class EngineClient(Protocol):
     name: str
 
-    async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult: ...
+    async def generate(self, http: Connections, ids: list[int], max_new: int) -> RequestResult: ...
 
 
-class EngineRequestError(RuntimeError):
+class EngineRequestError(HttpError):
     pass
-
-
-async def _sse(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
-) -> AsyncIterator[dict[str, Any]]:
-    async with http.stream("POST", url, json=body, headers=headers, timeout=TIMEOUT) as resp:
-        if resp.status_code != 200:
-            text = (await resp.aread()).decode(errors="replace")[:500]
-            raise EngineRequestError(f"POST {url} -> {resp.status_code}: {text}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                return
-            yield json.loads(payload)
 
 
 @dataclass
@@ -70,6 +50,11 @@ class _Timer:
     start: float = field(default_factory=time.perf_counter)
     first: float | None = None
     chunks: list[float] = field(default_factory=list)
+
+    def on_the_wire(self) -> None:
+        """Start the clock at the request's first network action (http_stream.py: the client's own work before
+        it is not the server's time)."""
+        self.start = time.perf_counter()
 
     def tokens_arrived(self) -> None:
         now = time.perf_counter() - self.start
@@ -90,7 +75,7 @@ class RuntimeClient:
     name: str = "runtime"
     extra_sampling: dict[str, Any] = field(default_factory=dict)  # e.g. stream_interval (server_overhead.py)
 
-    async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult:
+    async def generate(self, http: Connections, ids: list[int], max_new: int) -> RequestResult:
         body = {
             "input_ids": ids,
             "stream": True,
@@ -99,7 +84,7 @@ class RuntimeClient:
             },
         }  # fmt: skip
         timer, out, cached = _Timer(), [], None
-        async for chunk in _sse(http, self.url + "/generate", body):
+        async for chunk in http.sse(self.url + "/generate", body, timer.on_the_wire):
             new = chunk.get("output_ids") or []
             if len(new) > len(out):
                 timer.tokens_arrived()
@@ -115,7 +100,7 @@ class LlamaCppClient:
     url: str
     name: str = "llama.cpp"
 
-    async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult:
+    async def generate(self, http: Connections, ids: list[int], max_new: int) -> RequestResult:
         # temperature 0 is llama.cpp's greedy path; the sampler chain is pinned to top_k=1 so no sampler
         # can reorder candidates.
         body = {
@@ -130,9 +115,9 @@ class LlamaCppClient:
             "return_tokens": True,
         }
         timer, out, cached = _Timer(), [], None
-        # llama-server's HTTP layer drops a kept-alive connection after a streamed answer; reusing it fails
-        # with "Server disconnected without sending a response", so each request gets its own connection.
-        async for chunk in _sse(http, self.url + "/completion", body, {"Connection": "close"}):
+        # llama-server's HTTP layer drops a kept-alive connection after a streamed answer, so each request gets
+        # its own connection (its connect is inside the timed span: the request's first network action).
+        async for chunk in http.sse(self.url + "/completion", body, timer.on_the_wire, close=True):
             tokens = chunk.get("tokens") or []
             if tokens:
                 timer.tokens_arrived()
@@ -148,7 +133,7 @@ class VllmClient:
     model: str
     name: str = "vllm"
 
-    async def generate(self, http: httpx.AsyncClient, ids: list[int], max_new: int) -> RequestResult:
+    async def generate(self, http: Connections, ids: list[int], max_new: int) -> RequestResult:
         body = {
             "model": self.model,
             "prompt": ids,
@@ -160,7 +145,7 @@ class VllmClient:
             "stream_options": {"include_usage": True},
         }
         timer, out, cached = _Timer(), [], None
-        async for chunk in _sse(http, self.url + "/v1/completions", body):
+        async for chunk in http.sse(self.url + "/v1/completions", body, timer.on_the_wire):
             for choice in chunk.get("choices") or []:
                 tokens = choice.get("token_ids") or []
                 if tokens:

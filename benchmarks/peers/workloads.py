@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from clients import EngineClient, RequestResult
+from http_stream import Connections
 
 from hybridctl.bench.datasets import SharedPrefixShape
 
@@ -81,7 +81,7 @@ def _ms(seconds: list[float]) -> float:
 
 
 async def _bounded(
-    client: EngineClient, http: httpx.AsyncClient, prompts: list[list[int]], max_new: int, limit: int
+    client: EngineClient, http: Connections, prompts: list[list[int]], max_new: int, limit: int
 ) -> tuple[list[RequestResult], float]:
     gate = asyncio.Semaphore(limit)
 
@@ -97,7 +97,7 @@ async def _bounded(
 class EngineRun:
     """One engine's side of a run: its HTTP client and the samples each phase adds (see `measure`)."""
 
-    def __init__(self, client: EngineClient, http: httpx.AsyncClient) -> None:
+    def __init__(self, client: EngineClient, http: Connections) -> None:
         self.client, self.http = client, http
         self.cold: list[float] = []
         self.warm: list[float] = []
@@ -189,12 +189,11 @@ async def measure(
     repetition, so a host that slows down for a minute slows every engine's samples alike and the ratios hold.
     An engine whose request fails drops out with its error; the others finish the run.
     """
-    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
     failed: dict[str, EngineFailed] = {}
     async with contextlib.AsyncExitStack() as stack:
         runs: dict[str, EngineRun] = {}
         for name, client in clients.items():
-            http = await stack.enter_async_context(httpx.AsyncClient(limits=limits, trust_env=False))
+            http = await stack.enter_async_context(Connections())
             runs[name] = EngineRun(client, http)
 
         async def each(order: list[str], phase: Callable[..., Awaitable[None]], *args: Any) -> None:
