@@ -33,7 +33,12 @@ typedef struct {
     float *scores; /* [slots, part]: each part's own scratch (attention_part) */
     int64_t part;
     atomic_int next_slot;
-    const float *kc, *vc; /* an extend's K and V rows gathered in span order, [span, nkv * hd] each */
+    /* An extend's K and V rows in span order, as runs: run r is span positions [run_at[r], run_at[r + 1]), rows
+     * run_k[r] + i * kvw (and run_v[r] likewise): the pool's own rows when the span is a few contiguous runs of
+     * slots, else one run over the copy gather_kv made. */
+    int64_t runs;
+    const int64_t *run_at;
+    const float *const *run_k, *const *run_v;
     int64_t ffn_hidden; /* > 0: an extend's units prefetch the layer's feed-forward weights (hd_prefetch_ffn) */
 } AttnCtx;
 
@@ -235,14 +240,31 @@ static void chain_pv(const float *P, int64_t hd, const float *vp, int64_t kvw, i
     }
 }
 
-/* The span's K and V rows copied out of the pool into span order: every block then reads them sequentially
- * (read in place through kv_flat, pages scattered over a large pool cost the tiles ~50 % more). */
+/* A scattered span's K and V rows copied out of the pool into span order: every block then reads them
+ * sequentially (read in place through kv_flat, pages scattered over a large pool cost the tiles ~50 % more). */
 typedef struct {
     const float *kp, *vp;
     const int64_t *flat;
     int64_t kvw;
     float *kc, *vc;
 } GatherCtx;
+
+/* The span's runs of consecutive slots, when there are at most HD_ATT_RUNS and none shorter than HD_ATT_RUN_MIN
+ * (but the last): their count, run r being span positions [at[r], at[r + 1]); else 0 (gather instead). A prefix
+ * cache hit's span is typically two runs: the cached prompt's pages, then the new tokens'. Reading the pool in
+ * place saves copying every row of the span (2 MB a layer for the peer model's 2048-token warm extend). */
+#define HD_ATT_RUNS 16
+#define HD_ATT_RUN_MIN 32
+static int64_t kv_runs(const int64_t *flat, int64_t span, int64_t *at) {
+    int64_t runs = 0;
+    at[0] = 0;
+    for (int64_t t = 1; t <= span; t++)
+        if (t == span || flat[t] != flat[t - 1] + 1) {
+            if (runs == HD_ATT_RUNS || (t < span && t - at[runs] < HD_ATT_RUN_MIN)) return 0;
+            at[++runs] = t;
+        }
+    return runs;
+}
 
 static void gather_kv(void *ctx, int64_t begin, int64_t end) {
     const GatherCtx *c = ctx;
@@ -280,11 +302,18 @@ static void attention_chain(void *ctx, int64_t begin, int64_t end) {
             for (int64_t d = 0; d < hd; d++) QT[d * 16 + i] = 0.0f;
             nb[i] = nt;
         }
-        const float *kp = a->kc + g * hd, *vp = a->vc + g * hd;
-        chain_scores(QT, hd, kp, kvw, nt, ST);
+        /* Run by run, in span order: each score and each output's chain of FMAs is the one a single run over
+         * the whole span would compute. */
+        for (int64_t r = 0; r < a->runs && a->run_at[r] < nt; r++) {
+            const int64_t t0 = a->run_at[r], n = min64(a->run_at[r + 1], nt) - t0;
+            chain_scores(QT, hd, a->run_k[r] + g * hd, kvw, n, ST + t0 * 16);
+        }
         chain_softmax(ST, nt, nb, lo, inv);
         memset(OT, 0, (size_t)(hd * 16) * sizeof(float));
-        chain_pv(ST, hd, vp, kvw, nt, OT);
+        for (int64_t r = 0; r < a->runs && a->run_at[r] < nt; r++) {
+            const int64_t t0 = a->run_at[r], n = min64(a->run_at[r + 1], nt) - t0;
+            chain_pv(ST + t0 * 16, hd, a->run_v[r] + g * hd, kvw, n, OT);
+        }
         for (int64_t i = 0; i < rows; i++) {
             const int64_t r = r0 + i, b = r % B, h = g * group + r / B;
             float *oh = a->o + b * nh * hd + h * hd;
@@ -328,12 +357,25 @@ static int64_t attention_scratch(const HDLayer *L, int64_t B) {
 static void attend(const HDLayer *L, const HDStep *s, const float *q, float *o, float *scores, int64_t shared,
                    int64_t part, int64_t slots, int64_t ffn_hidden) {
     const int64_t B = s->batch, kvw = L->nkv * L->hd;
-    AttnCtx a = {L, s, q, o, scores + shared, part, 0, scores, NULL, ffn_hidden};
+    AttnCtx a = {.L = L, .s = s, .q = q, .o = o, .scores = scores + shared, .part = part, .ffn_hidden = ffn_hidden};
+    int64_t run_at[HD_ATT_RUNS + 1];
+    const float *run_k[HD_ATT_RUNS], *run_v[HD_ATT_RUNS];
     if (s->chain) {
-        float *vc = scores + s->kv_offsets[B] * kvw;
-        GatherCtx gc = {s->k_pool[L->ordinal], s->v_pool[L->ordinal], s->kv_flat, kvw, scores, vc};
-        a.vc = vc;
-        hp_parallel_for(s->kv_offsets[B], 256, gather_kv, &gc);
+        const float *kp = s->k_pool[L->ordinal], *vp = s->v_pool[L->ordinal];
+        const int64_t span = s->kv_offsets[B];
+        a.runs = kv_runs(s->kv_flat, span, run_at);
+        if (a.runs > 0) { /* read in place */
+            for (int64_t r = 0; r < a.runs; r++) {
+                run_k[r] = kp + s->kv_flat[run_at[r]] * kvw;
+                run_v[r] = vp + s->kv_flat[run_at[r]] * kvw;
+            }
+        } else { /* scattered: copied into span order first */
+            float *vc = scores + span * kvw;
+            GatherCtx gc = {kp, vp, s->kv_flat, kvw, scores, vc};
+            hp_parallel_for(span, 256, gather_kv, &gc);
+            a.runs = 1, run_at[0] = 0, run_at[1] = span, run_k[0] = scores, run_v[0] = vc;
+        }
+        a.run_at = run_at, a.run_k = run_k, a.run_v = run_v;
     }
     const int64_t units = s->chain ? L->nkv * chain_blocks(L, B) : B * L->nh;
     hp_parallel_for(units, max64(1, (units + slots - 1) / slots), s->chain ? attention_chain : attention_heads, &a);

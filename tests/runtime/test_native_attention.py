@@ -143,3 +143,29 @@ def test_plain_c_extend_attention_matches_float64(
     np.testing.assert_allclose(
         _run(plain, c, nh, nkv, hd, True, True), _reference(c, nh, nkv, hd, True, True), rtol=2e-4, atol=2e-5
     )
+
+
+@pytest.mark.parametrize("runs", [[300, 48], [64, 40, 200, 17], [5]], ids=lambda r: "+".join(map(str, r)))
+def test_extend_reads_contiguous_runs_in_place_exactly_as_gathered(
+    libs: tuple[ctypes.CDLL, ctypes.CDLL], runs: list[int]
+) -> None:
+    """A span of a few runs of consecutive slots (a prefix hit: the cached pages, then the new tokens') is read
+    from the pool in place; the same rows scattered over the pool are gathered first. Same rows, same result, to
+    the bit (each score and output is the same chain of FMAs either way)."""
+    lib, _ = libs
+    nh, nkv, hd, rows = 4, 2, 64, runs[-1] if len(runs) > 1 else 3
+    c = _case(nh, nkv, hd, rows, sum(runs) - rows, True, seed=len(runs))
+    slots = c["k"].shape[0]
+    starts = np.cumsum([0, *[n + 7 for n in runs[:-1]]])  # runs in pool order, gaps of 7 free slots between
+    flat = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, runs, strict=True)]).astype(np.int64)
+    assert flat[-1] < slots
+    rng = np.random.default_rng(1)
+    scattered = rng.permutation(slots)[: flat.size].astype(np.int64)
+    k, v = c["k"].copy(), c["v"].copy()
+    in_place = {**c, "flat": flat}
+    gathered = {**c, "flat": scattered, "k": k, "v": v}
+    gathered["k"][scattered], gathered["v"][scattered] = c["k"][flat], c["v"][flat]
+    a = _run(lib, in_place, nh, nkv, hd, True, True)
+    b = _run(lib, gathered, nh, nkv, hd, True, True)
+    assert np.array_equal(a, b)
+    np.testing.assert_allclose(a, _reference(in_place, nh, nkv, hd, True, True), rtol=2e-4, atol=2e-5)
