@@ -57,6 +57,7 @@ static inline __m256 vexp256(__m256 x) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+/* silu on 8 lanes: v / (1 + vexp256(-v)). */
 static inline __m256 silu256(__m256 v) {
     return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), vexp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
 }
@@ -85,11 +86,7 @@ static inline void silu_mul(float *h, const float *g, const float *u, int64_t n)
 static inline void silu_inplace(float *x, int64_t n) {
     int64_t i = 0;
 #ifdef HYBRIDCTL_VEXP256
-    const __m256 one = _mm256_set1_ps(1.0f);
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        _mm256_storeu_ps(x + i, _mm256_div_ps(v, _mm256_add_ps(one, vexp256(_mm256_sub_ps(_mm256_setzero_ps(), v)))));
-    }
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, silu256(_mm256_loadu_ps(x + i)));
 #endif
     for (; i < n; i++) x[i] = silu(x[i]);
 }
