@@ -61,8 +61,7 @@ class Connections:
 
     def idle_connections(self, url: str) -> int:
         """Kept-alive connections to `url`'s host and port waiting for a next request."""
-        parts = urlsplit(url)
-        return len(self._idle.get((parts.hostname or "127.0.0.1", parts.port or 80), []))
+        return len(self._idle.get(_address(url), []))
 
     async def sse(
         self, url: str, body: dict[str, Any], on_the_wire: Callable[[], None], *, close: bool = False
@@ -70,11 +69,10 @@ class Connections:
         """POST `body` as JSON to `url` and yield each `data:` event's JSON until `[DONE]` or the body's end.
         `on_the_wire()` runs at the request's first network action. `close`: ask the server to close the
         connection afterwards (llama-server drops a kept-alive connection after a stream)."""
-        parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        host, port = _address(url)
         payload = json.dumps(body).encode()
         head = (
-            f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"POST {urlsplit(url).path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
             f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n"
             f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
         ).encode()
@@ -86,16 +84,14 @@ class Connections:
         reusable = False
         try:
             try:
-                conn.writer.write(head + payload)
-                status, headers = await _response_head(conn)
+                status, headers = await _request(conn, head + payload)
             except (HttpError, ConnectionError):
                 if not conn.reused:
                     raise
                 # A kept-alive connection the server closed as the request went out: once more on a new one.
                 conn.close()
                 conn = await _connect(host, port)
-                conn.writer.write(head + payload)
-                status, headers = await _response_head(conn)
+                status, headers = await _request(conn, head + payload)
             chunks = _body(conn, headers)
             if status != 200:
                 text = b"".join([c async for c in chunks]).decode(errors="replace")[:500]
@@ -111,14 +107,31 @@ class Connections:
                     event = line[5:].strip()
                     if event != b"[DONE]":
                         yield json.loads(event)
-            framed = "chunked" in headers.get("transfer-encoding", "").lower() or "content-length" in headers
-            reusable = framed and not close and headers.get("connection", "").lower() != "close"
+            kept = not close and headers.get("connection", "").lower() != "close"
+            reusable = kept and _framing(headers) != "until-close"
         finally:
             if reusable:
                 conn.reused = True
                 idle.append(conn)
             else:
                 conn.close()
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def _framing(headers: dict[str, str]) -> str:
+    """How the body ends: "chunked", "length" (Content-Length), or "until-close"."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return "chunked"
+    return "length" if "content-length" in headers else "until-close"
+
+
+async def _request(conn: _Conn, data: bytes) -> tuple[int, dict[str, str]]:
+    conn.writer.write(data)
+    return await _response_head(conn)
 
 
 async def _connect(host: str, port: int) -> _Conn:
@@ -145,7 +158,8 @@ async def _response_head(conn: _Conn) -> tuple[int, dict[str, str]]:
 
 async def _body(conn: _Conn, headers: dict[str, str]) -> AsyncIterator[bytes]:
     """The body's bytes as they arrive: chunked, Content-Length, or until the server closes."""
-    if "chunked" in headers.get("transfer-encoding", "").lower():
+    framing = _framing(headers)
+    if framing == "chunked":
         while True:
             size = int((await conn.line()).split(b";")[0].strip() or b"0", 16)
             if size == 0:
@@ -155,7 +169,7 @@ async def _body(conn: _Conn, headers: dict[str, str]) -> AsyncIterator[bytes]:
             data = await conn.exactly(size)
             await conn.line()  # the chunk's CRLF
             yield data
-    elif "content-length" in headers:
+    elif framing == "length":
         left = int(headers["content-length"])
         while left > 0:
             data = await asyncio.wait_for(conn.reader.read(min(left, 65536)), READ_TIMEOUT_S)
