@@ -52,9 +52,11 @@ class ApiKeyMiddleware:
         path: str = scope.get("path", "")
         if scope.get("method") == "OPTIONS" or path.startswith(("/health", "/ready", "/metrics")):
             return True
-        headers = dict(scope.get("headers") or [])
+        # The first Authorization header counts, as in SGLang (starlette's `headers.get` returns the first of
+        # repeated headers); a dict of the raw list would keep the last. ASGI servers lowercase header names.
         # Bytes, not str: compare_digest refuses non-ASCII str, and a header is whatever bytes a client sent.
-        parts = headers.get(b"authorization", b"").split(b" ", 1)
+        auth = next((value for name, value in scope.get("headers") or [] if name == b"authorization"), b"")
+        parts = auth.split(b" ", 1)
         return len(parts) == 2 and parts[0].lower() == b"bearer" and secrets.compare_digest(parts[1], self.api_key)
 
 

@@ -30,3 +30,15 @@ def test_api_key_guards_all_routes_but_health(demo_model_dir: Path) -> None:
         assert KEY not in info.text
         assert info.json()["api_key"] == "<redacted>"
     assert KEY not in server.log_text()
+
+
+def test_the_first_of_two_authorization_headers_counts_as_in_sglang(demo_model_dir: Path) -> None:
+    # SGLang 0.5.23 reads `request.headers.get("Authorization")` (sglang/srt/utils/auth.py), and starlette's
+    # Headers.get returns the first of repeated headers: a right key followed by a wrong one passes, the
+    # reverse does not.
+    args = ("--api-key", KEY, "--memory-budget-gib", "0.5")
+    with start_runtime_server(demo_model_dir, *args) as server, httpx.Client(base_url=server.url) as c:
+        right_first = [("Authorization", f"Bearer {KEY}"), ("Authorization", "Bearer wrong")]
+        wrong_first = [("Authorization", "Bearer wrong"), ("Authorization", f"Bearer {KEY}")]
+        assert c.get("/v1/models", headers=right_first).status_code == 200
+        assert c.get("/v1/models", headers=wrong_first).status_code == 401
