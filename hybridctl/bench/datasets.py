@@ -53,6 +53,18 @@ def _check_positive(**values: int) -> None:
         raise DatasetError("; ".join(bad))
 
 
+def check_shape(shape: SharedPrefixShape | RandomShape) -> None:
+    """The shape's own limits, checked before any request is built (bench checks them before connecting)."""
+    if isinstance(shape, SharedPrefixShape):
+        _check_positive(num_groups=shape.num_groups, prompts_per_group=shape.prompts_per_group,
+                        system_prompt_len=shape.system_prompt_len, question_len=shape.question_len,
+                        output_len=shape.output_len)  # fmt: skip
+        return
+    _check_positive(num_prompts=shape.num_prompts, input_len=shape.input_len, output_len=shape.output_len)
+    if not 0.0 < shape.range_ratio <= 1.0:
+        raise DatasetError(f"--range-ratio must be within (0, 1] (got {shape.range_ratio})")
+
+
 def _scaled(full: int, ratio: float, rng: random.Random) -> int:
     return full if ratio >= 1.0 else rng.randint(max(1, int(full * ratio)), full)
 
@@ -60,9 +72,7 @@ def _scaled(full: int, ratio: float, rng: random.Random) -> int:
 def generated_shared_prefix(
     builder: PromptBuilder, shape: SharedPrefixShape, seed: int
 ) -> list[BenchRequest]:
-    _check_positive(num_groups=shape.num_groups, prompts_per_group=shape.prompts_per_group,
-                    system_prompt_len=shape.system_prompt_len, question_len=shape.question_len,
-                    output_len=shape.output_len)  # fmt: skip
+    check_shape(shape)
     requests = []
     for g in range(shape.num_groups):
         system = builder.document(shape.system_prompt_len, seed=seed * 100_003 + g)
@@ -75,9 +85,7 @@ def generated_shared_prefix(
 
 
 def random_dataset(builder: PromptBuilder, shape: RandomShape, seed: int) -> list[BenchRequest]:
-    _check_positive(num_prompts=shape.num_prompts, input_len=shape.input_len, output_len=shape.output_len)
-    if not 0.0 < shape.range_ratio <= 1.0:
-        raise DatasetError(f"--range-ratio must be within (0, 1] (got {shape.range_ratio})")
+    check_shape(shape)
     rng = random.Random(seed)
     requests = []
     for i in range(shape.num_prompts):

@@ -14,9 +14,11 @@ from typing import get_args
 
 from hybridctl.bench.datasets import (
     BenchRequest,
+    DatasetError,
     DatasetName,
     RandomShape,
     SharedPrefixShape,
+    check_shape,
     generated_shared_prefix,
     random_dataset,
 )
@@ -45,9 +47,16 @@ class BenchOptions:
         if self.dataset not in names:
             raise BenchOptionsError(f"--dataset {self.dataset!r} is not known; use {' or '.join(names)}")
         if self.load.max_concurrency is not None and self.load.max_concurrency < 1:
-            raise BenchOptionsError(f"--max-concurrency must be >= 1 (got {self.load.max_concurrency})")
+            # The CLI turns 0 into None (no limit), so the message offers both.
+            raise BenchOptionsError(
+                f"--max-concurrency must be >= 1, or 0 for no limit (got {self.load.max_concurrency})"
+            )
         if not self.load.request_rate > 0:
             raise BenchOptionsError(f"--request-rate must be > 0 or inf (got {self.load.request_rate})")
+        try:
+            check_shape(self.shared_prefix if self.dataset == "generated-shared-prefix" else self.random)
+        except DatasetError as exc:
+            raise BenchOptionsError(str(exc)) from None
 
     def describe(self) -> dict[str, object]:
         shape = asdict(self.shared_prefix if self.dataset == "generated-shared-prefix" else self.random)

@@ -44,7 +44,9 @@ def bench(
     input_len: int = typer.Option(256, "--input-len", help="Prompt tokens of the random dataset."),
     range_ratio: float = typer.Option(1.0, "--range-ratio", help="random: lengths drawn from [len*ratio, len]."),
     output_len: int = typer.Option(32, "--output-len", help="Tokens generated per request."),
-    max_concurrency: int = typer.Option(8, "--max-concurrency", help="Requests in flight at most (0: no limit)."),
+    max_concurrency: int = typer.Option(
+        8, "--max-concurrency", min=0, help="Requests in flight at most (0: no limit)."
+    ),
     request_rate: float = typer.Option(math.inf, "--request-rate", help="Poisson arrivals per second (inf: all)."),
     seed: int = typer.Option(0, "--seed", help="Seed for prompts, order and arrivals."),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="Flush the prefix cache before the run."),
