@@ -164,8 +164,8 @@ def _unreachable(role: str, url: str, exc: Exception) -> Response:
     from starlette.responses import JSONResponse
 
     return JSONResponse(
-        {"error": {"message": f"PD router: the {role} server at {url} is unreachable ({exc}); start it "
-                   "again (hybridctl launch) or check its log."}},
+        {"error": {"message": f"PD router: the {role} server at {url} is unreachable ({exc}); check its "
+                   "log, then restart the deployment (hybridctl stop, then hybridctl launch)."}},
         status_code=503,
     )  # fmt: skip
 

@@ -136,14 +136,16 @@ def _check_model(client: SGLangClient, config: HybridConfig | None, found: _Find
         found.reasons.append(
             f"/model_info model_path is {served!r} but config.toml [server] model_path is "
             f"{configured!r}: "
-            "the server at this URL serves another model (wrong port, or relaunch after editing "
-            "the config)"
+            "the server at this URL serves another model (wrong port, or the config was edited since: "
+            "restart it with `hybridctl stop` then `hybridctl launch`)"
         )
     server_info = client.server_info()
     mismatches, arg_notes = compare_server_args(server_info, expected_server_args(config))
     found.notes.extend(arg_notes)
     found.reasons.extend(
-        f"/server_info {m} — relaunch with `hybridctl launch` so the server runs this config" for m in mismatches
+        # launch refuses while this config's server runs, so the restart is stop, then launch.
+        f"/server_info {m} — restart the server on this config: `hybridctl stop`, then `hybridctl launch`"
+        for m in mismatches
     )
 
 

@@ -144,7 +144,8 @@ def run_spec(
         if configured is not None and configured.speculative_algorithm != "none":
             reason = (
                 f"config.toml sets speculative_algorithm = {configured.speculative_algorithm!r} but the "
-                "server runs without speculative decoding: relaunch it with `hybridctl launch`"
+                "server runs without speculative decoding: restart it on this config with `hybridctl stop`, then "
+                "`hybridctl launch`"
             )
             return CheckResult("spec", "failed", reason, [reason])
         reason = "skipped: the server runs without speculative decoding (no speculative_algorithm)"
