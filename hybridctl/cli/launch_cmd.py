@@ -93,9 +93,11 @@ def launch(
         raise typer.Exit(2)
     cfg = report.config
     try:
-        # A dry run shows the command whatever the engine would ignore, and lists those keys; a launch refuses.
-        plan = make_launch_plan(cfg, engine_name, sglang_version=sglang_version, allow_ignored=allow_ignored or dry_run)
-        written = _write_files(cfg, plan, write_yaml, k8s, k8s_image, force, allow_ignored)
+        # A dry run shows the command (and writes --write-yaml / --k8s) whatever the engine would ignore, and
+        # lists those keys; a launch refuses them.
+        accept_ignored = allow_ignored or dry_run
+        plan = make_launch_plan(cfg, engine_name, sglang_version=sglang_version, allow_ignored=accept_ignored)
+        written = _write_files(cfg, plan, write_yaml, k8s, k8s_image, force, accept_ignored)
     except (LaunchError, OSError) as exc:  # OSError: WouldOverwriteError, WriteFailed
         raise fail(str(exc)) from None
     for path in written:

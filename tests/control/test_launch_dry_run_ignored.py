@@ -93,3 +93,15 @@ def test_with_allow_ignored_the_dry_run_says_they_are_accepted(tmp_path: Path) -
         ).stdout
     )
     assert plan["launch_refuses_ignored"] is False
+
+
+def test_a_dry_run_that_writes_the_yaml_and_manifests_is_not_stopped_by_ignored_keys(tmp_path: Path) -> None:
+    config = _article(tmp_path)
+    yaml_out, k8s_out = tmp_path / "sglang.yaml", tmp_path / "k8s.yaml"
+    args = ["launch", str(config), "--engine", "sglang", "--dry-run", "--write-yaml", str(yaml_out)]
+    result = runner.invoke(app, [*args, "--k8s", str(k8s_out)])
+    assert result.exit_code == 0, result.output
+    assert "logging.log_mamba_state_stats" in result.stdout  # still listed above the command
+    assert "model-path:" in yaml_out.read_text() and k8s_out.read_text()
+    # The ignored key has no flag, so the file the dry run wrote holds none for it.
+    assert "mamba-state-stats" not in yaml_out.read_text()
