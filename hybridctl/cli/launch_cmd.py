@@ -2,8 +2,9 @@
 
 Exit codes: launch 0 served (or dry run), 1 the server failed to start or exited on its own, 2 the config cannot be
 launched as asked, 143/130/129 stopped by SIGTERM/SIGINT/SIGHUP (forwarded to the server, which was waited for);
-status 0 running and healthy, 1 running but /health fails, 2 corrupt state file, 3 not running (stale state file too);
-stop 0 (stopped, or nothing to stop), 2 corrupt or stale state file (nothing signalled, the file kept).
+status 0 running and healthy, 1 running but /health fails, 2 corrupt state file or no such config file, 3 not running
+(stale state file too); stop 0 (stopped, or nothing to stop), 2 corrupt or stale state file (nothing signalled, the
+file kept) or no such config file.
 """
 
 from __future__ import annotations
@@ -241,6 +242,26 @@ def _stop_command(config: Path) -> str:
     return escape(shlex.join(["hybridctl", "stop", str(config)]))
 
 
+def _recorded_config(config: Path, command: str) -> Path:
+    """`config`, when it is a file or a server launched from it is recorded; else exit 2 naming the file.
+
+    The state file lives beside the config, so a mistyped path would otherwise read as "nothing runs". A server
+    whose config was deleted after launch still has its state file, and is still reported or stopped.
+    """
+    from hybridctl.launch.state import state_path_for
+
+    try:
+        if config.is_file() or state_path_for(config).exists():
+            return config
+        problem = "is a directory, not a config file" if config.is_dir() else "does not exist"
+    except OSError as exc:  # a name the filesystem refuses (too long, ...)
+        problem = f"cannot be read ({exc.strerror})"
+    raise fail(
+        f"{config} {problem}, so no server can have been launched from it. Fix: pass the config.toml the server "
+        f"was launched from (`hybridctl {command} PATH/config.toml`)."
+    )
+
+
 @app.command("status")
 def status(
     config: Path | None = CONFIG_ARG,
@@ -248,14 +269,15 @@ def status(
     _settings: Path | None = UNUSED_SETTINGS_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
-    """Is the server launched from CONFIG alive and healthy? Exit 0 healthy, 1 unhealthy, 3 not running."""
+    """Is the server launched from CONFIG alive and healthy? Exit 0 healthy, 1 unhealthy, 2 no such config (or a
+    corrupt state file), 3 not running."""
 
     from rich.console import Console
     from rich.markup import escape
 
     from hybridctl.launch.recorded import server_status
 
-    config = config_files(config, None, config_opt, None)[0] or DEFAULT_CONFIG
+    config = _recorded_config(config_files(config, None, config_opt, None)[0] or DEFAULT_CONFIG, "status")
     console = Console(highlight=False, soft_wrap=True)
     try:
         st = server_status(config)
@@ -300,7 +322,7 @@ def stop(
 
     from hybridctl.launch.recorded import stop_server
 
-    config = config_files(config, None, config_opt, None)[0] or DEFAULT_CONFIG
+    config = _recorded_config(config_files(config, None, config_opt, None)[0] or DEFAULT_CONFIG, "stop")
     console = Console(highlight=False, soft_wrap=True)
     try:
         result = stop_server(config, timeout_s=timeout)

@@ -1,0 +1,82 @@
+"""Help, validation and behaviour say the same thing: what --help promises is accepted, what is refused is
+refused before any work with the limit the help states, and a missing file is named as missing.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hybridctl.cli import app
+from hybridctl.launch.state import state_path_for
+
+runner = CliRunner()
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_bench_max_concurrency_zero_means_no_limit_as_the_help_says() -> None:
+    helptext = runner.invoke(app, ["bench", "--help"]).stdout
+    assert "0: no limit" in helptext
+    url = f"http://127.0.0.1:{_closed_port()}"
+    # 0 passes validation: the run gets as far as the (absent) server.
+    zero = runner.invoke(app, ["bench", "--url", url, "--max-concurrency", "0"])
+    assert zero.exit_code == 2 and "cannot reach" in zero.output, zero.output
+    negative = runner.invoke(app, ["bench", "--url", url, "--max-concurrency", "-1"])
+    assert negative.exit_code == 2 and "cannot reach" not in negative.output
+    assert "0" in negative.output and "must be >= 1" not in negative.output, negative.output
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--num-groups", "0"], "--num-groups"),
+        (["--dataset", "random", "--num-prompts", "0"], "--num-prompts"),
+        (["--dataset", "random", "--range-ratio", "0"], "--range-ratio"),
+    ],
+)
+def test_bench_shape_limits_are_checked_before_connecting(args: list[str], flag: str) -> None:
+    result = runner.invoke(app, ["bench", "--url", f"http://127.0.0.1:{_closed_port()}", *args])
+    assert result.exit_code == 2 and flag in result.output, result.output
+    assert "cannot reach" not in result.output
+
+
+def _hybridctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hybridctl", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("command", ["status", "stop"])
+def test_status_and_stop_name_a_missing_config(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nope.toml"
+    proc = _hybridctl(command, str(missing))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert str(missing) in out and "does not exist" in out and "Fix:" in out, out
+    assert "state file" not in out and "Traceback" not in out
+
+
+def test_status_still_reads_the_state_of_a_config_deleted_after_launch(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    state = state_path_for(config)
+    state.parent.mkdir()
+    state.write_text("{}")  # corrupt on purpose: read (and named), not skipped as "no config"
+    proc = _hybridctl("status", str(config), "--json")
+    assert proc.returncode == 2 and str(state) in proc.stderr and "does not exist" not in proc.stderr
+
+
+def test_status_of_an_existing_config_with_nothing_launched_is_not_running(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("")
+    proc = _hybridctl("status", str(config), "--json")
+    assert proc.returncode == 3 and json.loads(proc.stdout)["running"] is False
