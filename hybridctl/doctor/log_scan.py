@@ -12,23 +12,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hybridctl.doctor.log_patterns import PATTERNS, LogPattern
-from hybridctl.doctor.log_traceback import Death, Traceback, TracebackReader, strip_launcher
+from hybridctl.doctor.log_traceback import Death, Traceback, TracebackReader
+from hybridctl.logs.architecture import ModelEvidence
 from hybridctl.logs.dialect import LogDialect, read_dialect
+from hybridctl.logs.normalize import LogLine, normalize, split_prefix
 from hybridctl.logs.startup import StartupInfo, parse_startup
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# SGLang's configure_logger: "[%(asctime)s{.ms}{ prefix}] message", prefix like " TP0" or " DP1 TP3".
-_PREFIX = re.compile(
-    r"^\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z]{1,4}\d+)*)\]\s?"
-)
-# Other prefixes pasted logs carry: docker compose ("sglang-1  | "), vLLM-style ("ERROR 11-13 11:03:06
-# [core.py:708] "), Python logging ("2026-03-02 11:21:07,512 - ERROR - ", "2026-03-02 11:21:07 ERROR ").
-_COMPOSE = re.compile(r"^[\w.-]+\s+\|\s?")
-_OTHER_PREFIX = re.compile(
-    r"^(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s?"
-    r"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\s*(?:-\s*)?(?:[\w.]+\s+-\s+)?"
-    r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s*[-:]?\s)"
-)
 _MAX_EVIDENCE = 400
 # One pass over a healthy line instead of one per pattern: most lines of a long log match nothing.
 _ANY_PATTERN = re.compile("|".join(f"(?:{p.regex.pattern})" for p in PATTERNS), re.IGNORECASE)
@@ -39,6 +28,7 @@ _BENIGN = re.compile(r"may not be an issue|can (?:safely )?be ignored|safe to ig
 _STARTUP_KEYS = ("Cache is allocated", "max_total_num_tokens=", "Tree cache initialized", "fired up and")
 
 _PREFILL = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (\d+)")
+_PREFILL_LINE = "Prefill batch"
 # server_args is logged as a dict repr ('key': value) in 0.5.2x and as ServerArgs(key=value) before.
 _ARG = re.compile(r"['\"]?\b(disable_radix_cache|page_size|mamba_radix_cache_strategy|mamba_scheduler_strategy|"
                   r"speculative_algorithm|disaggregation_mode|enable_unified_memory|disable_overlap_schedule|"
@@ -85,16 +75,14 @@ class LogScan:
     tracebacks: list[Traceback] = field(default_factory=list)
     deaths: list[Death] = field(default_factory=list)  # lines saying a process died (exit code, SIGQUIT...)
     dialect: LogDialect = field(default_factory=LogDialect)
+    model: ModelEvidence = field(default_factory=ModelEvidence)  # does the model carry recurrent state?
+    prefills: list[tuple[int, int]] = field(default_factory=list)  # (line, cached tokens) of each prefill
 
 
 def clean_line(raw: str) -> tuple[str, str, str]:
     """(line without colours, message without the log prefix, rank tag like "TP0" or "")."""
-    line = _COMPOSE.sub("", strip_launcher(_ANSI.sub("", raw.rstrip("\r\n"))), count=1)
-    m = _PREFIX.match(line)
-    if not m:
-        other = _OTHER_PREFIX.match(line)
-        return (line, line[other.end() :], "") if other and other.end() < len(line) else (line, line, "")
-    return line, line[m.end():], m.group("ranks").strip()
+    line, message, rank, _ = split_prefix(raw)
+    return line, message, rank
 
 
 def scan_log(raw_lines: Iterable[str]) -> LogScan:
@@ -105,18 +93,14 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
     in_source = False  # the line after '  File "...", line N' is source code, weaker evidence than the error
     tracebacks = TracebackReader()
     dialect_lines: list[str] = []
-    for number, raw in enumerate(raw_lines, start=1):
+    for entry in normalize(raw_lines):
+        number, line, message, ranks, prefixed = entry.number, entry.line, entry.message, entry.rank, entry.prefixed
         scan.lines = number
-        line, message, ranks = clean_line(raw)
-        prefixed = line is not message
-        if prefixed:
-            rank = ranks
+        if prefixed or ranks:
+            rank = ranks or rank
         tracebacks.feed(number, message, prefixed, rank)
-        # One line, one failure: the first (most specific) pattern that matches claims it.
-        for pattern in PATTERNS if _ANY_PATTERN.search(message) and not _BENIGN.search(message) else ():
-            if pattern.regex.search(message):
-                _record(seen, pattern, number, line, rank, weak=in_source)
-                break
+        for pattern in _claims(entry):
+            _record(seen, pattern, number, line, rank, weak=in_source)
         in_source = line.lstrip().startswith('File "')
         if len(dialect_lines) < 400 and ("sglang" in message.lower() or "strateg" in message or "version" in message):
             dialect_lines.append(message)
@@ -130,15 +114,49 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
             scan.server_args_line = scan.server_args_line or number
         elif "--" in message and "launch_server" in message or message.lstrip().startswith("--"):
             for name, value in _FLAG.findall(message):
-                key = name.replace("-", "_").replace("tp_size", "tp_size")
+                key = name.replace("-", "_")
                 scan.server_args.setdefault("tp_size" if key == "tp" else key, value or "True")
             scan.server_args_line = scan.server_args_line or number
+        scan.model.read(message)
     scan.matches = sorted(seen.values(), key=lambda m: m.line)
     scan.tracebacks = tracebacks.finish()
     scan.deaths = tracebacks.deaths
     scan.dialect = read_dialect(dialect_lines)
     scan.startup = parse_startup(messages)
     return scan
+
+
+def _first_claim(text: str) -> tuple[LogPattern, re.Match[str]] | None:
+    """The first (most specific) pattern that matches: one message, one failure."""
+    if not _ANY_PATTERN.search(text) or _BENIGN.search(text):
+        return None
+    for pattern in PATTERNS:
+        if m := pattern.regex.search(text):
+            return pattern, m
+    return None
+
+
+def _claims(entry: LogLine) -> list[LogPattern]:
+    """The patterns one entry carries. A wrapped message is matched whole (with a space at each break, then
+    glued for a word the wrap split); a piece outside that match is another message joined to it (a log without
+    prefixes), matched on its own."""
+    hit = _first_claim(entry.message)
+    if hit is None and len(entry.segments) > 1:
+        hit = _first_claim(entry.glued)
+        if hit is not None:
+            return [hit[0]]
+    if len(entry.segments) <= 1:
+        return [hit[0]] if hit else []
+    out = [hit[0]] if hit else []
+    span = hit[1].span() if hit else (0, 0)
+    offset = 0
+    for piece in entry.segments:
+        start, offset = offset, offset + len(piece)
+        if hit and start < span[1] and offset > span[0]:
+            continue  # part of the message the whole entry matched
+        if (own := _first_claim(piece)) is not None and own[0] not in out:
+            out.append(own[0])
+    return out
 
 
 def _record(
@@ -157,9 +175,12 @@ def _record(
 
 
 def _read_prefill(message: str, number: int, scan: LogScan) -> None:
-    m = _PREFILL.search(message)
-    if m and int(m.group(1)) + int(m.group(2)) > 0:
-        scan.prefill_batches += 1
-        scan.cached_tokens += int(m.group(2))
-        if scan.first_prefill_line is None:
-            scan.first_prefill_line = number
+    if _PREFILL_LINE not in message:
+        return
+    for m in _PREFILL.finditer(message):  # a log without prefixes may have joined several
+        if int(m.group(1)) + int(m.group(2)) > 0:
+            scan.prefill_batches += 1
+            scan.cached_tokens += int(m.group(2))
+            scan.prefills.append((number, int(m.group(2))))
+            if scan.first_prefill_line is None:
+                scan.first_prefill_line = number
