@@ -41,6 +41,8 @@ def render(report: DoctorReport, console: Console, verbose: bool) -> None:
         if verbose:
             for d in c.details:
                 console.print(f"    • {escape(d)}")
+    for ignored in report.ignored:
+        console.print(f"{_MARK['skipped']} [bold]{escape(ignored.option)}[/]  ignored: {escape(ignored.reason)}")
     findings = report.sorted_findings()
     if findings:
         console.print()
@@ -146,6 +148,10 @@ def doctor(
             url=url,
         )
         report = run_doctor(options, None if probe else unprobed_host())
+    if yes and not fix:
+        from hybridctl.doctor.report import IgnoredOption
+
+        report.ignored.append(IgnoredOption("--yes", "only --fix asks for a confirmation"))
     if as_json:
         _print_json_report(report, config, settings_path, fix, yes, console)
     else:

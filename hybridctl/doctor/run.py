@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.doctor.findings import Check, CheckStatus, DoctorFinding
+from hybridctl.doctor.findings import CODES, Check, CheckStatus, DoctorFinding
 from hybridctl.doctor.judge import judge_host, resolve_engine
 from hybridctl.doctor.planning import PlanContext, load_plan_context
-from hybridctl.doctor.report import DoctorReport, failure_mode_checks
+from hybridctl.doctor.report import DoctorReport, IgnoredOption, failure_mode_checks
 from hybridctl.host.facts import HostFacts
 from hybridctl.planner.units import format_gib, format_mib
 
@@ -85,38 +85,63 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
     if opts.config_given or opts.config_path.exists():
         cfg, check = _load_config(opts.config_path, opts.settings_path, "Config")
         report.checks.append(check)
+        no_config = f"{opts.config_path} did not load (see Config)"
     else:
-        report.checks.append(
-            Check("Config", "skipped", f"skipped: no {opts.config_path} here; pass --config to predict from one")
-        )
+        no_config = f"no config.toml found at {opts.config_path.resolve()}"
+        report.checks.append(Check("Config", "skipped", f"skipped: {no_config}; pass --config to predict from one"))
     host_checks, host_findings = judge_host(host, cfg)
     report.checks[0:0] = host_checks
     report.findings += host_findings
     ctx: PlanContext | None = None
     peer: HybridConfig | None = None
+    # What could judge each failure mode, and why the config could not where it could not.
+    judged_by: dict[str, list[str]] = {code: [] for code in CODES}
+    config_gap: dict[str, str] = dict.fromkeys(CODES, "no config (see Config)") if cfg is None else {}
     if cfg is not None:
-        ctx, peer = _predict(cfg, host, opts, report)
+        ctx, peer, pools_gap = _predict(cfg, host, opts, report)
         _place_config_findings(report.findings, key_lines(opts.config_path, opts.settings_path))
+        for code in CODES:
+            if code == "MAMBA_POOL_ALLOC" and pools_gap is not None:
+                config_gap[code] = "the pools were not sized (see Model)"
+            else:
+                judged_by[code].append("the config")
+    _report_unused_options(opts, cfg, ctx, no_config, report)
     if opts.log_lines is not None:
         _read_log(opts, cfg, ctx, report, peer)
-    if opts.url is not None:
-        _read_live(opts.url, report)
-    inputs = (
-        ("the config", cfg is not None),
-        ("the log", opts.log_lines is not None),
-        ("the server", opts.url is not None),
-        ("the host", True),
-    )
-    used = [name for name, on in inputs if on]
-    sources = ", ".join(used[:-1]) + " and " + used[-1] if len(used) > 1 else used[0]
-    report.checks += failure_mode_checks(report.findings, sources)
+        for code in CODES:
+            judged_by[code].append("the log")
+    if opts.url is not None and _read_live(opts.url, report):
+        for code in CODES:
+            judged_by[code].append("the server")
+    for sources in judged_by.values():
+        if "the config" in sources and (host.gpus or host.sglang is not None):
+            sources.append("the host")  # its GPUs and sglang feed the config's predictions
+    not_judged = {
+        code: (f"not from the config: {gap}" if judged_by[code] else f"{gap}; no log or server was read either")
+        for code, gap in config_gap.items()
+    }
+    report.checks += failure_mode_checks(report.findings, judged_by, not_judged)
     return report
+
+
+def _report_unused_options(
+    opts: DoctorOptions, cfg: HybridConfig | None, ctx: PlanContext | None, no_config: str, report: DoctorReport
+) -> None:
+    """Options that need a config (or a sized model) this run does not have: said, not silently dropped."""
+    if opts.gpu_mem_bytes is not None and ctx is None:
+        why = no_config if cfg is None else "the pools were not sized (see Model)"
+        report.ignored.append(IgnoredOption("--gpu-mem-gib", f"{why}; it sizes a config's pools"))
+    if opts.peer_config is not None and cfg is None:
+        report.ignored.append(
+            IgnoredOption("--peer", f"{no_config}; the peer's config is compared with this server's")
+        )
 
 
 def _predict(
     cfg: HybridConfig, host: HostFacts, opts: DoctorOptions, report: DoctorReport
-) -> tuple[PlanContext | None, HybridConfig | None]:
-    """The config's findings; returns the planning context and the PD peer's config (for the log's fixes)."""
+) -> tuple[PlanContext | None, HybridConfig | None, str | None]:
+    """The config's findings; returns the planning context, the PD peer's config (for the log's fixes) and why
+    the pools could not be sized (None: they were, or the planner's refusal is a finding)."""
     from hybridctl.doctor.predict import (
         predict_elastic_builtin,
         predict_pd_peer,
@@ -172,7 +197,7 @@ def _predict(
         report.checks.append(check)
         if peer is not None:
             report.findings += predict_pd_peer(cfg, peer, str(opts.peer_config))
-    return ctx, peer
+    return ctx, peer, why if ctx is None else None
 
 
 def _read_log(
@@ -202,14 +227,15 @@ def _read_log(
     report.checks.append(Check("Log", worst, summary, details))
 
 
-def _read_live(url: str, report: DoctorReport) -> None:
+def _read_live(url: str, report: DoctorReport) -> bool:
+    """The server's findings and check line; False when it could not be read."""
     from hybridctl.doctor.live import LiveError, live_findings, read_live
 
     try:
         snap = read_live(url)
     except LiveError as exc:
         report.checks.append(Check("Server", "error", f"{url}: {exc}"))
-        return
+        return False
     found = live_findings(snap)
     report.findings += found
     metrics = "with /metrics" if snap.metrics is not None else "no /metrics (SGLang: --enable-metrics)"
@@ -218,3 +244,4 @@ def _read_live(url: str, report: DoctorReport) -> None:
     summary = f"{snap.url}: {n} finding{'s' if n != 1 else ''}; {metrics}; {probe}"
     # "ok": the server was read; what it showed is counted once, through the findings.
     report.checks.append(Check("Server", "ok", summary))
+    return True

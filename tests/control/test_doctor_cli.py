@@ -41,10 +41,11 @@ def project(tmp_path: Path) -> Path:
     return tmp_path / "config.toml"
 
 
-def test_clean_run_exits_0(tmp_path: Path) -> None:
+def test_a_run_with_nothing_to_check_exits_0_and_says_what_it_skipped(tmp_path: Path) -> None:
     res = doctor(cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "[-] Config" in res.stdout and "No issues found!" in res.stdout
+    assert "[-] Config" in res.stdout and "No issues found!" not in res.stdout
+    assert "10 checks skipped" in res.stdout, res.stdout
 
 
 def test_log_on_stdin_json_shape_and_exit_2() -> None:
