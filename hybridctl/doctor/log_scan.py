@@ -126,35 +126,37 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
     return scan
 
 
-def _first_claim(text: str) -> tuple[LogPattern, re.Match[str]] | None:
-    """The first (most specific) pattern that matches: one message, one failure."""
-    if not _ANY_PATTERN.search(text) or _BENIGN.search(text):
+def _first_claim(text: str) -> tuple[LogPattern | None, tuple[int, int]] | None:
+    """The first (most specific) pattern that matches, with its span: one message, one failure. A message that
+    calls itself harmless claims its text for nothing (pattern None)."""
+    if not _ANY_PATTERN.search(text):
         return None
+    if benign := _BENIGN.search(text):
+        return None, (0, benign.end())
     for pattern in PATTERNS:
         if m := pattern.regex.search(text):
-            return pattern, m
+            return pattern, m.span()
     return None
 
 
 def _claims(entry: LogLine) -> list[LogPattern]:
     """The patterns one entry carries. A wrapped message is matched whole (with a space at each break, then
-    glued for a word the wrap split); a piece outside that match is another message joined to it (a log without
-    prefixes), matched on its own."""
+    glued, for a word the wrap split); a piece outside that match is another message joined to it (a log
+    without prefixes), matched on its own."""
     hit = _first_claim(entry.message)
-    if hit is None and len(entry.segments) > 1:
-        hit = _first_claim(entry.glued)
-        if hit is not None:
-            return [hit[0]]
     if len(entry.segments) <= 1:
-        return [hit[0]] if hit else []
-    out = [hit[0]] if hit else []
-    span = hit[1].span() if hit else (0, 0)
+        return [hit[0]] if hit and hit[0] else []
+    if hit is None and (glued := _first_claim(entry.glued)) is not None:
+        return [glued[0]] if glued[0] else []
+    out = [hit[0]] if hit and hit[0] else []
+    span = hit[1] if hit else (0, 0)
     offset = 0
     for piece in entry.segments:
-        start, offset = offset, offset + len(piece)
-        if hit and start < span[1] and offset > span[0]:
+        start, offset = offset, offset + len(piece) + 1
+        if hit and start < span[1] and offset - 1 > span[0]:
             continue  # part of the message the whole entry matched
-        if (own := _first_claim(piece)) is not None and own[0] not in out:
+        own = _first_claim(piece)
+        if own is not None and own[0] is not None and own[0] not in out:
             out.append(own[0])
     return out
 

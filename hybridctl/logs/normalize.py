@@ -80,7 +80,7 @@ class LogLine:
     message: str  # without the log prefix, continuations joined with a space
     rank: str = ""  # "TP0", "DP1 TP3", "rank0" or ""
     prefixed: bool = False  # began with a log prefix (a new entry for certain)
-    segments: list[str] = field(default_factory=list)  # the physical pieces of `message`
+    segments: list[str] = field(default_factory=list)  # the physical pieces of `message` (joined by one space)
 
     @property
     def glued(self) -> str:
@@ -212,7 +212,7 @@ def normalize(raw_lines: Iterable[str]) -> Iterator[LogLine]:
                 if kind == "exc" or (kind == "text" and (cur.prefixed or _continues(cur.segments[-1], message))):
                     cur.message = f"{cur.message} {stripped}"
                     cur.line = f"{cur.line} {stripped}"
-                    cur.segments.append(" " + stripped)
+                    cur.segments.append(stripped)
                     continue
             if cur is not None:
                 yield cur
