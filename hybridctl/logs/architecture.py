@@ -38,9 +38,7 @@ _STATELESS = re.compile(
     re.IGNORECASE,
 )
 _ARCH_CLASS = re.compile(r"\b([A-Z][A-Za-z0-9_]*For(?:CausalLM|ConditionalGeneration|Generation))\b")
-_MODEL_PATH = re.compile(
-    r"""(?:['"]?model_path['"]?\s*[:=]\s*['"]?|--model(?:-path)?[ =]+)(?P<path>[^'",\s)]+)"""
-)
+_MODEL_PATH = re.compile(r"""(?:['"]?model_path['"]?\s*[:=]\s*['"]?|--model(?:-path)?[ =]+)(?P<path>[^'",\s)]+)""")
 _ENGINE_STATE = re.compile(r"Mamba Cache is allocated|conv_state size|ssm_state size|hybrid_ssm=True", re.I)
 _ENGINE_NO_STATE = re.compile(r"hybrid_ssm=False")
 # An engine message about sliding-window hybrids: "... for non-MLA SWA hybrid models yet".

@@ -25,9 +25,7 @@ from dataclasses import dataclass, field
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # SGLang's configure_logger: "[%(asctime)s{.ms}{ prefix}] message", prefix like " TP0" or " DP1 TP3".
-_PREFIX = re.compile(
-    r"^\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z]{1,4}\d+)*)\]\s?"
-)
+_PREFIX = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z]{1,4}\d+)*)\]\s?")
 # Other prefixes pasted logs carry: vLLM-style ("ERROR 11-13 11:03:06 [core.py:708] "), Python logging
 # ("2026-03-02 11:21:07,512 - ERROR - ", "2026-03-02 11:21:07 ERROR "), a bare rank tag ("[TP0] ").
 _OTHER_PREFIX = re.compile(
@@ -102,13 +100,13 @@ def split_prefix(raw: str) -> tuple[str, str, str, bool]:
     line = _LAUNCHER.sub("", line)
     rank = ""
     if m := _TORCH_RANK.match(line):
-        line, rank = line[m.end():], m.group("rank")
+        line, rank = line[m.end() :], m.group("rank")
     m = _PREFIX.match(line)
     if m:
-        return line, line[m.end():], m.group("ranks").strip() or rank, True
+        return line, line[m.end() :], m.group("ranks").strip() or rank, True
     other = _OTHER_PREFIX.match(line)
     if other and other.end() < len(line):
-        return line, line[other.end():], (other.group("ranks") or "").strip() or rank, True
+        return line, line[other.end() :], (other.group("ranks") or "").strip() or rank, True
     return line, line, rank, False
 
 
@@ -220,7 +218,7 @@ def normalize(raw_lines: Iterable[str]) -> Iterator[LogLine]:
                 cur, kind = LogLine(number, line, message, rank, prefixed, [message]), "source"
                 continue
             if _open_frame(message):
-                text = message if stripped.startswith("File") else f'  File {stripped}'
+                text = message if stripped.startswith("File") else f"  File {stripped}"
                 cur, kind = LogLine(number, text, text, rank, prefixed, [stripped]), "open"
                 continue
             if FRAME.search(message) or _LOOSE_FRAME.search(message):

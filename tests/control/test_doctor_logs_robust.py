@@ -108,7 +108,9 @@ def _windows(lines: list[str]) -> list[str]:
 
 
 def _wsl(lines: list[str]) -> list[str]:
-    return [_FRAME.sub(lambda m: f'{m.group(1)}File "/mnt/c/Users/me{m.group(2)}", {m.group(3)}', line) for line in lines]
+    return [
+        _FRAME.sub(lambda m: f'{m.group(1)}File "/mnt/c/Users/me{m.group(2)}", {m.group(3)}', line) for line in lines
+    ]
 
 
 def _markdown_quote(lines: list[str]) -> list[str]:

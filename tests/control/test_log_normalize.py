@@ -71,9 +71,9 @@ def test_markdown_quoting_fences_html_and_elisions_are_removed_and_numbers_kept(
 
 
 def test_json_logging_gives_back_the_message_and_its_traceback() -> None:
-    record = {"time": "2026-01-01T00:00:00Z", "level": "ERROR", "rank": 3,
-              "message": "Scheduler hit an exception",
-              "exc_info": 'Traceback (most recent call last):\n  File "/x/sglang/srt/a.py", line 3, in f\nKeyError: 1'}  # fmt: skip
+    trace = 'Traceback (most recent call last):\n  File "/x/sglang/srt/a.py", line 3, in f\nKeyError: 1'
+    record = {"time": "2026-01-01T00:00:00Z", "level": "ERROR", "rank": 3, "message": "Scheduler hit an exception"}
+    record["exc_info"] = trace
     got = list(normalize([json.dumps(record)]))
     assert [e.message.strip() for e in got] == [
         "Scheduler hit an exception", "Traceback (most recent call last):", 'File "/x/sglang/srt/a.py", line 3, in f',
@@ -86,7 +86,9 @@ def test_json_logging_gives_back_the_message_and_its_traceback() -> None:
 
 
 def test_windows_and_wsl_paths_become_posix_paths() -> None:
-    (win,) = entries('  File "C:\\Users\\me\\venv\\Lib\\site-packages\\sglang\\srt\\mem_cache\\memory_pool.py", line 9, in g')
+    (win,) = entries(
+        '  File "C:\\Users\\me\\venv\\Lib\\site-packages\\sglang\\srt\\mem_cache\\memory_pool.py", line 9, in g'
+    )
     assert 'File "C:/Users/me/venv/Lib/site-packages/sglang/srt/mem_cache/memory_pool.py", line 9, in g' in win[1]
     (wsl,) = entries('  File "\\\\wsl.localhost\\Ubuntu\\home\\u\\sglang\\srt\\a.py", line 1, in f')
     assert "/wsl.localhost/Ubuntu/home/u/sglang/srt/a.py" in wsl[1]
