@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -117,57 +118,49 @@ def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
     parsed = ParsedFile(path=path, fmt="toml")
     try:
         data = tomlkit.parse(text).unwrap()
-    except ParseError as exc:
-        message = str(exc).split(" at line ")[0]
-        if "'\\x00'" in message:  # tomlkit's end-of-input marker: the text stops inside a value
-            message = "the file ends inside a value (an unclosed [, { or quote?)"
-        parsed.findings.append(
-            Finding(
-                "error",
-                "TOML_SYNTAX",
-                path,
-                exc.line,
-                exc.col,
-                "",
-                f"TOML syntax error: {message}.",
-                f"correct the TOML at line {exc.line}, column {exc.col} of {path} (strings need quotes, "
-                "tables are [name], each key once).",
-            )
-        )
-        return parsed
-    except Exception as exc:  # noqa: BLE001  (tomlkit raises assorted errors for odd documents: duplicate keys, ...)
-        duplicate = duplicate_toml_key(text, str(exc))
-        if duplicate is not None:
-            key, line, column = duplicate
-            parsed.findings.append(
-                Finding(
-                    "error",
-                    "DUPLICATE_KEY",
-                    path,
-                    line,
-                    column,
-                    key,
-                    f"`{key}` is defined more than once; TOML allows each key and table once.",
-                    f"delete the repeated `{key}` at line {line} of {path} (or merge the two).",
-                )
-            )
-            return parsed
-        parsed.findings.append(
-            Finding(
-                "error",
-                "TOML_SYNTAX",
-                path,
-                None,
-                None,
-                "",
-                f"TOML error: {exc}.",
-                f"correct {path}: each key once, each table once, valid TOML values.",
-            )
-        )
+    except Exception as exc:  # noqa: BLE001  (besides ParseError, tomlkit raises KeyAlreadyPresent & co. bare)
+        # ParseError counts columns from 0; every finding counts them from 1, as editors do.
+        at = (exc.line, exc.col + 1) if isinstance(exc, ParseError) else None
+        parsed.findings.append(_toml_error(text, str(exc), at, path))
         return parsed
     parsed.data = data
     parsed.locator = KeyLocator.for_toml(text)
     return parsed
+
+
+def _toml_error(text: str, raw: str, at: tuple[int, int] | None, path: str) -> Finding:
+    """The finding for a document tomlkit rejects; `at` is its (line, 1-based column) where it gives one."""
+    message = re.sub(r" at line \d+ col \d+$", "", raw).rstrip(".")  # the position is reported separately
+    duplicate = duplicate_toml_key(text, message)
+    if duplicate is not None:
+        key, position = duplicate
+        line, column = position or at or (None, None)
+        return Finding(
+            "error",
+            "DUPLICATE_KEY",
+            path,
+            line,
+            column,
+            key,
+            f"`{key}` is defined more than once; TOML allows each key and table once.",
+            f"delete the repeated `{key}`{f' at line {line}' if line else ''} of {path} (or merge the two).",
+        )
+    if "'\\x00'" in message:  # tomlkit's end-of-input marker: the text stops inside a value
+        message = "the file ends inside a value (an unclosed [, { or quote?)"
+    elif "use \\u000a instead" in message:  # a newline inside a one-line string: its closing quote is missing
+        message = "a string runs to the end of its line (a missing closing quote?)"
+    line, column = at or (None, None)
+    where = f"the TOML at line {line}, column {column} of {path}" if at else path
+    return Finding(
+        "error",
+        "TOML_SYNTAX",
+        path,
+        line,
+        column,
+        "",
+        f"TOML syntax error: {message}.",
+        f"correct {where} (strings need quotes, tables are [name], each key once).",
+    )
 
 
 def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:

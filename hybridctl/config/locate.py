@@ -3,8 +3,8 @@
 Neither tomlkit nor the json module keeps positions of keys in parsed data, so both files are scanned
 here. The scanners run only on text that already parsed, which keeps them small; anything they miss falls
 back to the nearest enclosing table (or None), never to a wrong line. Repeated keys are found here too:
-tomlkit names a duplicate but not its line, and json keeps only the last value (`duplicate_toml_key`,
-`object_paths`).
+tomlkit names a duplicate but not where it is defined the second time, and json keeps only the last value
+(`duplicate_toml_key`, `object_paths`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 Position = tuple[int, int]  # 1-based line and column
@@ -23,6 +23,7 @@ _KEY_RE = re.compile(
     r"^(?P<indent>\s*)(?P<key>(?:[A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*'))*)\s*="
 )
 _INLINE_KEY_RE = re.compile(r"[{,]\s*(?P<key>[A-Za-z0-9_\-]+|\"[^\"]*\")\s*=")
+_STRING_OR_COMMENT_RE = re.compile(r"\"(?:\\.|[^\"\\])*\"|'[^']*'|#.*")
 
 
 def _split_dotted(key: str) -> list[str]:
@@ -56,14 +57,19 @@ class KeyLocator:
         return cls(json_key_positions(text))
 
 
-def toml_key_positions(text: str) -> dict[KeyPath, Position]:
-    positions: dict[KeyPath, Position] = {}
+def _toml_definitions(text: str) -> Iterator[tuple[str, KeyPath, Position]]:
+    """Every table header ("table", "array" for [[name]]) and key ("key"; "inline" inside an inline table) in
+    file order, with its full path and position. Lines inside multi-line strings and arrays are skipped."""
     table: list[str] = []
     in_multiline: str | None = None
+    open_brackets = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
         if in_multiline:
             if line.count(in_multiline) % 2 == 1:
                 in_multiline = None
+            continue
+        if open_brackets > 0:
+            open_brackets += _bracket_balance(line)
             continue
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -71,22 +77,36 @@ def toml_key_positions(text: str) -> dict[KeyPath, Position]:
         table_match = _TABLE_RE.match(line)
         if table_match and stripped.startswith("["):
             table = _split_dotted(table_match.group("name"))
-            positions.setdefault(tuple(table), (lineno, line.index("[") + 1))
+            yield ("array" if stripped.startswith("[[") else "table"), tuple(table), (lineno, line.index("[") + 1)
             continue
         key_match = _KEY_RE.match(line)
         if not key_match:
             continue
         path = (*table, *_split_dotted(key_match.group("key")))
-        positions.setdefault(path, (lineno, len(key_match.group("indent")) + 1))
+        yield "key", path, (lineno, len(key_match.group("indent")) + 1)
         rest = line[key_match.end() :]
         for quote in ('"""', "'''"):
             if rest.count(quote) % 2 == 1:
                 in_multiline = quote
+        if in_multiline is None:
+            open_brackets = _bracket_balance(rest)
         if rest.lstrip().startswith("{"):
             offset = key_match.end()
             for inner in _INLINE_KEY_RE.finditer(rest):
                 inner_key = _split_dotted(inner.group("key"))
-                positions.setdefault((*path, *inner_key), (lineno, offset + inner.start("key") + 1))
+                yield "inline", (*path, *inner_key), (lineno, offset + inner.start("key") + 1)
+
+
+def _bracket_balance(line: str) -> int:
+    """Opened minus closed [ ] on a line, outside strings and comments: > 0 while a multi-line array goes on."""
+    code = _STRING_OR_COMMENT_RE.sub("", line)
+    return code.count("[") - code.count("]")
+
+
+def toml_key_positions(text: str) -> dict[KeyPath, Position]:
+    positions: dict[KeyPath, Position] = {}
+    for _kind, path, position in _toml_definitions(text):
+        positions.setdefault(path, position)
     return positions
 
 
@@ -136,19 +156,50 @@ def json_key_positions(text: str) -> dict[KeyPath, Position]:
     return positions
 
 
-def duplicate_toml_key(text: str, message: str) -> tuple[str, int, int] | None:
-    """tomlkit names a repeated key or table but not where; the second place it is defined, or None."""
-    match = re.search(r'Key "([^"]+)" already exists', message)
+def toml_duplicates(text: str) -> Iterator[tuple[KeyPath, Position]]:
+    """Each key or table that the text defines a second time (TOML allows each once), at the second definition.
+
+    A repeated [[name]] starts a new element of an array of tables: keys and sub-tables repeat legally there. A
+    table that only a longer header named ([a] after [a.b]) may still be defined once; one made by dotted keys
+    may not be opened again with a header; a value cannot become a table.
+    """
+    defined: dict[KeyPath, str] = {}  # path -> "table", "array", "key", "super" (made by a longer header), "dotted"
+    for kind, path, position in _toml_definitions(text):
+        # An inline table's keys sit under a value by design; anything else under a value redefines it.
+        parents = [path[:i] for i in range(1, len(path))] if kind != "inline" else []
+        values = [parent for parent in parents if defined.get(parent) == "key"]
+        if values:
+            yield values[0], position
+            continue
+        previous = defined.get(path)
+        if kind == "array" and previous == "array":  # the next element: what the last one defined may repeat
+            for other in [p for p in defined if p[: len(path)] == path and len(p) > len(path)]:
+                del defined[other]
+            continue
+        if previous is not None and not (kind == "table" and previous == "super"):
+            yield path, position
+            continue
+        made = "super" if kind in ("table", "array") else "dotted"
+        for parent in parents:
+            defined.setdefault(parent, made)
+        defined[path] = {"table": "table", "array": "array"}.get(kind, "key")
+
+
+def duplicate_toml_key(text: str, message: str) -> tuple[str, Position | None] | None:
+    """For a tomlkit error about a repeated key or table: its dotted path and the second definition's position.
+
+    tomlkit names the key (not its table) and, depending on its version, either no position or the parser's
+    position when it noticed (for a table, the end of its body), so the text is scanned here. None when the
+    message is about something else; (name, None) when the scan cannot place the key tomlkit names.
+    """
+    match = re.search(r'Key "(?P<name>[^"]+)" already exists|Redefinition of an existing table', message)
     if match is None:
         return None
-    key = match.group(1)
-    name = re.escape(key.rsplit(".", 1)[-1])
-    pattern = re.compile(rf"^\s*(?:\[\[?\s*(?:[^\]]*\.)?{name}\s*\]\]?|{name}\s*=)")
-    lines = [i for i, line in enumerate(text.splitlines(), start=1) if pattern.match(line)]
-    if len(lines) < 2:
-        return key, lines[0] if lines else 1, 1
-    line = lines[1]
-    return key, line, len(text.splitlines()[line - 1]) - len(text.splitlines()[line - 1].lstrip()) + 1
+    name = match.group("name")
+    for path, position in toml_duplicates(text):
+        if name is None or path[-1] == name:
+            return ".".join(path), position
+    return (name, None) if name is not None else None
 
 
 def object_paths(data: Any, path: tuple[str, ...] = ()) -> dict[int, tuple[str, ...]]:

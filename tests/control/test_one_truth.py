@@ -82,7 +82,7 @@ def test_toml_duplicate_key_has_a_line(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text('[server]\nport = 1\nhost = "127.0.0.1"\nport = 2\n')
     report = check_files(tmp_path / "config.toml", tmp_path / "settings.json")
     [dup] = report.errors
-    assert (dup.code, dup.key, dup.line) == ("DUPLICATE_KEY", "port", 4)
+    assert (dup.code, dup.key, dup.line) == ("DUPLICATE_KEY", "server.port", 4)
 
 
 def test_json_duplicate_key_keeps_its_section(tmp_path: Path) -> None:
