@@ -7,6 +7,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from hybridctl import paths
+
 
 class WouldOverwriteError(FileExistsError):
     """Files exist and `force` was not given; names every one of them."""
@@ -67,8 +69,8 @@ def _umask() -> int:
 
 
 def _write_failed(path: Path, exc: OSError) -> WriteFailed:
-    blocker = next((p for p in path.parents if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
+    blocker = next((p for p in path.parents if paths.exists(p)), None)
+    if blocker is not None and not paths.is_dir(blocker):
         why = f"{blocker} is a file, not a directory"
     else:
         why = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
@@ -77,7 +79,7 @@ def _write_failed(path: Path, exc: OSError) -> WriteFailed:
 
 def write_files(files: Mapping[Path, str], *, force: bool = False) -> list[Path]:
     """Write every file, or none when one exists and `force` is false (checked before the first write)."""
-    existing = [p for p in files if p.exists()]
+    existing = [p for p in files if paths.exists(p)]
     if existing and not force:
         raise WouldOverwriteError(existing)
     for path, text in files.items():

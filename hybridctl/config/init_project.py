@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
+from hybridctl import paths
 from hybridctl.config.atomic_write import write_files
 from hybridctl.config.findings import Finding
 from hybridctl.config.schema import SCHEMA_FILE_NAMES, EngineName, HybridConfig, json_schema
@@ -227,10 +228,10 @@ def init_project(opts: InitOptions) -> InitResult:
     from hybridctl.config.rules import check_rules
 
     out_dir = opts.out_dir
-    if out_dir.exists() and not out_dir.is_dir():  # checked before the slow demo build, like the files below
+    if paths.exists(out_dir) and not paths.is_dir(out_dir):  # checked before the slow demo build, like the files below
         raise InitError(f"{out_dir} is a file, not a directory; pass a directory (new or existing) as --out.")
     targets = target_files(out_dir)
-    existing = [p for p in targets if p.exists()]
+    existing = [p for p in targets if paths.exists(p)]
     if existing and not opts.force:
         if opts.demo and (earlier := _earlier_demo(out_dir)) is not None:
             return earlier  # the README's first command, run twice: keep what the first run built

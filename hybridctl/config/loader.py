@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hybridctl import paths
 from hybridctl.config.findings import ConfigError, Finding, ValidationReport
 from hybridctl.config.locate import KeyLocator, duplicate_toml_key, object_paths
 from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
@@ -302,7 +303,9 @@ def _anchor_local_paths(config: ConfigToml, config_dir: Path) -> None:
     server, spec = config.server, config.speculative
     for owner, key in ((server, "model_path"), (server, "tokenizer_path"), (spec, "speculative_draft_model_path")):
         value = getattr(owner, key)
-        if value and not Path(value).is_absolute() and (config_dir / value).exists():
+        # paths.exists, not Path.exists: a value too long for a file name (or with a NUL byte) is not a local
+        # path either; server_rules reports why it cannot be looked up.
+        if value and not Path(value).is_absolute() and paths.exists(config_dir / value):
             setattr(owner, key, str(config_dir / value))
 
 

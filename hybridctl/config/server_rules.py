@@ -11,6 +11,7 @@ import ipaddress
 import re
 from pathlib import Path
 
+from hybridctl import paths
 from hybridctl.config.findings import CONFIG, Finding, toml_set
 from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
@@ -51,7 +52,7 @@ def is_loopback(host: str) -> bool:
 
 def is_hub_id(model_path: str) -> bool:
     """`org/name` that names nothing on disk: a model SGLang would download."""
-    return bool(_HUB_ID.match(model_path)) and not Path(model_path).exists()
+    return bool(_HUB_ID.match(model_path)) and not paths.exists(model_path)
 
 
 def multinode_problem(cfg: HybridConfig) -> tuple[str, str, str] | None:
@@ -91,8 +92,16 @@ def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]
             )
         ]
     p = Path(path).expanduser()
-    if p.is_dir():
-        if (p / "config.json").is_file():
+    if problem := paths.lookup_problem(p):
+        return [
+            _not_found(
+                f"model_path {path!r} cannot be looked up: {problem}.",
+                toml_set("server.model_path", '"/path/to/model"')
+                + " (an existing model directory, or an org/name hub id)",
+            )
+        ]
+    if paths.is_dir(p):
+        if paths.is_file(p / "config.json"):
             return []
         return [
             _not_found(
@@ -100,7 +109,7 @@ def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]
                 toml_set("server.model_path", '"/path/to/model"') + " (the directory that holds config.json)",
             )
         ]
-    if p.is_file():
+    if paths.is_file(p):
         return [
             _not_found(
                 f"model_path {path!r} is a file; engines load a model directory (config.json + weights).",
@@ -134,12 +143,15 @@ def _other_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]
         ("server.tokenizer_path", cfg.config.server.tokenizer_path),
         ("speculative.speculative_draft_model_path", cfg.config.speculative.speculative_draft_model_path),
     ):
-        if not value or Path(value).expanduser().is_dir():
+        if not value or paths.is_dir(Path(value).expanduser()):
             continue
         if is_hub_id(value) and engine != "builtin":
             continue
+        problem = paths.lookup_problem(Path(value).expanduser())
         where = (
-            "is a hub id, and the bundled runtime loads local directories only"
+            f"cannot be looked up: {problem}"
+            if problem
+            else "is a hub id, and the bundled runtime loads local directories only"
             if is_hub_id(value)
             else ("is not a directory (relative paths are read next to config.toml)")
         )

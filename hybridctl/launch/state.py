@@ -16,12 +16,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from hybridctl import paths
 from hybridctl.config.atomic_write import write_text_atomic
 
 STATE_DIR = ".hybridctl"
 STATE_NAME = "server.json"
 LOG_NAME = "hybridctl-server.log"
 ROLES = ("server", "prefill", "decode", "router")
+# pid_t is a signed 32-bit int on every OS hybridctl runs on: a larger recorded pid names no process, and os.kill
+# raises OverflowError for it instead of ProcessLookupError.
+PID_MAX = 2**31 - 1
 
 
 class StateFileError(ValueError):
@@ -72,6 +76,8 @@ class ServerState:
             data = json.loads(text)
         except ValueError as exc:
             raise _corrupt(path, f"it is not JSON ({exc})") from None
+        except RecursionError:  # json's decoder recurses once per nesting level: "[[[[..." deeper than the stack
+            raise _corrupt(path, "it is not a state file (JSON nested thousands of levels deep)") from None
         return _state_from(data, Path(path))
 
     @property
@@ -89,13 +95,24 @@ def _corrupt(path: Path | str, what: str) -> StateFileError:
     )
 
 
+# What each Python type is called in a JSON file, for "pid = "abc" is not an integer".
+_JSON_KIND: dict[type, str] = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
+
+
 def _field(data: dict[str, Any], key: str, kinds: tuple[type, ...], path: Path, where: str) -> Any:
     if key not in data:
         raise _corrupt(path, f"{where} has no {key!r}")
     value = data[key]
     # bool is an int in Python; a pid of `true` is as corrupt as one of "abc".
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        names = " or ".join(_JSON_KIND.get(k, k.__name__) for k in kinds)
         raise _corrupt(path, f"{where} {key} = {json.dumps(value)} is not {names}")
     return value
 
@@ -111,6 +128,8 @@ def _entry_from(data: Any, path: Path, index: int) -> ProcessEntry:
     if pid <= 1:
         raise _corrupt(path, f"{where} pid = {pid} is not a server's pid (signalling it would reach every process "
                              "of a group, or init)")  # fmt: skip
+    if pid > PID_MAX:
+        raise _corrupt(path, f"{where} pid = {pid} is larger than any pid ({PID_MAX}, the largest pid_t)")
     if pid in (os.getpid(), os.getpgrp()):
         raise _corrupt(path, f"{where} pid = {pid} is this hybridctl process (or its process group)")
     start_ticks = _field(data, "start_ticks", (int,), path, where)
@@ -142,12 +161,12 @@ def _state_from(data: Any, path: Path) -> ServerState:
 
 
 def state_path_for(config_path: str | os.PathLike[str]) -> Path:
-    return Path(config_path).resolve().parent / STATE_DIR / STATE_NAME
+    return paths.resolve(config_path).parent / STATE_DIR / STATE_NAME
 
 
 def log_path_for(config_path: str | os.PathLike[str], role: str = "server") -> Path:
     name = LOG_NAME if role == "server" else LOG_NAME.replace("server", f"server-{role}")
-    return Path(config_path).resolve().parent / name
+    return paths.resolve(config_path).parent / name
 
 
 def write_state(path: Path, state: ServerState) -> None:
@@ -161,7 +180,10 @@ def read_state(path: Path) -> ServerState | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise StateFileError(f"{path} cannot be read ({exc.strerror}). Fix: check its permissions.") from None
+        raise StateFileError(
+            f"{path} cannot be read ({exc.strerror}). Fix: it must be a readable file; check its permissions, or "
+            "remove it if no server from this config runs."
+        ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hybridctl import paths
 from hybridctl.model.dtypes import SSM_DTYPES, canonical_dtype, dtype_bytes
 from hybridctl.model.errors import ModelSpecError
 from hybridctl.model.families import read_geometry
@@ -77,15 +78,16 @@ class ModelSpec:
 
 def _config_path(path: str | Path) -> tuple[Path, Path | None]:
     p = Path(path).expanduser()
-    if p.is_dir():
+    # paths.is_dir / is_file: a name too long for the OS (or with a NUL byte) is "not found", not a crash.
+    if paths.is_dir(p):
         cfg = p / "config.json"
-        if not cfg.is_file():
+        if not paths.is_file(cfg):
             raise ModelSpecError(
                 f"{p}: no config.json in this directory. Point the model path (server.model_path in "
                 f"config.toml; --model of plan and init) at a HF model directory or its config.json."
             )
         return cfg, p
-    if p.is_file():
+    if paths.is_file(p):
         return p, p.parent
     raise ModelSpecError(
         f"{p}: no such file or directory. Point the model path (server.model_path in config.toml; --model of "

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridctl import paths
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model.spec import ModelSpec, load_model_spec
 from hybridctl.planner.plan import Plan, make_plan
@@ -49,8 +50,15 @@ def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
         config_path = Path("config.toml")
         if not config_path.is_file():
             return HybridConfig(), None
-    elif not config_path.is_file():
-        what = "is a directory, not a config file" if config_path.is_dir() else "no such config file"
+    elif not paths.is_file(config_path):
+        problem = paths.lookup_problem(config_path)
+        what = (
+            f"cannot be read ({problem})"
+            if problem
+            else "is a directory, not a config file"
+            if paths.is_dir(config_path)
+            else "no such config file"
+        )
         raise PlanRequestError(
             f"{config_path}: {what}. Omit the argument to plan with defaults, or run `hybridctl init` to write one."
         )
