@@ -7,18 +7,22 @@ from rich.markup import escape
 from rich.table import Table
 
 from hybridctl.bench.results import BenchResult
+from hybridctl.planner.units import format_limit, format_ms, format_number, format_percent
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
+def _rate(rate: float | str | None) -> str:
+    """`request_rate` as the config holds it ("inf" in JSON: everything sent at once)."""
+    if rate is None or rate == "inf":
+        return "no limit (all at once)"
+    return f"{format_number(float(rate))} req/s"
 
 
 def render_bench(result: BenchResult, console: Console) -> None:
     cfg = result.config
     console.print(
         f"bench {cfg['dataset']} against {cfg['url']}: {result.completed} completed, {result.failed} failed "
-        f"in {result.duration_s:.2f} s (max concurrency {cfg['max_concurrency']}, request rate "
-        f"{cfg['request_rate']})",
+        f"in {format_ms(result.duration_s * 1000)} (max concurrency {format_limit(cfg['max_concurrency'])}, "
+        f"request rate {_rate(cfg['request_rate'])})",
         highlight=False,
     )
     table = Table(title="latency (ms)", title_justify="left")
@@ -33,8 +37,9 @@ def render_bench(result: BenchResult, console: Console) -> None:
     console.print(table)
     tp = result.throughput
     console.print(
-        f"throughput: {tp['request_per_s']:.2f} req/s, {tp['output_tok_per_s']:.1f} output tok/s, "
-        f"{tp['input_tok_per_s']:.1f} input tok/s",
+        f"throughput: {format_number(tp['request_per_s'])} req/s, "
+        f"{format_number(tp['output_tok_per_s'], digits=1)} output tok/s, "
+        f"{format_number(tp['input_tok_per_s'], digits=1)} input tok/s",
         highlight=False,
     )
     accept = (
@@ -42,20 +47,20 @@ def render_bench(result: BenchResult, console: Console) -> None:
     )
     conc = result.concurrency
     console.print(
-        f"cache hit rate (client, cached/prompt tokens): {_pct(result.cache['hit_rate'])}; accept "
+        f"cache hit rate (client, cached/prompt tokens): {format_percent(result.cache['hit_rate'])}; accept "
         f"length: {accept}; "
-        f"in flight: client max {conc['client_max_in_flight']}, server max running "
-        f"{conc['server_max_running']}",
+        f"in flight: client max {format_number(conc['client_max_in_flight'])}, server max running "
+        f"{format_number(conc['server_max_running'], none='not measured (no /metrics)')}",
         highlight=False,
     )
     if result.server:
         s = result.server
         console.print(
-            f"server /metrics over the run: TTFT mean {s['ttft_mean_ms']} ms "
-            f"(client differs by {_pct(s['ttft_relative_diff'])}), output "
-            f"{s['output_throughput_tok_s']} tok/s "
-            f"(client differs by {_pct(s['throughput_relative_diff'])}), cache hit rate "
-            f"{_pct(s['cache_hit_rate'])}",
+            f"server /metrics over the run: TTFT mean {format_ms(s['ttft_mean_ms'])} "
+            f"(client differs by {format_percent(s['ttft_relative_diff'])}), output "
+            f"{format_number(s['output_throughput_tok_s'], none='n/a', digits=1)} tok/s "
+            f"(client differs by {format_percent(s['throughput_relative_diff'])}), cache hit rate "
+            f"{format_percent(s['cache_hit_rate'])}",
             highlight=False,
         )
     for error in result.errors[:5]:

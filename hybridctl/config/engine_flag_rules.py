@@ -13,6 +13,7 @@ from hybridctl.config.engine_flags import (
 )
 from hybridctl.config.findings import CONFIG, Finding, rule_finding
 from hybridctl.config.schema import HybridConfig
+from hybridctl.planner.units import format_value
 
 # Flags renamed between versions: old name -> (new name, the config key that sets it).
 RENAMED_FLAGS = {"--mamba-scheduler-strategy": ("--mamba-radix-cache-strategy", "cache.mamba_radix_cache_strategy")}
@@ -24,19 +25,19 @@ def _value_problem(info: FlagInfo, value: object) -> str | None:
             return f"{info.name} is a switch (no value); write `true` to pass it, or leave it out"
         return None
     if info.choices and str(value) not in info.choices:
-        return f"{info.name} accepts {', '.join(info.choices)}, not {value!r}"
+        return f"{info.name} accepts {', '.join(info.choices)}, not {format_value(value)}"
     if isinstance(value, bool):
         return f"{info.name} takes a {info.type or 'value'}, not a boolean"
     if info.type == "int" and not isinstance(value, int):
         try:
             int(str(value))
         except ValueError:
-            return f"{info.name} takes an integer, not {value!r}"
+            return f"{info.name} takes an integer, not {format_value(value)}"
     if info.type == "float" and not isinstance(value, int | float):
         try:
             float(str(value))
         except ValueError:
-            return f"{info.name} takes a number, not {value!r}"
+            return f"{info.name} takes a number, not {format_value(value)}"
     return None
 
 

@@ -7,18 +7,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from hybridctl.demo.flow import DemoReport
+from hybridctl.planner.units import format_limit, format_ms, format_number, format_percent
 
 _STYLE = {"ok": "green", "failed": "bold red", "passed": "green", "skipped": "yellow"}
 
 
 def render_demo(report: DemoReport, console: Console) -> None:
-    steps = Table(title=f"hybridctl demo — {report.out_dir}", title_justify="left")
-    for col in ("step", "result", "seconds", "detail"):
-        steps.add_column(col, overflow="fold", justify="right" if col == "seconds" else "left")
+    # The steps are lines, not a table: their details hold paths (the model, the log), and a table column at 80
+    # characters (a pipe, a CI log) would cut a path mid-name. A line keeps each path whole.
+    console.print(f"hybridctl demo — {escape(report.out_dir)}", highlight=False, soft_wrap=True)
+    width = max((len(s.name) for s in report.steps), default=0)
     for s in report.steps:
-        steps.add_row(s.name, f"[{_STYLE.get(s.status, 'white')}]{s.status}[/]", f"{s.seconds:.1f}",
-                      escape(s.detail))  # fmt: skip
-    console.print(steps)
+        status = f"[{_STYLE.get(s.status, 'white')}]{s.status:<6}[/]"
+        console.print(f"  {status} {s.name:<{width}} {s.seconds:6.1f} s  {escape(s.detail)}",
+                      highlight=False, soft_wrap=True)  # fmt: skip
     if report.verify:
         checks = Table(title="verify", title_justify="left")
         for col in ("check", "result", "summary"):
@@ -33,11 +35,13 @@ def render_demo(report: DemoReport, console: Console) -> None:
         lat = b["latency_ms"]
         ttft = lat["ttft"]["median"] if lat["ttft"] else None
         tpot = lat["tpot"]["median"] if lat["tpot"] else None
+        conc = b["concurrency"]
         console.print(
-            f"bench: {b['completed']} requests at concurrency {b['concurrency']['requested']} "
-            f"(server max running {b['concurrency']['server_max_running']}); median TTFT {ttft} ms, "
-            f"median TPOT {tpot} ms, {b['throughput']['output_tok_per_s']} output tok/s, "
-            f"cache hit rate {b['cache']['hit_rate']}",
+            f"bench: {b['completed']} requests at concurrency {format_limit(conc['requested'])} "
+            f"(server max running {format_number(conc['server_max_running'], none='not measured')}); "
+            f"median TTFT {format_ms(ttft)}, median TPOT {format_ms(tpot)}, "
+            f"{format_number(b['throughput']['output_tok_per_s'], digits=1)} output tok/s, "
+            f"cache hit rate {format_percent(b['cache']['hit_rate'])}",
             highlight=False,
         )
     if report.report_path:

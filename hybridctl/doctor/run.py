@@ -15,7 +15,7 @@ from hybridctl.doctor.judge import judge_host, resolve_engine
 from hybridctl.doctor.planning import PlanContext, load_plan_context
 from hybridctl.doctor.report import DoctorReport, IgnoredOption, failure_mode_checks
 from hybridctl.host.facts import HostFacts
-from hybridctl.planner.units import format_gib, format_mib
+from hybridctl.planner.units import format_gib, format_mib, with_article
 
 
 @dataclass
@@ -177,7 +177,7 @@ def _predict(
         if prediction.plan is not None:
             p = prediction.plan.pools
             if ctx.gpu_mem_bytes:
-                memory = f"a {format_gib(ctx.gpu_mem_bytes)} GPU"
+                memory = with_article(f"{format_gib(ctx.gpu_mem_bytes, trim=True)} GPU")
             else:
                 memory = "the bundled runtime on CPU (memory.memory_budget_gib, default 4 GiB)"
             report.checks.append(Check(

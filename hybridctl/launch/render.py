@@ -11,6 +11,7 @@ from rich.table import Table
 
 from hybridctl.launch.plan import LaunchPlan
 from hybridctl.logs.startup import StartupInfo
+from hybridctl.planner.units import GIB, format_gib, format_number
 
 
 def render_plan(console: Console, plan: LaunchPlan, allowed: bool = True) -> None:
@@ -41,16 +42,17 @@ def render_startup(console: Console, role: str, info: StartupInfo) -> None:
     if info.mamba:
         m = info.mamba
         table.add_row("state slots (max_mamba_cache_size)", str(m.max_mamba_cache_size))
-        table.add_row("state pool (conv + ssm)", f"{m.conv_state_gb + m.ssm_state_gb:.2f} GB")
+        # The engines log "GB" computed as bytes / 2**30: GiB, shown as plan shows them.
+        table.add_row("state pool (conv + ssm)", format_gib((m.conv_state_gb + m.ssm_state_gb) * GIB, 2))
     for kv in info.kv:
         label = f"{kv.label} " if kv.label else ""
-        table.add_row(f"{label}KV pool tokens", f"{kv.tokens} ({kv.size_gb:.2f} GB, {kv.dtype})")
+        table.add_row(f"{label}KV pool tokens", f"{kv.tokens} ({format_gib(kv.size_gb * GIB, 2)}, {kv.dtype})")
     for name in ("max_total_num_tokens", "max_running_requests", "chunked_prefill_size", "context_len"):
         value = getattr(info, name)
         if value is not None:
-            table.add_row(name, str(value))
+            table.add_row(name, format_number(value))
     if info.tree_cache_impl:
-        table.add_row("tree cache", f"{info.tree_cache_impl} (hybrid_ssm={info.hybrid_ssm})")
+        table.add_row("tree cache", f"{info.tree_cache_impl} (hybrid_ssm {format_number(info.hybrid_ssm)})")
     if table.row_count:
         console.print(table)
     else:

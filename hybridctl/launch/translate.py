@@ -17,6 +17,7 @@ from hybridctl.config.findings import Finding
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_row import MappingRow, Target, config_value
+from hybridctl.planner.units import format_value
 
 Engine = Literal["sglang", "builtin"]
 # A flag's value on the command line; SWITCH (None) for a flag without one. Not "": an empty value such as
@@ -36,7 +37,8 @@ class IgnoredKey:
     reason: str
 
     def describe(self) -> str:
-        return f"{self.file} {self.key} = {self.value!r}: {self.reason}"
+        # The value as the file spells it (true, "fcfs"), not as Python prints it (True, 'fcfs').
+        return f"{self.file} {self.key} = {format_value(self.value)}: {self.reason}"
 
 
 @dataclass

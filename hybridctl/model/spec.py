@@ -142,7 +142,8 @@ def load_model_spec(
         shape = geom.state_shape(tp)
     except ValueError as exc:
         raise ModelSpecError(
-            f"{cfg_path}: cannot shard this model {tp} ways: {exc}. Pick a --tp that divides it."
+            f"{cfg_path}: cannot shard this model {tp} ways: {exc}. Pick a tensor-parallel size that divides "
+            "it (server.tp_size; --tp of plan and init)."
         ) from None
     ssm_name, ssm_source = _resolve_ssm_dtype(ssm_dtype, geom.config_ssm_dtype, cfg_path)
     conv_b, ssm_b = dtype_bytes(CONV_DTYPE), dtype_bytes(ssm_name)

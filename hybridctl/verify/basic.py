@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
+from hybridctl.planner.units import format_value
 from hybridctl.verify.client import SGLangClient, StreamResult
 from hybridctl.verify.report import CheckResult
 
@@ -67,13 +68,15 @@ def compare_server_args(server_info: dict[str, Any], expected: dict[str, Any]) -
             notes.append(f"/server_info does not report {key}; not compared")
             continue
         if key in DERIVED_KEYS and got is None:
-            notes.append(f"/server_info leaves {key} unset (derived at run time); the config asks for {want!r}")
+            notes.append(
+                f"/server_info leaves {key} unset (derived at run time); the config asks for {format_value(want)}"
+            )
             continue
         if key in CAPPED_KEYS and isinstance(got, int) and isinstance(want, int) and got < want:
             notes.append(f"the server capped {key} to {got} (the config asks for {want}): that is what its pools hold")
             continue
         if got != want:
-            mismatches.append(f"{key}: server has {got!r}, the config implies {want!r}")
+            mismatches.append(f"{key}: server has {format_value(got)}, the config implies {format_value(want)}")
     return mismatches, notes
 
 

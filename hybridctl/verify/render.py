@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hybridctl.planner.units import format_percent
 from hybridctl.verify.report import VerifyReport
 
 _STYLE = {"passed": "bold green", "failed": "bold red", "skipped": "yellow"}
@@ -60,7 +61,9 @@ def _upstream_table(m: dict[str, Any]) -> Table:
 
 
 def render_report(report: VerifyReport, console: Console) -> None:
-    table = Table(title=f"hybridctl verify — {report.url}", title_justify="left")
+    # The URL prints whole on its own line: a table title at 80 characters would break it mid-address.
+    console.print(f"hybridctl verify — {escape(report.url)}", highlight=False, soft_wrap=True)
+    table = Table()
     table.add_column("check")
     table.add_column("result")
     table.add_column("summary", overflow="fold")
@@ -73,9 +76,10 @@ def render_report(report: VerifyReport, console: Console) -> None:
             metrics = check.measurements.get("metrics")
             if metrics:
                 console.print(
-                    f"  /metrics cache hit rate: {_fmt(metrics['cache_hit_rate_before'], 3)} -> "
-                    f"{_fmt(metrics['cache_hit_rate_after'], 3)}; hit rate of this check's prompt tokens "
-                    f"{_fmt(metrics['hit_rate_during_check'], 3)}"
+                    f"  /metrics cache hit rate: {format_percent(metrics['cache_hit_rate_before'])} -> "
+                    f"{format_percent(metrics['cache_hit_rate_after'])}; hit rate of this check's prompt tokens "
+                    f"{format_percent(metrics['hit_rate_during_check'])}",
+                    highlight=False,
                 )
         if check.name == "upstream" and "prompts" in check.measurements:
             console.print(_upstream_table(check.measurements))

@@ -165,6 +165,6 @@ def test_doctor_honours_gpu_mem_gib_on_a_gpu_less_host(tmp_path: Path) -> None:
         cli("doctor", "--config", str(tmp_path / "config.toml"), "--gpu-mem-gib", "80", "--json").stdout
     )
     pools = next(c for c in doctor["checks"] if c["name"] == "Pools")
-    assert pools["summary"].startswith("sglang:") and "80.0 GiB GPU" in " ".join(pools["details"])
+    assert pools["summary"].startswith("sglang:") and "an 80 GiB GPU" in " ".join(pools["details"])
     plan = json.loads(cli("plan", str(tmp_path / "config.toml"), "--gpu-mem-gib", "80", "--json").stdout)
     assert f"{plan['max_total_num_tokens']} KV tokens" in pools["summary"]

@@ -167,4 +167,4 @@ def test_server_args_comparison_notes_caps_and_flags_real_mismatches() -> None:
     mismatches, _ = compare_server_args(
         {**server, "max_running_requests": 128, "disable_radix_cache": True}, expected
     )
-    assert len(mismatches) == 2 and any("disable_radix_cache: server has True" in m for m in mismatches)
+    assert len(mismatches) == 2 and any("disable_radix_cache: server has true" in m for m in mismatches)
