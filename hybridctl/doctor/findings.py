@@ -37,6 +37,7 @@ class DoctorFinding:
     line: int | None = None  # 1-based line of the evidence in the log (or of the key in the config file)
     evidence: str | None = None  # the log line (cleaned of colours) or the config key = value
     count: int = 1  # log: how many lines said the same thing (ranks, repeats)
+    basis: tuple[str, ...] = ()  # log: each piece of evidence the finding rests on (message, frames, model, ...)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -49,6 +50,7 @@ class DoctorFinding:
             "fix": self.fix,
             "changes": [c.to_dict() for c in self.changes],
             "count": self.count,
+            "basis": list(self.basis),
         }
 
     @classmethod

@@ -8,8 +8,19 @@ death that none of them explains becomes UNKNOWN_FAILURE: no log that crashed pa
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from hybridctl.doctor.findings import DoctorFinding
+from hybridctl.doctor.log_evidence import (
+    PRECURSORS,
+    confirm_precursors,
+    context_basis,
+    family_of,
+    gate_by_model,
+    traceback_basis,
+    withheld_reason,
+)
+from hybridctl.doctor.log_families import match_family
 from hybridctl.doctor.log_scan import LogScan
 from hybridctl.doctor.log_signatures import Signature, match_traceback, nearest_code
 from hybridctl.doctor.log_traceback import Traceback
@@ -25,20 +36,38 @@ _NEAR = 2  # lines around a traceback whose message-pattern match explains it (t
 
 
 def log_findings(scan: LogScan, inp: RemedyInput) -> list[DoctorFinding]:
+    context = context_basis(scan)
     out = []
+    precursors: set[int] = set()
     for m in scan.matches:
         fix, changes = _fix(m.pattern.remedy, scan, inp)
         seen = f" Seen {m.count} times" if m.count > 1 else ""
         if m.ranks:
             seen += (" on " if seen else " Seen on ") + ", ".join(sorted(m.ranks))
         cause = m.pattern.cause + (seen + "." if seen else "")
+        basis = (f"message: {m.pattern.id} ({m.pattern.code})", *_traceback_at(scan, m.line), *context)
         out.append(DoctorFinding(
-            m.pattern.code, m.pattern.severity, cause, fix, changes, "log", m.line, m.evidence, m.count
+            m.pattern.code, m.pattern.severity, cause, fix, changes, "log", m.line, m.evidence, m.count, basis
         ))  # fmt: skip
-    out += _traceback_findings(scan, inp, out)
+        if m.pattern.id in PRECURSORS:
+            precursors.add(m.line)
+    out += _traceback_findings(scan, inp, out, context)
+    out += _error_line_findings(scan, inp, out, context)
     out += _startup_findings(scan, inp)
-    out += _unexplained_death(scan, out)
+    out = confirm_precursors(out, scan, precursors)
+    if any(f.line in precursors for f in out):
+        out = [f for f in out if f.code != PREFIX_CACHE_IDLE]  # the idle prefills are that warning's effect
+    out, withdrawn = gate_by_model(out, scan)
+    out += _unexplained_death(scan, out, withdrawn, context)
     return sorted(out, key=lambda f: f.line or 0)
+
+
+def _traceback_at(scan: LogScan, line: int) -> list[str]:
+    """The exception and frames of the traceback a message line ends, if it ends one."""
+    for tb in scan.tracebacks:
+        if tb.start <= line <= tb.end and tb.frames:
+            return traceback_basis(tb)
+    return []
 
 
 def _fix(remedy: str, scan: LogScan, inp: RemedyInput) -> tuple[str, tuple]:
@@ -105,17 +134,59 @@ def _explained(tb: Traceback, found: list[DoctorFinding]) -> bool:
     return False
 
 
-def _traceback_findings(scan: LogScan, inp: RemedyInput, found: list[DoctorFinding]) -> list[DoctorFinding]:
+def _traceback_findings(
+    scan: LogScan, inp: RemedyInput, found: list[DoctorFinding], context: list[str]
+) -> list[DoctorFinding]:
+    """Tracebacks no message pattern explained: a signature (exception type + frames), else a message family
+    in full (setting, state, constraint; the setting may come from the frames) on a traceback that killed the
+    process."""
     out: list[DoctorFinding] = []
     done: set[tuple[str, str]] = set()
     for tb in scan.tracebacks:
         if tb.key() in done or _explained(tb, found + out):
             continue
         sig = match_traceback(tb)
-        if sig is None:
+        if sig is not None:
+            done.add(tb.key())
+            basis = (f"signature: {sig.id} ({sig.code})", *traceback_basis(tb), *context)
+            out.append(_signature_finding(sig, tb, scan, inp, basis))
+            continue
+        fam = family_of(tb)
+        if fam is None or not fam.full or not tb.fatal or not tb.exc_type:
             continue
         done.add(tb.key())
-        out.append(_signature_finding(sig, tb, scan, inp))
+        fix, changes = _fix(fam.family.remedy, scan, inp)
+        cause = f"{fam.family.cause} Raised in {_where(tb)}" + (f" on {tb.rank}." if tb.rank else ".")
+        basis = (f"message family: {fam.describe()}", *traceback_basis(tb), *context)
+        out.append(DoctorFinding(
+            fam.family.code, "error", cause, fix, changes, "log", tb.end, _exception_line(tb), 1, basis
+        ))  # fmt: skip
+    return out
+
+
+def _error_line_findings(
+    scan: LogScan, inp: RemedyInput, found: list[DoctorFinding], context: list[str]
+) -> list[DoctorFinding]:
+    """Error lines outside any traceback ("Prefill transfer failed ... with exception ...") that carry a message
+    family in full: one finding per code, at its first line."""
+    inside = [(tb.start, tb.end) for tb in scan.tracebacks]
+    out: list[DoctorFinding] = []
+    for number, evidence, message in scan.errors:
+        if any(a <= number <= b for a, b in inside):
+            continue
+        fam = match_family(message)
+        if fam is None or not fam.full:
+            continue
+        code = fam.family.code
+        if any(f.code == code and abs((f.line or 0) - number) <= _NEAR for f in found + out):
+            continue
+        same = next((f for f in out if f.code == code), None)
+        if same is not None:
+            out[out.index(same)] = replace(same, count=same.count + 1)
+            continue
+        fix, changes = _fix(fam.family.remedy, scan, inp)
+        basis = (f"message family: {fam.describe()}", *context)
+        out.append(DoctorFinding(code, "error", fam.family.cause, fix, changes, "log", number, evidence, 1, basis))
     return out
 
 
@@ -129,14 +200,19 @@ def _where(tb: Traceback) -> str:
     return f"{frame.module}.{frame.func}" if frame else "no frame in the log"
 
 
-def _signature_finding(sig: Signature, tb: Traceback, scan: LogScan, inp: RemedyInput) -> DoctorFinding:
+def _signature_finding(
+    sig: Signature, tb: Traceback, scan: LogScan, inp: RemedyInput, basis: tuple[str, ...]
+) -> DoctorFinding:
     fix, changes = _fix(sig.remedy, scan, inp)
     cause = f"{sig.cause} Raised in {_where(tb)}" + (f" on {tb.rank}." if tb.rank else ".")
-    return DoctorFinding(sig.code, "error", cause, fix, changes, "log", tb.end, _exception_line(tb))
+    return DoctorFinding(sig.code, "error", cause, fix, changes, "log", tb.end, _exception_line(tb), 1, basis)
 
 
-def _unexplained_death(scan: LogScan, found: list[DoctorFinding]) -> list[DoctorFinding]:
-    """A crash that no known failure explains still gets a finding: UNKNOWN_FAILURE, once per distinct crash."""
+def _unexplained_death(
+    scan: LogScan, found: list[DoctorFinding], withdrawn: list[DoctorFinding], context: list[str]
+) -> list[DoctorFinding]:
+    """A crash that no known failure explains still gets a finding: UNKNOWN_FAILURE, once per distinct crash,
+    naming the exception, the innermost SGLang frame, the nearest code and why it was not assigned."""
     if any(f.severity == "error" for f in found):
         return []
     out: list[DoctorFinding] = []
@@ -145,8 +221,13 @@ def _unexplained_death(scan: LogScan, found: list[DoctorFinding]) -> list[Doctor
         if not tb.fatal or tb.key() in done or not tb.exc_type or _explained(tb, found):
             continue
         done.add(tb.key())
-        near = nearest_code(tb)
-        hint = f" Nearest known failure mode: {near}." if near else " It looks unrelated to hybrid serving."
+        near, reason = withheld_reason(tb, scan, withdrawn)
+        if near is None:
+            near = nearest_code(tb)
+            reason = "not assigned: its frames and message use that mode's words, but fit none of its families"
+        hint = (
+            f" Nearest known failure mode: {near} ({reason})." if near else " It looks unrelated to hybrid serving."
+        )
         cause = (
             f"The server died of {_exception_line(tb)[:240]} (innermost SGLang frame: {_where(tb)}); it matches "
             f"none of the five hybrid failure modes.{hint}"
@@ -157,14 +238,17 @@ def _unexplained_death(scan: LogScan, found: list[DoctorFinding]) -> list[Doctor
         )
         if near:
             fix += f" For {near}: " + REMEDIES[_NEAR_REMEDY[near]](RemedyInput(None))[0]
-        out.append(DoctorFinding(UNKNOWN_FAILURE, "error", cause, fix, (), "log", tb.end, _exception_line(tb)))
+        basis = (*traceback_basis(tb), *context, *([f"nearest code: {near}; {reason}"] if near else []))
+        out.append(DoctorFinding(
+            UNKNOWN_FAILURE, "error", cause, fix, (), "log", tb.end, _exception_line(tb), 1, basis
+        ))  # fmt: skip
     if not out and not found and (scan.deaths and not scan.startup.ready or _died_at_end(scan)):
         death = scan.deaths[-1]
         out.append(DoctorFinding(
             UNKNOWN_FAILURE, "error",
             f"A server process exited abnormally ({death.text[:200]}) and the log names no known cause.",
             "Look above this line for the first error of any rank; hybridctl doctor --config checks the pools.",
-            (), "log", death.line, death.text,
+            (), "log", death.line, death.text, 1, tuple(context),
         ))  # fmt: skip
     return out
 

@@ -181,12 +181,16 @@ PATTERNS: tuple[LogPattern, ...] = (
     _p("sglang_mamba_page_assert", "PREFIX_CACHE_MISS", "error",
        r"(?:mamba|ssm|recurrent)[\w ]{0,30}\bpages?[_ ]?(?:size)?\b.{0,60}\b(?:must|only supports?|"
        r"not supported|requires?|expected|mismatch|are single slots)"
-       r"|mamba_track_interval \S+ must be divisible by page_size|FLA_CHUNK_SIZE or page_size must be divisible",
+       r"|mamba_track_interval \S+ must be divisible by page_size|FLA_CHUNK_SIZE or page_size must be divisible"
+       r"|(?:mamba|ssm|recurrent)\w*\b.{0,40}\b(?:requires?|must|only supports?|expects?)\b.{0,12}\bpage[_ ]size"
+       r" ?(?:=|==|of)? ?1\b",
        "A mamba cache component refuses this page size (decode context parallelism or a backend's default "
        "page): its states cannot be cached at page granularity.",
        "prefix_page_size", "sglang/srt/mem_cache/unified_memory_pool.py; mem_cache/unified_cache/"),
     _p("sglang_extra_buffer_unsupported", "PREFIX_CACHE_MISS", "error",
-       r"extra_buffer(?!_lazy) (?:is (?:not|only) supported|unsupported|requires platform support)",
+       r"extra_buffer(?!_lazy) (?:is (?:not|only) supported|unsupported|requires platform support)"
+       r"|(?:cannot|can't|does not|doesn't|unable to)\b.{0,80}\b(?:states?|checkpoints?|snapshots?)\b.{0,40}"
+       r"\brequired by\b.{0,40}\bextra_buffer",
        "This architecture or platform cannot take extra_buffer checkpoints (KDA before 0.5.2x); only "
        "no_buffer (page size 1) caches its states.",
        "prefix_page_size", "sglang/srt/arg_groups/mamba_hook.py (validate_mamba_extra_buffer)"),
@@ -201,10 +205,19 @@ PATTERNS: tuple[LogPattern, ...] = (
        r"unverified (?:for|with)|not verified (?:for|with))\b.{0,40}\b(?:mamba|hybrid|linear|ssm)"
        r"|(?:mamba|hybrid|linear[- ]attention|ssm)\b.{0,60}\b(?:does not support|doesn't support|"
        r"(?:is )?not (?:yet )?supported (?:with|by))\b.{0,30}\b(?:hicache|hierarchical[- _]cache|lmcache|"
-       r"storage|host[- ]pool|radix[- _]cache|prefix cach)",
+       r"storage|host[- ]pool|radix[- _]cache|prefix cach)"
+       r"|(?:mamba|ssm|recurrent|linear[- ]attention) state\b.{0,40}\bnot (?:yet )?verified with \w*(?:Radix|Cache)",
        "The external / hierarchical KV store does not save recurrent state, so its hits cannot be used by a "
        "hybrid model (the radix cache is unverified with it).",
        "enable_prefix_cache", "sglang/srt/mem_cache/registry.py; storage connectors"),
+    # A warning whose effect shows later: extra_buffer checkpoints are skipped, so later prefixes miss. Kept as a
+    # finding only when the prefills after it cache nothing (log_evidence.confirm_precursors).
+    _p("sglang_checkpoint_skip", "PREFIX_CACHE_MISS", "warning",
+       r"skip\w* (?:the )?(?:mamba |recurrent |ssm )?state (?:checkpoints?|snapshots?)"
+       r"|chunked_prefill_size=\d+ smaller than mamba_cache_chunk_size",
+       "extra_buffer is on but chunked prefill hands off chunks shorter than the mamba checkpoint chunk, so "
+       "the state at those points is never checkpointed: prefixes ending there cannot be reused.",
+       "enable_prefix_cache", "sglang/srt/arg_groups/mamba_hook.py (validate_mamba_extra_buffer, 0.5.17+)"),
     _p("runtime_prefix_miss", "PREFIX_CACHE_MISS", "warning",
        r"prefix cache miss\b.{0,40}\b(?:mamba|ssm|recurrent|state)",
        "The KV prefix matched but the recurrent state at that point was not cached, so the whole prompt is "

@@ -19,6 +19,10 @@ from hybridctl.logs.normalize import LogLine, normalize, split_prefix
 from hybridctl.logs.startup import StartupInfo, parse_startup
 
 _MAX_EVIDENCE = 400
+_MAX_ERRORS = 200
+# A line that reports an error (an exception named, an ERROR level, something that failed): the only lines whose
+# words the message families read, so a healthy line that merely names a feature is never evidence.
+_ERRORISH = re.compile(r"\w(?:Error|Exception)\b|\bERROR\b|\[ERROR\]|\bfailed\b|\bexception\b|^assert", re.I)
 # One pass over a healthy line instead of one per pattern: most lines of a long log match nothing.
 _ANY_PATTERN = re.compile("|".join(f"(?:{p.regex.pattern})" for p in PATTERNS), re.IGNORECASE)
 # Substrings of the lines hybridctl/logs/startup.py parses.
@@ -77,6 +81,8 @@ class LogScan:
     dialect: LogDialect = field(default_factory=LogDialect)
     model: ModelEvidence = field(default_factory=ModelEvidence)  # does the model carry recurrent state?
     prefills: list[tuple[int, int]] = field(default_factory=list)  # (line, cached tokens) of each prefill
+    errors: list[tuple[int, str, str]] = field(default_factory=list)  # (line, evidence, message): error lines
+    # that no pattern claimed, for the message families (log_families.py)
 
 
 def clean_line(raw: str) -> tuple[str, str, str]:
@@ -99,8 +105,11 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
         if prefixed or ranks:
             rank = ranks or rank
         tracebacks.feed(number, message, prefixed, rank)
-        for pattern in _claims(entry):
+        claimed = _claims(entry)
+        for pattern in claimed:
             _record(seen, pattern, number, line, rank, weak=in_source)
+        if not claimed and not in_source and len(scan.errors) < _MAX_ERRORS and _ERRORISH.search(message):
+            scan.errors.append((number, line[:_MAX_EVIDENCE], message))
         in_source = line.lstrip().startswith('File "')
         if len(dialect_lines) < 400 and ("sglang" in message.lower() or "strateg" in message or "version" in message):
             dialect_lines.append(message)

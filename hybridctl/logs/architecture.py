@@ -39,10 +39,12 @@ _STATELESS = re.compile(
 )
 _ARCH_CLASS = re.compile(r"\b([A-Z][A-Za-z0-9_]*For(?:CausalLM|ConditionalGeneration|Generation))\b")
 _MODEL_PATH = re.compile(r"""(?:['"]?model_path['"]?\s*[:=]\s*['"]?|--model(?:-path)?[ =]+)(?P<path>[^'",\s)]+)""")
-_ENGINE_STATE = re.compile(r"Mamba Cache is allocated|conv_state size|ssm_state size|hybrid_ssm=True", re.I)
+_ENGINE_STATE = re.compile(
+    r"Mamba Cache is allocated|conv_state size|ssm_state size|hybrid_ssm=True|sub-pool '(?:mamba|ssm|state)'", re.I
+)
 _ENGINE_NO_STATE = re.compile(r"hybrid_ssm=False")
 # An engine message about sliding-window hybrids: "... for non-MLA SWA hybrid models yet".
-_SWA_ONLY = re.compile(r"\bSWA hybrid\b|\bhybrid SWA\b|\bsliding[- ]window hybrid", re.IGNORECASE)
+_SWA_ONLY = re.compile(r"\bfor (?:non-MLA )?(?:SWA|sliding[- ]window) hybrid models?\b", re.IGNORECASE)
 
 
 def classify(name: str) -> bool | None:

@@ -60,7 +60,7 @@ EXCEPTION = re.compile(
 )
 # A line that starts an entry of its own even without a log prefix.
 _ENTRY = re.compile(
-    r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\b|\[|\(|#|Traceback \(most|File\b|During handling|The above exception"
+    r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\b|\[|#\s|\$\s|Traceback \(most|File\b|During handling|The above exception"
     r"|line \d+, in\b|(?:\.\.\.\s*)?->|(?:\.\.\.\s*)?[\w.]+(?:\([^)]*\))?\s*->|[^:]{1,40}: (?:error|warning|fatal)\b",
     re.IGNORECASE,
 )
@@ -99,7 +99,7 @@ def split_prefix(raw: str) -> tuple[str, str, str, bool]:
     line = _COMPOSE.sub("", _LAUNCHER.sub("", line), count=1)
     line = _LAUNCHER.sub("", line)
     rank = ""
-    if m := _TORCH_RANK.match(line):
+    while m := _TORCH_RANK.match(line):
         line, rank = line[m.end() :], m.group("rank")
     m = _PREFIX.match(line)
     if m:
@@ -174,10 +174,12 @@ def _starts_entry(text: str) -> bool:
     return bool(_ENTRY.match(s) or EXCEPTION.match(s))
 
 
-def _continues(prev: str, nxt: str) -> bool:
-    """Does `nxt` (an unprefixed line) continue the message `prev` (its last physical piece) was wrapped from?"""
-    prev = prev.rstrip()
-    if len(prev) < _WRAP_MIN:
+def _continues(pieces: list[str], nxt: str) -> bool:
+    """Does `nxt` (an unprefixed line) continue the message whose physical pieces so far are `pieces`?"""
+    prev = pieces[-1].rstrip()
+    # Only a long line was wrapped; a short last piece still continues a message already wrapped once (a
+    # paste wrapped twice, by the terminal and then by the mail client, leaves short pieces mid-message).
+    if len(prev) < _WRAP_MIN and (len(pieces) < 2 or len(pieces[0]) < _WRAP_MIN):
         return False
     if not prev.endswith((".", "!", "?")):
         return True
@@ -207,7 +209,7 @@ def normalize(raw_lines: Iterable[str]) -> Iterator[LogLine]:
                 kind = "open" if _open_frame(cur.message) else "frame"
                 continue
             if cur is not None and not prefixed and kind not in ("frame", "source") and not _starts_entry(message):
-                if kind == "exc" or (kind == "text" and (cur.prefixed or _continues(cur.segments[-1], message))):
+                if kind == "exc" or (kind == "text" and (cur.prefixed or _continues(cur.segments, message))):
                     cur.message = f"{cur.message} {stripped}"
                     cur.line = f"{cur.line} {stripped}"
                     cur.segments.append(stripped)

@@ -101,8 +101,8 @@ def _json_logging(lines: list[str]) -> list[str]:
 
 def _windows(lines: list[str]) -> list[str]:
     def win(m: re.Match[str]) -> str:
-        tail = m.group(2)[m.group(2).find("sglang/") :] if "sglang/" in m.group(2) else m.group(2).lstrip("/")
-        return f'{m.group(1)}File "C:\\Users\\me\\venv\\Lib\\site-packages\\{tail.replace("/", chr(92))}", {m.group(3)}'
+        path = "C:" + m.group(2).replace("/", "\\")
+        return f'{m.group(1)}File "{path}", {m.group(3)}'
 
     return [_FRAME.sub(win, line) for line in lines]
 
