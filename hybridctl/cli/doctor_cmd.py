@@ -100,6 +100,9 @@ def doctor(
     url: str | None = typer.Option(
         None, "--url", help="A running server (http://HOST:PORT) to judge from /server_info and /metrics."
     ),
+    api_key_env: str | None = typer.Option(
+        None, "--api-key-env", help="With --url: the environment variable holding the server's API key."
+    ),
     peer: Path | None = typer.Option(
         None, "--peer", help="The other PD server's config.toml: compare recurrent-state shapes and dtypes."
     ),
@@ -146,6 +149,7 @@ def doctor(
             peer_config=peer,
             gpu_mem_bytes=int(gpu_mem_gib * GIB) if gpu_mem_gib else None,
             url=url,
+            api_key_env=api_key_env,
         )
         report = run_doctor(options, None if probe else unprobed_host())
     if yes and not fix:

@@ -70,7 +70,7 @@ def init(
     for key, why in result.notes.items():
         console.print(f"  {escape(key)}: {escape(why)}")
     for finding in result.findings:
-        console.print(f"[yellow]{finding.severity}[/] {escape(str(finding))}")
+        console.print(f"[yellow]{escape(str(finding))}[/]")
     if result.plan:
         plan = result.plan
         console.print(

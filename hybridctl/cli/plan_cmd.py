@@ -204,6 +204,8 @@ def plan(
     if as_json:
         print_json({"fits": True, **result.to_dict(), "model": spec.to_dict()})
         return
+    if spec.stand_in_note():
+        typer.echo(f"note: {spec.stand_in_note()}")
     render_plan(spec, result)
 
 

@@ -107,8 +107,8 @@ def _refused_config_keys(cfg: HybridConfig) -> list[tuple[str, bool, str, str]]:
             cfg.config.pd.enable_pd_disaggregation
             and cfg.config.extra_engine_args.get("engine-process") not in (None, False),
             "false",
-            "PD's transfers run on the engine thread of the server's own process, so --engine-process and PD "
-            "cannot run together (runtime/preflight.py)",
+            "PD's transfers run on the engine thread of the server's own process, so the runtime's "
+            "--engine-process and PD cannot run together (runtime/preflight.py)",
         ),
     ]
 

@@ -124,7 +124,8 @@ def _flag_table(engine: str, version: str) -> tuple[dict[str, FlagInfo], str, st
                 "extra_engine_args",
                 f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against "
                 f"{table_version}.",
-                f"pass --engine-version {table_version}, or regenerate the table with "
+                f"target {table_version} (--sglang-version {table_version} of validate, plan and launch), or "
+                "regenerate the table with "
                 "scripts/regen_sglang_flags.py.",
             )
         )

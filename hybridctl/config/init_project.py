@@ -9,16 +9,18 @@ import importlib.util
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from hybridctl import paths
 from hybridctl.config.atomic_write import write_files
 from hybridctl.config.findings import Finding
+from hybridctl.config.init_checks import EngineDecision, InitError, choose_model, decide_engine_for_init
 from hybridctl.config.schema import SCHEMA_FILE_NAMES, EngineName, HybridConfig, json_schema
 
 if TYPE_CHECKING:  # the planner imports config/ at load time; init imports the planner only when it runs
+    from hybridctl.model.spec import ModelSpec
     from hybridctl.planner.recommend import Recommendation
 
 CONFIG_FILE = "config.toml"
@@ -26,14 +28,10 @@ SETTINGS_FILE = "settings.json"
 DEMO_MODEL_DIR = "demo-model"
 
 
-class InitError(Exception):
-    """init cannot proceed; the message says what to change."""
-
-
 @dataclass
 class InitOptions:
     out_dir: Path = Path(".")
-    model: str | None = None  # config.json file or model directory
+    model: str | None = None  # config.json file, model directory, or a bundled checkpoint's hub id / server path
     gpu_mem_gib: float | None = None  # None: detect with NVML
     tp: int = 1
     context_len: int | None = None
@@ -103,24 +101,6 @@ def build_demo_model(out_dir: Path, *, force: bool = False) -> Path:
     return target
 
 
-def _model_path_for(model: str) -> tuple[Path, str | None]:
-    """model_path to write (a directory when we have one) and a note when it is only a config file."""
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise InitError(
-            f"--model {model}: no such file or directory; give a model directory or its config.json."
-        )
-    path = path.resolve()
-    if path.is_dir():
-        return path, None
-    if path.name == "config.json":
-        return path.parent, None
-    return path, (
-        f"model_path points at {path.name}, a config file without weights: set it to the model directory "
-        "before launching."
-    )
-
-
 def _detect_gpu_mem_bytes() -> int | None:
     from hybridctl.host.nvml import gpu_memory_bytes  # None without a GPU, a driver or NVML
 
@@ -142,7 +122,7 @@ def _save_workload(cfg: HybridConfig, opts: InitOptions, result: InitResult) -> 
         result.notes["runtime.max_running_requests"] = f"--concurrency {opts.concurrency}"
 
 
-def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path) -> None:
+def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path, engine: str) -> None:
     """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
     from hybridctl.model.spec import load_model_spec
     from hybridctl.planner.builtin_sizing import builtin_device_bytes, builtin_model_spec, plan_builtin
@@ -150,7 +130,7 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
     from hybridctl.planner.recommend import recommend
     from hybridctl.planner.units import GIB
 
-    builtin = cfg.config.server.engine == "builtin"
+    builtin = engine == "builtin"  # what serves it: auto resolved as validate and launch resolve it here
     gpu_mem: int | None = int(opts.gpu_mem_gib * GIB) if opts.gpu_mem_gib is not None else None
     if gpu_mem is None:
         gpu_mem = _detect_gpu_mem_bytes()  # the bundled runtime, too, runs on the GPU when there is one
@@ -169,23 +149,48 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
                 "memory, to size them for the GPU server)"
             )
             return
-        rec = recommend(
-            spec,
-            gpu_mem_bytes=budget,
-            tp=opts.tp,
-            context_len=opts.context_len,
-            concurrency=opts.concurrency,
-            engine=cfg.config.server.engine,  # builtin: no GPU reserve or overlap schedule (planner)
-        )
-        result.notes.update(apply_recommendation(cfg, rec))
-        if builtin:
-            # What is printed is what is written and what the runtime will size at start-up: one function.
-            _, plan = plan_builtin(cfg, str(model_dir), gpu_mem_bytes=gpu_mem, tp=opts.tp)
-        else:
-            plan = make_plan(cfg, spec, gpu_mem_bytes=gpu_mem)
+        concurrency = opts.concurrency
+        while True:
+            rec = recommend(
+                spec,
+                gpu_mem_bytes=budget,
+                tp=opts.tp,
+                context_len=opts.context_len,
+                concurrency=concurrency,
+                engine=engine,  # builtin: no GPU reserve or overlap schedule (planner)
+            )
+            result.notes.update(apply_recommendation(cfg, rec))
+            if builtin:
+                # What is printed is what is written and what the runtime will size at start-up: one function.
+                _, plan = plan_builtin(cfg, str(model_dir), gpu_mem_bytes=gpu_mem, tp=opts.tp)
+            else:
+                plan = make_plan(cfg, spec, gpu_mem_bytes=gpu_mem)
+            refusal = _doctor_state_pool_error(cfg, spec, engine, gpu_mem)
+            if refusal is None:
+                break
+            if concurrency is not None:
+                raise InitError(
+                    f"`hybridctl doctor` would report MAMBA_POOL_ALLOC: {refusal} Give each GPU more memory "
+                    "(a larger --tp, or a GPU with more --gpu-mem-gib) or a shorter --context-len."
+                )
+            # SGLang's default split holds one request at a time here, which doctor calls a failure: size for two.
+            concurrency = 2
+        if concurrency != opts.concurrency:
+            result.notes["runtime.max_running_requests"] = (
+                "the default split holds one request at a time (doctor: MAMBA_POOL_ALLOC): sized for 2"
+            )
         result.plan = plan.to_dict()
     except ValueError as exc:  # ModelSpecError, PoolSizingError: their messages name the file/key and the fix
         raise InitError(str(exc)) from None
+
+
+def _doctor_state_pool_error(cfg: HybridConfig, spec: ModelSpec, engine: str, gpu_mem: int | None) -> str | None:
+    """Doctor's MAMBA_POOL_ALLOC judgment of the pools just planned (its one rule, not a copy), as an error's cause."""
+    from hybridctl.doctor.planning import PlanContext
+    from hybridctl.doctor.predict import predict_state_pool
+
+    prediction = predict_state_pool(cfg, PlanContext(spec, engine, gpu_mem or 0))
+    return next((f.cause for f in prediction.findings if f.severity == "error"), None)
 
 
 def _earlier_demo(out_dir: Path) -> InitResult | None:
@@ -223,9 +228,9 @@ def _check_round_trip(cfg: HybridConfig, config_data: object, settings_data: obj
 def init_project(opts: InitOptions) -> InitResult:
     """Write config.toml, settings.json and their JSON Schemas into `opts.out_dir`; returns what it wrote."""
     from hybridctl.config.atomic_write import WouldOverwriteError
+    from hybridctl.config.init_checks import validate_as_written
     from hybridctl.config.loader import parse_config_text, parse_settings_text
     from hybridctl.config.render import render_config_toml, render_settings_json
-    from hybridctl.config.rules import check_rules
 
     out_dir = opts.out_dir
     if paths.exists(out_dir) and not paths.is_dir(out_dir):  # checked before the slow demo build, like the files below
@@ -239,14 +244,23 @@ def init_project(opts: InitOptions) -> InitResult:
     if opts.engine not in get_args(EngineName):
         raise InitError(f"--engine {opts.engine}: expected {', '.join(get_args(EngineName))}.")
     cfg = HybridConfig()
-    cfg.config.server.engine = opts.engine  # type: ignore[assignment]
     cfg.config.server.tp_size = opts.tp
     result = InitResult(out_dir=str(out_dir), files=[], config=cfg)
+    decision = (
+        EngineDecision("builtin", "builtin", "builtin", "--demo")
+        if opts.demo
+        else decide_engine_for_init(opts.engine, tp=opts.tp, gpu_mem_gib=opts.gpu_mem_gib)
+    )
+    cfg.config.server.engine = decision.written  # type: ignore[assignment]
+    if decision.note:
+        result.notes["server.engine"] = decision.note
+    if opts.gpu_mem_gib is not None:  # plan and doctor read it back on a host without that GPU
+        cfg.config.memory.gpu_mem_gib = opts.gpu_mem_gib
+        result.notes["memory.gpu_mem_gib"] = f"--gpu-mem-gib {opts.gpu_mem_gib:g}: one GPU of the server"
     model = opts.model
     if opts.demo:
         result.demo_model = str(build_demo_model(out_dir, force=opts.force).resolve())
         model = result.demo_model
-        cfg.config.server.engine = "builtin"
         result.notes["server.engine"] = "--demo serves the demo model with the bundled runtime"
         from hybridctl.host.ports import preferred_or_free_port
 
@@ -254,25 +268,28 @@ def init_project(opts: InitOptions) -> InitResult:
         if cfg.config.server.port != 30000:
             result.notes["server.port"] = "30000 is in use here; a free port instead"
     if model:
-        model_dir, note = _model_path_for(model)
-        cfg.config.server.model_path = str(model_dir)
-        if note:
-            result.notes["server.model_path"] = note
-        _choose_values(cfg, opts, result, model_dir)
+        chosen = choose_model(model)
+        cfg.config.server.model_path = chosen.model_path
+        if chosen.note:
+            result.notes["server.model_path"] = chosen.note
+        try:
+            _choose_values(cfg, opts, result, chosen.source, decision.resolved)
+        except InitError as exc:
+            raise InitError(f"{exc}{decision.hint()}") from None
     else:
         result.plan_skipped = "no --model given: values are schema defaults"
 
-    # Refuse a combination the engine would refuse (e.g. --engine builtin --tp 2) before writing anything.
-    findings = check_rules(cfg)
-    # Without --model the files are a template to fill in: the missing model_path is the next step, not a refusal.
-    findings = [replace(f, severity="warning") if f.code == "MODEL_PATH_MISSING" else f for f in findings]
-    errors = [f for f in findings if f.severity == "error"]
-    if errors:
-        raise InitError("these choices do not work together:\n" + "\n".join(f"  {f}" for f in errors))
-    result.findings = findings
     config_text = render_config_toml(cfg.config, notes=result.notes)
     settings_text = render_settings_json(cfg.settings)
     _check_round_trip(cfg, parse_config_text(config_text).data, parse_settings_text(settings_text).data)
+    # One truth with `hybridctl validate`: its own check of these very files; an error there writes nothing.
+    findings = validate_as_written(config_text, settings_text, out_dir, auto_engine=decision.here, template=not model)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise InitError(
+            "`hybridctl validate` would reject these choices:\n" + "\n".join(f"  {f}" for f in errors) + decision.hint()
+        )
+    result.findings = [f for f in findings if f.severity == "warning"]
 
     files = {
         out_dir / CONFIG_FILE: config_text,

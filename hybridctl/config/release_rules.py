@@ -69,7 +69,8 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                     file,
                     key,
                     f"SGLang {version} has no {flag} ({need}); its parser would refuse the launch command.",
-                    f"upgrade SGLang to {since} or later (--sglang-version {since}), or leave {key} at its default"
+                    f"upgrade SGLang to {since} or later (--sglang-version {since} of validate, plan and launch "
+                    f"judges for it), or leave {key} at its default"
                     if since
                     else f"leave {key} at its default",
                 )  # fmt: skip
@@ -118,7 +119,8 @@ def _gated_keys(cfg: HybridConfig, translation: Translation, version: str) -> li
                 ignored.key,
                 f"SGLang {version} has no flag for {ignored.key} = {ignored.value!r} (needs SGLang >= {newer[0]}); "
                 "launch would refuse to start it rather than let SGLang ignore it.",
-                f"leave {ignored.key} at its default, or target SGLang {newer[0]} or later (--sglang-version)",
+                f"leave {ignored.key} at its default, or target SGLang {newer[0]} or later (--sglang-version "
+                f"{newer[0]} of validate, plan and launch, or server.sglang_version)",
             )  # fmt: skip
         )
     return out
@@ -141,13 +143,18 @@ def _no_table(version: str, table_version: str) -> Finding:
         "warning", "SGLANG_RELEASE_UNCHECKED", CONFIG, "server.sglang_version",
         f"hybridctl holds no flag table for SGLang {version}; its flags and values were checked against "
         f"{table_version}'s, the nearest older release it holds.",
-        "target a held release (--sglang-version; held: " + ", ".join(available_versions()) + ")",
+        "target a held release (server.sglang_version, or --sglang-version of validate, plan and launch; held: "
+        + ", ".join(available_versions()) + ")",
     )  # fmt: skip
 
 
 def model_architecture(cfg: HybridConfig) -> str | None:
-    """architectures[0] of the model's config.json when server.model_path is a local directory, else None."""
-    path = Path(cfg.config.server.model_path or "") / "config.json"
+    """architectures[0] of the model's config.json when server.model_path is a local directory (or a checkpoint
+    this host does not hold whose config.json hybridctl bundles), else None."""
+    from hybridctl.model.bundled import bundled_stand_in
+
+    bundled = bundled_stand_in(cfg.config.server.model_path or "")
+    path = bundled.config_json if bundled else Path(cfg.config.server.model_path or "") / "config.json"
     try:
         archs = json.loads(path.read_text(encoding="utf-8")).get("architectures") or []
     except (OSError, ValueError, AttributeError):

@@ -87,6 +87,12 @@ class MemoryConfig(_Section):
     memory_budget_gib: float | None = Field(
         None, gt=0.0, description="Bundled runtime on CPU: memory treated as the device's (unset: 4 GiB)."
     )
+    gpu_mem_gib: float | None = Field(
+        None,
+        gt=0.0,
+        description="Memory of one GPU of the server, in GiB (init --gpu-mem-gib): plan and doctor size the pools "
+        "for it where NVML sees no GPU; a detected GPU and --gpu-mem-gib win. Not passed to the engine.",
+    )
 
 
 class CacheConfig(_Section):

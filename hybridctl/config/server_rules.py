@@ -15,6 +15,7 @@ from hybridctl import paths
 from hybridctl.config.findings import CONFIG, Finding, toml_set
 from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
+from hybridctl.model.bundled import match_bundled
 
 # RFC 1123: a host name is at most 253 characters of dot-separated labels of letters, digits and hyphens.
 MAX_HOST_CHARS = 253
@@ -128,6 +129,23 @@ def _model_path_findings(cfg: HybridConfig, engine: str | None) -> list[Finding]
                 )
             ]
         return []  # SGLang downloads it at start-up
+    bundled = match_bundled(path)
+    if bundled is not None and engine != "builtin":
+        # A config written on another machine for the GPU server that holds the model: checked and sized with
+        # hybridctl's bundled config.json for that checkpoint; only the server can say whether the path is right.
+        return [
+            _f(
+                "warning",
+                "MODEL_PATH_NOT_FOUND",
+                CONFIG,
+                "server.model_path",
+                f"model_path {path!r} does not exist on this host; the config is checked with hybridctl's "
+                f"bundled config.json for {bundled.name}, and the server that runs it must hold the model there.",
+                "launch on the server that holds the model, or "
+                + toml_set("server.model_path", '"/path/to/model"')
+                + " (a model directory here, or an org/name hub id)",
+            )
+        ]
     return [
         _not_found(
             f"model_path {path!r} does not exist (relative paths are read next to config.toml).",

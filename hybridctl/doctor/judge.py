@@ -122,10 +122,10 @@ def _sglang_check(facts: HostFacts) -> Check:
         reason = facts.skipped.get("sglang", "not found")
         return Check("sglang", "skipped", f"skipped: {reason}; the bundled runtime serves instead")
     details = (
-        f"--mamba-radix-cache-strategy: {'yes' if s.has_radix_cache_strategy_flag else 'no'}",
-        f"--mamba-scheduler-strategy (older name): {'yes' if s.has_scheduler_strategy_flag else 'no'}",
+        f"SGLang's --mamba-radix-cache-strategy: {'yes' if s.has_radix_cache_strategy_flag else 'no'}",
+        f"SGLang's --mamba-scheduler-strategy (older name): {'yes' if s.has_scheduler_strategy_flag else 'no'}",
         f"prefix cache for Mamba state: {'yes' if s.has_hybrid_prefix_cache else 'no'}",
-        f"--enable-unified-memory (elastic pool): {'yes' if s.has_unified_memory_flag else 'no'}",
+        f"SGLang's --enable-unified-memory (elastic pool): {'yes' if s.has_unified_memory_flag else 'no'}",
     )
     if not s.has_hybrid_prefix_cache:
         return Check("sglang", "warning", f"{s.version}: no prefix cache for hybrid models", details)
@@ -191,7 +191,7 @@ def elastic_host_findings(facts: HostFacts) -> list[DoctorFinding]:
             out.append(_elastic("warning", evidence, cause, fix))
     s = facts.sglang
     if s is not None and not s.has_unified_memory_flag:
-        cause = f"sglang {s.version} has no --enable-unified-memory, so it has no elastic pool."
+        cause = f"SGLang {s.version} has no --enable-unified-memory, so it has no elastic pool."
         fix = f"Upgrade sglang (0.5.23 has it), {_OR_OFF}"
         out.append(_elastic("error", f"sglang {s.version}", cause, fix))
     return out

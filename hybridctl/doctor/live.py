@@ -67,13 +67,13 @@ class LiveSnapshot:
         return [(n, v) for n in names if (v := self.metrics.total(n) or 0.0) > 0]
 
 
-def read_live(url: str, timeout_s: float = 60.0, probe: bool = True) -> LiveSnapshot:
+def read_live(url: str, timeout_s: float = 60.0, probe: bool = True, api_key_env: str | None = None) -> LiveSnapshot:
     from hybridctl.verify.client import ServerError, ServerUnreachable, SGLangClient
     from hybridctl.verify.prometheus import MetricsParseError
     from hybridctl.verify.runner import TargetError, resolve_target
 
     try:
-        target = resolve_target(url, None, None, timeout_s=timeout_s)
+        target = resolve_target(url, None, api_key_env, timeout_s=timeout_s)
     except TargetError as exc:
         raise LiveError(str(exc)) from None
     with SGLangClient(target) as client:
@@ -119,9 +119,9 @@ def _state_pool(snap: LiveSnapshot) -> list[DoctorFinding]:
     slots, usage = snap.value("max_mamba_cache_size"), snap.value("mamba_usage")
     queue, failures = snap.value("num_queue_reqs") or 0, snap.value("num_allocation_failures") or 0
     fix = (
-        "Give the state pool more slots: raise --max-mamba-cache-size / --mamba-full-memory-ratio "
-        "(memory.max_mamba_cache_size / memory.mamba_full_memory_ratio), or lower --max-running-requests; "
-        "hybridctl doctor --config computes the value."
+        "Give the state pool more slots: raise memory.max_mamba_cache_size / memory.mamba_full_memory_ratio "
+        "(the server's --max-mamba-cache-size / --mamba-full-memory-ratio), or lower "
+        "runtime.max_running_requests (--max-running-requests); hybridctl doctor --config computes the value."
     )
     if slots == 0:
         return [_f("MAMBA_POOL_ALLOC", "error", "The server's recurrent-state pool has 0 slots: no request can "
@@ -141,7 +141,7 @@ def _prefix(snap: LiveSnapshot) -> list[DoctorFinding]:
     if _radix_off(snap):
         return [_f("RADIX_CACHE_OFF", "info",
                    "The server runs with the radix cache disabled, by choice: no request reuses a cached prefix.",
-                   "If prompts share prefixes, restart without --disable-radix-cache "
+                   "If prompts share prefixes, restart without the server's --disable-radix-cache "
                    "(runtime.disable_radix_cache = false).", "disable_radix_cache=True")]  # fmt: skip
     if len(snap.probe_cached) >= 2 and max(snap.probe_cached[1:]) == 0:
         strategy = snap.arg("mamba_radix_cache_strategy") or snap.arg("mamba_scheduler_strategy")

@@ -101,7 +101,7 @@ def _slots_from_log(scan: LogScan) -> str:
         if have:
             return (
                 f" From this log: the pool held {have} slots for max_running_requests={running}; "
-                f"raise --max-mamba-cache-size above {have} or lower --max-running-requests."
+                f"raise the server's --max-mamba-cache-size above {have} or lower its --max-running-requests."
             )
         return ""
     try:
@@ -114,7 +114,7 @@ def _slots_from_log(scan: LogScan) -> str:
         return ""
     return (
         f" From this log: max_running_requests={running} at {per_request} slots per request ({strategy}) "
-        f"needs --max-mamba-cache-size {running * per_request} (memory.max_mamba_cache_size)."
+        f"needs the server's --max-mamba-cache-size {running * per_request} (memory.max_mamba_cache_size)."
     )
 
 

@@ -51,6 +51,10 @@ def load_plan_context(
     path = cfg.config.server.model_path
     if not path:
         return None, "server.model_path is empty in config.toml: no model to plan for"
+    if gpu_mem_bytes is None:  # no --gpu-mem-gib, no GPU here: the server's GPU as init recorded it, as plan
+        from hybridctl.planner.plan_request import recorded_gpu_mem_bytes
+
+        gpu_mem_bytes = recorded_gpu_mem_bytes(cfg, engine)
     try:
         if engine == "builtin":  # the model as the runtime holds it (activation dtype: float32 on CPU)
             from hybridctl.planner.builtin_sizing import builtin_model_spec

@@ -28,6 +28,7 @@ class DoctorOptions:
     peer_config: Path | None = None
     gpu_mem_bytes: int | None = None  # overrides the probed GPU's memory for planning
     url: str | None = None  # a running server to judge live (doctor --url)
+    api_key_env: str | None = None  # the environment variable holding that server's API key
 
 
 def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig | None, Check]:
@@ -110,7 +111,7 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
         _read_log(opts, cfg, ctx, report, peer)
         for code in CODES:
             judged_by[code].append("the log")
-    if opts.url is not None and _read_live(opts.url, report):
+    if opts.url is not None and _read_live(opts.url, report, opts.api_key_env):
         for code in CODES:
             judged_by[code].append("the server")
     for sources in judged_by.values():
@@ -131,6 +132,8 @@ def _report_unused_options(
     if opts.gpu_mem_bytes is not None and ctx is None:
         why = no_config if cfg is None else "the pools were not sized (see Model)"
         report.ignored.append(IgnoredOption("--gpu-mem-gib", f"{why}; it sizes a config's pools"))
+    if opts.api_key_env is not None and opts.url is None:
+        report.ignored.append(IgnoredOption("--api-key-env", "no --url: it is the key of the server --url reads"))
     if opts.peer_config is not None and cfg is None:
         report.ignored.append(
             IgnoredOption("--peer", f"{no_config}; the peer's config is compared with this server's")
@@ -227,12 +230,12 @@ def _read_log(
     report.checks.append(Check("Log", worst, summary, details))
 
 
-def _read_live(url: str, report: DoctorReport) -> bool:
+def _read_live(url: str, report: DoctorReport, api_key_env: str | None) -> bool:
     """The server's findings and check line; False when it could not be read."""
     from hybridctl.doctor.live import LiveError, live_findings, read_live
 
     try:
-        snap = read_live(url)
+        snap = read_live(url, api_key_env=api_key_env)
     except LiveError as exc:
         report.checks.append(Check("Server", "error", f"{url}: {exc}"))
         return False

@@ -130,6 +130,7 @@ ROWS: tuple[MappingRow, ...] = (
         ),
         flag("--memory-budget-gib"),
     ),
+    _row(C, "memory.gpu_mem_gib", CLIENT, CLIENT),  # the GPU size plan and doctor size for off the server
     # --- [cache]
     _both(C, "cache.enable_prefix_caching", "--disable-radix-cache", "false"),
     _both(C, "cache.radix_cache_page_size", "--page-size"),

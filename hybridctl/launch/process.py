@@ -231,7 +231,8 @@ def _refuse_if_port_busy(command: EngineCommand) -> None:
     if busy:
         raise LaunchError(
             f"port {command.port} on {host} is already in use, so the {_server_name(command.role)} cannot listen "
-            "there. Fix: stop what uses it, or set another port in config.toml ([server] port, [pd] ports)."
+            "there. Fix: stop what uses it, or set another port in config.toml ([server] port; under PD [pd] "
+            "prefill_port / decode_port / bootstrap_port)."
         )
 
 

@@ -67,6 +67,14 @@ class ModelSpec:
     # else 24; hidden_size, else 1024); None for text-only checkpoints.
     vit_num_layers: int | None = None
     vit_hidden_size: int | None = None
+    # The model path / hub id asked for when this host does not hold it and `source` is hybridctl's bundled
+    # config.json for that checkpoint (hybridctl/model/bundled.py); None when `source` is the model's own.
+    stand_in_for: str | None = None
+
+    def stand_in_note(self) -> str | None:
+        if self.stand_in_for is None:
+            return None
+        return f"{self.stand_in_for} is not on this host: read hybridctl's bundled config.json ({self.source})"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -76,7 +84,8 @@ class ModelSpec:
         return d
 
 
-def _config_path(path: str | Path) -> tuple[Path, Path | None]:
+def _config_path(path: str | Path) -> tuple[Path, Path | None, str | None]:
+    """config.json, the model directory (for the weights), and the path asked for when a bundled copy stands in."""
     p = Path(path).expanduser()
     # paths.is_dir / is_file: a name too long for the OS (or with a NUL byte) is "not found", not a crash.
     if paths.is_dir(p):
@@ -86,12 +95,18 @@ def _config_path(path: str | Path) -> tuple[Path, Path | None]:
                 f"{p}: no config.json in this directory. Point the model path (server.model_path in "
                 f"config.toml; --model of plan and init) at a HF model directory or its config.json."
             )
-        return cfg, p
+        return cfg, p, None
     if paths.is_file(p):
-        return p, p.parent
+        return p, p.parent, None
+    from hybridctl.model.bundled import bundled_stand_in, known_names_hint
+
+    bundled = bundled_stand_in(str(path))
+    if bundled is not None:  # a config for a server that holds the model: its geometry from the bundled copy
+        return bundled.config_json, None, str(path)
     raise ModelSpecError(
-        f"{p}: no such file or directory. Point the model path (server.model_path in config.toml; --model of "
-        f"plan and init) at a HF model directory or its config.json."
+        f"{p}: no such file or directory, and not a checkpoint hybridctl bundles a config.json for. Point the "
+        f"model path (server.model_path in config.toml; --model of plan and init) at a HF model directory or its "
+        f"config.json; {known_names_hint()}."
     )
 
 
@@ -136,7 +151,7 @@ def load_model_spec(
     """Read config.json (a file, or a model dir holding one) of a supported hybrid model."""
     if tp < 1:
         raise ModelSpecError(f"tensor-parallel size must be >= 1, got {tp}.")
-    cfg_path, model_dir = _config_path(path)
+    cfg_path, model_dir, stand_in_for = _config_path(path)
     geom = read_geometry(_read_json(cfg_path), str(cfg_path))
     try:
         shape = geom.state_shape(tp)
@@ -202,6 +217,7 @@ def load_model_spec(
         weights_source=weights.source,
         vit_num_layers=_vit_value(geom.vision_config, "num_hidden_layers", 24),
         vit_hidden_size=_vit_value(geom.vision_config, "hidden_size", 1024),
+        stand_in_for=stand_in_for,
     )
 
 

@@ -60,7 +60,7 @@ def runtime_strategy(
     if requested == "extra_buffer_lazy":
         raise PoolSizingError(
             "mamba_radix_cache_strategy extra_buffer_lazy needs the overlap schedule, which the bundled "
-            'runtime does not have; use --mamba-radix-cache-strategy extra_buffer (or "auto").'
+            'runtime does not have; use cache.mamba_radix_cache_strategy = "extra_buffer" (or "auto").'
         )
     resolved = resolve_strategy(
         "extra_buffer" if requested == "auto" else requested,
@@ -97,7 +97,8 @@ def size_builtin_pools(
         raise PoolSizingError(
             f"The weights ({weight_bytes / GIB:.2f} GiB) do not fit in mem_fraction_static "
             f"({mem_fraction_static}) of the {device_bytes / GIB:.2f} GiB device memory; raise "
-            f"memory.memory_budget_gib (--memory-budget-gib) or memory.mem_fraction_static."
+            f"memory.memory_budget_gib in config.toml (--memory-budget-gib of plan and of the runtime) or "
+            f"memory.mem_fraction_static."
         )
     resolved, reason = runtime_strategy(
         strategy, page_size=page_size, disable_radix_cache=disable_radix_cache, track_interval=mamba_track_interval

@@ -110,10 +110,13 @@ def pool_bytes_for(gpu_mem_bytes: int, *, mem_fraction_static: float, weights_by
             f"left for the KV and state pools."
         )
         if needed < 0.95:
-            fix = f" Raise memory.mem_fraction_static above {needed:.3f}, or shard over more GPUs (--tp)."
+            fix = (
+                f" Raise memory.mem_fraction_static above {needed:.3f}, or shard over more GPUs "
+                "(server.tp_size; --tp of plan and init)."
+            )
         else:
             # Weights need the whole device or more: only more GPUs help. Keep ~40% for pools and activations.
             factor = math.ceil(weights_bytes_per_rank / (gpu_mem_bytes * 0.6))
-            fix = f" Shard the model over about {factor}x more GPUs (server.tp_size / --tp)."
+            fix = f" Shard the model over about {factor}x more GPUs (server.tp_size; --tp of plan and init)."
         raise PoolSizingError(head + fix)
     return rest

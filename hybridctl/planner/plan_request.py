@@ -100,6 +100,16 @@ def _with_overrides(cfg: HybridConfig, req: PlanRequest) -> HybridConfig:
     return out
 
 
+def recorded_gpu_mem_bytes(cfg: HybridConfig, engine: str) -> int | None:
+    """memory.gpu_mem_gib (init --gpu-mem-gib): the server's GPU, for a host where NVML sees none. It sizes SGLang,
+    and the bundled runtime when config.toml names it (written for it on that GPU); `auto` resolving to the runtime
+    on a GPU-less host means the runtime on this CPU, which a GPU's size does not describe."""
+    gib = cfg.config.memory.gpu_mem_gib
+    if gib is None or (engine == "builtin" and cfg.config.server.engine != "builtin"):
+        return None
+    return int(gib * GIB)
+
+
 def engine_for_planning(requested: str, auto_engine: str, gpu_size_given: bool) -> str:
     """The engine plan and doctor size for: `requested` unless auto; auto is SGLang when a GPU size was given
     (--gpu-mem-gib: the user plans a GPU server from here), else `auto_engine`, what launch picks on this host."""
@@ -138,6 +148,8 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
             from hybridctl.host.nvml import gpu_memory_bytes
 
             gpu_mem = gpu_memory_bytes()  # the runtime runs on the GPU when there is one
+        if gpu_mem is None:
+            gpu_mem = recorded_gpu_mem_bytes(cfg, "builtin")
         try:
             return plan_builtin(_with_overrides(cfg, req), model, gpu_mem_bytes=gpu_mem, tp=tp)
         except PoolSizingError as exc:
@@ -160,10 +172,13 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
 
         gpu_mem = gpu_memory_bytes()
     if pool is None and gpu_mem is None:
+        gpu_mem = recorded_gpu_mem_bytes(cfg, "sglang")
+    if pool is None and gpu_mem is None:
         raise PlanRequestError(
             "No GPU memory size: this machine has no GPU that NVML can see, and SGLang's pools depend on the "
             "GPU's memory. Pass --gpu-mem-gib (memory of one GPU of the server you plan for, e.g. 80 for an "
-            "H100) or --pool-gib; or plan the bundled runtime here with --engine builtin."
+            "H100) or --pool-gib, or record it in config.toml (memory.gpu_mem_gib; init --gpu-mem-gib writes it); "
+            "or plan the bundled runtime here with --engine builtin."
         )
     plan = make_plan(
         cfg,

@@ -236,7 +236,7 @@ def _kv_budget(inp: PoolInputs, k: int, rest_gb: float, intermediate: int) -> tu
             f"(pool budget {inp.pool_bytes / GIB:.2f} GiB, {per_req / MIB:.2f} MiB of state per request, "
             f"mamba_full_memory_ratio {inp.mamba_full_memory_ratio}). Raise memory.mem_fraction_static, "
             f"lower settings.json runtime.max_running_requests or the draft tokens, use "
-            f'mamba.state_dtype = "bfloat16", or use more GPUs (--tp).'
+            f'mamba.state_dtype = "bfloat16", or use more GPUs (server.tp_size; --tp of plan and init).'
         )
     # +1: the pool's padding slot (memory_pool.py), charged to the budget only by the configurator (0.5.16 on)
     mamba_pool_bytes = (k + (1 if rel.padding_slot_counted else 0)) * per_req
@@ -295,7 +295,7 @@ def _max_running_requests(tokens: int, k: int, ratio: int, inp: PoolInputs, esti
     if mamba_cap < reqs:
         reqs, limited_by = mamba_cap, "state_pool"
     if reqs <= 0 and limited_by == "kv_tokens":
-        capped = " (capped by max_total_tokens / --max-total-tokens)" if inp.max_total_tokens is not None else ""
+        capped = " (capped by SGLang's --max-total-tokens)" if inp.max_total_tokens is not None else ""
         raise PoolSizingError(
             f"The KV cache is too small to serve any request: {tokens} KV tokens{capped}, and a request needs "
             f"at least 2. Raise max_total_tokens (or drop it), raise memory.mem_fraction_static, or lower "
@@ -364,7 +364,7 @@ def resolve_strategy(
             )
         if overlap_schedule:
             raise PoolSizingError(
-                "mamba_radix_cache_strategy no_buffer does not support the overlap schedule; pass "
+                "mamba_radix_cache_strategy no_buffer does not support the overlap schedule; pass SGLang's "
                 '--disable-overlap-schedule or use cache.mamba_radix_cache_strategy = "auto".'
             )
         return StrategyResolution(strategy, overlap_schedule, reason)
@@ -382,7 +382,8 @@ def resolve_strategy(
         )
     if strategy == "extra_buffer_lazy" and not overlap_schedule:
         raise PoolSizingError(
-            "extra_buffer_lazy requires the overlap schedule; drop --disable-overlap-schedule or use extra_buffer."
+            "extra_buffer_lazy requires the overlap schedule; drop SGLang's --disable-overlap-schedule or use "
+            'cache.mamba_radix_cache_strategy = "extra_buffer".'
         )
     if speculative_num_draft_tokens and mamba_track_interval < speculative_num_draft_tokens:
         raise PoolSizingError(

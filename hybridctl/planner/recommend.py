@@ -232,7 +232,7 @@ def _keep_default_ratio(
     kv_each = plan.max_total_num_tokens / max(1, plan.max_running_requests)
     ratio = Recommended(
         DEFAULT_MAMBA_FULL_MEMORY_RATIO,
-        f"SGLang's default (no --concurrency given): {plan.max_mamba_cache_size} state slots, "
+        f"no --concurrency given, so SGLang's default: {plan.max_mamba_cache_size} state slots, "
         f"{plan.max_total_num_tokens} KV tokens.",
     )
     running = Recommended(

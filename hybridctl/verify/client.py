@@ -143,7 +143,7 @@ class StreamTracker:
 def unreachable_message(url: str, exc: Exception) -> str:
     return (
         f"cannot reach the server at {url} ({type(exc).__name__}: {exc}). Is it running? Start it with "
-        "`hybridctl launch`, or pass the right address with --url (or fix [server] host/port in config.toml)."
+        "`hybridctl launch`; or pass the right address with --url (or fix [server] host/port in config.toml)."
     )
 
 

@@ -201,7 +201,7 @@ def _no_hits_reason(server_args: dict[str, Any]) -> str:
     """No warm request reused anything: the cache is off, or a strategy that cannot resume mid-sequence."""
     why = (
         "cached_tokens was 0 on every warm request: the prefix cache is off or not matching — check "
-        "disable_radix_cache ([runtime] in settings.json; --disable-radix-cache) and "
+        "disable_radix_cache ([runtime] in settings.json; the server's --disable-radix-cache) and "
         "enable_prefix_caching "
         "([cache] in config.toml)"
     )

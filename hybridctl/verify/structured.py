@@ -142,8 +142,8 @@ def judge_structured(answers: list[Answer], options: StructuredOptions) -> tuple
     if refused:
         reasons.append(
             f"{len(refused)} of {n} requests were refused ({refused[0].error}): the server does not take "
-            "sampling_params.json_schema — SGLang needs a grammar backend (--grammar-backend xgrammar or "
-            "llguidance, not none); the bundled runtime needs llguidance installed"
+            "sampling_params.json_schema — on SGLang --grammar-backend must be xgrammar or llguidance, not "
+            "none; the bundled runtime needs llguidance installed"
         )
     bad = [a for a in answered if not a.schema_valid]
     if rate < options.min_valid_rate and bad:

@@ -15,6 +15,7 @@ from hybridctl.cli import app
 from hybridctl.config.field_docs import iter_field_docs
 from hybridctl.config.loader import check_files, load_hybrid_config
 from hybridctl.config.schema import ConfigToml, HybridConfig
+from hybridctl.host.nvml import gpu_memory_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -146,8 +147,8 @@ def test_demo_builds_model_and_points_config_at_it(tmp_path: Path) -> None:
 
 
 def test_model_that_does_not_fit_writes_nothing(tmp_path: Path) -> None:
-    model = str(REPO / "templates/models/qwen3-next-80b-a3b.json")
-    result = run("init", "--out", str(tmp_path / "out"), "--model", model, "--gpu-mem-gib", "8")
+    model = "Qwen/Qwen3-Next-80B-A3B-Instruct"  # hybridctl's bundled config.json: an 80B model
+    result = run("init", "--out", str(tmp_path / "out"), "--model", model, "--gpu-mem-gib", "8", "--engine", "sglang")
     assert result.exit_code == 2
     assert "--tp" in result.output and "Nothing was written" in result.output
     assert not (tmp_path / "out").exists()
@@ -177,3 +178,103 @@ def test_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
         write_files({tmp_path / "config.toml": "new"}, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
     assert (tmp_path / "config.toml" / "keep").read_text() == "x"
+
+
+# --- a model this host does not hold; the engine init records -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typed", "bundled"),
+    [
+        ("Qwen/Qwen3-Next-80B-A3B-Instruct", "qwen3-next-80b-a3b"),
+        ("/models/Qwen3-Next-80B-A3B-Instruct", "qwen3-next-80b-a3b"),
+        ("/models/qwen3-next-80b-a3b-thinking-fp8/", "qwen3-next-80b-a3b"),
+        ("/srv/Qwen3-Next-80B-A3B-Instruct/config.json", "qwen3-next-80b-a3b"),
+        ("~/.cache/huggingface/hub/models--Qwen--Qwen3-Next-80B-A3B-Instruct/snapshots/0123abcd", "qwen3-next-80b-a3b"),
+        ("Qwen/Qwen3.5-35B-A3B", "qwen3.5-35b-a3b"),
+        ("qwen3_5-35b-a3b-fp8", "qwen3.5-35b-a3b"),
+        ("moonshotai/Kimi-Linear-48B-A3B-Instruct", "kimi-linear-48b-a3b"),
+        ("nvidia/Nemotron-H-8B-Base-8K", "nemotron-h-8b"),
+        ("NVIDIA-Nemotron-H-8B-Reasoning-128K", "nemotron-h-8b"),
+        ("tiiuae/Falcon-H1-7B-Instruct", "falcon-h1-7b"),
+        ("ibm-granite/granite-4.0-h-small", "granite-4.0-h-small"),
+        ("granite-4.0-H-Small-FP8", "granite-4.0-h-small"),
+        # another size of a family is another geometry; other models are not guessed at
+        ("tiiuae/Falcon-H1-34B-Instruct", None),
+        ("nvidia/Nemotron-H-47B-Base-8K", None),
+        ("Qwen/Qwen3-8B", None),
+        ("instruct", None),
+        ("", None),
+    ],
+)
+def test_bundled_checkpoints_are_matched_as_users_type_them(typed: str, bundled: str | None) -> None:
+    from hybridctl.model.bundled import match_bundled
+
+    found = match_bundled(typed)
+    assert (found.name if found else None) == bundled
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-Next-80B-A3B-Instruct", "/models/Qwen3-Next-80B-A3B-Instruct"])
+def test_a_model_not_on_this_host_is_written_as_given(tmp_path: Path, model: str) -> None:
+    result = run("init", "--out", str(tmp_path), "--model", model, "--tp", "4", "--gpu-mem-gib", "80", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert "bundled config.json for qwen3-next-80b-a3b" in data["notes"]["server.model_path"]
+    assert data["plan"]["max_total_num_tokens"] > 0  # sized from the bundled config
+    cfg = load_hybrid_config(tmp_path / "config.toml", tmp_path / "settings.json")
+    assert cfg.config.server.model_path == model
+    warnings = [(f["code"], f["severity"]) for f in data["findings"]]
+    # a path this host does not have is validate's warning (the server must hold it); a hub id SGLang downloads
+    assert warnings == ([] if model.startswith("Qwen/") else [("MODEL_PATH_NOT_FOUND", "warning")])
+    assert check_files(tmp_path / "config.toml", tmp_path / "settings.json").errors == []
+
+
+def test_an_unknown_model_not_on_this_host_is_a_clear_error(tmp_path: Path) -> None:
+    result = run("init", "--out", str(tmp_path), "--model", "meta-llama/Llama-3.1-8B-Instruct", "--engine", "sglang")
+    assert result.exit_code == 2
+    assert "pass a model directory or its config.json" in result.output.lower()
+    assert "qwen3-next-80b-a3b" in result.output  # the names hybridctl knows without the files
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(gpu_memory_bytes() is not None, reason="NVML sees a GPU here; auto is decided by it")
+def test_gpu_server_flags_record_sglang_where_auto_is_the_runtime(tmp_path: Path) -> None:
+    """`--tp 4 --gpu-mem-gib 80` (no --engine) on a GPU-less host: what validate, plan and launch accept."""
+    from hybridctl.launch.plan import auto_engine_here
+
+    if auto_engine_here() != "builtin":
+        pytest.skip("auto is SGLang here")
+    model = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+    flags = ("--model", model, "--tp", "4", "--gpu-mem-gib", "80")
+    result = run("init", "--out", str(tmp_path), *flags)
+    assert result.exit_code == 0, result.output
+    assert "server.engine: --tp 4 --gpu-mem-gib 80 describe a GPU server" in result.output
+    cfg = load_hybrid_config(tmp_path / "config.toml", tmp_path / "settings.json")
+    assert (cfg.config.server.engine, cfg.config.memory.gpu_mem_gib) == ("sglang", 80)
+    report = check_files(tmp_path / "config.toml", tmp_path / "settings.json", auto_engine=auto_engine_here())
+    assert [f for f in report.findings if f.severity != "info"] == []
+    # plan reads the recorded GPU size: no flag to pass again
+    plan = run("plan", str(tmp_path / "config.toml"), "--json")
+    assert plan.exit_code == 0, plan.output
+    again = run("init", "--out", str(tmp_path / "again"), *flags, "--json")
+    assert json.loads(plan.stdout)["max_total_num_tokens"] == json.loads(again.stdout)["plan"]["max_total_num_tokens"]
+
+
+@pytest.mark.skipif(gpu_memory_bytes() is not None, reason="NVML sees a GPU here; auto is decided by it")
+def test_auto_that_cannot_serve_the_model_here_names_the_engine_flag(tmp_path: Path) -> None:
+    from hybridctl.launch.plan import auto_engine_here
+
+    if auto_engine_here() != "builtin":
+        pytest.skip("auto is SGLang here")
+    result = run("init", "--out", str(tmp_path), "--model", "Qwen/Qwen3-Next-80B-A3B-Instruct")
+    assert result.exit_code == 2
+    assert "--engine sglang" in result.output and "Nothing was written" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_file_is_not_a_model_path(tmp_path: Path) -> None:
+    model = str(REPO / "templates/models/qwen3-next-80b-a3b.json")  # a file, not named config.json
+    result = run("init", "--out", str(tmp_path), "--model", model, "--engine", "sglang")
+    assert result.exit_code == 2
+    assert "model directory" in result.output and "Nothing was written" in result.output
+    assert list(tmp_path.iterdir()) == []

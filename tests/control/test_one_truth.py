@@ -66,13 +66,14 @@ def test_article_files_plan_and_doctor(tmp_path: Path) -> None:
     data = json.loads(plan.stdout)
     assert data["engine"] == "sglang" and data["mamba_full_memory_ratio"] == 0.35
     assert data["kv_bytes_per_token_total"] == 4 * data["kv_bytes_per_token_per_gpu"]
+    # The article's hub id is read from hybridctl's bundled config.json: 80B on one 80 GiB GPU does not fit.
     hub = cli("plan", config, "--gpu-mem-gib", "80")
-    assert hub.returncode == 2 and "Traceback" not in hub.stderr and "model" in hub.stderr
-    # --gpu-mem-gib on this GPU-less host: the SGLang server being planned; warnings, no errors.
+    assert hub.returncode == 1 and "Traceback" not in hub.stderr and "do not fit" in hub.stderr, hub.stderr
+    # --gpu-mem-gib on this GPU-less host: the SGLang server being planned; as plan, its pools do not fit.
     doctor = cli("doctor", "--config", config, "--gpu-mem-gib", "80", "--json")
-    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
+    assert doctor.returncode == 2 and "Traceback" not in doctor.stderr
     codes = {f["code"] for f in json.loads(doctor.stdout)["findings"]}
-    assert {"HOST_EXPOSED", "IGNORED_BY_ENGINE", "SPEC_ROLLBACK"} <= codes
+    assert {"HOST_EXPOSED", "IGNORED_BY_ENGINE", "SPEC_ROLLBACK", "MAMBA_POOL_ALLOC"} <= codes
 
 
 # --- duplicate keys, secrets --------------------------------------------------------------------------------
