@@ -94,6 +94,12 @@ _TP = typer.Option(None, "--tp", min=1, max=64, help="Tensor-parallel degree.")
 _GPU_MEM_GIB = typer.Option(
     None, "--gpu-mem-gib", min=0.001, help="Memory of one GPU in GiB (default: detected with NVML)."
 )
+_MEMORY_BUDGET_GIB = typer.Option(
+    None,
+    "--memory-budget-gib",
+    min=0.001,
+    help="Bundled runtime: the memory it sizes its pools in, GiB (memory.memory_budget_gib; default 4 on CPU).",
+)
 _MEM_FRACTION_STATIC = typer.Option(
     None, "--mem-fraction-static", min=0.0, max=1.0, help="Fraction of GPU memory for weights + pools."
 )
@@ -142,6 +148,7 @@ def plan(
     model: str | None = _MODEL,
     tp: int | None = _TP,
     gpu_mem_gib: float | None = _GPU_MEM_GIB,
+    memory_budget_gib: float | None = _MEMORY_BUDGET_GIB,
     mem_fraction_static: float | None = _MEM_FRACTION_STATIC,
     mamba_full_memory_ratio: float | None = _MAMBA_FULL_MEMORY_RATIO,
     mamba_ssm_dtype: str | None = _MAMBA_SSM_DTYPE,
@@ -179,6 +186,7 @@ def plan(
         model=model,
         tp=tp,
         gpu_mem_gib=gpu_mem_gib,
+        memory_budget_gib=memory_budget_gib,
         pool_bytes=pool_bytes,
         pool_gib=pool_gib,
         mem_fraction_static=mem_fraction_static,

@@ -39,6 +39,7 @@ class PlanRequest:
     max_running_requests: int | None = None
     sglang_version: str | None = None  # --sglang-version (issue 20): whose sizing code to follow
     max_total_tokens: int | None = None
+    memory_budget_gib: float | None = None  # --memory-budget-gib: memory.memory_budget_gib, the runtime's budget
     engine: str | None = None  # sglang | builtin | auto; None: [server] engine
     auto_engine: str = "sglang"  # what "auto" means on this host (launch's choice)
 
@@ -86,6 +87,7 @@ def _with_overrides(cfg: HybridConfig, req: PlanRequest) -> HybridConfig:
     for owner, key, value in (
         (mem, "mem_fraction_static", req.mem_fraction_static),
         (mem, "mamba_full_memory_ratio", req.mamba_full_memory_ratio),
+        (mem, "memory_budget_gib", req.memory_budget_gib),
         (cache, "mamba_radix_cache_strategy", req.mamba_radix_cache_strategy),
         (cache, "radix_cache_page_size", req.page_size),
         (out.settings.mamba, "state_dtype", req.mamba_ssm_dtype),
@@ -159,6 +161,11 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
                 f"{exc} (engine auto is the bundled runtime on this GPU-less host; to plan an SGLang server "
                 "instead, pass --gpu-mem-gib, one GPU's memory, or --engine sglang with it)"
             ) from None
+    if req.memory_budget_gib is not None:
+        raise PlanRequestError(
+            "--memory-budget-gib sizes the bundled runtime's budget; SGLang sizes its pools from the GPU's memory "
+            "(--gpu-mem-gib). Drop it, or pass --engine builtin."
+        )
     ssm_dtype = req.mamba_ssm_dtype or cfg.settings.mamba.state_dtype
     spec = load_model_spec(model, tp=tp, ssm_dtype=ssm_dtype)
 
