@@ -8,7 +8,8 @@ pool, the state pool) that says something could not be done (requires, does not 
 A family below is those three word classes; a message carries the family when it has all three. The setting
 may also come from where the exception was raised (the frames' modules: `disaggregation/`, `speculative/`,
 `mem_cache/mamba_radix_cache`, ...). When only some of the three are there, the family is the nearest code of
-an UNKNOWN_FAILURE, and the missing part is the reason it was not assigned.
+an UNKNOWN_FAILURE, and the missing part is the reason it was not assigned. A traceback whose message says too
+little for any family ("AssertionError", "'NoneType' object ...") is left to the signatures (log_signatures.py).
 
 Families are tried in the order of the message patterns (most specific setting first): a message about the
 PD transfer of a state is PD_STATE_MISMATCH even though it also names the state pool.
@@ -146,7 +147,9 @@ def match_family(message: str, frames: str = "") -> FamilyMatch | None:
         if setting is None and frames:
             frame_hit = next((p.search(frames) for code, p in _FRAME_SETTING if code == fam.code), None)
             setting, where = frame_hit, "frames"
-        state = fam.state.search(message) or (fam.state.search(frames) if frames else None)
+        # The state must be named by the message itself: every frame of a hybrid model's server passes through
+        # mamba-named code, so frames naming it say nothing about what went wrong.
+        state = fam.state.search(message)
         constraint = fam.constraint.search(message)
         parts = tuple(
             f"{what}: {_word(m)}" + (" (frames)" if what == "setting" and where == "frames" else "")

@@ -91,7 +91,8 @@ def clean_line(raw: str) -> tuple[str, str, str]:
     return line, message, rank
 
 
-def scan_log(raw_lines: Iterable[str]) -> LogScan:
+def scan_log(raw_lines: Iterable[str], patterns: tuple[LogPattern, ...] = PATTERNS) -> LogScan:
+    """`patterns`: the message patterns to use (all of them; a test leaves some out to measure the rest)."""
     scan = LogScan()
     seen: dict[str, LogMatch] = {}
     messages: list[str] = []
@@ -105,7 +106,7 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
         if prefixed or ranks:
             rank = ranks or rank
         tracebacks.feed(number, message, prefixed, rank)
-        claimed = _claims(entry)
+        claimed = _claims(entry, patterns)
         for pattern in claimed:
             _record(seen, pattern, number, line, rank, weak=in_source)
         if not claimed and not in_source and len(scan.errors) < _MAX_ERRORS and _ERRORISH.search(message):
@@ -135,27 +136,27 @@ def scan_log(raw_lines: Iterable[str]) -> LogScan:
     return scan
 
 
-def _first_claim(text: str) -> tuple[LogPattern | None, tuple[int, int]] | None:
+def _first_claim(text: str, patterns: tuple[LogPattern, ...]) -> tuple[LogPattern | None, tuple[int, int]] | None:
     """The first (most specific) pattern that matches, with its span: one message, one failure. A message that
     calls itself harmless claims its text for nothing (pattern None)."""
     if not _ANY_PATTERN.search(text):
         return None
     if benign := _BENIGN.search(text):
         return None, (0, benign.end())
-    for pattern in PATTERNS:
+    for pattern in patterns:
         if m := pattern.regex.search(text):
             return pattern, m.span()
     return None
 
 
-def _claims(entry: LogLine) -> list[LogPattern]:
+def _claims(entry: LogLine, patterns: tuple[LogPattern, ...]) -> list[LogPattern]:
     """The patterns one entry carries. A wrapped message is matched whole (with a space at each break, then
     glued, for a word the wrap split); a piece outside that match is another message joined to it (a log
     without prefixes), matched on its own."""
-    hit = _first_claim(entry.message)
+    hit = _first_claim(entry.message, patterns)
     if len(entry.segments) <= 1:
         return [hit[0]] if hit and hit[0] else []
-    if hit is None and (glued := _first_claim(entry.glued)) is not None:
+    if hit is None and (glued := _first_claim(entry.glued, patterns)) is not None:
         return [glued[0]] if glued[0] else []
     out = [hit[0]] if hit and hit[0] else []
     span = hit[1] if hit else (0, 0)
@@ -164,7 +165,7 @@ def _claims(entry: LogLine) -> list[LogPattern]:
         start, offset = offset, offset + len(piece) + 1
         if hit and start < span[1] and offset - 1 > span[0]:
             continue  # part of the message the whole entry matched
-        own = _first_claim(piece)
+        own = _first_claim(piece, patterns)
         if own is not None and own[0] is not None and own[0] not in out:
             out.append(own[0])
     return out
