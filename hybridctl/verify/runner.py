@@ -67,6 +67,13 @@ def resolve_target(
                 f"--api-key-env names {api_key_env}, but that environment variable is unset or "
                 f"empty; export {api_key_env}=<key> first (the key itself never goes on the command line)"
             )
+    if key is not None and not (key.isascii() and key.isprintable()):
+        # An HTTP header carries printable ASCII; anything else fails inside the client on the first request.
+        variable = api_key_env or config.config.server.api_key_env if config is not None else api_key_env
+        raise TargetError(
+            f"the API key in ${variable} holds characters an HTTP Authorization header cannot carry (non-ASCII or "
+            f"control characters); export {variable}=<the key as the server was given it>"
+        )
     return Target(url=url.rstrip("/"), api_key=key, timeout_s=timeout_s)
 
 
@@ -74,9 +81,13 @@ def _has_host(url: str) -> bool:
     import httpx
 
     try:
-        return bool(httpx.URL(url).host)
-    except httpx.InvalidURL:  # e.g. an unclosed IPv6 bracket or a port that is not a number
+        host = httpx.URL(url).host
+        # What the resolver does with the name: a label over 63 characters (or a name over 253) cannot be
+        # looked up, and would surface as a UnicodeError from deep inside the connection.
+        host.encode("idna")
+    except (httpx.InvalidURL, UnicodeError):  # e.g. an unclosed IPv6 bracket or a port that is not a number
         return False
+    return bool(host)
 
 
 def load_config(config_path: str | None, settings_path: str | None) -> HybridConfig | None:

@@ -1,0 +1,252 @@
+"""Wrong input of every family to every command: an `error:` line (or a finding) that names the file or key, the
+documented exit code, and never a Python traceback.
+
+Each case runs `python -m hybridctl` in a subprocess, as a user would: the CLI entry's own handling is part of
+what is checked. The families: bytes a text file should not hold (not UTF-8, NUL, a BOM, binary garbage,
+nothing at all), paths the OS refuses (longer than a file name may be, under a file, a symlink loop, a directory
+where a file belongs), values out of range (pids beyond pid_t, negative, JSON nested past the stack) and servers
+that are not there. Exit codes are the documented ones: validate/plan/launch/doctor 2 for unusable input
+(docs/configuration.md, planner.md, launch.md, doctor.md), status 2 for a corrupt state file and stop 2
+(launch.md), verify/bench 2 for an unreachable server (verify-basic.md, bench.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+LONG = "a" * 300  # one path component longer than any file system's NAME_MAX (255)
+GOOD_CONFIG = '[server]\nmodel_path = "/models/m"\n'
+
+# What a text file can hold that it should not.
+ODD_BYTES: dict[str, bytes] = {
+    "not-utf8": b'[server]\nmodel_path = "/models/\xff\xfe"\n',
+    "nul-bytes": b'[server]\x00\nmodel_path = "/models/m\x00"\n',
+    "bom-then-garbage": b"\xef\xbb\xbf\x00\x01\x02[[[",
+    "binary": bytes(range(256)) * 8,
+    "empty": b"",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    args: tuple[str, ...]
+    code: int  # the documented exit code
+    names: str  # what the message must name (a file, a key, an address)
+    setup: Callable[[Path], None] = lambda d: None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _write(name: str, data: bytes | str, with_config: bool = True) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+        if with_config and name != "config.toml" and not (d / "config.toml").exists():
+            (d / "config.toml").write_text(GOOD_CONFIG)
+
+    return setup
+
+
+def _state(entry: dict[str, object] | None = None, raw: bytes | None = None) -> Callable[[Path], None]:
+    process = {"role": "server", "pid": 4242, "start_ticks": 1, "url": "http://127.0.0.1:30000",
+               "log_path": "/tmp/x.log", "argv": ["python"]}  # fmt: skip
+    process.update(entry or {})
+    state = {"engine": "builtin", "url": "http://127.0.0.1:30000", "config_path": "c", "settings_path": "s",
+             "started_at": 1.0, "processes": [process]}  # fmt: skip
+    return _write(".hybridctl/server.json", raw if raw is not None else json.dumps(state).encode())
+
+
+def _symlink_loop(name: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(Path(name).name, d / name)
+        if not (d / "config.toml").exists():
+            (d / "config.toml").write_text(GOOD_CONFIG)
+
+    return setup
+
+
+def _directory(name: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / name).mkdir(parents=True)
+        if name != "config.toml":
+            (d / "config.toml").write_text(GOOD_CONFIG)
+
+    return setup
+
+
+def _cases() -> dict[str, Case]:
+    cases: dict[str, Case] = {}
+    config_commands = {
+        "validate": ("validate", "config.toml"),
+        "plan": ("plan", "config.toml", "--gpu-mem-gib", "80"),
+        "launch": ("launch", "config.toml", "--dry-run"),
+        "doctor": ("doctor", "config.toml", "--gpu-mem-gib", "80"),
+    }
+    # config.toml and settings.json holding bytes that are not a config.
+    for family, data in ODD_BYTES.items():
+        for cmd, args in config_commands.items():
+            cases[f"{cmd}-config-{family}"] = Case(args, 2, "config.toml", _write("config.toml", data))
+        cases[f"validate-settings-{family}"] = Case(
+            ("validate", "config.toml"), 2, "settings.json", _write("settings.json", data)
+        )
+        cases[f"plan-settings-{family}"] = Case(
+            ("plan", "config.toml", "--gpu-mem-gib", "80"), 2, "settings.json", _write("settings.json", data)
+        )
+    # Config values naming paths the OS cannot look up.
+    values = {
+        "model-relative-too-long": f'[server]\nmodel_path = "{LONG}"\n',
+        "model-absolute-too-long": f'[server]\nmodel_path = "/{LONG}/m"\n',
+        "model-nested-too-long": f'[server]\nmodel_path = "models/{LONG}/{LONG}"\n',
+        "model-nul": '[server]\nmodel_path = "a\\u0000b"\n',
+        "tokenizer-too-long": f'[server]\nmodel_path = "/models/m"\ntokenizer_path = "{LONG}"\n',
+        "draft-too-long": (
+            f'[server]\nmodel_path = "/models/m"\n[speculative]\nspeculative_draft_model_path = "{LONG}"\n'
+        ),
+    }
+    keys = {"tokenizer-too-long": "tokenizer_path", "draft-too-long": "speculative_draft_model_path"}
+    for family, text in values.items():
+        key = keys.get(family, "model_path")
+        for cmd, args in config_commands.items():
+            if cmd == "plan" and family in keys:
+                continue  # plan sizes from the model alone; /models/m is missing before these are read
+            cases[f"{cmd}-{family}"] = Case(args, 2, key, _write("config.toml", text))
+    # The config path itself: too long, under a file, a loop, a directory.
+    paths = {
+        "arg-too-long": (LONG + ".toml", lambda d: None),
+        "arg-dir-too-long": (f"{LONG}/config.toml", lambda d: None),
+        "arg-under-a-file": ("f/config.toml", _write("f", "x")),
+        "arg-symlink-loop": ("loop.toml", _symlink_loop("loop.toml")),
+        "arg-directory": ("dir.toml", _directory("dir.toml")),
+    }
+    for family, (arg, setup) in paths.items():
+        shown = arg.split("/")[0][:40]
+        cases[f"validate-{family}"] = Case(("validate", arg), 2, shown, setup)
+        cases[f"plan-{family}"] = Case(("plan", arg, "--gpu-mem-gib", "80"), 2, shown, setup)
+        cases[f"launch-{family}"] = Case(("launch", arg, "--dry-run"), 2, shown, setup)
+        cases[f"validate-settings-{family}"] = Case(("validate", "config.toml", arg), 2, shown, setup)
+        cases[f"doctor-log-{family}"] = Case(("doctor", "--log", arg), 2, "--log", setup)
+    for family, arg in (("too-long", LONG), ("under-a-file", "f/out")):
+        setup = _write("f", "x")
+        cases[f"init-out-{family}"] = Case(("init", "--out", arg), 2, arg.split("/")[0][:40], setup)
+        cases[f"schema-out-{family}"] = Case(("schema", "--out", arg), 2, arg.split("/")[0][:40], setup)
+    cases["init-out-symlink-loop"] = Case(("init", "--out", "loop"), 2, "loop", _symlink_loop("loop"))
+    # The launch state file behind status and stop.
+    states = {
+        "pid-2^31": _state({"pid": 2**31}),
+        "pid-2^63": _state({"pid": 2**63}),
+        "pid-2^200": _state({"pid": 2**200}),
+        "pid-negative": _state({"pid": -7}),
+        "pid-negative-huge": _state({"pid": -(2**40)}),
+        "pid-float": _state({"pid": 1e30}),
+        "pid-string": _state({"pid": "12"}),
+        "nested-too-deep": _state(raw=b"[" * 200_000),
+        "not-utf8": _state(raw=b'{"engine": "\xff"}'),
+        "nul-bytes": _state(raw=b'{"engine": "a\x00"}'),
+        "bom": _state(raw=b"\xef\xbb\xbf{}"),
+        "binary": _state(raw=bytes(range(256))),
+        "empty": _state(raw=b""),
+        "directory": _directory(".hybridctl/server.json"),
+        "symlink-loop": _symlink_loop(".hybridctl/server.json"),
+    }
+    for family, setup in states.items():
+        cases[f"status-state-{family}"] = Case(("status", "config.toml"), 2, "server.json", setup)
+        cases[f"status-json-state-{family}"] = Case(("status", "config.toml", "--json"), 2, "server.json", setup)
+        cases[f"stop-state-{family}"] = Case(("stop", "config.toml"), 2, "server.json", setup)
+    cases["status-config-symlink-loop"] = Case(("status", "loop.toml"), 2, "loop.toml", _symlink_loop("loop.toml"))
+    # doctor --log with bytes no log should hold: read, judged, never a crash (0: nothing found in them).
+    for family, data in ODD_BYTES.items():
+        setup = _write("server.log", data, with_config=False)
+        cases[f"doctor-log-{family}"] = Case(("doctor", "--log", "server.log"), 0, "server.log", setup)
+    # Servers that are not there.
+    for family, url, names in (
+        ("refused", "http://127.0.0.1:9", "cannot reach"),
+        ("ipv6-refused", "http://[::1]:9", "cannot reach"),
+        ("host-too-long", f"http://{LONG}.invalid:30000", "--url"),
+        ("label-too-long", f"http://{'b' * 64}.example:30000", "--url"),
+    ):
+        cases[f"verify-{family}"] = Case(("verify", "basic", "--url", url), 2, names)
+        cases[f"bench-{family}"] = Case(("bench", "--url", url, "--num-prompts", "2"), 2, names)
+    # An API key an HTTP header cannot carry: named before any request is sent.
+    for family, key in (("non-ascii", "clé-ü"), ("control-char", "a\x01b"), ("newline", "a\nInjected: 1")):
+        env = (("HYBRIDCTL_TEST_KEY", key),)
+        for cmd in (("verify", "basic"), ("bench",)):
+            args = (*cmd, "--url", "http://127.0.0.1:9", "--api-key-env", "HYBRIDCTL_TEST_KEY")
+            cases[f"{cmd[0]}-api-key-{family}"] = Case(args, 2, "HYBRIDCTL_TEST_KEY", env=env)
+    return cases
+
+
+CASES = _cases()
+
+
+def _run(
+    args: tuple[str, ...], cwd: Path, extra: tuple[tuple[str, str], ...] = ()
+) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "COLUMNS": "80", **dict(extra)}
+    env.pop("HYBRIDCTL_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "hybridctl", *args], cwd=cwd, capture_output=True, timeout=120, env=env
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_wrong_input_gets_a_named_error_and_the_documented_code(tmp_path: Path, name: str) -> None:
+    case = CASES[name]
+    case.setup(tmp_path)
+    proc = _run(case.args, tmp_path, case.env)
+    out = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+    assert "Traceback" not in out, out
+    assert "failed unexpectedly" not in out, out  # the CLI's safety net: a cause nobody handled
+    assert proc.returncode == case.code, out
+    assert case.names in out, out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+@pytest.mark.parametrize(
+    ("args", "target", "names"),
+    [
+        (("validate", "config.toml"), "config.toml", "config.toml"),
+        (("validate", "config.toml"), "settings.json", "settings.json"),
+        (("plan", "config.toml", "--gpu-mem-gib", "80"), "config.toml", "config.toml"),
+        (("status", "config.toml"), ".hybridctl/server.json", "server.json"),
+        (("doctor", "--log", "server.log"), "server.log", "server.log"),
+    ],
+)
+def test_unreadable_files_are_named(tmp_path: Path, args: tuple[str, ...], target: str, names: str) -> None:
+    _write(target, GOOD_CONFIG if target == "config.toml" else "{}")(tmp_path)
+    (tmp_path / target).chmod(0)
+    proc = _run(args, tmp_path)
+    out = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+    assert "Traceback" not in out and "failed unexpectedly" not in out, out
+    assert proc.returncode == 2 and names in out, out
+
+
+def test_an_unexpected_failure_is_one_line_and_its_traceback_is_one_variable_away(tmp_path: Path) -> None:
+    """An exception no command handles (a command added here that raises one, since every real cause the tests
+    above know is handled) ends in one `error:` line naming the command, exit 2; HYBRIDCTL_DEBUG=1 shows the
+    traceback."""
+    code = (
+        "import sys\n"
+        "from hybridctl.cli import app, main\n"
+        "@app.command('explode')\n"
+        "def explode() -> None:\n"
+        "    raise RuntimeError('disk on fire')\n"
+        "sys.argv = ['hybridctl', 'explode']\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HYBRIDCTL_DEBUG"}
+    plain = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr, plain.stderr
+    assert plain.stderr.startswith("error: hybridctl explode failed unexpectedly: RuntimeError: disk on fire")
+    assert "HYBRIDCTL_DEBUG=1" in plain.stderr
+    debug = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                           env={**env, "HYBRIDCTL_DEBUG": "1"})  # fmt: skip
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "disk on fire" in debug.stderr
