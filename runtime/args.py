@@ -481,6 +481,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RuntimeArgs:
     ns = parser.parse_args(argv)
     _check_values(parser, ns)
     _read_api_key_env(parser, ns)
+    if ns.api_key is not None and not (ns.api_key.isascii() and ns.api_key.isprintable()):
+        # No client could send it: an HTTP header carries printable ASCII (httpx and requests refuse the rest).
+        parser.error(
+            "--api-key: the key holds non-ASCII or control characters, which an 'Authorization: Bearer' header "
+            "cannot carry; use printable ASCII (e.g. `openssl rand -hex 32`)"
+        )
     if ns.max_request_body_bytes is not None and ns.max_request_body_bytes < 1024:
         parser.error(f"--max-request-body-bytes {ns.max_request_body_bytes}: must be >= 1024")
     known: dict[str, Any] = {f.name: getattr(ns, f.name) for f in fields(RuntimeArgs)}
