@@ -107,7 +107,7 @@ def doctor(
         None, "--peer", help="The other PD server's config.toml: compare recurrent-state shapes and dtypes."
     ),
     gpu_mem_gib: float | None = typer.Option(
-        None, "--gpu-mem-gib", min=0.1, help="GPU memory to plan for (default: the first GPU's)."
+        None, "--gpu-mem-gib", min=0.001, help="GPU memory to plan for (default: the first GPU's)."
     ),
     fix: bool = typer.Option(False, "--fix", help="Write the suggested changes into config.toml / settings.json."),
     yes: bool = typer.Option(False, "--yes", "-y", help="With --fix: do not ask for confirmation."),

@@ -64,7 +64,9 @@ def launch(
     sglang_version: str | None = typer.Option(
         None, "--sglang-version", help="Write SGLang flags for this version (default: the installed one)."
     ),
-    timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for the server to become healthy."),
+    timeout: float = typer.Option(
+        900.0, "--timeout", min=1.0, help="Seconds to wait for the server to become healthy."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan / result as JSON."),
 ) -> None:
     """Serve CONFIG with SGLang or the bundled runtime; wait until ready and show the pools it allocated.

@@ -107,9 +107,9 @@ _MIN_CACHED = typer.Option(
 )
 _MAX_NEW = typer.Option(4, "--max-new-tokens", help="Tokens generated per prefix-cache request.")
 _SEED = typer.Option(0, "--seed", help="Seed for documents, questions and the bootstrap.")
-_SPEC_REQ = typer.Option(4, "--spec-requests", help="Requests the spec check sends.")
+_SPEC_REQ = typer.Option(4, "--spec-requests", min=1, help="Requests the spec check sends.")
 _MIN_ACCEPT = typer.Option(
-    1.5, "--min-accept-length", help="Pass when the mean accept length is at least this."
+    1.5, "--min-accept-length", min=0.0, help="Pass when the mean accept length is at least this."
 )
 
 
@@ -217,7 +217,9 @@ def verify_spec(
 
 _S_REQUESTS = typer.Option(20, "--requests", help="JSON-schema requests to send.")
 _S_MAX_NEW = typer.Option(256, "--max-new-tokens", help="Token budget per answer (a cut answer is invalid).")
-_S_TEMP = typer.Option(1.0, "--temperature", help="Sampling temperature (1.0: the grammar alone keeps it valid).")
+_S_TEMP = typer.Option(
+    1.0, "--temperature", min=0.0, help="Sampling temperature (1.0: the grammar alone keeps it valid)."
+)
 _S_CONC = typer.Option(8, "--concurrency", help="Requests in flight at once.")
 _S_RATE = typer.Option(1.0, "--min-valid-rate", help="Pass when at least this fraction of answers validate.")
 _S_SCHEMA = typer.Option(None, "--schema", help="JSON schema file (default: a built-in record schema).")

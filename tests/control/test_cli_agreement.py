@@ -5,12 +5,15 @@ refused before any work with the limit the help states, and a missing file is na
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from hybridctl.cli import app
@@ -80,3 +83,38 @@ def test_status_of_an_existing_config_with_nothing_launched_is_not_running(tmp_p
     config.write_text("")
     proc = _hybridctl("status", str(config), "--json")
     assert proc.returncode == 3 and json.loads(proc.stdout)["running"] is False
+
+
+def _options() -> list[tuple[str, Any]]:
+    """(command, parameter) for every command; typer may bring its own click, so groups are found by shape."""
+    out: list[tuple[str, Any]] = []
+
+    def walk(cmd: Any, name: str) -> None:
+        if hasattr(cmd, "commands"):
+            for sub_name, sub in cmd.commands.items():
+                walk(sub, f"{name} {sub_name}".strip())
+        else:
+            out.extend((name, p) for p in cmd.params)
+
+    walk(typer.main.get_command(app), "")
+    return out
+
+
+def test_every_value_a_help_text_gives_a_meaning_is_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "(0: no limit)" promises that 0 is taken: neither the option's range nor the command's own checks may
+    # refuse it. Each command runs with that value (against a closed port where it takes --url) and must fail,
+    # if at all, for another reason.
+    monkeypatch.chdir(tmp_path)
+    url = f"http://127.0.0.1:{_closed_port()}"
+    promised = []
+    options = _options()
+    for command, param in options:
+        for m in re.finditer(r"\((-?\d+(?:\.\d+)?|inf): ", getattr(param, "help", None) or ""):
+            flag, value = param.opts[0], m.group(1)
+            promised.append((command, flag, value))
+            args = [*command.split(), flag, value]
+            if any(p.opts[0] == "--url" for c, p in options if c == command):
+                args += ["--url", url]
+            out = runner.invoke(app, args).output
+            assert "Invalid value" not in out and f"{flag} must" not in out, (args, out)
+    assert ("bench", "--max-concurrency", "0") in promised and len(promised) >= 3
