@@ -14,6 +14,7 @@ effect shows later, what the log shows after it. Two checks can take a finding b
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from hybridctl.doctor.findings import CODES, DoctorFinding
@@ -23,6 +24,13 @@ from hybridctl.doctor.log_traceback import Traceback
 
 # Warnings that predict a failure instead of reporting one: kept only when the log after them confirms it.
 PRECURSORS = frozenset({"sglang_checkpoint_skip"})
+# Where a server builds, resizes, pauses or resumes its memory pools (frames), or what such a failure says.
+_POOL_SETUP = re.compile(
+    r"init_memory_pool|_init_pools|memory_pool|token_to_kv_pool|req_to_token_pool|KVPool|MambaPool|kv_cache"
+    r"|alloc\w*|resume_memory_occupation|release_memory_occupation|page_allocator|map_pages",
+    re.IGNORECASE,
+)
+_POOL_WORDS = re.compile(r"memory|\bpool\b|kv cache|cache type|\bpages?\b|attention type|hybrid", re.IGNORECASE)
 
 
 def frames_text(tb: Traceback) -> str:
@@ -50,6 +58,18 @@ def context_basis(scan: LogScan) -> list[str]:
 
 def family_of(tb: Traceback) -> FamilyMatch | None:
     return match_family(f"{tb.exc_type}: {tb.message}", frames_text(tb))
+
+
+def plugin_stack(tb: Traceback, scan: LogScan) -> str | None:
+    """An elastic-memory stack (kvcached, torch_memory_saver, unified memory) active before a crash in the
+    memory pools' set-up: the stack's failure even when its own frames and words are absent from the traceback."""
+    active = [(line, name) for name, line in scan.plugins.items() if line <= tb.end]
+    if not active or not tb.fatal or not tb.exc_type:
+        return None
+    if not (_POOL_SETUP.search(frames_text(tb)) or _POOL_WORDS.search(tb.message)):
+        return None
+    line, name = min(active)
+    return f"plugin stack: {name} active (line {line}); the crash is in the memory pools' set-up"
 
 
 def gate_by_model(found: list[DoctorFinding], scan: LogScan) -> tuple[list[DoctorFinding], list[DoctorFinding]]:

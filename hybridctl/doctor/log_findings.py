@@ -17,6 +17,7 @@ from hybridctl.doctor.log_evidence import (
     context_basis,
     family_of,
     gate_by_model,
+    plugin_stack,
     traceback_basis,
     withheld_reason,
 )
@@ -153,6 +154,17 @@ def _traceback_findings(
             continue
         fam = family_of(tb)
         if fam is None or not fam.full or not tb.fatal or not tb.exc_type:
+            if (stack := plugin_stack(tb, scan)) is not None:
+                done.add(tb.key())
+                fix, changes = _fix("elastic_off", scan, inp)
+                cause = (
+                    "The server's elastic-memory stack failed while the memory pools were being set up, resized or "
+                    f"resumed: {_exception_line(tb)[:200]} (raised in {_where(tb)})."
+                )
+                basis = (stack, *traceback_basis(tb), *context)
+                out.append(DoctorFinding(
+                    "ELASTIC_TIMEOUT", "error", cause, fix, changes, "log", tb.end, _exception_line(tb), 1, basis
+                ))  # fmt: skip
             continue
         done.add(tb.key())
         fix, changes = _fix(fam.family.remedy, scan, inp)

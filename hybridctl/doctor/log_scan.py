@@ -20,6 +20,13 @@ from hybridctl.logs.startup import StartupInfo, parse_startup
 
 _MAX_EVIDENCE = 400
 _MAX_ERRORS = 200
+# An elastic-memory stack at work in this server: kvcached's own log lines, torch_memory_saver, SGLang's unified
+# memory pool. A start-up crash in the memory pools of such a server is that stack's failure.
+_PLUGIN = re.compile(
+    r"\[kvcached\]|\bkvcached\b|torch_memory_saver|enable_unified_memory'?\s*[:=]\s*True|--enable-unified-memory\b"
+    r"|UNIFIED MEMORY POOL ENABLED",
+    re.IGNORECASE,
+)
 # A line that reports an error (an exception named, an ERROR level, something that failed): the only lines whose
 # words the message families read, so a healthy line that merely names a feature is never evidence.
 _ERRORISH = re.compile(r"\w(?:Error|Exception)\b|\bERROR\b|\[ERROR\]|\bfailed\b|\bexception\b|^assert", re.I)
@@ -81,6 +88,7 @@ class LogScan:
     dialect: LogDialect = field(default_factory=LogDialect)
     model: ModelEvidence = field(default_factory=ModelEvidence)  # does the model carry recurrent state?
     prefills: list[tuple[int, int]] = field(default_factory=list)  # (line, cached tokens) of each prefill
+    plugins: dict[str, int] = field(default_factory=dict)  # elastic-memory stack seen active -> first line
     errors: list[tuple[int, str, str]] = field(default_factory=list)  # (line, evidence, message): error lines
     # that no pattern claimed, for the message families (log_families.py)
 
@@ -128,6 +136,8 @@ def scan_log(raw_lines: Iterable[str], patterns: tuple[LogPattern, ...] = PATTER
                 scan.server_args.setdefault("tp_size" if key == "tp" else key, value or "True")
             scan.server_args_line = scan.server_args_line or number
         scan.model.read(message)
+        if not message.lstrip().startswith("File ") and (plugin := _PLUGIN.search(message)):
+            scan.plugins.setdefault(plugin.group(0).lower().strip("[]-' "), number)
     scan.matches = sorted(seen.values(), key=lambda m: m.line)
     scan.tracebacks = tracebacks.finish()
     scan.deaths = tracebacks.deaths

@@ -44,7 +44,9 @@ _ENGINE_STATE = re.compile(
 )
 _ENGINE_NO_STATE = re.compile(r"hybrid_ssm=False")
 # An engine message about sliding-window hybrids: "... for non-MLA SWA hybrid models yet".
-_SWA_ONLY = re.compile(r"\bfor (?:non-MLA )?(?:SWA|sliding[- ]window) hybrid models?\b", re.IGNORECASE)
+_SWA_ONLY = re.compile(
+    r"\b(?:for|with) (?:TP-mismatched )?(?:non-MLA )?(?:SWA|sliding[- ]window)(?: hybrid)? models?\b", re.IGNORECASE
+)
 
 
 def classify(name: str) -> bool | None:

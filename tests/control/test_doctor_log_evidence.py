@@ -109,3 +109,21 @@ def test_a_family_needs_all_three_parts_and_unknown_failure_says_which_was_missi
 def test_an_error_line_outside_a_traceback_is_read_for_its_family() -> None:
     (f,) = diagnose("ho_pd_mori_single_index")
     assert f.code == "PD_STATE_MISMATCH" and f.line == 1 and f.basis[0].startswith("message family: ")
+
+
+def test_a_crash_in_pool_set_up_under_an_elastic_stack_is_that_stacks_failure() -> None:
+    """kvcached patched the pools and logged its start; the traceback itself only shows SGLang's frames."""
+    lines = [
+        "[2026-06-01 09:00:00] Load weight end. type={arch}, dtype=torch.bfloat16, avail mem=60.00 GB",
+        "[kvcached][INFO][2026-06-01 09:00:01][page_allocator.py:152] Init kvcached KV cache allocator: num_layers=12",
+        "[2026-06-01 09:00:01] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/venv/lib/python3.12/site-packages/sglang/srt/model_executor/model_runner.py", line 1990, in '
+        "init_memory_pool",
+        "NotImplementedError: Hybrid models with more than one KV cache type are not supported yet",
+    ]
+    (f,) = diagnose_lines([line.format(arch="Qwen3NextForCausalLM") for line in lines])
+    assert f.code == "ELASTIC_TIMEOUT" and f.basis[0].startswith("plugin stack: kvcached active (line 2)")
+    (g,) = diagnose_lines([line.format(arch="GptOssForCausalLM") for line in lines])
+    assert g.code == UNKNOWN_FAILURE  # the same crash for a model without recurrent state
+    without_stack = [line.format(arch="Qwen3NextForCausalLM") for line in lines if "kvcached" not in line]
+    assert codes_of(diagnose_lines(without_stack)) == [UNKNOWN_FAILURE]
