@@ -193,7 +193,7 @@ def wait_ready(
         time.sleep(0.5)
 
 
-def _refuse_if_running(state_path: Path) -> None:
+def _refuse_if_running(state_path: Path, config_path: str | os.PathLike[str]) -> None:
     try:
         state = read_state(state_path)
     except StateFileError as exc:
@@ -202,7 +202,7 @@ def _refuse_if_running(state_path: Path) -> None:
         pids = ", ".join(str(p.pid) for p in state.processes if p.alive())
         raise LaunchError(
             f"a server from this config already runs at {state.url} (pid {pids}; state {state_path}). "
-            "Fix: `hybridctl stop` first, or use another config directory."
+            f"Fix: `{shlex.join(['hybridctl', 'stop', str(config_path)])}` first, or use another config directory."
         )
 
 
@@ -270,7 +270,7 @@ def start_server(
     if python is None:
         _refuse_if_engine_missing(plan)
     state_path = state_path_for(config_path)
-    _refuse_if_running(state_path)
+    _refuse_if_running(state_path, config_path)
     for command in plan.commands:
         _refuse_if_port_busy(command)
     state = ServerState(

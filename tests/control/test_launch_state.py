@@ -167,3 +167,27 @@ def test_launch_refuses_beside_a_corrupt_state_file(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="corrupt.*remove"):
         start_server(config, plan=plan)
     assert path.exists() and not (tmp_path / "hybridctl-server.log").exists()
+
+
+def test_launch_beside_a_running_server_names_the_stop_that_works(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # launch refuses while this config's server runs; the fix is the stop of *this* config (a bare
+    # `hybridctl stop` reads ./config.toml, which may be another one or none).
+    import time
+
+    from hybridctl.launch import LaunchError, start_server
+    from hybridctl.launch.command import EngineCommand
+    from hybridctl.launch.plan import LaunchPlan
+
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{sleeper.pid}/cmdline").read_bytes().startswith(b"sleep"):  # exec'd yet?
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    config, _path = _write(tmp_path, _state(sleeper.pid, process_start_ticks(sleeper.pid), ["sleep", "300"]))
+    plan = LaunchPlan("builtin", "test", [EngineCommand("builtin", "server", ["true"], "127.0.0.1", 9)])
+    with pytest.raises(LaunchError, match="already runs") as refused:
+        start_server(config, plan=plan)
+    assert f"hybridctl stop {config}" in str(refused.value)
+    stopped = _hybridctl("stop", str(config), "--json")  # and that command does stop it
+    assert stopped.returncode == 0 and json.loads(stopped.stdout)["stopped"] == [sleeper.pid]
