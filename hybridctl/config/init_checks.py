@@ -24,6 +24,7 @@ class ModelChoice:
     model_path: str
     source: Path
     note: str | None = None
+    on_this_host: bool = True  # False: a bundled config.json stands in for a model the server holds
 
 
 def choose_model(model: str) -> ModelChoice:
@@ -50,7 +51,24 @@ def choose_model(model: str) -> ModelChoice:
             f"--model {model}: no such file or directory here, and not a checkpoint hybridctl bundles a "
             f"config.json for. Pass a model directory or its config.json; {known_names_hint()}."
         )
-    return ModelChoice(model, bundled.config_json, bundled.note() + "; the server must hold the model at this path")
+    note = bundled.note() + "; the server must hold the model at this path"
+    return ModelChoice(model, bundled.config_json, note, on_this_host=False)
+
+
+def refuse_remote_model_on_builtin(choice: ModelChoice, decision: EngineDecision) -> None:
+    """The bundled runtime loads the model from this machine: a model that is not here cannot be sized for it
+    (validate's MODEL_PATH_NOT_FOUND), and is refused before the sizing error would hide why."""
+    if choice.on_this_host or decision.resolved != "builtin":
+        return
+    from hybridctl.config.server_rules import is_hub_id
+
+    other = "" if decision.hint() else " Or pass --engine sglang to write the config for a GPU server."
+    hub_id = choice.model_path if is_hub_id(choice.model_path) else "ORG/NAME"
+    raise InitError(
+        f"--model {choice.model_path}: not on this host, and the bundled runtime (engine {decision.written} here) "
+        f"loads a model directory from this machine. Download it (huggingface-cli download {hub_id} --local-dir "
+        f"DIR) and pass --model DIR.{other}{decision.hint()}"
+    )
 
 
 @dataclass(frozen=True)

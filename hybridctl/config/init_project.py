@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any, get_args
 from hybridctl import paths
 from hybridctl.config.atomic_write import write_files
 from hybridctl.config.findings import Finding
-from hybridctl.config.init_checks import EngineDecision, InitError, choose_model, decide_engine_for_init
+from hybridctl.config.init_checks import (
+    EngineDecision,
+    InitError,
+    choose_model,
+    decide_engine_for_init,
+    refuse_remote_model_on_builtin,
+)
 from hybridctl.config.schema import SCHEMA_FILE_NAMES, EngineName, HybridConfig, json_schema
 
 if TYPE_CHECKING:  # the planner imports config/ at load time; init imports the planner only when it runs
@@ -269,6 +275,7 @@ def init_project(opts: InitOptions) -> InitResult:
             result.notes["server.port"] = "30000 is in use here; a free port instead"
     if model:
         chosen = choose_model(model)
+        refuse_remote_model_on_builtin(chosen, decision)
         cfg.config.server.model_path = chosen.model_path
         if chosen.note:
             result.notes["server.model_path"] = chosen.note

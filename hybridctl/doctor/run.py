@@ -170,9 +170,11 @@ def _predict(
             f"{s.family} ({s.architecture}), TP {s.tp}: {format_mib(s.mamba_state_bytes_per_request)} "
             f"of state per request and {s.kv_bytes_per_token} B of KV per token, per GPU"
             + (f" ({s.kv_bytes_per_token * s.tp} B in total)" if s.tp > 1 else "")
-            + f" ({engine}: {s.kv_dtype} KV)",
+            + f" ({engine}: {s.kv_dtype} KV)"
+            + ("; from hybridctl's bundled config.json, the model is not on this host" if s.stand_in_for else ""),
             (f"{s.num_attn_layers} full-attention + {s.num_linear_layers} {s.linear_kind} layers",
-             f"SSM state {s.ssm_dtype} {s.ssm_state_shape}, conv {s.conv_state_shape}"),
+             f"SSM state {s.ssm_dtype} {s.ssm_state_shape}, conv {s.conv_state_shape}",
+             *filter(None, [s.stand_in_note()])),
         ))  # fmt: skip
         prediction = predict_state_pool(cfg, ctx)
         report.findings += prediction.findings
