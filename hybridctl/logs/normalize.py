@@ -37,7 +37,12 @@ _OTHER_PREFIX = re.compile(
 # Prefixes that say which process wrote a line but do not start a new entry: a traceback printed through them
 # still continues. docker compose ("sglang-1  | "), a launcher ("(SGLangHttpServer pid=1) "), torch's "[rank0]: ".
 _COMPOSE = re.compile(r"^[\w.-]+\s+\|\s?")
-_LAUNCHER = re.compile(r"^\((?:\w+ )?(?:[\w-]+ )?pid=\d+\)\s*")
+_LAUNCHER = re.compile(r"^\((?:[\w.-]+ )*pid=\d+(?:, ip=[\d.:a-f]+)?\)\s*")
+# A collector's own stamp on every line, traceback lines included: Kubernetes / CloudWatch (RFC 3339), journald.
+_COLLECTOR = re.compile(
+    r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)\s+(?:stdout|stderr)?\s*(?:[FP]\s)?"
+    r"|[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d \S+ [\w.@/-]+(?:\[\d+\])?: )"
+)
 _TORCH_RANK = re.compile(r"^\[(?P<rank>rank\d+)\]:\s?")
 
 _QUOTE = re.compile(r"^\s{0,3}(?:>\s?)+")
@@ -48,6 +53,8 @@ _ELISION = re.compile(
     r"\s*(?:\[\s*(?:\.\.\.|…|snip|truncated|omitted)[^\]]*\]|\(\s*(?:\.\.\.|…)[^)]*\)|\.{3,}|…|<snip>"
     r"|\.\.\.\s*\(?\d+ (?:more )?lines?[^)]*\)?)\s*"
 )
+# Python 3.11+ underlines the failing expression under a frame's source line: no information.
+_CARETS = re.compile(r"\s*[\^~]+\s*")
 _WIN_PATH = re.compile(r"(?:[A-Za-z]:|\\\\[\w.$-]+)?(?:\\+[\w.$~ ()-]+)+\.pyc?\b")
 # `File "/x/sglang/srt/mem_cache/memory_pool.py", line 499, in _init_mamba_pool` in any of its broken forms.
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>.]+)')
@@ -95,7 +102,7 @@ class _Piece:
 
 def split_prefix(raw: str) -> tuple[str, str, str, bool]:
     """(line without colours and launcher, message without the log prefix, rank tag, prefixed)."""
-    line = ANSI.sub("", raw.rstrip("\r\n"))
+    line = _COLLECTOR.sub("", ANSI.sub("", raw.rstrip("\r\n")), count=1)
     line = _COMPOSE.sub("", _LAUNCHER.sub("", line), count=1)
     line = _LAUNCHER.sub("", line)
     rank = ""
@@ -117,7 +124,7 @@ def _pieces(raw: str) -> list[_Piece]:
     if _FENCE.match(text):
         return []
     text = _HTML.sub("", text)
-    if _ELISION.fullmatch(text):
+    if _ELISION.fullmatch(text) or _CARETS.fullmatch(text):
         return []
     stripped = text.strip()
     if stripped.startswith("{") and stripped.endswith("}"):
@@ -187,47 +194,59 @@ def _continues(pieces: list[str], nxt: str) -> bool:
     return first.islower() or first.isdigit() or first in "-'\"(,;:"
 
 
+def _dedented(raw_lines: Iterable[str]) -> list[tuple[int, _Piece]]:
+    """Every piece with its line number; an excerpt indented as a whole (a Markdown code block, a quote) loses
+    the indentation all its lines share, so its log prefixes start the line again."""
+    pieces = [(number, piece) for number, raw in enumerate(raw_lines, start=1) for piece in _pieces(raw)]
+    texts = [p.text for _, p in pieces if p.text.strip()]
+    indent = min((len(t) - len(t.lstrip(" \t")) for t in texts), default=0)
+    if indent:
+        pieces = [(n, _Piece(p.text[indent:], p.prefixed, p.rank)) for n, p in pieces]
+    return pieces
+
+
 def normalize(raw_lines: Iterable[str]) -> Iterator[LogLine]:
     cur: LogLine | None = None
     kind = ""  # what cur is: "exc" (an exception line), "frame" (a complete frame), "text", "source", "open"
-    for number, raw in enumerate(raw_lines, start=1):
-        for piece in _pieces(raw):
-            line, message, rank, prefixed = split_prefix(piece.text)
-            if piece.prefixed is not None:
-                prefixed, rank = piece.prefixed, piece.rank or rank
-            if not message.strip():
-                if cur is not None:
-                    yield cur
-                cur, kind = None, ""
-                continue
-            stripped = message.strip()
-            if cur is not None and kind == "open" and not prefixed:
-                glue = "" if cur.message.count('"') % 2 else " "
-                cur.message = _frame_fix(cur.message + glue + stripped)
-                cur.line = cur.message
-                cur.segments.append(stripped)
-                kind = "open" if _open_frame(cur.message) else "frame"
-                continue
-            if cur is not None and not prefixed and kind not in ("frame", "source") and not _starts_entry(message):
-                if kind == "exc" or (kind == "text" and (cur.prefixed or _continues(cur.segments, message))):
-                    cur.message = f"{cur.message} {stripped}"
-                    cur.line = f"{cur.line} {stripped}"
-                    cur.segments.append(stripped)
-                    continue
+    for number, piece in _dedented(raw_lines):
+        line, message, rank, prefixed = split_prefix(piece.text)
+        if piece.prefixed is not None:
+            prefixed, rank = piece.prefixed, piece.rank or rank
+        if _CARETS.fullmatch(message):
+            continue
+        if not message.strip():
             if cur is not None:
                 yield cur
-            if kind in ("frame",) and not prefixed and not _starts_entry(message):
-                cur, kind = LogLine(number, line, message, rank, prefixed, [message]), "source"
+            cur, kind = None, ""
+            continue
+        stripped = message.strip()
+        if cur is not None and kind == "open" and not prefixed:
+            glue = "" if cur.message.count('"') % 2 else " "
+            cur.message = _frame_fix(cur.message + glue + stripped)
+            cur.line = cur.message
+            cur.segments.append(stripped)
+            kind = "open" if _open_frame(cur.message) else "frame"
+            continue
+        if cur is not None and not prefixed and kind not in ("frame", "source") and not _starts_entry(message):
+            if kind == "exc" or (kind == "text" and (cur.prefixed or _continues(cur.segments, message))):
+                cur.message = f"{cur.message} {stripped}"
+                cur.line = f"{cur.line} {stripped}"
+                cur.segments.append(stripped)
                 continue
-            if _open_frame(message):
-                text = message if stripped.startswith("File") else f"  File {stripped}"
-                cur, kind = LogLine(number, text, text, rank, prefixed, [stripped]), "open"
-                continue
-            if FRAME.search(message) or _LOOSE_FRAME.search(message):
-                fixed = _frame_fix(message)
-                cur, kind = LogLine(number, fixed if not prefixed else line, fixed, rank, prefixed, [fixed]), "frame"
-                continue
-            cur = LogLine(number, line, message, rank, prefixed, [message])
-            kind = "exc" if EXCEPTION.match(stripped) else "text"
+        if cur is not None:
+            yield cur
+        if kind in ("frame",) and not prefixed and not _starts_entry(message):
+            cur, kind = LogLine(number, line, message, rank, prefixed, [message]), "source"
+            continue
+        if _open_frame(message):
+            text = message if stripped.startswith("File") else f"  File {stripped}"
+            cur, kind = LogLine(number, text, text, rank, prefixed, [stripped]), "open"
+            continue
+        if FRAME.search(message) or _LOOSE_FRAME.search(message):
+            fixed = _frame_fix(message)
+            cur, kind = LogLine(number, fixed if not prefixed else line, fixed, rank, prefixed, [fixed]), "frame"
+            continue
+        cur = LogLine(number, line, message, rank, prefixed, [message])
+        kind = "exc" if EXCEPTION.match(stripped) else "text"
     if cur is not None:
         yield cur

@@ -121,6 +121,21 @@ def _fenced(lines: list[str]) -> list[str]:
     return ["Here is the log:", "", "```text", *lines, "```", "", "Any idea?"]
 
 
+def _carets(lines: list[str]) -> list[str]:
+    """Python 3.11+: a line of carets under each frame's source line."""
+    out = []
+    for before, line in zip(["", *lines], lines):
+        out.append(line)
+        if before.lstrip().startswith('File "') and line.startswith("    ") and not line.lstrip().startswith("File"):
+            out.append("    " + "^" * max(4, len(line.strip()) // 2))
+    return out
+
+
+def _k8s(lines: list[str]) -> list[str]:
+    """kubectl logs --timestamps: the collector's stamp on every line, traceback lines included."""
+    return [f"2026-03-02T11:21:{i % 60:02d}.123456789Z {line}" for i, line in enumerate(lines)]
+
+
 TRANSFORMS: dict[str, Callable[[list[str]], list[str]]] = {
     "soft_wrap_60": _soft_wrap(60),
     "soft_wrap_88": _soft_wrap(88),
@@ -138,6 +153,10 @@ TRANSFORMS: dict[str, Callable[[list[str]], list[str]]] = {
     "markdown_quote": _markdown_quote,
     "code_fence": _fenced,
     "crlf": lambda lines: [f"{line}\r" for line in lines],
+    "indented_code_block": lambda lines: [f"    {line}" for line in lines],
+    "python311_carets": _carets,
+    "kubernetes_timestamps": _k8s,
+    "ray_actor_prefix": lambda lines: [f"(SGLangEngine pid=4242, ip=10.0.0.7) {line}" for line in lines],
     "quoted_fenced_wrapped": lambda lines: _markdown_quote(_fenced(_soft_wrap(72)(_no_prefix(lines)))),
 }
 

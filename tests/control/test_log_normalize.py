@@ -103,3 +103,19 @@ def test_prefixes_colours_and_torch_rank_tags() -> None:
     assert [(e.message, e.rank, e.prefixed) for e in got] == [
         ("boom", "DP1 TP3", True), ("Traceback (most recent call last):", "rank2", False), ("done", "", True),
     ]  # fmt: skip
+
+
+def test_collector_stamps_ray_prefixes_carets_and_a_block_indented_as_a_whole() -> None:
+    text = "\n".join([
+        "    2026-03-02T11:21:07.123456789Z [2026-03-02 11:21:07 TP1] Scheduler hit an exception",
+        "    2026-03-02T11:21:07.123456789Z Traceback (most recent call last):",
+        '    (SGLangEngine pid=42, ip=10.0.0.7)   File "/x/sglang/srt/a.py", line 3, in f',
+        "    (SGLangEngine pid=42, ip=10.0.0.7)     x = g()",
+        "    (SGLangEngine pid=42, ip=10.0.0.7)         ^^^",
+        "    Mar 02 11:21:07 gpu-node python3[991]: KeyError: 1",
+    ])  # fmt: skip
+    got = list(normalize(text.splitlines()))
+    assert [(e.message.strip(), e.rank, e.prefixed) for e in got] == [
+        ("Scheduler hit an exception", "TP1", True), ("Traceback (most recent call last):", "", False),
+        ('File "/x/sglang/srt/a.py", line 3, in f', "", False), ("x = g()", "", False), ("KeyError: 1", "", False),
+    ]  # fmt: skip
