@@ -124,7 +124,7 @@ def _fenced(lines: list[str]) -> list[str]:
 def _carets(lines: list[str]) -> list[str]:
     """Python 3.11+: a line of carets under each frame's source line."""
     out = []
-    for before, line in zip(["", *lines], lines):
+    for before, line in zip(["", *lines], lines, strict=False):
         out.append(line)
         if before.lstrip().startswith('File "') and line.startswith("    ") and not line.lstrip().startswith("File"):
             out.append("    " + "^" * max(4, len(line.strip()) // 2))
