@@ -209,12 +209,27 @@ def plan(
         _does_not_fit(exc, as_json)
     except (PlanRequestError, ModelSpecError, ConfigError) as exc:
         raise fail(str(exc)) from None
+    ignored = _ignored_options(result.engine, sglang_version, disable_overlap_schedule)
     if as_json:
-        print_json({"fits": True, **result.to_dict(), "model": spec.to_dict()})
+        print_json({"fits": True, **result.to_dict(), "model": spec.to_dict(), "ignored_options": ignored})
         return
     if spec.stand_in_note():
         typer.echo(f"note: {spec.stand_in_note()}")
+    for item in ignored:
+        typer.echo(f"note: {item['option']} ignored: {item['reason']}", err=True)
     render_plan(spec, result)
+
+
+def _ignored_options(engine: str, sglang_version: str | None, disable_overlap_schedule: bool) -> list[dict[str, str]]:
+    """Options the chosen sizing has no use for: said, not silently dropped."""
+    if engine != "builtin":
+        return []
+    why = "the bundled runtime's own sizing was used"
+    given = (
+        ("--sglang-version", sglang_version is not None, f"{why}, not an SGLang release's"),
+        ("--disable-overlap-schedule", disable_overlap_schedule, f"{why}; it has no overlap schedule"),
+    )
+    return [{"option": flag, "reason": reason} for flag, on, reason in given if on]
 
 
 def _does_not_fit(exc: Exception, as_json: bool) -> NoReturn:

@@ -118,3 +118,35 @@ def test_every_value_a_help_text_gives_a_meaning_is_accepted(tmp_path: Path, mon
             out = runner.invoke(app, args).output
             assert "Invalid value" not in out and f"{flag} must" not in out, (args, out)
     assert ("bench", "--max-concurrency", "0") in promised and len(promised) >= 3
+
+
+def _builtin_project(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    qwen = Path(__file__).resolve().parents[2] / "templates" / "models" / "qwen3-next-80b-a3b.json"
+    (model / "config.json").write_text(qwen.read_text(encoding="utf-8"), encoding="utf-8")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[server]\nmodel_path = {json.dumps(str(model))}\nengine = "builtin"\n')
+    return config
+
+
+def test_plan_takes_the_memory_budget_its_fix_names(tmp_path: Path) -> None:
+    config = _builtin_project(tmp_path)
+    small = runner.invoke(app, ["plan", str(config), "--json"])
+    assert small.exit_code == 1
+    error = json.loads(small.stdout)["error"]
+    assert "--memory-budget-gib of plan" in error  # what the fix says ...
+    big = runner.invoke(app, ["plan", str(config), "--json", "--memory-budget-gib", "400"])
+    assert big.exit_code == 0, big.output  # ... works: 80B of weights fit in 400 GiB
+    assert json.loads(big.stdout)["fits"] is True
+    sglang = runner.invoke(app, ["plan", str(config), "--engine", "sglang", "--gpu-mem-gib", "80",
+                                 "--memory-budget-gib", "40"])  # fmt: skip
+    assert sglang.exit_code == 2 and "--memory-budget-gib" in sglang.output and "--gpu-mem-gib" in sglang.output
+
+
+def test_plan_reports_options_the_runtime_sizing_does_not_use(tmp_path: Path) -> None:
+    config = _builtin_project(tmp_path)
+    args = ["plan", str(config), "--memory-budget-gib", "400", "--sglang-version", "0.5.6"]
+    out = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert [i["option"] for i in out["ignored_options"]] == ["--sglang-version"]
+    assert "--sglang-version ignored" in runner.invoke(app, args).output
