@@ -24,15 +24,16 @@ def render_bench(result: BenchResult, console: Console) -> None:
         f"in {format_ms(result.duration_s * 1000)} (max concurrency {format_limit(cfg['max_concurrency'])}, "
         f"request rate {_rate(cfg['request_rate'])})",
         highlight=False,
+        soft_wrap=True,  # one line whatever the width: a number never parts from its unit
     )
-    table = Table(title="latency (ms)", title_justify="left")
+    table = Table(title="latency", title_justify="left")
     for col in ("metric", "mean", "median", "p90", "p99", "n"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for name, summary in result.latency_ms.items():
         if summary is None:
             table.add_row(name.upper(), "n/a", "n/a", "n/a", "n/a", "0")
             continue
-        table.add_row(name.upper(), *(f"{summary[k]:.2f}" for k in ("mean", "median", "p90", "p99")),
+        table.add_row(name.upper(), *(format_ms(summary[k]) for k in ("mean", "median", "p90", "p99")),
                       str(summary["count"]))  # fmt: skip
     console.print(table)
     tp = result.throughput
@@ -41,6 +42,7 @@ def render_bench(result: BenchResult, console: Console) -> None:
         f"{format_number(tp['output_tok_per_s'], digits=1)} output tok/s, "
         f"{format_number(tp['input_tok_per_s'], digits=1)} input tok/s",
         highlight=False,
+        soft_wrap=True,
     )
     accept = (
         "n/a (no speculative decoding)" if result.accept_length is None else f"{result.accept_length:.2f}"
@@ -52,6 +54,7 @@ def render_bench(result: BenchResult, console: Console) -> None:
         f"in flight: client max {format_number(conc['client_max_in_flight'])}, server max running "
         f"{format_number(conc['server_max_running'], none='not measured (no /metrics)')}",
         highlight=False,
+        soft_wrap=True,
     )
     if result.server:
         s = result.server
@@ -62,6 +65,7 @@ def render_bench(result: BenchResult, console: Console) -> None:
             f"(client differs by {format_percent(s['throughput_relative_diff'])}), cache hit rate "
             f"{format_percent(s['cache_hit_rate'])}",
             highlight=False,
+            soft_wrap=True,
         )
     for error in result.errors[:5]:
         console.print(f"  [red]✗[/] {escape(error)}", soft_wrap=True)

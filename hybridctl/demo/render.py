@@ -19,7 +19,7 @@ def render_demo(report: DemoReport, console: Console) -> None:
     width = max((len(s.name) for s in report.steps), default=0)
     for s in report.steps:
         status = f"[{_STYLE.get(s.status, 'white')}]{s.status:<6}[/]"
-        console.print(f"  {status} {s.name:<{width}} {s.seconds:6.1f} s  {escape(s.detail)}",
+        console.print(f"  {status} {s.name:<{width}} {format_ms(s.seconds * 1000):>8}  {escape(s.detail)}",
                       highlight=False, soft_wrap=True)  # fmt: skip
     if report.verify:
         checks = Table(title="verify", title_justify="left")
@@ -43,6 +43,7 @@ def render_demo(report: DemoReport, console: Console) -> None:
             f"{format_number(b['throughput']['output_tok_per_s'], digits=1)} output tok/s, "
             f"cache hit rate {format_percent(b['cache']['hit_rate'])}",
             highlight=False,
+            soft_wrap=True,  # one line whatever the width: a number never parts from its unit
         )
     if report.report_path:
         console.print(f"report: {escape(report.report_path)}", highlight=False)

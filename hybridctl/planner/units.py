@@ -67,12 +67,12 @@ def format_ms(ms: float | None) -> str:
         return "n/a"
     if ms < 1:
         return f"{ms:.2f} ms"
-    if ms < 10:
-        return f"{ms:.1f} ms"
-    if ms < 1000:
+    if ms < 9.95:  # what rounds to 10.0 reads as "10 ms"
+        return f"{ms:.1f}".removesuffix(".0") + " ms"
+    if ms < 999.5:
         return f"{ms:.0f} ms"
     seconds = ms / 1000
-    return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
+    return (f"{seconds:.1f}".removesuffix(".0") if seconds < 99.95 else f"{seconds:.0f}") + " s"
 
 
 def format_value(value: object) -> str:
