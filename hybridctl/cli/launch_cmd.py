@@ -88,6 +88,8 @@ def launch(
     settings = settings_path_for(config, settings)
     engine_name = engine_option(engine)
     _check_sglang_version(sglang_version)
+    _note_unused(k8s_image=k8s_image is not None and k8s is None, force=force and write_yaml is None and k8s is None,
+                 detach=detach and dry_run)  # fmt: skip
     report = check_files(
         config, settings, engine_version=sglang_version, engine=engine_name, auto_engine=auto_engine_here()
     )
@@ -109,6 +111,18 @@ def launch(
         _print_dry_run(console, plan, allow_ignored, as_json)
         return
     _serve(console, config, settings, plan, detach, timeout, as_json)
+
+
+def _note_unused(*, k8s_image: bool, force: bool, detach: bool) -> None:
+    """Options given where they do nothing: said on stderr (stdout's last line stays the dry run's command)."""
+    unused = {
+        "--k8s-image": (k8s_image, "it names the image of --k8s's manifests, and no --k8s was given"),
+        "--force": (force, "it lets --write-yaml / --k8s overwrite, and neither was given"),
+        "--detach": (detach, "a dry run starts nothing"),
+    }
+    for flag, (on, why) in unused.items():
+        if on:
+            typer.echo(f"note: {flag} ignored: {why}", err=True)
 
 
 def _check_sglang_version(sglang_version: str | None) -> None:

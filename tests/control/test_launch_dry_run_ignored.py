@@ -105,3 +105,14 @@ def test_a_dry_run_that_writes_the_yaml_and_manifests_is_not_stopped_by_ignored_
     assert "model-path:" in yaml_out.read_text() and k8s_out.read_text()
     # The ignored key has no flag, so the file the dry run wrote holds none for it.
     assert "mamba-state-stats" not in yaml_out.read_text()
+
+
+def test_options_a_dry_run_does_not_use_are_noted_on_stderr(tmp_path: Path) -> None:
+    config = _builtin_ignores(tmp_path)
+    args = ["launch", str(config), "--engine", "builtin", "--dry-run", "--detach", "--k8s-image", "img", "--force"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for flag in ("--detach", "--k8s-image", "--force"):
+        assert f"note: {flag} ignored:" in result.stderr, result.stderr
+    argv = shlex.split(result.stdout.rstrip("\n").splitlines()[-1])  # stdout's last line is still the command
+    assert argv[1:3] == ["-m", "runtime"]
