@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.planner.units import format_value
+from hybridctl.planner.units import format_ms, format_value
 from hybridctl.verify.client import SGLangClient, StreamResult
 from hybridctl.verify.report import CheckResult
 
@@ -98,10 +98,10 @@ def run_basic(client: SGLangClient, config: HybridConfig | None) -> CheckResult:
     if found.reasons:
         summary = f"{len(found.reasons)} problem(s): {found.reasons[0]}"
         return CheckResult("basic", "failed", summary, found.reasons, found.notes, found.measurements)
-    ttft = found.measurements["stream"]["ttft_ms"]
-    summary = f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft} ms); model matches config"
+    ttft = format_ms(found.measurements["stream"]["ttft_ms"])
+    summary = f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft}); model matches config"
     if config is None:
-        summary = f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft} ms)"
+        summary = f"server answers; streaming works ({streamed.chunks} chunks, TTFT {ttft})"
     return CheckResult("basic", "passed", summary, found.reasons, found.notes, found.measurements)
 
 

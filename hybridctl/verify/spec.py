@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
+from hybridctl.planner.units import format_number
 from hybridctl.verify.client import SGLangClient
 from hybridctl.verify.prometheus import MetricsSnapshot, counter_delta
 from hybridctl.verify.report import CheckResult
@@ -185,8 +186,8 @@ def run_spec(
     if reasons:
         return CheckResult("spec", "failed", reasons[0], reasons, notes, measured)
     ceiling = measured["ceiling"]
-    summary = f"{algorithm}: accept length {measured['accept_length']}" + (
-        f" of at most {ceiling}" if ceiling is not None else ""
+    summary = f"{algorithm}: accept length {format_number(measured['accept_length'])}" + (
+        f" of at most {format_number(ceiling)}" if ceiling is not None else ""
     )
     if server_accept is not None:
         summary += f" (server: {server_accept:.2f})"
