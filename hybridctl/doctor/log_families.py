@@ -35,6 +35,7 @@ _CONSTRAINT = (
     r"requires?|needs?|must|only supports?|does not support|doesn't support|do not support|not supported"
     r"|unsupported|not compatible|incompatible|not verified|cannot|can ?not|can't|mismatch\w*|differ\w*"
     r"|failed|failure|timed out|timeout|too small|not enough|exhausted|out of memory|no free|expected|got \d"
+    r"|has no attribute|reject\w*"
 )
 
 
@@ -73,7 +74,7 @@ FAMILIES: tuple[Family, ...] = (
         "An elastic / virtual-memory pool (SGLang's unified memory, kvcached, torch_memory_saver) could not "
         "map, share, resize or resume its pages.",
         "elastic_off",
-        state=_STATE + r"|\bpages?\b|memory|\bpool\b|handles?|\bfd\b|rows?\b|alloc\w*",
+        state=_STATE + r"|\bpages?\b|memory|\bpool\b|handles?|\bfds?\b|file descriptors?|rows?\b|alloc\w*",
     ),
     _f(
         "SPEC_ROLLBACK",
