@@ -288,16 +288,21 @@ def source_texts() -> Iterator[Text]:
 
 
 def _keys_in_calls() -> Iterator[tuple[str, str, str]]:
-    """(where, file, dotted key) for every call that names a config key as literals: toml_set("memory.x", ...),
-    json_set(...), Change("config.toml", "memory.x", ...), the remedies' _simple(...)."""
+    """(where, file, dotted key) for every call or tuple that names a config key as literals: toml_set("memory.x",
+    ...), json_set(...), Change("config.toml", "memory.x", ...), the remedies' _simple(...) and candidates."""
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Tuple):  # the remedies' ("config.toml", "memory.x", values) candidates
+                elts = [e.value if isinstance(e, ast.Constant) else None for e in node.elts[:2]]
+                if len(elts) == 2 and elts[0] in ("config.toml", "settings.json") and isinstance(elts[1], str):
+                    yield where, str(elts[0]), elts[1]
+                continue
             if not isinstance(node, ast.Call):
                 continue
             name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
             args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
-            where = f"{path.relative_to(REPO)}:{node.lineno}"
             if name in ("toml_set", "json_set") and args and isinstance(args[0], str):
                 yield where, "config.toml" if name == "toml_set" else "settings.json", args[0]
             elif len(args) >= 2 and args[0] in ("config.toml", "settings.json") and isinstance(args[1], str):
