@@ -287,6 +287,9 @@ def source_texts() -> Iterator[Text]:
                 yield Text(f"hybridctl/{rel}:{node.lineno}", text, _commands_for(rel))  # type: ignore[attr-defined]
 
 
+DOTTED = re.compile(r"^(?!settings\.json$|config\.toml$)[a-z_]+\.[a-z_-]+$")  # a key, not a file name
+
+
 def _keys_in_calls() -> Iterator[tuple[str, str, str]]:
     """(where, file, dotted key) for every call or tuple that names a config key as literals: toml_set("memory.x",
     ...), json_set(...), Change("config.toml", "memory.x", ...), the remedies' _simple(...) and candidates."""
@@ -296,8 +299,9 @@ def _keys_in_calls() -> Iterator[tuple[str, str, str]]:
             where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Tuple):  # the remedies' ("config.toml", "memory.x", values) candidates
                 elts = [e.value if isinstance(e, ast.Constant) else None for e in node.elts[:2]]
-                if len(elts) == 2 and elts[0] in ("config.toml", "settings.json") and isinstance(elts[1], str):
-                    yield where, str(elts[0]), elts[1]
+                file, key = (elts[0], elts[1]) if len(elts) == 2 else (None, None)
+                if file in ("config.toml", "settings.json") and isinstance(key, str) and DOTTED.match(key):
+                    yield where, str(file), key
                 continue
             if not isinstance(node, ast.Call):
                 continue
@@ -306,7 +310,7 @@ def _keys_in_calls() -> Iterator[tuple[str, str, str]]:
             if name in ("toml_set", "json_set") and args and isinstance(args[0], str):
                 yield where, "config.toml" if name == "toml_set" else "settings.json", args[0]
             elif len(args) >= 2 and args[0] in ("config.toml", "settings.json") and isinstance(args[1], str):
-                if "." in args[1] and " " not in args[1]:
+                if DOTTED.match(args[1]):
                     yield where, args[0], args[1]
 
 
