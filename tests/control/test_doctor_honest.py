@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from hybridctl.doctor.run import DoctorOptions, run_doctor
 from hybridctl.host.facts import GpuFacts, HostFacts, SglangFacts, TorchBuild
@@ -28,8 +29,8 @@ def doctor(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Comple
     )  # fmt: skip
 
 
-def marks(out: dict[str, object]) -> dict[str, tuple[str, str]]:
-    return {c["name"]: (c["status"], c["summary"]) for c in out["checks"]}  # type: ignore[attr-defined,index]
+def marks(out: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["name"]: (c["status"], c["summary"]) for c in out["checks"]}
 
 
 def test_no_config_skips_every_prediction_and_reports_the_unused_gpu_size(tmp_path: Path) -> None:
