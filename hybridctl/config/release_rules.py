@@ -24,6 +24,7 @@ from hybridctl.config.engine_flags import (
 from hybridctl.config.findings import CONFIG, Finding, json_set, rule_finding, toml_set
 from hybridctl.config.schema import HybridConfig
 from hybridctl.config.sglang_version import VersionError, resolve_release, version_key
+from hybridctl.planner.units import format_value
 
 if TYPE_CHECKING:  # launch/ imports config/ at load time; config/ imports launch/ only inside rule_release
     from hybridctl.launch.translate import Translation
@@ -85,7 +86,7 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
                     "SGLANG_RELEASE_VALUE",
                     file,
                     key,
-                    f"SGLang {version}'s {flag} accepts {', '.join(info.choices)}, not {value!r}.",
+                    f"SGLang {version}'s {flag} accepts {', '.join(info.choices)}, not {format_value(value)}.",
                     f"{_set(file, key, repr(good).replace(chr(39), chr(34)))}{later}",
                 )  # fmt: skip
             )
@@ -117,7 +118,8 @@ def _gated_keys(cfg: HybridConfig, translation: Translation, version: str) -> li
                 "SGLANG_RELEASE_KEY",
                 ignored.file,
                 ignored.key,
-                f"SGLang {version} has no flag for {ignored.key} = {ignored.value!r} (needs SGLang >= {newer[0]}); "
+                f"SGLang {version} has no flag for {ignored.key} = {format_value(ignored.value)} "
+                f"(needs SGLang >= {newer[0]}); "
                 "launch would refuse to start it rather than let SGLang ignore it.",
                 f"leave {ignored.key} at its default, or target SGLang {newer[0]} or later (--sglang-version "
                 f"{newer[0]} of validate, plan and launch, or server.sglang_version)",

@@ -10,6 +10,7 @@ from typing import Literal
 
 from hybridctl.config.schema import HybridConfig, ScalarValue
 from hybridctl.launch.translate import SWITCH, Engine, Flags, IgnoredKey, LaunchError, Translation, render_value
+from hybridctl.planner.units import format_value
 
 Role = Literal["server", "prefill", "decode", "router"]
 
@@ -99,7 +100,7 @@ def add_extra_args(
             if not isinstance(value, bool):
                 raise LaunchError(
                     f"{where}: {raw_name!r} is a switch of {engine_label}; "
-                    f"write true or false, not {value!r}."
+                    f"write true or false, not {format_value(value)}."
                 )
             if value:
                 translation.flags[name] = SWITCH
@@ -108,7 +109,7 @@ def add_extra_args(
         text = render_value(value)
         if spec.choices and text not in spec.choices:
             raise LaunchError(
-                f"{where}: {raw_name} = {value!r} is not one of {', '.join(spec.choices)} ({engine_label})."
+                f"{where}: {raw_name} = {format_value(value)} is not one of {', '.join(spec.choices)} ({engine_label})."
             )
         translation.flags[name] = text
         translation.sources[name] = f"{where} {raw_name}"

@@ -163,7 +163,8 @@ def engine_findings(
             None,
             None,
             item.key,
-            f"{item.key} = {item.value!r} would be ignored: {item.reason}; `launch` refuses it unless --allow-ignored.",
+            f"{item.key} = {format_value(item.value)} would be ignored: {item.reason}; `launch` refuses it unless "
+            "--allow-ignored.",
             f"remove {item.key} from {item.file} (or set it back to its default), or serve with the other engine",
         )
         for item in translation.ignored
