@@ -186,6 +186,7 @@ REFUSAL_SITES = {
         "--api-key and --api-key-env": "unreachable: launch never passes --api-key (a literal key is LITERAL_SECRET)",
         "give the NAME of an environment variable": "schema: api.api_key_env is a variable name",
         "that environment variable is unset or empty": "unreachable: the environment at launch, not the files",
+        "--api-key: the key holds non-ASCII": "unreachable: the key comes from the environment at launch",
         "--grammar-backend {ns.grammar_backend}": "unreachable: launch checks extra_engine_args' choices first",
     },
     "runtime/preflight.py": {
