@@ -58,7 +58,7 @@ MODULE_COMMANDS: dict[str, tuple[str, ...]] = {
     "config/init_checks.py": ("init",),
     "config/docs_table.py": ("validate",),  # `schema --docs` writes validate's reference
     "config/schema.py": ANY,  # key descriptions (templates, JSON Schema, docs): any command's flag
-    "config/": ("validate", "plan", "launch", "doctor"),
+    "config/": ("validate", "plan", "launch", "doctor", "init"),  # init runs validate's checks on what it writes
     "demo/": ("demo",),
     "doctor/": ("doctor",),
     "host/": ("doctor",),
