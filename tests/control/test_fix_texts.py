@@ -1,5 +1,5 @@
 """Every fix names something that exists: each `--flag` a message names is a flag of the command it is addressed
-to, and each `section.key` is a key of config.toml or settings.json.
+to, and each `section.key` is a key of config.toml or settings.json (and each repository file it names exists).
 
 The texts come from two places: the source (every message string in hybridctl/, found by walking its syntax
 trees: findings' fixes, the doctor's remedies, planner and launch errors, validation messages) and the CLI itself
@@ -224,6 +224,10 @@ def problems(t: Text) -> list[str]:
                 continue
             if section in keys and section != "extra_engine_args" and key not in keys[section]:
                 out.append(f"{t.where}: [{section}] {key} is not a key of either file: {t.text!r}")
+    for m in re.finditer(r"(?<![\w/.-])((?:scripts|runtime|docs|hybridctl|templates)/[\w/.-]*\w\.(?:py|md|json|toml))",
+                         t.text):  # fmt: skip
+        if not (REPO / m.group(1)).exists():
+            out.append(f"{t.where}: {m.group(1)} does not exist in the repository: {t.text!r}")
     if "hybridctl launch" in t.text and re.search(r"relaunch|restart|again", t.text) and "stop" not in t.text:
         out.append(f"{t.where}: restarting through `hybridctl launch` alone, which refuses while it runs: {t.text!r}")
     return out
@@ -399,6 +403,7 @@ def test_every_printed_fix_names_real_flags_and_keys(tmp_path: Path, monkeypatch
         ("set memory.no_such_key", ("plan",), "memory.no_such_key"),
         ("fix [server] host/prot in config.toml", ("verify",), "prot"),
         ("relaunch it with `hybridctl launch`", ("verify",), "hybridctl launch"),
+        ("regenerate it with scripts/no_such_script.py", ("validate",), "scripts/no_such_script.py"),
     ],
 )
 def test_the_checker_catches_each_kind_of_wrong_name(text: str, commands: tuple[str, ...], wrong: str) -> None:
