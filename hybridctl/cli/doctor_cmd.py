@@ -52,6 +52,8 @@ def render(report: DoctorReport, console: Console, verbose: bool) -> None:
         console.print(f"{_SEVERITY[f.severity]} [bold]{f.code}[/]{escape(where)}")
         if f.evidence:
             console.print(f"    evidence: {escape(f.evidence)}")
+        if verbose and f.basis:
+            console.print(f"    basis: {escape('; '.join(f.basis))}")
         console.print(f"    cause: {escape(f.cause)}")
         console.print(f"    [green]fix:[/] {escape(f.fix)}")
     console.print()

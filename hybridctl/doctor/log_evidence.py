@@ -95,7 +95,13 @@ def confirm_precursors(found: list[DoctorFinding], scan: LogScan, precursor_line
             if after
             else "after the warning: no prefill logged yet (the setting skips checkpoints for every such prefix)"
         )
-        out.append(replace(f, basis=(*f.basis, seen)))
+        chunk = re.search(r"mamba_cache_chunk_size\W+(\d+)", f.evidence or "")
+        size = chunk.group(1) if chunk else "the size the warning names"
+        fix = (
+            f"Raise --chunked-prefill-size to at least mamba_cache_chunk_size ({size}) so every chunk hand-off "
+            "lands on a state checkpoint, or use --mamba-radix-cache-strategy no_buffer with --page-size 1."
+        )
+        out.append(replace(f, fix=fix, basis=(*f.basis, seen)))
     return out
 
 

@@ -3,7 +3,8 @@
 Real logs interleave several TP ranks, prefix some lines ("[2026-01-02 10:00:00 TP0] "), wrap others in a
 launcher's prefix ("(SGLangHttpServer pid=1) "), abbreviate frames ("... alloc_for_extend -> alloc_req_slots")
 and repeat one traceback once per rank. A traceback ends at its exception line ("torch.OutOfMemoryError: CUDA
-out of memory. ..."); a message continued on following unprefixed lines is joined to it.
+out of memory. ..."). It reads the entries hybridctl/logs/normalize.py gives back, so a message continued over
+several lines arrives as one.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ _EXC = re.compile(
 )
 _TRACEBACK_START = "Traceback (most recent call last)"
 # A line that starts a new log entry rather than continuing an exception's message.
-_NEW_ENTRY = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\b|\[|\(|During handling|The above exception|#")
 # A launcher's own prefix before the log text: "(SGLangHttpServer pid=250977) ", "(EngineCore_DP0 pid=1) ".
 _LAUNCHER = re.compile(r"^\((?:\w+ )?(?:[\w-]+ )?pid=\d+\)\s*")
 # The ways a server process says it died (the scheduler's SIGQUIT, a child's exit code, the kernel's kill).
@@ -48,8 +48,11 @@ class Frame:
     @property
     def module(self) -> str:
         """Dotted module from the path's sglang/ (or runtime/, hybridctl/) part; else the file's stem."""
+        path = self.path
+        if "sglang/srt/" in path:  # a source checkout: /sgl-workspace/sglang/python/sglang/srt/...
+            path = path[path.rindex("sglang/srt/") :]
         m = re.search(r"(?:^|/)((?:sglang|runtime|hybridctl|kvcached|torch_memory_saver|nixl|mooncake)/[\w/]+)\.py$",
-                      self.path)  # fmt: skip
+                      path)  # fmt: skip
         if m:
             return m.group(1).replace("/", ".")
         return re.sub(r"\.py$", "", self.path.rsplit("/", 1)[-1])
@@ -152,15 +155,11 @@ class TracebackReader:
             self._last_frame = None
             return
         if tb.exc_type:
-            # The message goes on over unprefixed lines ("--mamba-full-memory-ratio or ...") until a new entry.
+            # A message continued over several lines arrives joined (hybridctl/logs/normalize.py): whatever comes
+            # after the exception line is the next entry.
             if exc is not None:  # a second exception line: another rank's (or a bare one)
                 self._close()
                 self.feed(number, message, prefixed, rank)
-                return
-            if not prefixed and stripped and not _NEW_ENTRY.match(stripped):
-                if len(tb.message) < 600:
-                    tb.message = f"{tb.message} {stripped}".strip()
-                tb.end = number
                 return
             if stripped.startswith(("During handling", "The above exception")):
                 return  # a chained exception follows: the next "Traceback" replaces this one as the last

@@ -71,6 +71,7 @@ _ENTRY = re.compile(
     r"|line \d+, in\b|(?:\.\.\.\s*)?->|(?:\.\.\.\s*)?[\w.]+(?:\([^)]*\))?\s*->|[^:]{1,40}: (?:error|warning|fatal)\b",
     re.IGNORECASE,
 )
+_REPORTS = re.compile(r"\b(?:failed|failure|exception|error|warning|received|exit(?:ed)?|killed)\b", re.IGNORECASE)
 # A wrap never happens in a short line: below this many characters the next line is a new entry.
 _WRAP_MIN = 50
 _JSON_MESSAGE = ("message", "msg", "text", "event", "log")
@@ -205,6 +206,13 @@ def _dedented(raw_lines: Iterable[str]) -> list[tuple[int, _Piece]]:
     return pieces
 
 
+def _continues_exception(message: str, nxt: str) -> bool:
+    """An exception's message goes on over the next lines ("CUDA out of memory." / "Tried to allocate 18.56 GiB.")
+    unless, after a finished sentence, the next line reports something of its own (a log line stripped of its
+    prefix: "Prefill transfer failed for request ...")."""
+    return not (message.rstrip().endswith((".", "!", "?")) and _REPORTS.search(nxt))
+
+
 def normalize(raw_lines: Iterable[str]) -> Iterator[LogLine]:
     cur: LogLine | None = None
     kind = ""  # what cur is: "exc" (an exception line), "frame" (a complete frame), "text", "source", "open"
@@ -228,7 +236,9 @@ def normalize(raw_lines: Iterable[str]) -> Iterator[LogLine]:
             kind = "open" if _open_frame(cur.message) else "frame"
             continue
         if cur is not None and not prefixed and kind not in ("frame", "source") and not _starts_entry(message):
-            if kind == "exc" or (kind == "text" and (cur.prefixed or _continues(cur.segments, message))):
+            if (kind == "exc" and _continues_exception(cur.message, stripped)) or (
+                kind == "text" and (cur.prefixed or _continues(cur.segments, message))
+            ):
                 cur.message = f"{cur.message} {stripped}"
                 cur.line = f"{cur.line} {stripped}"
                 cur.segments.append(stripped)
