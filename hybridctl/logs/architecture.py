@@ -18,7 +18,7 @@ places, most reliable first:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Families whose layers keep a recurrent state per request (Mamba, GDN/KDA linear attention, short conv, RWKV).
 _RECURRENT = re.compile(
@@ -42,6 +42,7 @@ _MODEL_PATH = re.compile(r"""(?:['"]?model_path['"]?\s*[:=]\s*['"]?|--model(?:-p
 _ENGINE_STATE = re.compile(
     r"Mamba Cache is allocated|conv_state size|ssm_state size|hybrid_ssm=True|sub-pool '(?:mamba|ssm|state)'", re.I
 )
+_MAX_NAMES = 16
 _ENGINE_NO_STATE = re.compile(r"hybrid_ssm=False")
 # An engine message about sliding-window hybrids: "... for non-MLA SWA hybrid models yet".
 _SWA_ONLY = re.compile(
@@ -62,8 +63,7 @@ def classify(name: str) -> bool | None:
 class ModelEvidence:
     engine: bool | None = None  # the engine's pools or tree cache said so
     engine_line: str = ""
-    arch: str = ""  # architecture class, as logged
-    path: str = ""  # model path, as logged
+    names: list[tuple[str, str]] = field(default_factory=list)  # ("architecture" | "model path", name), as logged
     swa_hint: bool = False  # an engine message spoke of SWA hybrids
 
     def read(self, message: str) -> None:
@@ -71,36 +71,42 @@ class ModelEvidence:
             self.engine, self.engine_line = True, message.strip()[:160]
         elif self.engine is None and _ENGINE_NO_STATE.search(message):
             self.engine, self.engine_line = False, message.strip()[:160]
-        if not self.arch and (m := _ARCH_CLASS.search(message)):
-            self.arch = m.group(1)
-        if not self.path and (m := _MODEL_PATH.search(message)):
-            self.path = m.group("path")
+        if len(self.names) < _MAX_NAMES:
+            found = [("architecture", m.group(1)) for m in _ARCH_CLASS.finditer(message)]
+            found += [("model path", m.group("path")) for m in _MODEL_PATH.finditer(message)]
+            self.names += [n for n in found if n not in self.names]
         if _SWA_ONLY.search(message):
             self.swa_hint = True
+
+    def _deciding(self) -> tuple[str, str, bool] | None:
+        """The name the verdict rests on: any recurrent family (a hybrid target behind a plain draft model
+        still carries state), else a family without state."""
+        known = [(what, name, v) for what, name in self.names if (v := classify(name)) is not None]
+        return next((k for k in known if k[2]), known[0] if known else None)
 
     @property
     def recurrent(self) -> bool | None:
         if self.engine is not None:
             return self.engine
-        for name in (self.arch, self.path):
-            if name and (verdict := classify(name)) is not None:
-                return verdict
+        if (deciding := self._deciding()) is not None:
+            return deciding[2]
         return False if self.swa_hint else None
 
     def why(self) -> str:
         """The line the verdict rests on, in words."""
         if self.engine is not None:
             return f"the engine logged '{self.engine_line}'"
-        for what, name in (("architecture", self.arch), ("model path", self.path)):
-            if name and classify(name) is not None:
-                kind = "a recurrent-state family" if classify(name) else "a family without recurrent state"
-                return f"{what} {name} is {kind}"
+        if (deciding := self._deciding()) is not None:
+            what, name, verdict = deciding
+            family = "a recurrent-state family" if verdict else "a family without recurrent state"
+            return f"{what} {name} is {family}"
         if self.swa_hint:
             return "the engine's message is about sliding-window (SWA) hybrids, which keep no recurrent state"
         return "the log does not name the model"
 
     def describe(self) -> str:
-        """`model: X (recurrent state: yes)` for a finding's evidence list."""
-        name = self.arch or self.path or "model not named in the log"
+        """`model: X (recurrent state: yes; why)` for a finding's evidence list."""
+        deciding = self._deciding()
+        name = deciding[1] if deciding else self.names[0][1] if self.names else "model not named in the log"
         state = {True: "yes", False: "no", None: "unknown"}[self.recurrent]
         return f"model: {name} (recurrent state: {state}; {self.why()})"

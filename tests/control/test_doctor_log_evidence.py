@@ -127,3 +127,11 @@ def test_a_crash_in_pool_set_up_under_an_elastic_stack_is_that_stacks_failure() 
     assert g.code == UNKNOWN_FAILURE  # the same crash for a model without recurrent state
     without_stack = [line.format(arch="Qwen3NextForCausalLM") for line in lines if "kvcached" not in line]
     assert codes_of(diagnose_lines(without_stack)) == [UNKNOWN_FAILURE]
+
+
+def test_a_hybrid_target_behind_a_plain_draft_model_still_carries_state() -> None:
+    model = ModelEvidence()
+    model.read("server_args={'model_path': 'Qwen/Qwen3-Next-80B-A3B-Instruct', "
+               "'speculative_draft_model_path': 'lmsys/SGLang-EAGLE3-Llama-3.1-8B'}")  # fmt: skip
+    model.read("Load weight end. type=LlamaForCausalLMEagle3, dtype=torch.bfloat16")
+    assert model.recurrent is True and "Qwen3-Next" in model.describe()
