@@ -89,4 +89,7 @@ def render_report(report: VerifyReport, console: Console) -> None:
         for note in check.notes:
             console.print(f"  [dim]• {check.name}: {escape(note)}[/]", soft_wrap=True)
     verdict = "[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"
-    console.print(f"verify: {verdict}")
+    skipped = [c.name for c in report.checks if c.status == "skipped"]
+    # A skipped check proved nothing: the verdict says which did not run, so PASSED is not read as all of them.
+    tail = f" ({len(skipped)} check{'s' if len(skipped) != 1 else ''} skipped: {', '.join(skipped)})" if skipped else ""
+    console.print(f"verify: {verdict}{escape(tail)}")

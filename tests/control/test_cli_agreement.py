@@ -150,3 +150,22 @@ def test_plan_reports_options_the_runtime_sizing_does_not_use(tmp_path: Path) ->
     out = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
     assert [i["option"] for i in out["ignored_options"]] == ["--sglang-version"]
     assert "--sglang-version ignored" in runner.invoke(app, args).output
+
+
+def test_verify_passed_names_the_checks_that_did_not_run() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from hybridctl.verify.render import render_report
+    from hybridctl.verify.report import CheckResult, VerifyReport
+
+    def verdict(*checks: CheckResult) -> str:
+        out = StringIO()
+        render_report(VerifyReport("http://127.0.0.1:30000", list(checks)), Console(file=out, width=200))
+        return out.getvalue().strip().splitlines()[-1]
+
+    ran = CheckResult("basic", "passed", "model matches config")
+    skipped = CheckResult("spec", "skipped", "skipped: the server runs without speculative decoding")
+    assert verdict(ran) == "verify: PASSED"
+    assert verdict(ran, skipped) == "verify: PASSED (1 check skipped: spec)"
