@@ -51,7 +51,10 @@ def choose_model(model: str) -> ModelChoice:
             f"--model {model}: no such file or directory here, and not a checkpoint hybridctl bundles a "
             f"config.json for. Pass a model directory or its config.json; {known_names_hint()}."
         )
-    note = bundled.note() + "; the server must hold the model at this path"
+    from hybridctl.config.server_rules import is_hub_id
+
+    where = "SGLang on the server downloads it" if is_hub_id(model) else "the server must hold the model at this path"
+    note = f"{bundled.note()}; {where}"
     return ModelChoice(model, bundled.config_json, note, on_this_host=False)
 
 
@@ -105,9 +108,11 @@ def decide_engine_for_init(requested: str, *, tp: int, gpu_mem_gib: float | None
         implied.append(f"--gpu-mem-gib {gpu_mem_gib:g}")
     if not implied:
         return EngineDecision("auto", "builtin", here.engine, here.reason)
+    verb = "describe" if len(implied) > 1 else "describes"
+    why_here = here.reason.split(":", 1)[0]  # "no NVIDIA GPU and sglang not installed"
     note = (
-        f"{' '.join(implied)} describe a GPU server, where auto picks SGLang; auto here would be the bundled "
-        f"runtime ({here.reason}), which serves on one device. Pass --engine builtin for the bundled runtime."
+        f"{' '.join(implied)} {verb} a GPU server, where auto picks SGLang; here ({why_here}) auto would be the "
+        "bundled runtime, which serves on one device. Pass --engine builtin for the bundled runtime."
     )
     return EngineDecision("sglang", "sglang", here.engine, here.reason, note)
 

@@ -44,9 +44,10 @@ class BundledModel:
     config_json: Path  # templates/models/<name>.json
 
     def note(self) -> str:
+        # The file as hybridctl names it, not this host's absolute path: the note is written into config.toml.
         return (
             f"{self.requested} is not on this host: read hybridctl's bundled config.json for {self.name} "
-            f"({self.config_json}); weights are estimated from it"
+            f"(templates/models/{self.config_json.name}); weights are estimated from it"
         )
 
 
