@@ -32,6 +32,7 @@ _OTHER_PREFIX = re.compile(
     r"^(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s?"
     r"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?\s*(?:-\s*)?(?:[\w.]+\s+-\s+)?"
     r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s*[-:]?\s"
+    r"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)? \| *(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) *\| (?:[\w.:<>]+ - )?"
     r"|\[(?P<ranks>(?:[A-Z]{1,4}\d+ ?)+)\]\s)"
 )
 # Prefixes that say which process wrote a line but do not start a new entry: a traceback printed through them
@@ -58,7 +59,9 @@ _CARETS = re.compile(r"\s*[\^~]+\s*")
 _WIN_PATH = re.compile(r"(?:[A-Za-z]:|\\\\[\w.$-]+)?(?:\\+[\w.$~ ()-]+)+\.pyc?\b")
 # `File "/x/sglang/srt/mem_cache/memory_pool.py", line 499, in _init_mamba_pool` in any of its broken forms.
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>.]+)')
-_LOOSE_FRAME = re.compile(r'File\s*"?(?P<path>[^"\s,]+?)"?\s*,?\s*line\s+(?P<line>\d+)\s*,?\s*in\s+(?P<func>[\w<>.]+)')
+_LOOSE_FRAME = re.compile(
+    r'(?:File\s*|^\s*(?="?[^"\s,]+\.py))"?(?P<path>[^"\s,]+?)"?\s*,?\s*line\s+(?P<line>\d+)\s*,?\s*in\s+(?P<func>[\w<>.]+)'
+)
 _PATH_ONLY = re.compile(r'\s*(?:File\s*)?"?[^\s"]*\.py"?,?\s*')
 _LINE_IN = re.compile(r"\s*,?\s*line \d+,\s*in [\w<>.]+")
 EXCEPTION = re.compile(
@@ -75,7 +78,7 @@ _REPORTS = re.compile(r"\b(?:failed|failure|exception|error|warning|received|exi
 # A wrap never happens in a short line: below this many characters the next line is a new entry.
 _WRAP_MIN = 50
 _JSON_MESSAGE = ("message", "msg", "text", "event", "log")
-_JSON_EXTRA = ("exc_info", "exception", "exc_text", "stack_trace", "traceback", "stack")
+_JSON_EXTRA = ("exc_info", "exception", "exc_text", "exc", "error", "stack_trace", "stacktrace", "traceback", "stack")
 _JSON_RANK = ("rank", "tp_rank")
 
 

@@ -119,3 +119,11 @@ def test_collector_stamps_ray_prefixes_carets_and_a_block_indented_as_a_whole() 
         ("Scheduler hit an exception", "TP1", True), ("Traceback (most recent call last):", "", False),
         ('File "/x/sglang/srt/a.py", line 3, in f', "", False), ("x = g()", "", False), ("KeyError: 1", "", False),
     ]  # fmt: skip
+
+
+def test_loguru_prefixes_frames_without_the_word_file_and_other_json_keys() -> None:
+    assert entries("2026-03-02 11:21:07.512 | ERROR    | sglang.srt:run:10 - Scheduler died") == [(1, "Scheduler died")]
+    (frame,) = entries('"/x/sglang/srt/mem_cache/memory_pool.py", line 499, in _init_mamba_pool')
+    assert frame[1].strip() == 'File "/x/sglang/srt/mem_cache/memory_pool.py", line 499, in _init_mamba_pool'
+    record = {"level": "error", "msg": "boom", "exc": "Traceback (most recent call last):\nKeyError: 1"}
+    assert [m for _, m in entries(json.dumps(record))] == ["boom", "Traceback (most recent call last):", "KeyError: 1"]
