@@ -67,7 +67,10 @@ def test_the_test_command_is_what_ci_runs() -> None:
     *installs, test_command = [part.strip() for part in block.split("&&")]
     script = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     commands = [line.strip() for line in script.splitlines() if line.strip() and not line.strip().startswith("#")]
-    assert commands[-1] == test_command
+    assert commands[-1] == test_command, (
+        "the README's test command must be the last command of .ci/run (run other CI jobs before it), or the README "
+        "must say what CI runs instead"
+    )
     for install in installs:  # `pip install X` in the README is `python3 -m pip install --quiet X` in CI
         wanted = shlex.split(install)[2:]
         assert any(shlex.split(c)[-len(wanted):] == wanted and "pip install" in c for c in commands), install
