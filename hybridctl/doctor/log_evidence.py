@@ -98,8 +98,9 @@ def confirm_precursors(found: list[DoctorFinding], scan: LogScan, precursor_line
         chunk = re.search(r"mamba_cache_chunk_size\W+(\d+)", f.evidence or "")
         size = chunk.group(1) if chunk else "the size the warning names"
         fix = (
-            f"Raise --chunked-prefill-size to at least mamba_cache_chunk_size ({size}) so every chunk hand-off "
-            "lands on a state checkpoint, or use --mamba-radix-cache-strategy no_buffer with --page-size 1."
+            f"Raise runtime.chunked_prefill_size (the server's --chunked-prefill-size) to at least "
+            f"mamba_cache_chunk_size ({size}) so every chunk hand-off lands on a state checkpoint, or use "
+            'cache.mamba_radix_cache_strategy = "no_buffer" with cache.radix_cache_page_size = 1.'
         )
         out.append(replace(f, fix=fix, basis=(*f.basis, seen)))
     return out
