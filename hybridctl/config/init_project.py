@@ -156,7 +156,7 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
             )
             return
         concurrency = opts.concurrency
-        while True:
+        while True:  # at most twice: the second round has a concurrency, so it ends or raises
             rec = recommend(
                 spec,
                 gpu_mem_bytes=budget,
