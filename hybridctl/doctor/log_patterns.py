@@ -38,7 +38,7 @@ PATTERNS: tuple[LogPattern, ...] = (
     # First: "Spec decoding ... incompatible with no_buffer on ROCm; disabling radix cache." is SGLang resolving
     # the conflict by dropping the prefix cache, a warning about the cache, not a speculative-decoding crash.
     _p("sglang_radix_auto_off", "PREFIX_CACHE_MISS", "warning",
-       r"disabling (?:the )?radix cache\b",
+       r"\bdisabl(?:e|ing) (?:the )?radix cache\b",
        "SGLang turned the radix cache off by itself for this combination of options: no request reuses a "
        "cached prefix.",
        "enable_prefix_cache", "sglang/srt/server_args.py (_handle_mamba_radix_cache)"),
