@@ -189,6 +189,7 @@ PATTERNS: tuple[LogPattern, ...] = (
        "prefix_page_size", "sglang/srt/mem_cache/unified_memory_pool.py; mem_cache/unified_cache/"),
     _p("sglang_extra_buffer_unsupported", "PREFIX_CACHE_MISS", "error",
        r"extra_buffer(?!_lazy) (?:is (?:not|only) supported|unsupported|requires platform support)"
+       r"|extra_buffer(?!_lazy)\b.{0,20}\b(?:needs|requires)\b.{0,40}\b(?:CUDA|MUSA|NPU|FLA|platform)\b"
        r"|(?:cannot|can't|does not|doesn't|unable to)\b.{0,80}\b(?:states?|checkpoints?|snapshots?)\b.{0,40}"
        r"\brequired by\b.{0,40}\bextra_buffer",
        "This architecture or platform cannot take extra_buffer checkpoints (KDA before 0.5.2x); only "

@@ -136,6 +136,8 @@ def scan_log(raw_lines: Iterable[str], patterns: tuple[LogPattern, ...] = PATTER
                 scan.server_args.setdefault("tp_size" if key == "tp" else key, value or "True")
             scan.server_args_line = scan.server_args_line or number
         scan.model.read(message)
+        if len(entry.segments) > 1:
+            scan.model.read(entry.glued)  # a name a hard wrap split ("Qwen2ForCa" / "usalLM")
         if not message.lstrip().startswith("File ") and (plugin := _PLUGIN.search(message)):
             scan.plugins.setdefault(plugin.group(0).lower().strip("[]-' "), number)
     scan.matches = sorted(seen.values(), key=lambda m: m.line)
