@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from hybridctl.config.schema import EngineName
 
 DEFAULT_CONFIG = Path("config.toml")
+# The bound of every memory-size flag, as of the config keys they stand for: planner.units.MAX_MEMORY_GIB (and its
+# bytes), spelled here because command modules import no hybridctl library at load (`--help` stays fast);
+# tests/control/test_no_traceback.py holds the two equal.
+MAX_MEMORY_GIB = 1 << 20
+MAX_MEMORY_BYTES = MAX_MEMORY_GIB << 30
 CONFIG_ARG = typer.Argument(
     None, metavar="CONFIG", show_default=False, help="config.toml (or --config; default: ./config.toml)."
 )

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, DEFAULT_CONFIG, SETTINGS_ARG, SETTINGS_OPT, config_files
+from hybridctl.cli.config_args import (
+    CONFIG_ARG,
+    CONFIG_OPT,
+    DEFAULT_CONFIG,
+    MAX_MEMORY_GIB,
+    SETTINGS_ARG,
+    SETTINGS_OPT,
+    config_files,
+)
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -109,7 +117,7 @@ def doctor(
         None, "--peer", help="The other PD server's config.toml: compare recurrent-state shapes and dtypes."
     ),
     gpu_mem_gib: float | None = typer.Option(
-        None, "--gpu-mem-gib", min=0.001, help="GPU memory to plan for (default: the first GPU's)."
+        None, "--gpu-mem-gib", min=0.001, max=MAX_MEMORY_GIB, help="GPU memory to plan for (default: the first GPU's)."
     ),
     fix: bool = typer.Option(False, "--fix", help="Write the suggested changes into config.toml / settings.json."),
     yes: bool = typer.Option(False, "--yes", "-y", help="With --fix: do not ask for confirmation."),
@@ -127,6 +135,7 @@ def doctor(
 
     from rich.console import Console
 
+    from hybridctl import paths
     from hybridctl.config.loader import settings_path_for
     from hybridctl.doctor.run import DoctorOptions, run_doctor, unprobed_host
     from hybridctl.planner.units import GIB
@@ -135,9 +144,9 @@ def doctor(
     config = given or DEFAULT_CONFIG
     config_given = given is not None or settings is not None or fix
     settings_path = settings_path_for(config, settings)
-    if fix and not config.exists():
+    if fix and not paths.exists(config):
         raise fail(f"--fix edits {config}, which does not exist; pass --config PATH.")
-    if peer is not None and not peer.exists():
+    if peer is not None and not paths.exists(peer):
         raise fail(f"--peer {peer}: no such file; pass the other server's config.toml.")
     console = Console(highlight=False, soft_wrap=True, stderr=as_json)
     with ExitStack() as stack:

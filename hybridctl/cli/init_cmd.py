@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.config_args import MAX_MEMORY_GIB
 from hybridctl.cli.output import fail, print_json
 
 
@@ -17,7 +18,11 @@ def init(
         None, "--model", help="Model directory or its config.json (sizes pools)."
     ),
     gpu_mem_gib: float | None = typer.Option(
-        None, "--gpu-mem-gib", min=0.001, help="GPU memory per device in GiB (default: detected with NVML)."
+        None,
+        "--gpu-mem-gib",
+        min=0.001,
+        max=MAX_MEMORY_GIB,
+        help="GPU memory per device in GiB (default: detected with NVML).",
     ),
     tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor-parallel degree."),
     context_len: int | None = typer.Option(None, "--context-len", min=1, help="Longest request, in tokens."),

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, SETTINGS_ARG, SETTINGS_OPT, config_files, engine_option
+from hybridctl.cli.config_args import (
+    CONFIG_ARG,
+    CONFIG_OPT,
+    MAX_MEMORY_BYTES,
+    MAX_MEMORY_GIB,
+    SETTINGS_ARG,
+    SETTINGS_OPT,
+    config_files,
+    engine_option,
+)
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -92,19 +101,20 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
 _MODEL = typer.Option(None, "--model", help="Model directory or its config.json.")
 _TP = typer.Option(None, "--tp", min=1, max=64, help="Tensor-parallel degree.")
 _GPU_MEM_GIB = typer.Option(
-    None, "--gpu-mem-gib", min=0.001, help="Memory of one GPU in GiB (default: detected with NVML)."
+    None, "--gpu-mem-gib", min=0.001, max=MAX_MEMORY_GIB, help="Memory of one GPU in GiB (default: detected with NVML)."
 )
 _MEMORY_BUDGET_GIB = typer.Option(
     None,
     "--memory-budget-gib",
     min=0.001,
+    max=MAX_MEMORY_GIB,
     help="Bundled runtime: the memory it sizes its pools in, GiB (memory.memory_budget_gib; default 4 on CPU).",
 )
 _MEM_FRACTION_STATIC = typer.Option(
     None, "--mem-fraction-static", min=0.0, max=1.0, help="Fraction of GPU memory for weights + pools."
 )
 _MAMBA_FULL_MEMORY_RATIO = typer.Option(
-    None, "--mamba-full-memory-ratio", min=0.0, help="State-pool bytes per KV-pool byte (SGLang: 0.9)."
+    None, "--mamba-full-memory-ratio", min=0.0, max=10.0, help="State-pool bytes per KV-pool byte (SGLang: 0.9)."
 )
 _MAMBA_SSM_DTYPE = typer.Option(None, "--mamba-ssm-dtype", help="SSM state dtype: float32, bfloat16 or float16.")
 _MAMBA_RADIX_CACHE_STRATEGY = typer.Option(
@@ -122,9 +132,9 @@ _MAX_RUNNING_REQUESTS = typer.Option(
     None, "--max-running-requests", min=1, help="Cap on concurrently running requests."
 )
 _POOL_BYTES = typer.Option(
-    None, "--pool-bytes", min=1, help="Bytes both pools share (skips the GPU/weights arithmetic)."
+    None, "--pool-bytes", min=1, max=MAX_MEMORY_BYTES, help="Bytes both pools share (skips the GPU/weights arithmetic)."
 )
-_POOL_GIB = typer.Option(None, "--pool-gib", min=0.0, help="Same as --pool-bytes, in GiB.")
+_POOL_GIB = typer.Option(None, "--pool-gib", min=0.0, max=MAX_MEMORY_GIB, help="Same as --pool-bytes, in GiB.")
 _MAX_TOTAL_TOKENS = typer.Option(
     None, "--max-total-tokens", min=1, help="Cap on the KV pool in tokens (SGLang's --max-total-tokens)."
 )

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
+from hybridctl.planner.units import MAX_MEMORY_GIB
+
 # An engine flag's value. Finite floats only: TOML writes nan and inf, and no flag takes them.
 ScalarValue = str | int | FiniteFloat | bool
 EngineName = Literal["auto", "sglang", "builtin"]  # server.engine; also what `--engine` accepts
@@ -85,11 +87,15 @@ class MemoryConfig(_Section):
         5.0, gt=0.0, le=600.0, description="Deadline for one elastic-pool reallocation before it is abandoned."
     )
     memory_budget_gib: float | None = Field(
-        None, gt=0.0, description="Bundled runtime on CPU: memory treated as the device's (unset: 4 GiB)."
+        None,
+        gt=0.0,
+        le=MAX_MEMORY_GIB,
+        description="Bundled runtime on CPU: memory treated as the device's (unset: 4 GiB).",
     )
     gpu_mem_gib: float | None = Field(
         None,
         gt=0.0,
+        le=MAX_MEMORY_GIB,
         description="Memory of one GPU of the server, in GiB (init --gpu-mem-gib): plan and doctor size the pools "
         "for it where NVML sees no GPU; a detected GPU and --gpu-mem-gib win. Not passed to the engine.",
     )

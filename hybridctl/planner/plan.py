@@ -18,6 +18,7 @@ from hybridctl.planner.pool_sizing import (
     size_pools,
 )
 from hybridctl.planner.release_sizing import ReleaseSizing, release_sizing
+from hybridctl.planner.units import format_number
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,10 @@ _LIMITERS = {
 
 
 def _count(n: float) -> str:
-    if n >= 1e6:
-        return f"{n / 1e6:.1f} M"
-    if n >= 1e3:
-        return f"{n / 1e3:.1f} k"
+    """A token count as "926.6 k", "2 M", "1.4 G" (one decimal, none when it is 0)."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{format_number(n / scale, digits=1)} {unit}"
     return f"{n:.0f}"
 
 

@@ -14,6 +14,11 @@ import math
 
 GIB = 1 << 30
 MIB = 1 << 20
+# The largest memory size (GiB) a flag or a config key may give: 1 PiB, past any device or host there is. Without a
+# bound `inf` or 1e300 reach the byte arithmetic, which needs integers.
+MAX_MEMORY_GIB = 1 << 20
+# The largest byte count a flag may give (--pool-bytes): the same 1 PiB.
+MAX_MEMORY_BYTES = MAX_MEMORY_GIB * GIB
 
 
 def format_gib(n_bytes: int | float, digits: int = 1, *, trim: bool = False) -> str:

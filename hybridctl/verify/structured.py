@@ -72,6 +72,10 @@ def load_schema(path: Path) -> dict[str, Any]:
         raise SchemaFileError(f"--schema {path}: cannot be read ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
         raise SchemaFileError(f"--schema {path}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    except UnicodeDecodeError:
+        raise SchemaFileError(f"--schema {path}: not UTF-8 text, so not a JSON schema") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise SchemaFileError(f"--schema {path}: nested thousands of levels deep; not a usable JSON schema") from None
     if not isinstance(schema, dict):
         raise SchemaFileError(f"--schema {path}: a JSON schema is an object, this file holds a {type(schema).__name__}")
     try:

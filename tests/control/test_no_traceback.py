@@ -162,6 +162,26 @@ def _cases() -> dict[str, Case]:
         cases[f"status-json-state-{family}"] = Case(("status", "config.toml", "--json"), 2, "server.json", setup)
         cases[f"stop-state-{family}"] = Case(("stop", "config.toml"), 2, "server.json", setup)
     cases["status-config-symlink-loop"] = Case(("status", "loop.toml"), 2, "loop.toml", _symlink_loop("loop.toml"))
+    # Numbers past what they can mean: memory sizes (inf, 1e300) on the flags and in the config.
+    for flag, value in (("--gpu-mem-gib", "inf"), ("--gpu-mem-gib", "1e300"), ("--pool-gib", "inf"),
+                        ("--memory-budget-gib", "inf"), ("--mamba-full-memory-ratio", "inf"),
+                        ("--pool-bytes", str(2**90))):  # fmt: skip
+        cases[f"plan{flag}-{value[:6]}"] = Case(("plan", flag, value), 2, flag)
+    for cmd in (("init", "--out", "o"), ("doctor",)):
+        cases[f"{cmd[0]}-gpu-mem-gib-inf"] = Case((*cmd, "--gpu-mem-gib", "inf"), 2, "--gpu-mem-gib")
+    for key, value in (("gpu_mem_gib", "inf"), ("gpu_mem_gib", "1e300"), ("memory_budget_gib", "inf")):
+        text = f'[server]\nmodel_path = "/models/m"\n[memory]\n{key} = {value}\n'
+        for cmd, args in config_commands.items():
+            named = "config.toml" if cmd == "doctor" else key  # doctor's summary names the file; -v the key
+            cases[f"{cmd}-config-{key}-{value}"] = Case(args, 2, named, _write("config.toml", text))
+    # Other files the commands read: a JSON schema for verify structured, the peer config of doctor.
+    schemas = {"binary": bytes(range(256)), "nested-too-deep": b"[" * 200_000, "bom": b"\xef\xbb\xbf{}",
+               "nul-bytes": b'{"type": "object\x00"}', "not-a-schema": b'{"type": 12}'}  # fmt: skip
+    for family, data in schemas.items():
+        args = ("verify", "structured", "--url", "http://127.0.0.1:9", "--schema", "schema.json")
+        cases[f"verify-schema-{family}"] = Case(args, 2, "schema.json", _write("schema.json", data, with_config=False))
+    for family, (arg, setup) in paths.items():
+        cases[f"doctor-peer-{family}"] = Case(("doctor", "--peer", arg), 2, arg.split("/")[0][:40], setup)
     # doctor --log with bytes no log should hold: read, judged, never a crash (0: nothing found in them).
     for family, data in ODD_BYTES.items():
         setup = _write("server.log", data, with_config=False)
@@ -250,3 +270,12 @@ def test_an_unexpected_failure_is_one_line_and_its_traceback_is_one_variable_awa
     debug = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                            env={**env, "HYBRIDCTL_DEBUG": "1"})  # fmt: skip
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "disk on fire" in debug.stderr
+
+
+def test_memory_flags_share_the_config_keys_bound() -> None:
+    """The flags' bound is spelled in cli/config_args (no library import at `--help`); it is the schema's."""
+    from hybridctl.cli import config_args
+    from hybridctl.planner import units
+
+    assert config_args.MAX_MEMORY_GIB == units.MAX_MEMORY_GIB
+    assert config_args.MAX_MEMORY_BYTES == units.MAX_MEMORY_BYTES
