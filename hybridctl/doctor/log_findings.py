@@ -153,7 +153,9 @@ def _traceback_findings(
             out.append(_signature_finding(sig, tb, scan, inp, basis))
             continue
         fam = family_of(tb)
-        if fam is None or not fam.full or not tb.fatal or not tb.exc_type:
+        # A transfer or an elastic move fails per request and the server goes on serving: still the failure.
+        survivable = fam is not None and fam.family.code in ("PD_STATE_MISMATCH", "ELASTIC_TIMEOUT")
+        if fam is None or not fam.full or not (tb.fatal or survivable) or not tb.exc_type:
             if (stack := plugin_stack(tb, scan)) is not None:
                 done.add(tb.key())
                 fix, changes = _fix("elastic_off", scan, inp)

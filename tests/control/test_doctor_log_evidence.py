@@ -135,3 +135,16 @@ def test_a_hybrid_target_behind_a_plain_draft_model_still_carries_state() -> Non
                "'speculative_draft_model_path': 'lmsys/SGLang-EAGLE3-Llama-3.1-8B'}")  # fmt: skip
     model.read("Load weight end. type=LlamaForCausalLMEagle3, dtype=torch.bfloat16")
     assert model.recurrent is True and "Qwen3-Next" in model.describe()
+
+
+def test_a_failed_state_transfer_is_a_failure_even_when_the_server_goes_on_serving() -> None:
+    lines = [
+        "[2026-11-30 15:00:00 TP0] Unexpected transfer worker error for room 5521",
+        "Traceback (most recent call last):",
+        '  File "/sgl/python/sglang/srt/managers/scheduler.py", line 1692, in process_prefill_transfers',
+        "RuntimeError: Hybrid SSM state geometry differs between prefill and decode",
+        "[2026-11-30 15:00:01 TP0] Prefill batch, #new-seq: 1, #new-token: 300, #cached-token: 0, #queue-req: 0",
+        '[2026-11-30 15:00:02] INFO:     127.0.0.1:1 - "POST /generate HTTP/1.1" 200 OK',
+    ]
+    (f,) = diagnose_lines(lines)
+    assert f.code == "PD_STATE_MISMATCH" and f.basis[0].startswith("message family: PD state transfer")
