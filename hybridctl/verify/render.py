@@ -44,8 +44,7 @@ def _prefix_table(m: dict[str, Any]) -> Table:
 
 
 def _upstream_table(m: dict[str, Any]) -> Table:
-    table = Table(title=f"upstream: local {m['local_model']} vs {m['upstream_url']} ({m['upstream_model']})",
-                  title_justify="left")  # fmt: skip
+    table = Table(title="upstream", title_justify="left")
     for col in ("prompt", "local ms", "upstream ms", "tokens (local/upstream)", "agreement"):
         table.add_column(col, justify="left" if col == "prompt" else "right", overflow="fold")
     for row in m["prompts"]:
@@ -82,7 +81,10 @@ def render_report(report: VerifyReport, console: Console) -> None:
                     highlight=False,
                 )
         if check.name == "upstream" and "prompts" in check.measurements:
-            console.print(_upstream_table(check.measurements))
+            m = check.measurements
+            console.print(f"upstream: local {escape(str(m['local_model']))} vs {escape(str(m['upstream_url']))} "
+                          f"({escape(str(m['upstream_model']))})", highlight=False, soft_wrap=True)  # fmt: skip
+            console.print(_upstream_table(m))
         if check.status == "failed":
             for reason in check.reasons:
                 console.print(f"  [red]✗ {check.name}:[/] {escape(reason)}", soft_wrap=True)

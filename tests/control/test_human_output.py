@@ -94,6 +94,7 @@ def test_commands_print_no_python_spellings(outputs: dict[str, str], command: st
     assert _python_spellings(text) == [], text
     assert not re.search(r"\d GB\b", text), text  # memory is GiB everywhere
     assert not re.search(r"\ba [8]\d* GiB", text), text  # "an 80 GiB GPU"
+    assert not re.search(r"\b(error|warning|info)\b[^\n]*: \1 [A-Z_]{4,}", text), text  # a severity said twice
 
 
 @pytest.mark.parametrize("command", ["plan", "launch --dry-run"])
