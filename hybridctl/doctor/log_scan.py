@@ -23,7 +23,7 @@ _MAX_ERRORS = 200
 # An elastic-memory stack at work in this server: kvcached's own log lines, torch_memory_saver, SGLang's unified
 # memory pool. A start-up crash in the memory pools of such a server is that stack's failure.
 _PLUGIN = re.compile(
-    r"\[kvcached\]|\bkvcached\b|torch_memory_saver|enable_unified_memory'?\s*[:=]\s*True|--enable-unified-memory\b"
+    r"\[kvcached\]|\bkvcached\b|ENABLE_KVCACHED|KVCACHED_\w+|torch_memory_saver|enable_unified_memory'?\s*[:=]\s*True|--enable-unified-memory\b"
     r"|UNIFIED MEMORY POOL ENABLED",
     re.IGNORECASE,
 )
