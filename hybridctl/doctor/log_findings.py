@@ -1,8 +1,12 @@
 """A scanned log -> findings, in the order the log shows them (first cause first).
 
-Three layers: message patterns (log_patterns.py), traceback signatures (log_signatures.py: exception type +
-frames), and the start-up numbers (a zero-sized state pool, the radix cache off). A fatal traceback or a process
-death that none of them explains becomes UNKNOWN_FAILURE: no log that crashed passes silently.
+The evidence, most specific first: message patterns (log_patterns.py), traceback signatures (log_signatures.py:
+exception type + frames), message families (log_families.py: setting, state, refusal), an elastic stack active
+before a crash in the pools' set-up, and the start-up numbers (a zero-sized state pool, the radix cache off).
+Then the checks of log_evidence.py: a warning that predicts a miss must be confirmed by the prefills after it,
+and a model without recurrent state withdraws the five codes. A fatal traceback or a process death that nothing
+explains becomes UNKNOWN_FAILURE, naming the nearest code and why it was not assigned: no log that crashed passes
+silently. Every finding carries its evidence in `basis`.
 """
 
 from __future__ import annotations
