@@ -1,8 +1,10 @@
-"""Read a server log (SGLang 0.5.x or the bundled runtime) into data: failure-pattern matches, start-up pool
-sizes, prefix-cache statistics. Pure text processing; turning matches into fixes is diagnose.py's job.
+"""Read a server log (SGLang 0.4.x-0.5.x or the bundled runtime) into data: failure-pattern matches, error lines
+for the message families, tracebacks, start-up pool sizes, prefix-cache statistics, the model's recurrent state
+and the elastic stack in use. Pure text processing; turning it into findings is log_findings.py's job.
 
-Logs come with ANSI colours, "[2026-01-02 10:00:00 TP0] " prefixes, several ranks interleaved and tracebacks
-whose last line repeats the message; the same failure is reported once, at its first line, with a count.
+The log is read through hybridctl/logs/normalize.py first (wrapped lines, pasted excerpts, prefixes, JSON
+logging), so every entry arrives whole; the same failure on several ranks is reported once, at its first line,
+with a count.
 """
 
 from __future__ import annotations
