@@ -18,6 +18,7 @@ here too, since deciding what continues what needs to know which lines start an 
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -46,6 +47,7 @@ _COLLECTOR = re.compile(
 )
 _TORCH_RANK = re.compile(r"^\[(?P<rank>rank\d+)\]:\s?")
 
+_ENTITY = re.compile(r"&(?:quot|gt|lt|amp|#39|#x27|apos);")
 _QUOTE = re.compile(r"^\s{0,3}(?:>\s?)+")
 _FENCE = re.compile(r"^\s*(?:```|~~~)")
 _HTML = re.compile(r"</?(?:details|summary|pre|code|br)\b[^>]*>", re.IGNORECASE)
@@ -124,6 +126,8 @@ def split_prefix(raw: str) -> tuple[str, str, str, bool]:
 def _pieces(raw: str) -> list[_Piece]:
     """One physical line -> the lines it stands for (none for fences and elisions, several for a JSON record)."""
     text = ANSI.sub("", raw.rstrip("\r\n"))
+    if "&" in text and _ENTITY.search(text):
+        text = html.unescape(text)  # copied from a rendered page: &quot;, &gt;, &#39;
     text = _QUOTE.sub("", text)
     if _FENCE.match(text):
         return []

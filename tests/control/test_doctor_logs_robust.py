@@ -7,6 +7,7 @@ must read through all of them (hybridctl/logs/normalize.py); the codes it report
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import textwrap
@@ -156,6 +157,7 @@ TRANSFORMS: dict[str, Callable[[list[str]], list[str]]] = {
     "indented_code_block": lambda lines: [f"    {line}" for line in lines],
     "python311_carets": _carets,
     "kubernetes_timestamps": _k8s,
+    "html_escaped": lambda lines: [html.escape(line) for line in lines],
     "ray_actor_prefix": lambda lines: [f"(SGLangEngine pid=4242, ip=10.0.0.7) {line}" for line in lines],
     "quoted_fenced_wrapped": lambda lines: _markdown_quote(_fenced(_soft_wrap(72)(_no_prefix(lines)))),
 }
