@@ -127,3 +127,8 @@ def test_loguru_prefixes_frames_without_the_word_file_and_other_json_keys() -> N
     assert frame[1].strip() == 'File "/x/sglang/srt/mem_cache/memory_pool.py", line 499, in _init_mamba_pool'
     record = {"level": "error", "msg": "boom", "exc": "Traceback (most recent call last):\nKeyError: 1"}
     assert [m for _, m in entries(json.dumps(record))] == ["boom", "Traceback (most recent call last):", "KeyError: 1"]
+
+
+def test_html_entities_of_a_copied_page_are_undone() -> None:
+    (frame,) = entries("&gt;   File &quot;/x/sglang/srt/a.py&quot;, line 3, in f")
+    assert frame[1].strip() == 'File "/x/sglang/srt/a.py", line 3, in f'
