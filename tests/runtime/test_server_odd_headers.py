@@ -49,6 +49,10 @@ def test_odd_bytes_in_headers_get_an_answer_and_the_server_goes_on(demo_model_di
         body = b'{"text": "hi", "sampling_params": {"max_new_tokens": 1}}'
         post = b"POST /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n" + good
         assert _raw_request(server.port, post + b"\r\nContent-Length: \xd9\xa1\xd9\xa2", body) == 400
+        length = f"Content-Length: {len(body)}".encode()
+        assert _raw_request(server.port, post + b"\r\n" + length + b"\r\nContent-Length: 3", body) == 400
+        twice = post + b"\r\n" + length + b"\r\nContent-Type: text/plain\r\nX-Odd: 1\r\nX-Odd: \xff"
+        assert _raw_request(server.port, twice, body) == 200  # repeated ordinary headers change nothing
         with httpx.Client(base_url=server.url) as client:
             ok = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}},
                              headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
