@@ -12,7 +12,8 @@ import pytest
 
 from tests.runtime.conftest import RunningServer, start_runtime_server
 
-# Builds the demo model's graphs (from inductor's cache when test_torch_compile.py ran first: the same flags).
+# Builds the demo model's graphs with the flags of test_torch_compile.py's fixture, so it runs after that module
+# (the file name sorts after it) and loads the graphs from inductor's cache instead of compiling them again.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
