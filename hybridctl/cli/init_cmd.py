@@ -88,4 +88,9 @@ def init(
         )
     elif result.plan_skipped:
         console.print(f"[yellow]no plan[/]: {escape(result.plan_skipped)}")
-    console.print("next: `hybridctl validate` then `hybridctl launch`.")
+    if not result.config.config.server.model_path:
+        # launch refuses a config with nothing to serve: say the step that comes first
+        console.print(escape("next: set model_path in [server] of config.toml (or rerun init with --model, --force),"))
+        console.print("      then `hybridctl validate` and `hybridctl launch`.")
+    else:
+        console.print("next: `hybridctl validate` then `hybridctl launch`.")

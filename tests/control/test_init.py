@@ -278,3 +278,12 @@ def test_a_config_file_is_not_a_model_path(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "model directory" in result.output and "Nothing was written" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_next_step_without_a_model_is_the_one_launch_needs_first(tmp_path: Path) -> None:
+    # launch refuses a config whose model_path is empty, so init does not send the user straight there
+    result = run("init", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "set model_path in [server] of config.toml" in result.output
+    launch = runner.invoke(app, ["launch", "--dry-run", str(tmp_path / "config.toml")])
+    assert launch.exit_code == 2 and "MODEL_PATH_MISSING" in launch.output
