@@ -39,8 +39,10 @@ def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig 
     except ConfigError as exc:
         n = len(exc.findings)
         details = tuple(str(f) for f in exc.findings)
+        # The files that hold the errors (settings.json's own, or both), not always config.toml.
+        where = " + ".join(dict.fromkeys(f.file for f in exc.findings)) or str(config)
         return None, Check(
-            what, "error", f"{config}: {n} error{'s' if n != 1 else ''}; run hybridctl validate", details
+            what, "error", f"{where}: {n} error{'s' if n != 1 else ''}; run hybridctl validate", details
         )
     return cfg, Check(what, "ok", f"{config} + {settings}")
 

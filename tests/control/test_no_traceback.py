@@ -101,6 +101,17 @@ def _cases() -> dict[str, Case]:
         cases[f"plan-settings-{family}"] = Case(
             ("plan", "config.toml", "--gpu-mem-gib", "80"), 2, "settings.json", _write("settings.json", data)
         )
+    # JSON and TOML Python reads differently from the spec: nesting past the stack, numbers past its digit limit.
+    odd_documents = {
+        "settings-nested-too-deep": ("settings.json", "[" * 200_000),
+        "settings-object-nested-too-deep": ("settings.json", '{"a":' * 200_000),
+        "settings-5000-digit-number": ("settings.json", '{"a": ' + "9" * 5000 + "}"),
+        "config-nested-too-deep": ("config.toml", "a = " + "[" * 200_000 + "]" * 200_000 + "\n"),
+        "config-5000-digit-number": ("config.toml", '[server]\nmodel_path = "/m"\nport = ' + "9" * 5000 + "\n"),
+    }
+    for family, (name, text) in odd_documents.items():
+        for cmd, args in config_commands.items():
+            cases[f"{cmd}-{family}"] = Case(args, 2, name, _write(name, text))
     # Config values naming paths the OS cannot look up.
     values = {
         "model-relative-too-long": f'[server]\nmodel_path = "{LONG}"\n',
