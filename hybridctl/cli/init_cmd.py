@@ -25,9 +25,16 @@ def init(
         help="GPU memory per device in GiB (default: detected with NVML).",
     ),
     tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor-parallel degree."),
-    context_len: int | None = typer.Option(None, "--context-len", min=1, help="Longest request, in tokens."),
+    # Token counts fit a signed 32-bit int, as the engines hold them; larger is no workload, only a broken command.
+    context_len: int | None = typer.Option(
+        None, "--context-len", min=1, max=2**31 - 1, help="Longest request, in tokens."
+    ),
     concurrency: int | None = typer.Option(
-        None, "--concurrency", min=1, help="Expected concurrent requests (workload hint for the planner)."
+        None,
+        "--concurrency",
+        min=1,
+        max=2**31 - 1,
+        help="Expected concurrent requests (workload hint for the planner).",
     ),
     engine: str = typer.Option("auto", "--engine", help="auto, sglang or builtin."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),

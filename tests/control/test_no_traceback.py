@@ -178,6 +178,8 @@ def _cases() -> dict[str, Case]:
                         ("--memory-budget-gib", "inf"), ("--mamba-full-memory-ratio", "inf"),
                         ("--pool-bytes", str(2**90))):  # fmt: skip
         cases[f"plan{flag}-{value[:6]}"] = Case(("plan", flag, value), 2, flag)
+    for flag in ("--context-len", "--concurrency"):  # a token count past int32 is no workload
+        cases[f"init{flag}-2^80"] = Case(("init", "--out", "o", flag, str(2**80)), 2, flag)
     for cmd in (("init", "--out", "o"), ("doctor",)):
         cases[f"{cmd[0]}-gpu-mem-gib-inf"] = Case((*cmd, "--gpu-mem-gib", "inf"), 2, "--gpu-mem-gib")
     for key, value in (("gpu_mem_gib", "inf"), ("gpu_mem_gib", "1e300"), ("memory_budget_gib", "inf")):
