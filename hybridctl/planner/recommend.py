@@ -27,6 +27,7 @@ from hybridctl.planner.pool_sizing import (
     size_pools,
     slots_per_request,
 )
+from hybridctl.planner.units import format_percent
 
 # The most of the pool we hand to recurrent state when the target concurrency does not fit: r = 4 leaves 20%
 # of the pool for KV, below which requests could not hold useful contexts anyway.
@@ -209,7 +210,7 @@ def _ratio_for_concurrency(
     else:
         share = _MAX_RATIO / (1 + _MAX_RATIO)
         ratio_reason = (
-            f"{concurrency} concurrent requests do not fit: even giving state {share:.0%} of the pool "
+            f"{concurrency} concurrent requests do not fit: even giving state {format_percent(share)} of the pool "
             f"holds only {plan.max_running_requests}. Use mamba.state_dtype = 'bfloat16' (halves the "
             f"state) or more GPUs (--tp)."
         )

@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hybridctl.planner.units import format_percent
 from hybridctl.verify.report import CheckResult
 from hybridctl.verify.stats import Summary, bootstrap_ratio_ci, summarize
 
@@ -232,7 +233,7 @@ def _case_reason(
         return (
             f"{case} ({info['description']}): {info['judged'] - info['judged_hits']}/"
             f"{info['judged']} warm "
-            f"requests reused fewer than {need} tokens ({options.min_cached_fraction:.0%} of the "
+            f"requests reused fewer than {need} tokens ({format_percent(options.min_cached_fraction)} of the "
             f"{document_tokens}-token document; cached_tokens {judged}): "
             f"{_miss_hint(server_args, document_tokens)}"
         )

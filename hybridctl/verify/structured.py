@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hybridctl.planner.units import format_percent
 from hybridctl.verify.client import SGLangClient
 from hybridctl.verify.report import CheckResult
 
@@ -152,8 +153,8 @@ def judge_structured(answers: list[Answer], options: StructuredOptions) -> tuple
     bad = [a for a in answered if not a.schema_valid]
     if rate < options.min_valid_rate and bad:
         reasons.append(
-            f"{len(bad)} of {len(answered)} answers are not valid for the schema (valid rate {rate:.1%} < "
-            f"{options.min_valid_rate:.0%}); first: {bad[0].error}"
+            f"{len(bad)} of {len(answered)} answers are not valid for the schema (valid rate {format_percent(rate)} < "
+            f"{format_percent(options.min_valid_rate)}); first: {bad[0].error}"
         )
     return reasons, measured
 
