@@ -6,6 +6,7 @@ Command modules import heavy libraries (rich tables, httpx, the planner) inside 
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 
@@ -31,6 +32,11 @@ CRASH_EXIT = 2
 def main() -> None:
     """Run the CLI. The commands report the failures they know as `error: …` lines; anything else that escapes
     is a hybridctl bug, and the user sees one line saying what failed and how to report it, not a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        # A terminal or pipe whose encoding lacks a character we print (✓, —, a path's odd bytes) gets a "?"
+        # in its place rather than a UnicodeEncodeError: PYTHONIOENCODING=ascii, a latin-1 locale.
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="replace")
     try:
         app()
     except BrokenPipeError:

@@ -195,6 +195,13 @@ def _cases() -> dict[str, Case]:
         cases[f"verify-schema-{family}"] = Case(args, 2, "schema.json", _write("schema.json", data, with_config=False))
     for family, (arg, setup) in paths.items():
         cases[f"doctor-peer-{family}"] = Case(("doctor", "--peer", arg), 2, arg.split("/")[0][:40], setup)
+    # A terminal whose encoding lacks what is printed (a path with non-ASCII, doctor's marks): "?" in its place.
+    for encoding in ("ascii", "latin-1"):
+        text = '[server]\nmodel_path = "/models/ü—✓/模型"\n'
+        env = (("PYTHONIOENCODING", encoding),)
+        for cmd, args in config_commands.items():
+            named = "config.toml" if cmd == "doctor" else "model_path"
+            cases[f"{cmd}-{encoding}-terminal"] = Case(args, 2, named, _write("config.toml", text), env=env)
     # doctor --log with bytes no log should hold: read, judged, never a crash (0: nothing found in them).
     for family, data in ODD_BYTES.items():
         setup = _write("server.log", data, with_config=False)
