@@ -22,9 +22,15 @@ class PreflightError(ValueError):
 
 def check_model_dir(model_path: str) -> None:
     path = Path(model_path)
-    if not path.is_dir():
+    try:
+        is_dir = path.is_dir()
+        has_config = is_dir and (path / "config.json").is_file()
+    except (OSError, ValueError) as exc:  # a name longer than the OS allows, a NUL byte, a directory we may not enter
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise PreflightError(f"--model-path {model_path[:200]}: cannot be looked up ({why})") from None
+    if not is_dir:
         raise PreflightError(f"--model-path {model_path}: no such directory (the runtime loads local models only)")
-    if not (path / "config.json").is_file():
+    if not has_config:
         raise PreflightError(f"--model-path {model_path}: config.json not found; point it at a model directory")
 
 

@@ -299,3 +299,12 @@ def test_memory_flags_share_the_config_keys_bound() -> None:
 
     assert config_args.MAX_MEMORY_GIB == units.MAX_MEMORY_GIB
     assert config_args.MAX_MEMORY_BYTES == units.MAX_MEMORY_BYTES
+
+
+@pytest.mark.parametrize("model_path", [LONG, f"/{LONG}/model", "models/a\x00b"])
+def test_the_runtime_names_a_model_path_the_os_cannot_look_up(model_path: str) -> None:
+    """`python -m runtime` runs this check first (torch-free): a refusal naming the flag, exit 2, no OSError."""
+    from runtime.preflight import PreflightError, check_model_dir
+
+    with pytest.raises(PreflightError, match="--model-path .*(cannot be looked up|no such directory)"):
+        check_model_dir(model_path)

@@ -192,6 +192,7 @@ REFUSAL_SITES = {
     "runtime/preflight.py": {
         "no such directory": "model_path does not exist",
         "config.json not found": "model_path does not exist",
+        "cannot be looked up": "model_path does not exist",
         "enable_elastic_memory_pool with speculative decoding": "elastic + speculative on builtin",
         "must be a positive multiple of page_size": "track interval not a page multiple, cache off",
         "extra_buffer_lazy needs the overlap schedule": "extra_buffer_lazy on builtin",
