@@ -65,7 +65,7 @@ def launch(
         None, "--sglang-version", help="Write SGLang flags for this version (default: the installed one)."
     ),
     timeout: float = typer.Option(
-        900.0, "--timeout", min=1.0, help="Seconds to wait for the server to become healthy."
+        900.0, "--timeout", min=1.0, max=86_400.0, help="Seconds to wait for the server to become healthy."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan / result as JSON."),
 ) -> None:
@@ -328,7 +328,10 @@ def stop(
     config: Path | None = CONFIG_ARG,
     config_opt: Path | None = CONFIG_OPT,
     _settings: Path | None = UNUSED_SETTINGS_OPT,
-    timeout: float = typer.Option(20.0, "--timeout", min=0.0, help="Seconds between SIGTERM and SIGKILL."),
+    # At most a day, as launch's: inf would reach time arithmetic as a deadline that never comes.
+    timeout: float = typer.Option(
+        20.0, "--timeout", min=0.0, max=86_400.0, help="Seconds between SIGTERM and SIGKILL."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Stop the server launched from CONFIG: SIGTERM, then SIGKILL after --timeout; removes the state file."""

@@ -178,6 +178,10 @@ def _cases() -> dict[str, Case]:
                         ("--memory-budget-gib", "inf"), ("--mamba-full-memory-ratio", "inf"),
                         ("--pool-bytes", str(2**90))):  # fmt: skip
         cases[f"plan{flag}-{value[:6]}"] = Case(("plan", flag, value), 2, flag)
+    for cmd in ("stop", "launch"):  # a timeout of inf is a deadline that never comes
+        cases[f"{cmd}-timeout-inf"] = Case(
+            (cmd, "config.toml", "--timeout", "inf"), 2, "--timeout", _write("config.toml", GOOD_CONFIG)
+        )
     for flag in ("--context-len", "--concurrency"):  # a token count past int32 is no workload
         cases[f"init{flag}-2^80"] = Case(("init", "--out", "o", flag, str(2**80)), 2, flag)
     for cmd in (("init", "--out", "o"), ("doctor",)):
