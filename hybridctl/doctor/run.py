@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hybridctl import paths
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import CODES, Check, CheckStatus, DoctorFinding
 from hybridctl.doctor.judge import judge_host, resolve_engine
@@ -90,7 +91,7 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
         report.checks.append(check)
         no_config = f"{opts.config_path} did not load (see Config)"
     else:
-        no_config = f"no config.toml found at {opts.config_path.resolve()}"
+        no_config = f"no config.toml found at {paths.resolve(opts.config_path)}"
         report.checks.append(Check("Config", "skipped", f"skipped: {no_config}; pass --config to predict from one"))
     host_checks, host_findings = judge_host(host, cfg)
     report.checks[0:0] = host_checks

@@ -25,7 +25,7 @@ def same_model_path(served: str, configured: str) -> bool:
         return True
     try:
         return Path(served).expanduser().resolve() == Path(configured).expanduser().resolve()
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11's resolve)
         return False
 
 

@@ -150,6 +150,8 @@ def _cases() -> dict[str, Case]:
         cases[f"init-out-{family}"] = Case(("init", "--out", arg), 2, arg.split("/")[0][:40], setup)
         cases[f"schema-out-{family}"] = Case(("schema", "--out", arg), 2, arg.split("/")[0][:40], setup)
     cases["init-out-symlink-loop"] = Case(("init", "--out", "loop"), 2, "loop", _symlink_loop("loop"))
+    cases["demo-out-symlink-loop"] = Case(("demo", "--out", "loop"), 2, "loop", _symlink_loop("loop"))
+    cases["demo-out-too-long"] = Case(("demo", "--out", LONG), 2, LONG[:40])
     # The launch state file behind status and stop.
     states = {
         "pid-2^31": _state({"pid": 2**31}),
