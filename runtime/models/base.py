@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, ModelLayout, PoolBuffers
+from runtime.core.device_path import upload
 from runtime.models.layers.attention import AttentionMetadata
 from runtime.models.layers.packing import SequencePacking
 
@@ -32,9 +33,9 @@ class StepContext:
             buffers=buffers,
             attn=AttentionMetadata.build(batch, device),
             packing=None if decode else SequencePacking.build(batch, device),
-            state_slots=batch.state_slots.to(device),
-            out_locs=batch.out_locs.to(device),
-            positions=batch.positions.to(device),
+            state_slots=upload(batch.state_slots, device),
+            out_locs=upload(batch.out_locs, device),
+            positions=upload(batch.positions, device),
         )
 
     def logit_rows(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -102,7 +103,7 @@ class HybridModel(nn.Module):
     def forward(self, batch: ForwardBatch, buffers: PoolBuffers) -> torch.Tensor:
         device = next(self.parameters()).device
         ctx = StepContext.build(batch, buffers, device)
-        return self.forward_tokens(batch.input_ids.to(device), ctx)
+        return self.forward_tokens(upload(batch.input_ids, device), ctx)
 
     def forward_tokens(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:  # pragma: no cover
         """Tensors only, from embedding to logits: what the compiled decode path traces."""

@@ -15,8 +15,14 @@ def is_greedy(p: SamplingParams) -> bool:
 
 def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
     """One token from one row of logits ([vocab], float32)."""
+    return int(sample_row_tensor(logits, p, generator))
+
+
+def sample_row_tensor(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """`sample_row`'s token as a [1] int64 tensor on the device that drew it: no host read, so a batch's rows are
+    read back together, once (`sample`)."""
     if is_greedy(p):
-        return int(torch.argmax(logits))
+        return torch.argmax(logits).view(1)
     scaled = logits / p.temperature
     if p.top_k > 0 and p.top_k < scaled.numel():
         kth = torch.topk(scaled, p.top_k).values[-1]
@@ -26,7 +32,7 @@ def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generat
         sorted_probs, order = torch.sort(probs, descending=True)
         # Keep the smallest set whose mass reaches top_p (the token crossing the line stays in).
         drop = torch.cumsum(sorted_probs, 0) - sorted_probs >= p.top_p
-        sorted_probs[drop] = 0.0
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)  # a boolean index_put_ reads the mask back on a GPU
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
@@ -34,7 +40,7 @@ def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generat
         # A generator draws only on its own device; the scheduler makes them on the logits' device, so this is
         # for a caller that did not (the draw then follows that generator's stream).
         probs = probs.to(generator.device)
-    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+    return torch.multinomial(probs / probs.sum(), 1, generator=generator)
 
 
 def select_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -62,7 +68,8 @@ def sample(
     logits = logits.float()
     if all(is_greedy(p) for p in params):  # the common case: one argmax for the whole batch
         return greedy_tokens(logits)
-    return [sample_row(logits[i], p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))]
+    rows = [sample_row_tensor(logits[i], p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))]
+    return torch.cat([row.to(logits.device) for row in rows]).tolist()  # the step's one readback
 
 
 def sample_isolated(

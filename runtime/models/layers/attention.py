@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.core.batch import ForwardBatch
+from runtime.core.device_path import upload
 
 
 @dataclass
@@ -60,11 +61,11 @@ class AttentionMetadata:
             lens = [int(loc.numel()) for loc in batch.kv_locs]
             max_len = max(lens)
             if min(lens) == max_len:
-                return cls(decode=True, kv_index=torch.stack(list(batch.kv_locs)).to(device))
+                return cls(decode=True, kv_index=upload(torch.stack(list(batch.kv_locs)), device))
             index = torch.stack([F.pad(loc, (0, max_len - loc.numel()), value=int(loc[0])) for loc in batch.kv_locs])
             lens_t = torch.tensor(lens)
             mask = (torch.arange(max_len)[None, :] < lens_t[:, None])[:, None, None, :]
-            return cls(decode=True, kv_index=index.to(device), kv_mask=mask.to(device))
+            return cls(decode=True, kv_index=upload(index, device), kv_mask=upload(mask, device))
         spans: list[tuple[int, int]] = []
         masks: list[torch.Tensor | None] = []
         start = 0
@@ -82,7 +83,7 @@ class AttentionMetadata:
             else:
                 rows = torch.arange(ext, device=device)[:, None] + pre
                 masks.append(torch.arange(pre + ext, device=device)[None, :] <= rows)
-        return cls(decode=False, seq_kv=[loc.to(device) for loc in batch.kv_locs], q_spans=spans, seq_masks=masks)
+        return cls(decode=False, seq_kv=[upload(loc, device) for loc in batch.kv_locs], q_spans=spans, seq_masks=masks)
 
 
 def paged_attention(

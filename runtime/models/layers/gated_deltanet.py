@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.core.device_path import accelerator_path
 from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
 from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_step
 from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
@@ -68,7 +69,8 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_qkvz.weight.copy_(self.in_proj_qkvz.weight.index_select(0, qkvz_order))
         self.in_proj_ba.weight.copy_(self.in_proj_ba.weight.index_select(0, ba_order))
         self._rows_deinterleaved = True
-        extend_kernels.library()  # built (or its absence logged) at load, not inside the first request
+        if not accelerator_path(self.in_proj_qkvz.weight.device):  # the C kernels read host memory
+            extend_kernels.library()  # built (or its absence logged) at load, not inside the first request
 
     def decode_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The projection weights as row blocks (qkv [conv_dim, H], z [value_dim, H], b [nv, H], a [nv, H]),

@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.core.device_path import accelerator_path
 from runtime.models.layers.derived import Derived, per_expert
+from runtime.models.layers.grouped_moe import grouped_experts
 from runtime.models.layers.mlp import GatedMLP
 from runtime.native import extend_kernels
 
@@ -54,6 +56,8 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return self.forward_traced(x, ids, weights)
+        if accelerator_path(x.device):  # no host read of the routing (runtime/models/layers/grouped_moe.py)
+            return grouped_experts(x, ids, weights, self.gate_up_proj, self.down_proj, swiglu)
         if x.shape[0] == 1:
             return self.forward_one_token(x, ids, weights)
         if self.dense_is_cheaper(x.shape[0], ids.shape[1]):
@@ -127,6 +131,8 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate > 0 else None
 
     def after_weights_loaded(self) -> None:
+        if accelerator_path(self.gate.weight.device):
+            return  # the C kernels read host memory: not built for a model on an accelerator
         extend_kernels.library()  # built (or its absence logged) at load, not in the first request
 
     def forward(self, x: torch.Tensor, short_extend: bool = False) -> torch.Tensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.core.batch import ForwardBatch
+from runtime.core.device_path import accelerator_path, upload
 from runtime.models.layers.state_checkpoints import StateCheckpoints
 from runtime.native.extend_kernels import NativeRefused, ShortExtendPlan
 
@@ -36,6 +37,9 @@ class SequencePacking:
     # One sequence laid out as uniform (pad and unpad are views) whose steps from `lens` on are padding: a
     # compiled extend padded to its bucket's length (runtime/engine/compiled_extend.py).
     padded_tail: bool = False
+    # [T]: each packed token's row in the flattened [B * Lmax] padding, for a batch that is not uniform (a gather:
+    # boolean-mask indexing would read the mask back to size its output, a host sync on a GPU).
+    unpad_index: torch.Tensor | None = None
     # Host-side copies for the short-extend kernels, set by `build` for a short batch (None: the torch path).
     host: tuple[list[int], list[bool], list[int]] | None = None
     _plan: ShortExtendPlan | None = field(default=None, init=False, repr=False)
@@ -44,20 +48,22 @@ class SequencePacking:
     @classmethod
     def build(cls, batch: ForwardBatch, device: torch.device) -> SequencePacking:
         lens = torch.tensor(batch.extend_lens, dtype=torch.int64)
-        short = sum(batch.extend_lens) <= SHORT_EXTEND_MAX_TOKENS
+        # The C kernels read host memory: the accelerator path never takes them.
+        short = sum(batch.extend_lens) <= SHORT_EXTEND_MAX_TOKENS and not accelerator_path(device)
         max_len = int(lens.max())
         starts = torch.cumsum(lens, 0) - lens
         steps = torch.arange(max_len)[None, :]
         valid = steps < lens[:, None]
         gather_index = starts[:, None] + torch.minimum(steps, (lens - 1)[:, None])
         return cls(
-            lens=lens.to(device),
+            lens=upload(lens, device),
             max_len=max_len,
-            gather_index=gather_index.to(device),
-            valid=valid.to(device),
-            has_prefix=torch.tensor([p > 0 for p in batch.prefix_lens], device=device),
-            state_slots=batch.state_slots.to(device),
-            last_index=(starts + lens - 1).to(device),
+            gather_index=upload(gather_index, device),
+            valid=upload(valid, device),
+            unpad_index=upload(valid.view(-1).nonzero().view(-1), device),
+            has_prefix=upload(torch.tensor([p > 0 for p in batch.prefix_lens]), device),
+            state_slots=upload(batch.state_slots, device),
+            last_index=upload(starts + lens - 1, device),
             uniform=bool((lens == max_len).all()),
             checkpoints=StateCheckpoints.build(batch.state_checkpoints, batch.extend_lens, device)
             if batch.state_checkpoints
@@ -100,7 +106,8 @@ class SequencePacking:
         """[B, Lmax, ...] → [T, ...] in packed order."""
         if self.uniform:
             return x.reshape(-1, *x.shape[2:])
-        return x[self.valid]
+        assert self.unpad_index is not None
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.unpad_index)
 
     def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
         """Zero the padded steps of a [B, Lmax, ...] tensor."""
