@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Sequence
 from typing import Literal
 
@@ -41,7 +42,8 @@ def show_value(key: str, value: object, fmt: FileFormat) -> str:
         return "a table" if fmt == "toml" else "an object"
     if isinstance(value, list):
         return "an array"
-    text = repr(value) if isinstance(value, str) else str(value)
+    # A string as both files spell one ("0.5"), not as Python does ('0.5').
+    text = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -227,3 +227,16 @@ def test_formatting_rules() -> None:
         "0.42 ms", "4.2 ms", "138 ms", "1.4 s", "125 s", "n/a",
     ]  # fmt: skip
     assert format_value(True) == "true" and format_value("fcfs") == '"fcfs"' and format_value(None) == "null"
+
+
+def test_wrong_values_are_quoted_as_the_files_spell_them(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text(
+        '[server]\nmodel_path = "/models/m"\nport = true\n[memory]\nmem_fraction_static = "0.5"\n'
+    )
+    (tmp_path / "settings.json").write_text('{"logging": {"log_requests": "yes", "level": null}}')
+    text = subprocess.run(
+        [sys.executable, "-m", "hybridctl", "validate"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    ).stdout
+    for shown in ("`port` = true", '`mem_fraction_static` = "0.5"', '`log_requests` = "yes"', "`level` = null"):
+        assert shown in text, text
+    assert _python_spellings(text) == [] and "'0.5'" not in text, text
