@@ -239,4 +239,5 @@ def test_wrong_values_are_quoted_as_the_files_spell_them(tmp_path: Path) -> None
     ).stdout
     for shown in ("`port` = true", '`mem_fraction_static` = "0.5"', '`log_requests` = "yes"', "`level` = null"):
         assert shown in text, text
-    assert _python_spellings(text) == [] and "'0.5'" not in text, text
+    bounds = re.sub(r"[\d.]+ [<≤] value( [<≤] [\d.]+)?", "<range>", text)  # a float key's range, as TOML spells it
+    assert _python_spellings(bounds) == [] and "'0.5'" not in text, text
