@@ -13,6 +13,7 @@ from safetensors import safe_open
 from runtime.models.base import HybridModel
 from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
+from runtime.models.quantized import SCALE_SUFFIX, Fp8Blocks, checkpoint_quantization, is_fp8
 from runtime.models.registry import resolve
 
 # Non-parameter tensors some exporters write; they are recomputed, never read.
@@ -99,6 +100,7 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
     model_path = Path(model_path)
     cfg = read_config(model_path)
     entry = resolve(cfg)
+    fp8 = checkpoint_quantization(cfg)  # refused here, before any memory, when it is not one the loader reads
     # Built on the meta device: no random init, no memory until the checkpoint fills each parameter.
     with torch.device("meta"), _no_init():
         try:
@@ -112,17 +114,42 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
                 "fix the file or re-download the model."
             ) from None
     # Cast while still on meta so real memory is allocated once, at the target dtype.
-    model = _materialize(model.cast(dtype), torch.device(device))
-    files = _tensor_files(model_path)
-    _fill_parameters(model, files, dtype, torch.device(device))
-    for module in model.modules():  # layers that re-lay their weights for serving once they hold real values
-        hook = getattr(module, "after_weights_loaded", None)
-        if callable(hook):
-            hook()
+    with weights_fit(torch.device(device)):
+        model = _materialize(model.cast(dtype), torch.device(device))
+        files = _tensor_files(model_path)
+        _fill_parameters(model, files, dtype, torch.device(device), fp8)
+        for module in model.modules():  # layers that re-lay their weights for serving once they hold real values
+            hook = getattr(module, "after_weights_loaded", None)
+            if callable(hook):
+                hook()
     model.eos_token_ids = _eos_ids(model_path, cfg)
     # Serving only: no forward should record an autograd graph, whether or not its caller is in inference mode
     # (the kernels write into preallocated outputs, which autograd refuses).
     return model.eval().requires_grad_(False)
+
+
+@contextmanager
+def weights_fit(device: torch.device) -> Iterator[None]:
+    """An allocation failure while the weights load becomes a ModelLoadError that says what to change: CUDA's
+    torch.OutOfMemoryError, and the CPU allocator's RuntimeError (the weights alone exceed the device)."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        raise ModelLoadError(
+            f"out of memory on {device} while loading the weights ({str(exc).splitlines()[0]}). The weights alone do "
+            "not fit its free memory; --mem-fraction-static sizes the cache pools after the weights and cannot make "
+            "room for them. Free the GPU (other processes may hold memory), load an FP8 block-quantized checkpoint, "
+            "or split the model over several GPUs with tensor parallelism (TP) in SGLang "
+            "(hybridctl init --engine sglang); the bundled runtime runs on one device."
+        ) from None
+    except RuntimeError as exc:
+        if "can't allocate memory" not in str(exc):
+            raise
+        raise ModelLoadError(
+            f"out of memory on {device} while loading the weights ({str(exc).splitlines()[0]}); the weights alone "
+            "do not fit this host's memory. Use a smaller model, an FP8 block-quantized checkpoint, or a GPU "
+            "server with SGLang (hybridctl init --engine sglang)."
+        ) from None
 
 
 def _materialize(model: HybridModel, device: torch.device) -> HybridModel:
@@ -155,8 +182,12 @@ def _checkpoint_names(model: HybridModel, files: dict[str, Path]) -> dict[str, t
     return names
 
 
-def _fill_parameters(model: HybridModel, files: dict[str, Path], dtype: torch.dtype, device: torch.device) -> None:
+def _fill_parameters(
+    model: HybridModel, files: dict[str, Path], dtype: torch.dtype, device: torch.device, fp8: Fp8Blocks | None
+) -> None:
     names = _checkpoint_names(model, files)
+    # An FP8 weight's block scales are read with the weight (`read`), not as parameters of their own.
+    scales = {n for n in names if fp8 is not None and n.endswith(SCALE_SUFFIX) and n[: -len(SCALE_SUFFIX)] in names}
     sources = model.checkpoint_sources()
     aliases = model.checkpoint_aliases()
     extra_prefixes = model.extra_weight_prefixes()
@@ -179,7 +210,7 @@ def _fill_parameters(model: HybridModel, files: dict[str, Path], dtype: torch.dt
             )
     used = {s for wanted in plan.values() for s in wanted}
     for name, (stored, path) in names.items():
-        if name in used or name.endswith(_IGNORED_SUFFIXES) or name.startswith(extra_prefixes):
+        if name in used or name in scales or name.endswith(_IGNORED_SUFFIXES) or name.startswith(extra_prefixes):
             continue
         raise ModelLoadError(
             f"{path}: unexpected tensor '{stored}', which no layer of this {type(model).__name__} uses. The "
@@ -189,7 +220,7 @@ def _fill_parameters(model: HybridModel, files: dict[str, Path], dtype: torch.dt
     handles: dict[Path, safe_open] = {}
     try:
 
-        def read(name: str) -> torch.Tensor:
+        def read_stored(name: str) -> torch.Tensor:
             stored, path = names[name]
             try:
                 if path not in handles:
@@ -199,6 +230,23 @@ def _fill_parameters(model: HybridModel, files: dict[str, Path], dtype: torch.dt
                 raise ModelLoadError(
                     f"{path}: cannot read tensor '{stored}' ({exc}); download the file again."
                 ) from None
+
+        def read(name: str) -> torch.Tensor:
+            value = read_stored(name)
+            if not is_fp8(value):
+                return value
+            stored, path = names[name]
+            if fp8 is None or name + SCALE_SUFFIX not in scales:
+                raise ModelLoadError(
+                    f"{path}: tensor '{stored}' is {value.dtype} without "
+                    + (
+                        "its block scales ('" + stored + SCALE_SUFFIX + "')"
+                        if fp8
+                        else "a quantization_config in config.json"
+                    )
+                    + "; re-download the checkpoint with its config.json."
+                )
+            return fp8.dequantize(value, read_stored(name + SCALE_SUFFIX), stored)
 
         params = dict(model.named_parameters())
         with torch.no_grad():
