@@ -103,6 +103,7 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
     config_gap: dict[str, str] = dict.fromkeys(CODES, "no config (see Config)") if cfg is None else {}
     if cfg is not None:
         ctx, peer, pools_gap = _predict(cfg, host, opts, report)
+        _config_check_reflects_its_rules(report)
         _place_config_findings(report.findings, key_lines(opts.config_path, opts.settings_path))
         for code in CODES:
             if code == "MAMBA_POOL_ALLOC" and pools_gap is not None:
@@ -126,6 +127,19 @@ def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorRepo
     }
     report.checks += failure_mode_checks(report.findings, judged_by, not_judged)
     return report
+
+
+def _config_check_reflects_its_rules(report: DoctorReport) -> None:
+    """The files loaded, but validate's rules found errors or warnings in them (an empty model_path, ...): the
+    Config line says so instead of a ✓ above the findings that contradict it."""
+    rules = [f for f in report.findings if f.source == "config" and f.code not in CODES]
+    worst: CheckStatus | None = next((s for s in ("error", "warning") if any(f.severity == s for f in rules)), None)
+    if worst is None:
+        return
+    for i, check in enumerate(report.checks):
+        if check.name == "Config" and check.status == "ok":
+            codes = ", ".join(dict.fromkeys(f.code for f in rules if f.severity in ("error", "warning")))
+            report.checks[i] = replace(check, status=worst, summary=f"{check.summary}: {codes} (see below)")
 
 
 def _report_unused_options(

@@ -110,3 +110,17 @@ def test_a_run_where_every_check_ran_still_says_no_issues(tmp_path: Path) -> Non
     assert report.summary() == "No issues found!", [f.cause for f in report.findings]
     pool = next(c for c in report.checks if c.name == "State pool")
     assert pool.status == "ok" and pool.summary.endswith("from the config and the host")
+
+
+def test_config_line_is_not_a_tick_above_the_errors_validate_finds_in_it(tmp_path: Path) -> None:
+    # init without --model loads fine but has nothing to serve: MODEL_PATH_MISSING, an error validate reports too
+    init = subprocess.run(
+        [sys.executable, "-m", "hybridctl", "init", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert init.returncode == 0, init.stderr
+    res = doctor("--json", cwd=tmp_path)
+    out = json.loads(res.stdout)
+    status, summary = marks(out)["Config"]
+    assert (status, res.returncode) == ("error", 2)
+    assert "MODEL_PATH_MISSING" in summary
+    assert "MODEL_PATH_MISSING" in {f["code"] for f in out["findings"] if f["severity"] == "error"}
