@@ -18,6 +18,12 @@ MIN_ELASTIC_DRIVER = 535
 # Oldest driver branch that runs any toolkit of a CUDA major release (minor-version compatibility).
 MIN_DRIVER_FOR_CUDA_MAJOR = {11: 450, 12: 525, 13: 580}
 Engine = Literal["sglang", "builtin"]
+# What the bundled runtime does with this torch on a GPU host (runtime/core/device_path.py, docs/runtime-design.md).
+BUNDLED_ON_GPU = (
+    "the bundled runtime runs on one GPU with this torch: eager torch with the MoE routed on the device and one "
+    "readback per step, no CUDA graphs or fused kernels (SGLang is the fast GPU server); benchmarks/gpu_check.py "
+    "--device cuda, in the source tree, checks that path on this host"
+)
 
 
 def resolve_engine(facts: HostFacts, cfg: HybridConfig | None) -> Engine:
@@ -81,15 +87,19 @@ def _torch_check(facts: HostFacts) -> Check:
                 "torch",
                 "warning",
                 f"{t.version}: a CPU build on a GPU host",
-                ("SGLang needs a CUDA build of torch; the bundled runtime runs on CPU only",),
+                (
+                    "SGLang and the bundled runtime's GPU path need a CUDA build of torch; with this one the bundled "
+                    "runtime runs on the CPU",
+                ),
             )
         return Check("torch", "ok", f"{t.version} (CPU build)")
     summary = f"{t.version} built for CUDA {t.cuda}"
+    details = (BUNDLED_ON_GPU,) if facts.gpus else ()
     verdict = torch_cuda_verdict(t.cuda, facts.cuda_driver_version, facts.driver_major)
     if verdict is None:
-        return Check("torch", "ok", summary)
+        return Check("torch", "ok", summary, details)
     status, why = verdict
-    return Check("torch", status, f"{summary}: {why}")
+    return Check("torch", status, f"{summary}: {why}", details)
 
 
 def torch_cuda_verdict(
