@@ -217,37 +217,9 @@ def _fill_parameters(
             "checkpoint does not match its config.json (wrong layer count or layer types?); fix "
             "config.json or re-export the model."
         )
-    handles: dict[Path, safe_open] = {}
+    reader = _Reader(names, fp8, scales)
+    read = reader.read
     try:
-
-        def read_stored(name: str) -> torch.Tensor:
-            stored, path = names[name]
-            try:
-                if path not in handles:
-                    handles[path] = safe_open(str(path), framework="pt", device="cpu")
-                return handles[path].get_tensor(stored)
-            except Exception as exc:  # safetensors' own error types: truncated file, bad header
-                raise ModelLoadError(
-                    f"{path}: cannot read tensor '{stored}' ({exc}); download the file again."
-                ) from None
-
-        def read(name: str) -> torch.Tensor:
-            value = read_stored(name)
-            if not is_fp8(value):
-                return value
-            stored, path = names[name]
-            if fp8 is None or name + SCALE_SUFFIX not in scales:
-                raise ModelLoadError(
-                    f"{path}: tensor '{stored}' is {value.dtype} without "
-                    + (
-                        "its block scales ('" + stored + SCALE_SUFFIX + "')"
-                        if fp8
-                        else "a quantization_config in config.json"
-                    )
-                    + "; re-download the checkpoint with its config.json."
-                )
-            return fp8.dequantize(value, read_stored(name + SCALE_SUFFIX), stored)
-
         params = dict(model.named_parameters())
         with torch.no_grad():
             for name, tensors in plan.items():
@@ -266,4 +238,37 @@ def _fill_parameters(
                 if name.startswith(extra_prefixes):
                     model.extra_weights[name] = read(name).to(dtype=dtype, device=device)
     finally:
-        handles.clear()
+        reader.handles.clear()
+
+
+class _Reader:
+    """Checkpoint tensors by model-side name, one open handle per file; an FP8 weight comes back dequantized
+    with its block scales."""
+
+    def __init__(self, names: dict[str, tuple[str, Path]], fp8: Fp8Blocks | None, scales: set[str]) -> None:
+        self.names, self.fp8, self.scales = names, fp8, scales
+        self.handles: dict[Path, safe_open] = {}
+
+    def stored(self, name: str) -> torch.Tensor:
+        stored, path = self.names[name]
+        try:
+            if path not in self.handles:
+                self.handles[path] = safe_open(str(path), framework="pt", device="cpu")
+            return self.handles[path].get_tensor(stored)
+        except Exception as exc:  # safetensors' own error types: truncated file, bad header
+            raise ModelLoadError(f"{path}: cannot read tensor '{stored}' ({exc}); download the file again.") from None
+
+    def read(self, name: str) -> torch.Tensor:
+        value = self.stored(name)
+        if not is_fp8(value):
+            return value
+        stored, path = self.names[name]
+        if self.fp8 is None or name + SCALE_SUFFIX not in self.scales:
+            missing = (
+                f"its block scales ('{stored}{SCALE_SUFFIX}')" if self.fp8 else "a quantization_config in config.json"
+            )
+            raise ModelLoadError(
+                f"{path}: tensor '{stored}' is {value.dtype} without {missing}; re-download the checkpoint with its "
+                "config.json."
+            )
+        return self.fp8.dequantize(value, self.stored(name + SCALE_SUFFIX), stored)
