@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from runtime.core.batch import ForwardBatch, ScheduledBatch
+from runtime.core.device_path import accelerator_path
 from runtime.core.threads import intra_op_threads
 from runtime.engine.decode_threads import DecodeThreadChooser
 
@@ -42,6 +43,7 @@ PREFILL_THREADS_ENV = "RUNTIME_PREFILL_THREADS"
 class ModelRunner:
     def __init__(self, model: HybridModel, pools: Pools) -> None:
         self.model = model
+        self.device = next(model.parameters()).device
         self.pools = pools  # read at every forward: the elastic pool replaces the buffers at start-up
         self.small_forward_threads = {
             mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
@@ -112,6 +114,10 @@ class ModelRunner:
             # one-token chunked delta rule, a causal mask): an exact repeat's prompt resumes one token before its
             # end (runtime/scheduler/checkpoints.py). `batch` itself stays an extend for whoever reads it after.
             batch = dataclasses.replace(batch, mode="decode")
+        if accelerator_path(self.device):
+            # The GPU runs the ops: host threads change nothing, and a step's wall time (kernels queued, not run)
+            # would only mislead the choosers below.
+            return self.model.forward(batch, buffers)
         tokens = batch.input_ids.numel()
         if tokens > SERIAL_FORWARD_MAX_TOKENS:
             return self.prefill_threads.timed(tokens, lambda n: self._forward_on(n, batch))

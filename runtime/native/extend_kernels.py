@@ -83,6 +83,13 @@ def library() -> NativeLibrary | None:
     return lib
 
 
+def built() -> bool | None:
+    """Whether `library()` has the kernels: None while no one has asked for them (a model on an accelerator never
+    does), else True or False."""
+    held = _state.get("lib")
+    return None if held is None else isinstance(held, NativeLibrary)
+
+
 def unavailable_reason() -> str | None:
     """Why `library()` returned None, once it has been asked."""
     reason = _state.get("lib")

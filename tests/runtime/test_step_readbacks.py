@@ -8,6 +8,8 @@ count. The CPU path (host-driven MoE dispatch) is counted too, to show the count
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from tests.runtime.test_engine_support import greedy, make_core, one_torch_threa
 transformers = pytest.importorskip("transformers")
 from tests.runtime.test_model_reference import ARCHS, VOCAB  # noqa: E402 - needs transformers
 
+REPO = Path(__file__).resolve().parents[2]
 MOE_FAMILIES = ("granitemoehybrid", "kimi_linear", "nemotron_h", "qwen3_5_moe", "qwen3_next")
 
 
@@ -136,3 +139,24 @@ def test_engine_step_reads_back_once(tmp_path: Path, batch: int) -> None:
                 core.step()
             counts.append(counted.total)
     assert len(counts) >= 3 and all(c <= 1 for c in counts), counts
+    # No step went through the CPU thread choosers (on a GPU a step's wall time is the launch, not the work).
+    choosers = [*core.runner.small_forward_threads.values(), core.runner.prefill_threads]
+    assert all(c.last_used is None and not c.in_use() for c in choosers)
+
+
+def test_a_model_on_the_accelerator_path_never_builds_the_c_kernels(tmp_path: Path) -> None:
+    """The short-extend C kernels read host memory: loading a model for an accelerator neither compiles nor loads
+    them (a fresh process: the kernels are process-wide)."""
+    from tests.runtime.test_engine_support import build_tiny_qwen3_next
+
+    model_dir = build_tiny_qwen3_next(tmp_path / "model")
+    code = (
+        "import sys; from runtime.core.device_path import rehearse_accelerator_path; "
+        "from runtime.models import load_model; from runtime.native import extend_kernels\n"
+        "with rehearse_accelerator_path():\n"
+        f"    load_model({str(model_dir)!r})\n"
+        "print(extend_kernels.built())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
