@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.core.device_path import accelerator_path
+from runtime.core.device_path import on_accelerator_path
 from runtime.models.base import StepContext
 from runtime.models.decoder import (
     FULL,
@@ -146,7 +146,7 @@ class GraniteMoE(nn.Module):
         weights = torch.softmax(top, dim=-1).type_as(x)
         if torch.compiler.is_compiling():  # the compiled decode path: no host sync
             return traced_experts(x, ids, weights, self.input_linear.weight, self.output_linear.weight, swiglu)
-        if accelerator_path(x.device):  # no host read of the routing (runtime/models/layers/grouped_moe.py)
+        if on_accelerator_path(x):  # no host read of the routing (runtime/models/layers/grouped_moe.py)
             return grouped_experts(x, ids, weights, self.input_linear.weight, self.output_linear.weight, swiglu)
         if x.shape[0] == 1:
             w_in, w_out = self._per_expert_in(self.input_linear.weight), self._per_expert_out(self.output_linear.weight)

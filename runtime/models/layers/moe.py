@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.core.device_path import accelerator_path
+from runtime.core.device_path import accelerator_path, on_accelerator_path
 from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.grouped_moe import grouped_experts
 from runtime.models.layers.mlp import GatedMLP
@@ -56,7 +56,7 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return self.forward_traced(x, ids, weights)
-        if accelerator_path(x.device):  # no host read of the routing (runtime/models/layers/grouped_moe.py)
+        if on_accelerator_path(x):  # no host read of the routing (runtime/models/layers/grouped_moe.py)
             return grouped_experts(x, ids, weights, self.gate_up_proj, self.down_proj, swiglu)
         if x.shape[0] == 1:
             return self.forward_one_token(x, ids, weights)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.core.device_path import accelerator_path
+from runtime.core.device_path import on_accelerator_path
 from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.grouped_moe import grouped_experts
 from runtime.models.layers.mlp import Relu2MLP
@@ -71,7 +71,7 @@ class Relu2Experts(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # the compiled decode path: no host sync
             return traced_experts(x, ids, weights, self.up_proj, self.down_proj, relu2)
-        if accelerator_path(x.device):  # no host read of the routing (runtime/models/layers/grouped_moe.py)
+        if on_accelerator_path(x):  # no host read of the routing (runtime/models/layers/grouped_moe.py)
             return grouped_experts(x, ids, weights, self.up_proj, self.down_proj, relu2)
         if x.shape[0] == 1 and x.dtype == weights.dtype:  # fp32: the fp32 accumulation below, term by term
             w_in, w_out = self._per_expert_in(self.up_proj), self._per_expert_out(self.down_proj)
