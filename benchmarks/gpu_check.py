@@ -276,6 +276,9 @@ def run_checks(device: torch.device) -> dict[str, Any]:
     before = torch.get_num_threads()
     if cpu:
         torch.set_num_threads(1)  # tiny models: more threads only contend
+    else:  # fp32 means fp32: cuDNN's convolutions default to TF32 on Ampere and newer
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     try:
         ckpts = family_checkpoints(tmp / "families")
         checks = {
