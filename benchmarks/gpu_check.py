@@ -18,6 +18,8 @@ Checks (each pass/fail with its numbers, one JSON object out; exit 1 when any fa
   and, where the card reports its memory clock and bus, the bandwidth floor (tok/s if each step only read the
   weights once at full bandwidth). It passes when it runs; how far from the floor it is, it reports.
 - prefix_cache: the same engine, a long prompt cold then again warm: cached tokens, both TTFTs, identical tokens.
+- doctor_vmm: doctor's host probe (NVML, libcuda) and the runtime's VMM answer agree about the device (on the CPU:
+  the probe runs and says why there is no GPU).
 
 Sized to finish in a few minutes on one H100 (the 1.13B checkpoint is written once, 4.5 GB of fp32 in the temp
 directory). On the CPU the rehearsal takes about 10 s.
@@ -255,6 +257,24 @@ def check_prefix_cache(core: EngineCore, length: int) -> dict[str, Any]:
     }
 
 
+def check_doctor_vmm(device: torch.device) -> dict[str, Any]:
+    """doctor's host probe (NVML, libcuda) and the runtime's own VMM answer agree about this device: on a GPU both
+    see it and both say whether VMM is usable; on the CPU the probe runs without a GPU and says why."""
+    from hybridctl.host.probe import probe_host
+    from runtime.kvcache.cuda_vmm import vmm_status
+
+    facts = probe_host()
+    runtime_vmm = vmm_status(device.index or 0)
+    gpus = [{"index": g.index, "name": g.name, "vmm_supported": g.vmm_supported} for g in facts.gpus]
+    result: dict[str, Any] = {"doctor_gpus": gpus, "runtime_vmm": runtime_vmm, "skipped": facts.skipped}
+    if device.type == "cpu":
+        result["pass"] = True  # the probe ran; without a GPU there is nothing to agree on
+        return result
+    mine = next((g for g in facts.gpus if g.index == (device.index or 0)), None)
+    result["pass"] = mine is not None and mine.vmm_supported == (runtime_vmm == "available")
+    return result
+
+
 def _accelerator(device: torch.device) -> AbstractContextManager[None]:
     """The accelerator path: on a GPU by itself; on the CPU rehearsed."""
     return rehearse_accelerator_path() if device.type == "cpu" else nullcontext()
@@ -297,6 +317,7 @@ def run_checks(device: torch.device) -> dict[str, Any]:
 
         checks["decode_throughput"] = _guarded(lambda: check_decode_throughput(device, engine(), 16 if cpu else 64))
         checks["prefix_cache"] = _guarded(lambda: check_prefix_cache(engine(), 256 if cpu else 2048))
+        checks["doctor_vmm"] = _guarded(lambda: check_doctor_vmm(device))
     finally:
         torch.set_num_threads(before)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

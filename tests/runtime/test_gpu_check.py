@@ -24,6 +24,7 @@ def test_gpu_check_rehearsal_passes_on_cpu(tmp_path: Path) -> None:
         "readbacks",
         "decode_throughput",
         "prefix_cache",
+        "doctor_vmm",
     }
     failed = {name: c for name, c in checks.items() if not c["pass"]}
     assert report["pass"] and not failed, failed
