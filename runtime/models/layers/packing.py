@@ -55,16 +55,17 @@ class SequencePacking:
         steps = torch.arange(max_len)[None, :]
         valid = steps < lens[:, None]
         gather_index = starts[:, None] + torch.minimum(steps, (lens - 1)[:, None])
+        uniform = bool((lens == max_len).all())
         return cls(
             lens=upload(lens, device),
             max_len=max_len,
             gather_index=upload(gather_index, device),
             valid=upload(valid, device),
-            unpad_index=upload(valid.view(-1).nonzero().view(-1), device),
+            unpad_index=None if uniform else upload(valid.view(-1).nonzero().view(-1), device),
             has_prefix=upload(torch.tensor([p > 0 for p in batch.prefix_lens]), device),
             state_slots=upload(batch.state_slots, device),
             last_index=upload(starts + lens - 1, device),
-            uniform=bool((lens == max_len).all()),
+            uniform=uniform,
             checkpoints=StateCheckpoints.build(batch.state_checkpoints, batch.extend_lens, device)
             if batch.state_checkpoints
             else None,
