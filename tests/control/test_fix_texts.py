@@ -153,8 +153,10 @@ MARKERS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"runtime's|(?:bundled|the) runtime:|python -m runtime\b"), "runtime"),
     (re.compile(r"server's|'s command line"), "engine"),
     (re.compile(r"pip install|huggingface-cli|python -m hybridctl\.launch\.mapping_doc"), "other"),
+    (re.compile(r"(?<![\w/.-])((?:benchmarks|scripts)/[\w/-]+\.py)()"), "script"),  # its own argparse flags
 ]
 AFTER = re.compile(rf"^(?: \S+)? (?:of|to) ((?:{_CMD})(?:(?:, | and | or )(?:{_CMD}))*)\b")
+REPO_FILE = r"(?<![\w/.-])((?:scripts|benchmarks|runtime|docs|hybridctl|templates)/[\w/.-]*\w\.(?:py|md|json|toml))"
 ENGLISH = {"of", "is", "in", "on", "at", "or", "and", "to", "the", "a", "with", "from", "for", "as", "was"}
 
 
@@ -175,7 +177,7 @@ def _addressee(text: str, start: int, end: int, commands: tuple[str, ...]) -> tu
         for m in rx.finditer(text, clause_start):
             if m.start() >= start:
                 break
-            names = ((f"{m.group(1)} {m.group(2)}" if m.group(2) else m.group(1)),) if kind == "cmd" else ()
+            names = ((f"{m.group(1)} {m.group(2)}" if m.group(2) else m.group(1)),) if kind in ("cmd", "script") else ()
             if best is None or m.start() >= best[0]:
                 best = (m.start(), kind, names)
     if best is None:
@@ -197,7 +199,10 @@ def problems(t: Text) -> list[str]:
             if not any(flag in s for s in tables):
                 out.append(f"{t.where}: {flag} is a flag of no hybridctl command nor engine: {t.text!r}")
             continue
-        if kind == "sglang":
+        if kind == "script":
+            script = REPO / names[0]
+            ok, whose = script.exists() and f'"{flag}"' in script.read_text(), names[0]
+        elif kind == "sglang":
             ok, whose = flag in sglang_all(), "SGLang (any held release)"
         elif kind == "runtime":
             ok, whose = flag in runtime_flags(), "the bundled runtime"
@@ -224,8 +229,7 @@ def problems(t: Text) -> list[str]:
                 continue
             if section in keys and section != "extra_engine_args" and key not in keys[section]:
                 out.append(f"{t.where}: [{section}] {key} is not a key of either file: {t.text!r}")
-    for m in re.finditer(r"(?<![\w/.-])((?:scripts|runtime|docs|hybridctl|templates)/[\w/.-]*\w\.(?:py|md|json|toml))",
-                         t.text):  # fmt: skip
+    for m in re.finditer(REPO_FILE, t.text):
         if not (REPO / m.group(1)).exists():
             out.append(f"{t.where}: {m.group(1)} does not exist in the repository: {t.text!r}")
     if "hybridctl launch" in t.text and re.search(r"relaunch|restart|again", t.text) and "stop" not in t.text:

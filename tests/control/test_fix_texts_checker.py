@@ -20,6 +20,7 @@ from tests.control.test_fix_texts import Text, problems
         ("fix [server] host/prot in config.toml", ("verify",), "prot"),
         ("relaunch it with `hybridctl launch`", ("verify",), "hybridctl launch"),
         ("regenerate it with scripts/no_such_script.py", ("validate",), "scripts/no_such_script.py"),
+        ("run benchmarks/gpu_check.py --no-such-flag", ("doctor",), "--no-such-flag"),
     ],
 )
 def test_the_checker_catches_each_kind_of_wrong_name(text: str, commands: tuple[str, ...], wrong: str) -> None:
@@ -38,6 +39,7 @@ def test_the_checker_catches_each_kind_of_wrong_name(text: str, commands: tuple[
         ("the runtime's --memory-budget-gib", ("plan",)),
         ("--trials must be >= 2", ("verify",)),
         ("restart: `hybridctl stop`, then `hybridctl launch`", ("verify",)),
+        ("benchmarks/gpu_check.py --device cuda checks that path", ("doctor",)),
     ],
 )
 def test_the_checker_accepts_real_names(text: str, commands: tuple[str, ...]) -> None:
