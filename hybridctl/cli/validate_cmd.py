@@ -31,6 +31,8 @@ def render_report(report: ValidationReport) -> None:
     from rich.console import Console
     from rich.markup import escape
 
+    from hybridctl.planner.units import plural  # not at the top: `hybridctl --help` imports the CLI modules only
+
     console = Console(highlight=False, soft_wrap=True)
     for f in report.sorted_findings():
         key = f" [bold]{escape(f.key)}[/bold]" if f.key else ""
@@ -40,9 +42,9 @@ def render_report(report: ValidationReport) -> None:
     errors, warnings = len(report.errors), len(report.warnings)
     files = escape(f"{report.config_path} + {report.settings_path}")
     if errors:
-        console.print(f"[bold red]invalid[/]: {errors} error(s), {warnings} warning(s) in {files}")
+        console.print(f"[bold red]invalid[/]: {plural(errors, 'error')}, {plural(warnings, 'warning')} in {files}")
     elif warnings:
-        console.print(f"[yellow]valid with {warnings} warning(s)[/]: {files}")
+        console.print(f"[yellow]valid with {plural(warnings, 'warning')}[/]: {files}")
     else:
         console.print(f"[green]valid[/]: {files}")
 

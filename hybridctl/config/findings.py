@@ -42,10 +42,11 @@ class Finding:
         return loc
 
     def __str__(self) -> str:
-        key = f" [{self.key}]" if self.key else ""
+        # The layout `validate` prints, so a finding reads the same from every command that shows one.
+        key = f" {self.key}" if self.key else ""
         text = f"{self.location()}: {self.severity} {self.code}{key}: {self.message}"
         if self.fix:
-            text += f" Fix: {self.fix}"
+            text += f" fix: {self.fix}"
         return text
 
 

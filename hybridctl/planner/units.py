@@ -98,3 +98,8 @@ def with_article(phrase: str) -> str:
     else:
         vowel = phrase[:1].lower() in "aeio"
     return f"{'an' if vowel else 'a'} {phrase}"
+
+
+def plural(n: int, noun: str) -> str:
+    """`1 error`, `2 errors`, `0 warnings`: counts in words, not `error(s)`."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

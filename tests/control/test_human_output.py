@@ -241,3 +241,20 @@ def test_wrong_values_are_quoted_as_the_files_spell_them(tmp_path: Path) -> None
         assert shown in text, text
     bounds = re.sub(r"[\d.]+ [<≤] value( [<≤] [\d.]+)?", "<range>", text)  # a float key's range, as TOML spells it
     assert _python_spellings(bounds) == [] and "'0.5'" not in text, text
+
+
+@pytest.mark.parametrize("command", ["plan", "bench", "launch --dry-run"])
+def test_a_config_error_reads_the_same_from_every_command(tmp_path: Path, command: str) -> None:
+    (tmp_path / "config.toml").write_text('[server]\nport = "abc"\n')
+    config = str(tmp_path / "config.toml")
+
+    def finding_line(*argv: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "hybridctl", *argv], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        return next(line.strip() for line in (proc.stdout + proc.stderr).splitlines() if "WRONG_TYPE" in line)
+
+    flag = ["--config", config] if command == "bench" else [config]
+    assert finding_line(*command.split(), *flag) == finding_line("validate", config)
+    assert "error(s)" not in subprocess.run(
+        [sys.executable, "-m", "hybridctl", "validate", config], capture_output=True, text=True, cwd=tmp_path
+    ).stdout
