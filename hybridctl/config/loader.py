@@ -194,21 +194,12 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
             )
         )
         return parsed
-    except ValueError as exc:  # valid JSON Python refuses to read, e.g. an integer of over 4300 digits
-        parsed.findings.append(
-            Finding(
-                "error",
-                "JSON_SYNTAX",
-                path,
-                None,
-                None,
-                "",
-                f"JSON that cannot be read ({str(exc).split(';')[0]}).",  # not Python's advice on its limit
-                f"{path} holds four small objects of short values; rewrite it (`hybridctl init` writes a fresh one).",
-            )
+    except (ValueError, RecursionError) as exc:  # valid JSON Python refuses: over 4300 digits, or nested too deep
+        message = (
+            "JSON nested too deeply to read."
+            if isinstance(exc, RecursionError)
+            else f"JSON that cannot be read ({str(exc).split(';')[0]})."  # not Python's advice on its limit
         )
-        return parsed
-    except RecursionError:
         parsed.findings.append(
             Finding(
                 "error",
@@ -217,8 +208,8 @@ def parse_settings_text(text: str, path: str = SETTINGS_NAME) -> ParsedFile:
                 None,
                 None,
                 "",
-                "JSON nested too deeply to read.",
-                f"{path} holds four small objects; rewrite it (`hybridctl init` writes a fresh one).",
+                message,
+                f"{path} holds four small objects of short values; rewrite it (`hybridctl init` writes a fresh one).",
             )
         )
         return parsed
