@@ -5,15 +5,16 @@ Multi-node servers are a StatefulSet whose pod index is the node rank; PD is thr
 decode, router) with a Service each, the router pointing at the workers' Services. The model directory is
 expected on a PersistentVolumeClaim named `hybridctl-models`, mounted read-only at the model path's parent.
 
-The YAML writer at the end covers only what manifests need (nested mappings, lists of scalars, block style);
-strings are written as double-quoted JSON strings (valid YAML), so "on", "0.10" or "1e3" never change type.
+The objects are plain dicts written by PyYAML's safe dumper; string values are double-quoted, so "on", "0.10"
+or "1e3" never change type. tests/control/test_k8s_schema.py validates every shape against the Kubernetes schema.
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 from typing import Any
+
+import yaml
 
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.pd import pd_plan
@@ -44,9 +45,7 @@ def _volumes(cfg: HybridConfig) -> tuple[list[dict[str, Any]], list[dict[str, An
     return volumes, mounts
 
 
-def _container(
-    cfg: HybridConfig, component: str, argv: list[str], port: int, image: str, gpus: int
-) -> dict[str, Any]:
+def _container(cfg: HybridConfig, component: str, argv: list[str], port: int, image: str, gpus: int) -> dict[str, Any]:
     _, mounts = _volumes(cfg)
     container: dict[str, Any] = {
         "name": component,
@@ -125,9 +124,7 @@ def _multinode(cfg: HybridConfig, version: str, image: str, allow_ignored: bool)
     return [statefulset, nodes, _service(component, server.port)]
 
 
-def k8s_manifests(
-    cfg: HybridConfig, version: str, image: str | None = None, allow_ignored: bool = False
-) -> str:
+def k8s_manifests(cfg: HybridConfig, version: str, image: str | None = None, allow_ignored: bool = False) -> str:
     """Multi-document YAML (Deployments/StatefulSet + Services) serving `cfg` with SGLang `version`."""
     image = image or DEFAULT_IMAGE.format(version=version)
     pod_cfg = _in_pod(cfg)
@@ -160,54 +157,38 @@ def k8s_manifests(
     return header + dump_documents(docs)
 
 
-def _scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))
+class _ManifestDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, writing string values double-quoted and lists indented under their key."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        # Block lists indented under their key (as in the Kubernetes docs), not flush with it.
+        super().increase_indent(flow, False)
+
+    def ignore_aliases(self, data: Any) -> bool:
+        # The same dict placed twice (labels) is written out twice: anchors and aliases are valid YAML but hard
+        # to read and to edit in a manifest.
+        return True
 
 
-def _inline(value: Any) -> str:
-    if isinstance(value, list):
-        return "[]"
-    if isinstance(value, dict):
-        return "{}"
-    return _scalar(value)
+def _quoted_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # Double-quoted, always: PyYAML decides what needs quotes by YAML 1.1 and Kubernetes parses by its own rules,
+    # so "1e3", which PyYAML would write plain, reaches a cluster as a number (and `command` takes strings only).
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
 
 
-def _lines(value: Any, indent: int) -> list[str]:
-    pad = "  " * indent
-    if isinstance(value, dict):
-        if not value:
-            return [pad + "{}"]
-        out = []
-        for key, item in value.items():
-            if isinstance(item, dict | list) and item:
-                out.append(f"{pad}{key}:")
-                out.extend(_lines(item, indent + 1))
-            else:
-                out.append(f"{pad}{key}: {_inline(item)}")
-        return out
-    if isinstance(value, list):
-        out = []
-        for item in value:
-            if isinstance(item, dict | list) and item:
-                nested = _lines(item, indent + 1)
-                first = nested[0].lstrip()
-                out.append(f"{pad}- {first}")
-                out.extend(nested[1:])
-            else:
-                out.append(f"{pad}- {_inline(item)}")
-        return out
-    return [pad + _scalar(value)]
+def _plain_keys(dumper: yaml.SafeDumper, value: dict[Any, Any]) -> yaml.MappingNode:
+    node = dumper.represent_dict(value)
+    for key, _ in node.value:
+        # Keys read best plain; the emitter still quotes one that plain would change (a key "on" stays a string).
+        key.style = None
+    return node
 
 
-def dump_yaml(value: Any) -> str:
-    return "\n".join(_lines(value, 0)) + "\n"
+_ManifestDumper.add_representer(str, _quoted_str)
+_ManifestDumper.add_representer(dict, _plain_keys)
 
 
-def dump_documents(documents: list[Any]) -> str:
-    return "---\n".join(dump_yaml(d) for d in documents)
+def dump_documents(documents: list[dict[str, Any]]) -> str:
+    """Multi-document YAML, one document per manifest object, keys in the order the objects list them."""
+    # width: a long argument stays on one line rather than folded with escaped line breaks.
+    return yaml.dump_all(documents, Dumper=_ManifestDumper, sort_keys=False, width=1 << 16)
