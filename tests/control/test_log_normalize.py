@@ -14,13 +14,13 @@ def entries(text: str) -> list[tuple[int, str]]:
 def test_a_wrapped_traceback_from_an_issue_is_whole_again() -> None:
     pasted = """\
   File
-"/home/u/env/lib/python3.10/site-packages/sglang/srt/mem_cache/memory_pool.py",
+"/opt/env/lib/python3.10/site-packages/sglang/srt/mem_cache/memory_pool.py",
 line 499, in _init_mamba_pool
     self.mamba_pool = MambaPool(
 torch.OutOfMemoryError: CUDA out of memory.
 Tried to allocate 18.56 GiB."""
     assert entries(pasted) == [
-        (1, '  File "/home/u/env/lib/python3.10/site-packages/sglang/srt/mem_cache/memory_pool.py", line 499, '
+        (1, '  File "/opt/env/lib/python3.10/site-packages/sglang/srt/mem_cache/memory_pool.py", line 499, '
             "in _init_mamba_pool"),
         (4, "    self.mamba_pool = MambaPool("),
         (5, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 18.56 GiB."),
