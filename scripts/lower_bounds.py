@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
+import tomlkit  # not tomllib: Python 3.10 is supported and has none
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 EXTRAS = ("runtime", "dev")
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the constraints here instead of printing them")
     parser.add_argument("--check", action="store_true", help="compare with what this interpreter has installed")
     args = parser.parse_args(argv)
-    pyproject = tomllib.loads(args.pyproject.read_text(encoding="utf-8"))
+    pyproject = tomlkit.parse(args.pyproject.read_text(encoding="utf-8")).unwrap()
     try:
         text = constraints_text(pyproject)
         wrong = mismatches(pyproject) if args.check else []

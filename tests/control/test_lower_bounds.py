@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
+import tomlkit  # not tomllib: Python 3.10 is supported and has none
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import lower_bounds  # noqa: E402  (a script, not a package: found through the path above)
 
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+PYPROJECT = tomlkit.parse((REPO / "pyproject.toml").read_text(encoding="utf-8")).unwrap()
 
 
 def _declared() -> dict[str, Requirement]:

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
+import tomlkit  # not tomllib: Python 3.10 is supported and has none
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mypy_config() -> dict[str, Any]:
-    config: dict[str, Any] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    pyproject = tomlkit.parse((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")).unwrap()
+    config: dict[str, Any] = pyproject["tool"]["mypy"]
     return config
 
 
