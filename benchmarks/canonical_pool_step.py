@@ -60,7 +60,7 @@ def main() -> None:
 
     flush_denormals_on_this_thread()
     # Dynamo's automatic dynamic shapes are keyed by the code's name and line, which both sides' compiled functions
-    # share: the second side to compile would get a graph dynamic in the pool dims (slower, session 6). A server
+    # share: the second side to compile would get a graph dynamic in the pool dims (slower). A server
     # compiles one pool shape per process; so does each side here.
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch.set_num_threads(1)

@@ -9,7 +9,7 @@ per batch size (extern matmuls vs the graph's C++ kernels).
 
 `--ab` compares variants in ONE process, interleaved block by block (a shared 2-core host drifts; ratios
 within one run are what to trust): "shipped" is `CompiledDecode` as the engine runs it, "mark-every-call" the
-same graphs with the dynamic-dim marks set on every call (as before session 8); "base" is the shipped inductor
+same graphs with the dynamic-dim marks set on every call (the older form); "base" is the shipped inductor
 options compiled again, "python-wrapper" and "freezing" the inductor knobs, each its own compiled code object,
 so the graphs do not mix.
 

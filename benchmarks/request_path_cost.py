@@ -1,7 +1,7 @@
 """What a cached prompt's request costs before and after its forward, piece by piece, old way vs new, side by side.
 
 The peers harness's exact repeat (2048 prompt ids, 2047 served by the prefix cache) computes one token: its TTFT
-is ~12 ms where the forward is ~3. This times the host work around it that session 10 changed, each pair
+is ~12 ms where the forward is ~3. This times the host work around it, new way vs old, each pair
 interleaved in one process (ratios hold on a noisy host; medians of --reps):
 
 - body: `parse_json` of a 2048-id /generate body with the nesting walk over every id vs the bracket-count

@@ -35,7 +35,7 @@ SMALL_FORWARD_THREADS_ENV = "RUNTIME_SMALL_FORWARD_THREADS"
 # Pins the thread count of the longer eager forwards (prefills). On a quiet 2-core host two threads win from 128
 # tokens on (benchmarks/serial_threshold.py: 512 tokens 108 vs 65 ms, 2048: 452 vs 267; one thread vs two); on a
 # shared one whose other processes hold the cores, every OpenMP region waits on a descheduled worker and two
-# threads lose 3-4x (session 9, peer model, load ~2: 8 prompts of 128 tokens ~1000 ms wall on two threads vs
+# threads lose 3-4x (peer model, load ~2: 8 prompts of 128 tokens ~1000 ms wall on two threads vs
 # ~300 on one, which halved 8 concurrent x 128 tok/s: docs/performance.md). So they are chosen per step too.
 PREFILL_THREADS_ENV = "RUNTIME_PREFILL_THREADS"
 

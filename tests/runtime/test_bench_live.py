@@ -54,7 +54,7 @@ def test_shared_prefix_bench_holds_8_streams_and_agrees_with_server_metrics(
     server = result["server"]
     assert server["ttft_observations"] == 16 and server["output_tokens"] == 16 * 48
     # The client's TTFT also holds HTTP delivery and SSE parsing on the same two cores: 0.05-0.09 apart on a quiet
-    # host (main and session 8 alike), 0.107 once under the full suite's load. A server that mis-timed TTFT (e.g.
+    # host, 0.107 once under the full suite's load. A server that mis-timed TTFT (e.g.
     # from admission, or at emit of the last token) is off by far more.
     assert server["ttft_relative_diff"] <= 0.15, server
     assert server["throughput_relative_diff"] <= 0.10, server
