@@ -57,7 +57,8 @@ class SpecRounds(Protocol):
     def release(self, rid: str) -> None: ...
 
     def plan_round(self, sched: Scheduler, reqs: list[Req]) -> ScheduledBatch[Req]:
-        """The verify batch of one round for the decoding requests (their drafts, memory and scratch slots)."""
+        """The verify batch of one round for the decoding requests (their drafts, memory and scratch slots), or
+        a plain decode batch when the drafter has nothing to verify."""
         ...
 
     def finish_round(self, sched: Scheduler, batch: ScheduledBatch[Req], logits: torch.Tensor) -> None:
@@ -289,6 +290,10 @@ class Scheduler:
         """An extend batch that appends `tokens` after each request's cached ones, taking KV slots for them
         (a prefill chunk here; a verify round's last token and drafts in runtime/spec)."""
         return self.batches.extend(items, all_logits=all_logits)
+
+    def decode_batch(self, reqs: list[Req]) -> ScheduledBatch[Req]:
+        """A plain decode step for `reqs` (a speculative round with nothing to verify)."""
+        return self.batches.decode(reqs)
 
     # -- postprocess -----------------------------------------------------------------------------------------
 

@@ -122,9 +122,11 @@ class RequestState:
         }
         if self.logprobs is not None:
             meta.update(self.logprobs.meta_info())
-        if self.spec_verify_ct > 0 and self.spec_num_proposed_drafts > 0:
-            # As SGLang's _calculate_spec_decoding_metrics: rate without, length with the bonus token.
-            meta["spec_accept_rate"] = self.spec_num_correct_drafts / self.spec_num_proposed_drafts
+        if self.spec_verify_ct > 0:
+            # As SGLang's _calculate_spec_decoding_metrics: rate without, length with the bonus token. NGRAM
+            # rounds with nothing to verify propose no drafts, so a request may have rounds and no proposals.
+            proposed = self.spec_num_proposed_drafts
+            meta["spec_accept_rate"] = self.spec_num_correct_drafts / proposed if proposed else 0.0
             meta["spec_accept_length"] = self.completion_tokens / self.spec_verify_ct
             meta["spec_num_correct_drafts"] = self.spec_num_correct_drafts
             meta["spec_num_proposed_drafts"] = self.spec_num_proposed_drafts

@@ -12,9 +12,10 @@ if TYPE_CHECKING:
 class Drafter(Protocol):
     num_drafts: int
 
-    def propose(self, reqs: list[Req]) -> list[list[int]]:
+    def propose(self, reqs: list[Req]) -> list[list[int]] | None:
         """Exactly `num_drafts` draft tokens per request, continuing `req.all_ids` (whose last token the
-        target has not run yet)."""
+        target has not run yet); None when the drafter has nothing worth verifying for any of them, and the
+        round is a plain decode step."""
         ...
 
     def after_prefill(self, batch: ForwardBatch) -> None:

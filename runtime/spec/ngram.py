@@ -2,8 +2,11 @@
 
 No draft weights. The longest tail (up to `max_match` tokens) that occurred earlier in the request's own
 tokens wins, most recent occurrence first; the tokens that followed it are the drafts (copied with overlap, so
-a short period keeps repeating). No match: the last token repeated, so every request verifies the same number
-of tokens (a padded draft that is wrong is rejected like any other)."""
+a short period keeps repeating). When no request of the batch has a match, `propose` returns None and the round is
+a plain decode step: a verify forward of padded guesses reads the weights (and, for MoE, up to steps + 1 times the
+experts) to accept almost nothing, which at a memory-bound size costs several decode steps. When some request has
+a match, the others pad with their last token so every request verifies the same number of tokens (a padded draft
+that is wrong is rejected like any other)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,13 @@ class NgramDrafter:
         self.min_match = min_match
 
     def propose_one(self, tokens: Sequence[int]) -> list[int]:
+        """`num_drafts` tokens: the continuation of the longest matching tail, padded with the last token."""
+        drafts = self.match(tokens)
+        pad = drafts[-1] if drafts else tokens[-1]
+        return drafts + [pad] * (self.num_drafts - len(drafts))
+
+    def match(self, tokens: Sequence[int]) -> list[int]:
+        """The continuation of the longest tail that occurred earlier (empty when none did)."""
         k = self.num_drafts
         n_tokens = len(tokens)
         drafts: list[int] = []
@@ -39,11 +49,14 @@ class NgramDrafter:
                     break
             if drafts:
                 break
-        pad = drafts[-1] if drafts else tokens[-1]
-        return drafts + [pad] * (k - len(drafts))
+        return drafts
 
-    def propose(self, reqs: list[Req]) -> list[list[int]]:
-        return [self.propose_one(r.all_ids) for r in reqs]
+    def propose(self, reqs: list[Req]) -> list[list[int]] | None:
+        matches = [self.match(r.all_ids) for r in reqs]
+        if not any(matches):
+            return None
+        k = self.num_drafts
+        return [m + [m[-1] if m else r.all_ids[-1]] * (k - len(m)) for r, m in zip(reqs, matches, strict=True)]
 
     def after_prefill(self, batch: ForwardBatch) -> None:
         """Drafts come from the tokens alone."""

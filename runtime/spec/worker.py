@@ -45,6 +45,7 @@ class SpecCounters:
     emitted_tokens: int = 0
     correct_drafts: int = 0
     proposed_drafts: int = 0
+    plain_rounds: int = 0  # rounds the drafter had nothing for, run as plain decode steps
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=RECENT_ROUNDS))
 
     @property
@@ -86,6 +87,9 @@ class SpecDecoder:
         started = time.perf_counter()
         width = self.config.num_draft_tokens
         drafts = self.drafter.propose(reqs)
+        if drafts is None:  # nothing to verify: the scheduler's own decode step (and its postprocess)
+            self._count_plain_round(reqs)
+            return sched.decode_batch(reqs)
         for req, d in zip(reqs, drafts, strict=True):
             assert req.mem is not None and len(d) == width - 1
         items = [(req, [req.output_ids[-1], *d]) for req, d in zip(reqs, drafts, strict=True)]
@@ -97,6 +101,16 @@ class SpecDecoder:
             self.sandbox.activate(slots)
         batch.drafts, batch.scratch_slots, batch.started = drafts, slots, started
         return batch
+
+    def _count_plain_round(self, reqs: list[Req]) -> None:
+        """A round without drafts still counts as a round of one token per request, so accept length stays
+        tokens per target forward (SGLang's completion_tokens / spec_verify_ct) and proposed drafts stay honest."""
+        self.counters.plain_rounds += 1
+        self.counters.verify_calls += len(reqs)
+        self.counters.emitted_tokens += len(reqs)
+        self.counters.recent.append((len(reqs), len(reqs)))
+        for req in reqs:
+            req.spec_verify_ct += 1
 
     def abandon_round(self, batch: ScheduledBatch[Req]) -> None:
         self.sandbox.deactivate()

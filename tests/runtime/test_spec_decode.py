@@ -251,6 +251,27 @@ def test_ngram_without_a_match_pads_with_the_last_token() -> None:
     assert NgramDrafter(4).propose_one([5, 6, 7, 5, 6]) == [7, 5, 6, 7]  # copied with overlap
 
 
+def test_ngram_rounds_without_a_match_are_plain_decode_steps(cores: dict[str, EngineCore]) -> None:
+    """A round in which no request's tail occurred earlier runs as a plain decode step (no padded drafts are
+    verified); the output is still plain decoding's, and each such round counts one token per request."""
+    core = cores["ngram"]
+    assert core.spec is not None
+    counters = core.spec.counters
+    new = 6
+    for first in range(1, VOCAB - 1):  # a one-token prompt whose first output differs from it: round 1 has no match
+        ref = run_to_completion(cores["reference"], [GenerateRequest("p", [first], greedy(new))], together=False)
+        if ref.tokens("p")[0] != first:
+            break
+    before = counters.plain_rounds, counters.proposed_drafts, counters.verify_calls
+    got = run_to_completion(core, [GenerateRequest("p", [first], greedy(new))], together=True)
+    assert got.tokens("p") == ref.tokens("p")
+    plain = counters.plain_rounds - before[0]
+    verified = counters.verify_calls - before[2] - plain  # one request: a plain round is one request-round
+    assert plain >= 1
+    assert counters.proposed_drafts - before[1] == verified * STEPS
+    assert got.final("p").spec_verify_ct == plain + verified
+
+
 def test_draft_tokens_other_than_steps_plus_one_are_adjusted_as_sglang(
     models: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:

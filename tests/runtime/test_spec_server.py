@@ -3,6 +3,7 @@ same greedy text as a server without it, and the start-up refusal when the state
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -26,21 +27,35 @@ def ngram_server(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def _generate(url: str, text: str, n: int = 24) -> dict:
-    body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
+    return _generate_body(url, {"text": text}, n)
+
+
+def _generate_body(url: str, prompt: dict, n: int = 24) -> dict:
+    body = prompt | {"sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
     r = httpx.post(f"{url}/generate", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def test_meta_info_server_info_and_metrics_report_acceptance(ngram_server: RunningServer) -> None:
-    out = _generate(ngram_server.url, PROMPT)
+@pytest.mark.parametrize("every_token", [False, True], ids=["text", "every-token"])
+def test_meta_info_server_info_and_metrics_report_acceptance(
+    ngram_server: RunningServer, demo_model_dir: Path, every_token: bool
+) -> None:
+    # Every token id of the vocabulary once: whatever the model emits occurred earlier, so every NGRAM round has
+    # drafts to verify. The text prompt's output may never repeat it, and then its rounds are plain decode steps.
+    vocab = json.loads((demo_model_dir / "config.json").read_text())["vocab_size"]
+    prompt = {"input_ids": list(range(vocab))} if every_token else {"text": PROMPT}
+    out = _generate_body(ngram_server.url, prompt)
     meta = out["meta_info"]
     assert meta["completion_tokens"] == 24
     verify = meta["spec_verify_ct"]
     assert 1 <= verify <= 23
     assert meta["spec_accept_length"] == pytest.approx(24 / verify)
-    assert meta["spec_num_proposed_drafts"] == 3 * verify
-    assert meta["spec_accept_rate"] == pytest.approx(meta["spec_num_correct_drafts"] / (3 * verify))
+    proposed = meta["spec_num_proposed_drafts"]
+    assert proposed % 3 == 0 and proposed <= 3 * verify
+    if every_token:
+        assert proposed == 3 * verify, "every round had a match, so every round verified 3 drafts"
+    assert meta["spec_accept_rate"] == pytest.approx(meta["spec_num_correct_drafts"] / proposed if proposed else 0)
     # Plain decoding would need 23 forwards after the first token; every accepted draft saves one.
     assert verify == 23 - meta["spec_num_correct_drafts"]
 
