@@ -1,6 +1,9 @@
-"""Convert the benchmark's HF model directory to GGUF with llama.cpp's own converter (f32, no MTP).
+"""Convert the benchmark's HF model directory to GGUF with llama.cpp's own converter (no MTP).
 
-    python benchmarks/peers/convert_gguf.py MODEL_DIR OUT.gguf
+    python benchmarks/peers/convert_gguf.py MODEL_DIR OUT.gguf [f32|bf16|q8_0]
+
+f32 (the default) holds the fp32 weights' own values; bf16 is a bf16 checkpoint's bytes as they are; q8_0 is what a
+llama.cpp user would pick for a CPU (8-bit blocks of 32, a quarter of f32's bytes).
 
 The converter refuses a BPE tokenizer whose pre-tokenizer hash it does not know. The demo model's tokenizer is
 a byte-level BPE with the GPT-2 split regex (tokenizers' ByteLevel pre-tokenizer), which llama.cpp calls
@@ -15,12 +18,15 @@ from pathlib import Path
 
 from setup_llamacpp import CONVERTER, GGUF_PY, SRC
 
+OUTTYPES = ("f32", "bf16", "q8_0")
+
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: convert_gguf.py MODEL_DIR OUT.gguf", file=sys.stderr)
+    if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] not in OUTTYPES):
+        print(f"usage: convert_gguf.py MODEL_DIR OUT.gguf [{'|'.join(OUTTYPES)}]", file=sys.stderr)
         return 2
     model_dir, out = Path(argv[0]), Path(argv[1])
+    outtype = argv[2] if len(argv) == 3 else "f32"
     if not CONVERTER.is_file():
         print(f"error: {CONVERTER} missing; run python benchmarks/peers/setup_llamacpp.py", file=sys.stderr)
         return 2
@@ -44,7 +50,7 @@ def main(argv: list[str]) -> int:
         "--outfile",
         str(tmp),
         "--outtype",
-        "f32",
+        outtype,
         "--no-mtp",
     ]
     convert_hf_to_gguf.main()

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,59 +91,81 @@ def runtime_launch(model_dir: Path, threads: int, port: int) -> Launch:
     return Launch(
         cmd + sizing + flags,
         RuntimeClient(f"http://127.0.0.1:{port}"),
-        ", ".join(p for p in ("fp32, radix cache on", f"--num-threads {threads}", *sizing_and_flags) if p),
+        ", ".join(
+            p
+            for p in (
+                f"{checkpoint_dtype(model_dir)} checkpoint, --dtype auto, radix cache on",
+                f"--num-threads {threads}",
+                *sizing_and_flags,
+            )
+            if p
+        ),
         startup_timeout_s=900.0 if RUNTIME_COMPILE else 300.0,
     )
 
 
-def gguf_for(model_dir: Path) -> Path:
-    """The f32 GGUF of `model_dir`, converted once and reused while the safetensors file is unchanged."""
+def checkpoint_dtype(model_dir: Path) -> str:
+    """The dtype the checkpoint's config declares (what the runtime's `--dtype auto` keeps its weights in)."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    return str(config.get("torch_dtype") or config.get("dtype") or "float32")
+
+
+def gguf_for(model_dir: Path, outtype: str = "f32") -> Path:
+    """The GGUF of `model_dir` in `outtype`, converted once and reused while the safetensors file is unchanged."""
     st = (model_dir / "model.safetensors").stat()
-    out = WORK / "gguf" / f"{model_dir.resolve().name}-{st.st_size}-{int(st.st_mtime)}.f32.gguf"
+    out = WORK / "gguf" / f"{model_dir.resolve().name}-{st.st_size}-{int(st.st_mtime)}.{outtype}.gguf"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "convert_gguf.py"), str(model_dir), str(out)],
+        [sys.executable, str(Path(__file__).parent / "convert_gguf.py"), str(model_dir), str(out), outtype],
         capture_output=True,
         text=True,
     )
     if proc.returncode != 0 or not out.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise Unavailable(f"GGUF conversion failed: {' | '.join(tail)}")
+        raise Unavailable(f"GGUF conversion to {outtype} failed: {' | '.join(tail)}")
     return out
 
 
-def llamacpp_launch(model_dir: Path, threads: int, port: int) -> Launch:
-    if not SERVER_BIN.is_file():
-        raise Unavailable(f"{SERVER_BIN} is not built", "python benchmarks/peers/setup_llamacpp.py")
-    gguf = gguf_for(model_dir)
-    # -np 8 slots share one unified KV buffer (-kvu), so a single 2048-token prompt fits while 8 run at once.
-    cmd = [
-        str(SERVER_BIN),
-        "-m",
-        str(gguf),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "-t",
-        str(threads),
-        "-tb",
-        str(threads),
-        "-c",
-        str(CONTEXT_LEN),
-        "-np",
-        str(PARALLEL),
-        "-kvu",
-        "--no-webui",
-        "--cache-prompt",
-    ]
-    return Launch(
-        cmd,
-        LlamaCppClient(f"http://127.0.0.1:{port}"),
-        f"f32 GGUF, -t {threads} -c {CONTEXT_LEN} -np {PARALLEL} -kvu, cache_prompt",
-    )
+def llamacpp_launcher(outtype: str) -> Callable[[Path, int, int], Launch]:
+    """llama.cpp on a GGUF of the same weights in `outtype` (f32: the fp32 values; bf16: a bf16 checkpoint's
+    bytes; q8_0: what a llama.cpp user picks on a CPU)."""
+
+    def launch(model_dir: Path, threads: int, port: int) -> Launch:
+        if not SERVER_BIN.is_file():
+            raise Unavailable(f"{SERVER_BIN} is not built", "python benchmarks/peers/setup_llamacpp.py")
+        gguf = gguf_for(model_dir, outtype)
+        # -np 8 slots share one unified KV buffer (-kvu), so a single 2048-token prompt fits while 8 run at once.
+        cmd = [
+            str(SERVER_BIN),
+            "-m",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-c",
+            str(CONTEXT_LEN),
+            "-np",
+            str(PARALLEL),
+            "-kvu",
+            "--no-webui",
+            "--cache-prompt",
+        ]
+        return Launch(
+            cmd,
+            LlamaCppClient(f"http://127.0.0.1:{port}"),
+            f"{outtype} GGUF, -t {threads} -c {CONTEXT_LEN} -np {PARALLEL} -kvu, cache_prompt",
+        )
+
+    return launch
 
 
 def vllm_launch(model_dir: Path, threads: int, port: int) -> Launch:
@@ -194,7 +217,13 @@ def vllm_launch(model_dir: Path, threads: int, port: int) -> Launch:
     )
 
 
-LAUNCHERS = {"runtime": runtime_launch, "llamacpp": llamacpp_launch, "vllm": vllm_launch}
+LAUNCHERS: dict[str, Callable[[Path, int, int], Launch]] = {
+    "runtime": runtime_launch,
+    "llamacpp": llamacpp_launcher("f32"),
+    "llamacpp-bf16": llamacpp_launcher("bf16"),
+    "llamacpp-q8_0": llamacpp_launcher("q8_0"),
+    "vllm": vllm_launch,
+}
 
 
 @dataclass

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-LABELS = {"runtime": "runtime", "llamacpp": "llama.cpp", "vllm": "vLLM-cpu", "transformers": "transformers"}
+LABELS = {
+    "runtime": "runtime",
+    "llamacpp": "llama.cpp",
+    "llamacpp-bf16": "llama.cpp bf16",
+    "llamacpp-q8_0": "llama.cpp Q8_0",
+    "vllm": "vLLM-cpu",
+    "transformers": "transformers",
+}
 
 # (metrics key, label, format); ↓ lower is better, ↑ higher is better. Rows without an arrow get no ratio.
 ROWS: tuple[tuple[str, str, str], ...] = (
@@ -80,6 +87,13 @@ def render_table(report: dict[str, Any]) -> str:
                 cell += f" ({value / base[key]:.2f}x{reps})"
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
+    floor = report.get("floor")
+    if floor:
+        cells = [f"single stream: % of the batch-1 decode floor ({floor['floor_tok_s']:.1f} tok/s)"]
+        for name in ok:
+            value = results[name]["metrics"].get("single_decode_tok_s")
+            cells.append(f"{100 * value / floor['floor_tok_s']:.0f}%" if isinstance(value, float) else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
     notes = [
         "",
         "Ratios are engine / runtime (for ↓ rows below 1 means faster than the runtime, for ↑ above 1); "
@@ -93,6 +107,12 @@ def render_table(report: dict[str, Any]) -> str:
         else:
             setup = f" — set up with `{result['setup']}`" if result.get("setup") else ""
             notes.append(f"- {LABELS[name]}: {result['status']}: {result.get('reason')}{setup}")
+    if floor:
+        notes.append(
+            f"- floor: read bandwidth {floor['bandwidth_gbs']:.1f} GB/s on {report['threads']} threads over "
+            f"{floor['active_weight_gb']:.3f} GB of weights read per token in the checkpoint's dtype "
+            f"(benchmarks/peers/floor.py)"
+        )
     m = report["machine"]
     load = f"load average {m['loadavg_start'][0]:.1f} at start"
     if "loadavg_end" in m:

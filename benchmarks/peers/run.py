@@ -31,10 +31,12 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parents[1]))
 
 import engines  # noqa: E402
+from floor import decode_floor  # noqa: E402
 from report import render_table  # noqa: E402
 from workloads import EngineFailed, agreement, build_prompts, measure  # noqa: E402
 
-ALL_ENGINES = ("runtime", "llamacpp", "vllm", "transformers")
+ALL_ENGINES = ("runtime", "llamacpp", "llamacpp-bf16", "llamacpp-q8_0", "vllm", "transformers")
+DEFAULT_ENGINES = ("runtime", "llamacpp", "vllm", "transformers")
 IDLE_SETTLE_S = 2.0  # after /health answers, before idle resident memory is read
 
 
@@ -180,7 +182,7 @@ def run_transformers(model: Path, prompts: Any, threads: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engines", default=",".join(ALL_ENGINES), help=f"comma list of {', '.join(ALL_ENGINES)}")
+    p.add_argument("--engines", default=",".join(DEFAULT_ENGINES), help=f"comma list of {', '.join(ALL_ENGINES)}")
     p.add_argument("--json", type=Path, help="also write every number to this file")
     p.add_argument("--model", type=Path, help="HF model directory (default: the demo model, built once)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads per engine (default 2)")
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "layout": "sequential" if args.sequential else "interleaved",
         "engines": {},
     }
+    report["floor"] = decode_floor(model, args.threads)
     # The reference output comes first so every engine row can be checked against it.
     if "transformers" in names:
         report["engines"]["transformers"] = run_transformers(model, prompts, args.threads)
