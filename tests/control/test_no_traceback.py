@@ -7,7 +7,7 @@ nothing at all), paths the OS refuses (longer than a file name may be, under a f
 where a file belongs), values out of range (pids beyond pid_t, negative, JSON nested past the stack) and servers
 that are not there. Exit codes are the documented ones: validate/plan/launch/doctor 2 for unusable input
 (docs/configuration.md, planner.md, launch.md, doctor.md), status 2 for a corrupt state file and stop 2
-(launch.md), verify/bench 2 for an unreachable server (verify-basic.md, bench.md).
+(launch.md), verify/bench 2 for an unreachable server (verify.md, bench.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A minimal single-process driver for a HybridModel over real pools, without scheduler or prefix cache.
 
 It hands out KV token slots and state slots linearly and builds ForwardBatches the way the engine does.
-Tests use it to check the model against reference implementations; docs/models.md uses it to time the model
-alone (run from the repository root).
+Tests use it to check the model against reference implementations; benchmarks/gpu_check.py uses it to run the
+model alone (run from the repository root).
 """
 
 from __future__ import annotations
