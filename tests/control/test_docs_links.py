@@ -7,8 +7,14 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = sorted([*REPO.glob("docs/*.md"), REPO / "README.md", *REPO.glob("templates/**/README.md"),
-                *REPO.glob("benchmarks/**/README.md")])  # fmt: skip
+# Our pages only: a hidden directory holds what a benchmark set-up unpacked (e.g. llama.cpp's own docs under
+# benchmarks/peers/.work), which is not ours to keep linked.
+PAGES = sorted(
+    p
+    for p in [*REPO.glob("docs/*.md"), REPO / "README.md", *REPO.glob("templates/**/README.md"),
+              *REPO.glob("benchmarks/**/README.md")]
+    if not any(part.startswith(".") for part in p.relative_to(REPO).parts)
+)  # fmt: skip
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.M)
