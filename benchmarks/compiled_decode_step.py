@@ -2,7 +2,7 @@
 
 Times `CompiledDecode`'s compiled function (or the same function eager) on a synthetic decode batch of B
 sequences with 100 cached tokens each, one thread, `--blocks` blocks of `--calls` calls. Prints median wall ms,
-min wall ms and median / min process CPU ms per call for batch 1 and 8. Options try the knobs issue 9 asked
+min wall ms and median / min process CPU ms per call for batch 1 and 8. Options try the knobs
 about: guards evaluated on every call (--no-skip-guards), inductor's `freezing`, and the generated Python wrapper
 instead of the shipped C++ one (--python-wrapper). `--profile` prints torch.profiler's op table of one block
 per batch size (extern matmuls vs the graph's C++ kernels).

@@ -96,7 +96,7 @@ def validate(
         auto_engine=auto_engine_here(),
         engine_notes=engine_findings,
     )
-    judged = _judged_release(engine_version, report.config)  # issue 20: say which SGLang release was judged
+    judged = _judged_release(engine_version, report.config)  # say which SGLang release was judged
     if as_json:
         print_json({**report.to_dict(), "sglang_release": judged[0], "sglang_release_source": judged[1]})
     else:

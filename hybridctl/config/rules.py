@@ -371,7 +371,7 @@ def check_rules(
     findings = [f for rule in RULES for f in rule(cfg, engine_version)]
     findings += rule_server(cfg, resolved) + rule_spec_tree(cfg, resolved) + rule_builtin(cfg, resolved)
     findings += rule_engine_flags(cfg, engine_version, resolved)
-    # The target SGLang release's flags, values and silent changes (issue 20): unless the config pins the bundled
+    # The target SGLang release's flags, values and silent changes: unless the config pins the bundled
     # runtime, also for auto (it may run SGLang on the GPU host it is meant for).
     findings += rule_release(cfg, engine_version)
     if resolved == "builtin" and not any(f.severity == "error" for f in findings):

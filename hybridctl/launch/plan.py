@@ -68,7 +68,7 @@ def make_launch_plan(
     if choice.engine == "builtin":
         command = builtin_command(cfg, python=python, allow_ignored=allow_ignored)
         return LaunchPlan("builtin", choice.reason, [command], None, command.ignored)
-    # --sglang-version, the installed sglang, then config.toml [server] sglang_version (issue 20)
+    # --sglang-version, the installed sglang, then config.toml [server] sglang_version
     version = target_version(sglang_version or choice.sglang_version, cfg.config.server.sglang_version)
     if cfg.config.pd.enable_pd_disaggregation:
         plan = pd_plan(cfg, version, python=python, allow_ignored=allow_ignored)

@@ -37,7 +37,7 @@ class PlanRequest:
     disable_overlap_schedule: bool = False
     speculative_num_draft_tokens: int | None = None
     max_running_requests: int | None = None
-    sglang_version: str | None = None  # --sglang-version (issue 20): whose sizing code to follow
+    sglang_version: str | None = None  # --sglang-version: whose sizing code to follow
     max_total_tokens: int | None = None
     memory_budget_gib: float | None = None  # --memory-budget-gib: memory.memory_budget_gib, the runtime's budget
     engine: str | None = None  # sglang | builtin | auto; None: [server] engine

@@ -1,4 +1,4 @@
-"""Issue 15's smaller bullets, each through the real CLI or loader: the same numbers from init, plan and doctor,
+"""Small one-source-of-truth facts, each through the real CLI or loader: the same numbers from init, plan and doctor,
 the article's files, located duplicate keys, keys in URLs, plan's JSON when nothing fits, the demo run twice."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def test_mypy_config_covers_the_control_plane_and_the_runtime() -> None:
 
 def test_no_package_is_exempt_from_checking() -> None:
     """Every package is checked in full: an `ignore_errors` override would let a package's own errors through
-    (issue 17 removed the last one, for the engine, scheduler, spec and server)."""
+    (none is exempt)."""
     exempt = [
         module
         for override in _mypy_config().get("overrides", [])

@@ -34,7 +34,7 @@ def test_lm_eval_picks_the_same_choices_on_the_runtime_and_on_transformers(
     python = script.ensure_lm_eval()
     with start_runtime_server(demo_model_dir, "--dtype", "float32", "--served-model-name", "lm-eval-target") as server:
         refused = script.prompt_logprobs_supported(server.url)
-        if refused is not None:  # completions echo + logprobs arrive with issue 18a
+        if refused is not None:  # completions echo + logprobs refused by the server
             pytest.skip(f"the runtime does not serve completions echo + logprobs yet: {refused}")
         report = script.evaluate(demo_model_dir, server.url, python, tmp_path)
     assert report["n"] == 12

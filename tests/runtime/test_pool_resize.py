@@ -1,4 +1,4 @@
-"""The two pools own their resizing (issue 17): `take` / `give` / `resize` keep each pool's accounting whole, and
+"""The two pools own their resizing: `take` / `give` / `resize` keep each pool's accounting whole, and
 refuse what would corrupt it, so the elastic pool never edits their free lists itself."""
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ def test_ngram_rounds_without_a_match_are_plain_decode_steps(cores: dict[str, En
     assert core.spec is not None
     counters = core.spec.counters
     new = 6
-    for first in range(1, VOCAB - 1):  # a one-token prompt whose first output differs from it: round 1 has no match
+    for first in range(1, VOCAB - 1):  # a one-token prompt whose first output differs: no match in the first round
         ref = run_to_completion(cores["reference"], [GenerateRequest("p", [first], greedy(new))], together=False)
         if ref.tokens("p")[0] != first:
             break
