@@ -127,7 +127,7 @@ def _note_unused(*, k8s_image: bool, force: bool, detach: bool) -> None:
 
 def _check_sglang_version(sglang_version: str | None) -> None:
     if sglang_version is not None:
-        from hybridctl.config.sglang_version import VersionError, version_key
+        from hybridshared.flags.sglang_version import VersionError, version_key
 
         try:
             version_key(sglang_version)

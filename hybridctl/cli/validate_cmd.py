@@ -31,7 +31,7 @@ def render_report(report: ValidationReport) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    from hybridctl.planner.units import plural  # not at the top: `hybridctl --help` imports the CLI modules only
+    from hybridshared.units import plural  # not at the top: `hybridctl --help` imports the CLI modules only
 
     console = Console(highlight=False, soft_wrap=True)
     for f in report.sorted_findings():
@@ -107,8 +107,8 @@ def validate(
 
 def _judged_release(requested: str | None, cfg: HybridConfig | None) -> tuple[str, str]:
     """--sglang-version, the installed sglang, config.toml's server.sglang_version, the newest (as the rules)."""
-    from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
-    from hybridctl.config.sglang_version import resolve_release
+    from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION
+    from hybridshared.flags.sglang_version import resolve_release
 
     configured = cfg.config.server.sglang_version if cfg is not None else None
     return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)

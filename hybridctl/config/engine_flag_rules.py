@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import difflib
 
-from hybridctl.config.engine_flags import (
+from hybridctl.config.findings import CONFIG, Finding, rule_finding
+from hybridctl.config.schema import HybridConfig
+from hybridshared.flags.engine_flags import (
     DEFAULT_SGLANG_VERSION,
     FlagInfo,
     available_versions,
     nearest_version,
     sglang_flags,
 )
-from hybridctl.config.findings import CONFIG, Finding, rule_finding
-from hybridctl.config.schema import HybridConfig
-from hybridctl.planner.units import format_value
+from hybridshared.units import format_value
 
 # Flags renamed between versions: old name -> (new name, the config key that sets it).
 RENAMED_FLAGS = {"--mamba-scheduler-strategy": ("--mamba-radix-cache-strategy", "cache.mamba_radix_cache_strategy")}
@@ -59,7 +59,8 @@ def _config_homes(engine: str, version: str) -> dict[str, str]:
 
 
 def _builtin_flags() -> dict[str, FlagInfo]:
-    """The bundled runtime's flags as launch knows them (a launch test checks them vs runtime/args.py)."""
+    """The bundled runtime's flags as launch knows them (a launch test checks them against
+    hybridshared/flags/runtime_args.py)."""
     from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
 
     return {

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from hybridctl import paths
 from hybridctl.config.atomic_write import write_files
 from hybridctl.config.findings import Finding
 from hybridctl.config.init_checks import (
@@ -24,10 +23,11 @@ from hybridctl.config.init_checks import (
     refuse_remote_model_on_builtin,
 )
 from hybridctl.config.schema import SCHEMA_FILE_NAMES, EngineName, HybridConfig, json_schema
+from hybridshared import paths
 
 if TYPE_CHECKING:  # the planner imports config/ at load time; init imports the planner only when it runs
-    from hybridctl.model.spec import ModelSpec
     from hybridctl.planner.recommend import Recommendation
+    from hybridshared.model.spec import ModelSpec
 
 CONFIG_FILE = "config.toml"
 SETTINGS_FILE = "settings.json"
@@ -130,11 +130,11 @@ def _save_workload(cfg: HybridConfig, opts: InitOptions, result: InitResult) -> 
 
 def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path, engine: str) -> None:
     """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
-    from hybridctl.model.spec import load_model_spec
+    from hybridctl.model.bundled import load_model_spec_or_bundled
     from hybridctl.planner.builtin_sizing import builtin_device_bytes, builtin_model_spec, plan_builtin
     from hybridctl.planner.plan import make_plan
     from hybridctl.planner.recommend import recommend
-    from hybridctl.planner.units import GIB
+    from hybridshared.units import GIB
 
     builtin = engine == "builtin"  # what serves it: auto resolved as validate and launch resolve it here
     gpu_mem: int | None = int(opts.gpu_mem_gib * GIB) if opts.gpu_mem_gib is not None else None
@@ -147,7 +147,7 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
             spec = builtin_model_spec(cfg, model_dir, tp=opts.tp, on_gpu=gpu_mem is not None)
             budget: int | None = builtin_device_bytes(cfg, gpu_mem)
         else:
-            spec = load_model_spec(model_dir, tp=opts.tp)
+            spec = load_model_spec_or_bundled(model_dir, tp=opts.tp)
             budget = gpu_mem
         if budget is None:
             result.plan_skipped = (

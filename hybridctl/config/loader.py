@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from hybridctl import paths
 from hybridctl.config.findings import ConfigError, Finding, ValidationReport
 from hybridctl.config.locate import KeyLocator, duplicate_toml_key, object_paths
 from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
 from hybridctl.config.schema_errors import FileFormat, validation_findings, where
 from hybridctl.config.secret_scan import scan_for_secrets
+from hybridshared import paths
 
 __all__ = [
     "ConfigError",

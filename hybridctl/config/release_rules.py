@@ -1,6 +1,6 @@
 """SGLANG_RELEASE_*: what the target SGLang release refuses or silently changes, from its own flag data.
 
-Every flag `launch` would pass for the config is looked up in that release's flag table (hybridctl/data, dumped
+Every flag `launch` would pass for the config is looked up in that release's flag table (hybridshared/data, dumped
 from the release's own parser by scripts/regen_sglang_flags.py): a flag the release lacks or a value outside its
 choices is an error naming the release and the fix (the accepted value, or the first release that has the flag),
 so `validate` refuses before SGLang's parser would. Behaviour the release's server-args post-processing changes
@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hybridctl.config.engine_flags import (
+from hybridctl.config.findings import CONFIG, Finding, json_set, rule_finding, toml_set
+from hybridctl.config.schema import HybridConfig
+from hybridshared.flags.engine_flags import (
     DEFAULT_SGLANG_VERSION,
     available_versions,
     first_release_with,
@@ -21,10 +23,8 @@ from hybridctl.config.engine_flags import (
     release_facts,
     sglang_flags,
 )
-from hybridctl.config.findings import CONFIG, Finding, json_set, rule_finding, toml_set
-from hybridctl.config.schema import HybridConfig
-from hybridctl.config.sglang_version import VersionError, resolve_release, version_key
-from hybridctl.planner.units import format_value
+from hybridshared.flags.sglang_version import VersionError, resolve_release, version_key
+from hybridshared.units import format_value
 
 if TYPE_CHECKING:  # launch/ imports config/ at load time; config/ imports launch/ only inside rule_release
     from hybridctl.launch.translate import Translation

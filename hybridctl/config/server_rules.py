@@ -11,11 +11,11 @@ import ipaddress
 import re
 from pathlib import Path
 
-from hybridctl import paths
 from hybridctl.config.findings import CONFIG, Finding, toml_set
 from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
 from hybridctl.model.bundled import match_bundled
+from hybridshared import paths
 
 # RFC 1123: a host name is at most 253 characters of dot-separated labels of letters, digits and hyphens.
 MAX_HOST_CHARS = 253

@@ -114,10 +114,10 @@ class _Steps:
 
 def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoReport:
     """Run every step; raises DemoError (with the report so far in `.report`) when a step cannot go on."""
-    from hybridctl import paths
     from hybridctl.config.init_project import InitOptions, init_project
     from hybridctl.config.loader import load_hybrid_config, settings_path_for
     from hybridctl.launch import start_server
+    from hybridshared import paths
 
     out_dir = paths.resolve(opts.out_dir)  # never raises: a symlink loop stays as written, and fails to write
     report = DemoReport(out_dir=str(out_dir))

@@ -11,7 +11,7 @@ from typing import Literal
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import Change, Check, DoctorFinding
 from hybridctl.host.facts import GpuFacts, HostFacts
-from hybridctl.planner.units import format_gib
+from hybridshared.units import format_gib
 
 # CUDA VMM-backed pools (cuMemCreate/cuMemMap, SGLang's handle types) need the R535 driver branch.
 MIN_ELASTIC_DRIVER = 535

@@ -96,7 +96,7 @@ def _cli_spelling(remedy: str, scan: LogScan) -> str:
 
 def _slots_from_log(scan: LogScan) -> str:
     """Without a config, the slot count the logged server needed, from its own start-up lines and args."""
-    from hybridctl.planner.pool_sizing import PoolSizingError, slots_per_request
+    from hybridshared.sizing.pool_sizing import PoolSizingError, slots_per_request
 
     args = scan.server_args
     running = max(scan.startup.max_running_requests or _int(args.get("max_running_requests")) or 0, 2)

@@ -1,7 +1,7 @@
 """How the chosen engine would size its pools for a config: the planner, called the way each engine calls it.
 
 SGLang: `make_plan` with the GPU's memory. The bundled runtime: `plan_builtin`, the sizing function the runtime
-itself calls at start-up (hybridctl/planner/builtin_sizing.py), on the GPU when one is given (--gpu-mem-gib or
+itself calls at start-up (hybridshared/sizing/runtime_pools.py), on the GPU when one is given (--gpu-mem-gib or
 probed), else in its CPU memory budget. Remedies re-plan candidate configs through `PlanContext.plan`, so every
 value doctor suggests is one the planner accepts.
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.spec import ModelSpec
 from hybridctl.planner.plan import Plan, make_plan
+from hybridshared.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -36,17 +36,17 @@ class PlanContext:
         dtype, tp = cfg.settings.mamba.state_dtype, cfg.config.server.tp_size
         if (dtype, tp) == (self.spec.ssm_dtype, self.spec.tp):
             return self.spec
-        from hybridctl.model.spec import load_model_spec
+        from hybridctl.model.bundled import load_model_spec_or_bundled
 
-        return load_model_spec(self.spec.source, tp=tp, ssm_dtype=dtype, kv_dtype=self.spec.kv_dtype)
+        return load_model_spec_or_bundled(self.spec.source, tp=tp, ssm_dtype=dtype, kv_dtype=self.spec.kv_dtype)
 
 
 def load_plan_context(
     cfg: HybridConfig, engine: str, gpu_mem_bytes: int | None
 ) -> tuple[PlanContext | None, str]:
     """The context, or None and why planning is skipped (no model path, bad config.json, no GPU size)."""
-    from hybridctl.model.errors import ModelSpecError
-    from hybridctl.model.spec import load_model_spec
+    from hybridctl.model.bundled import load_model_spec_or_bundled
+    from hybridshared.model.errors import ModelSpecError
 
     path = cfg.config.server.model_path
     if not path:
@@ -62,7 +62,7 @@ def load_plan_context(
             tp = cfg.config.server.tp_size
             spec = builtin_model_spec(cfg, path, tp=tp, on_gpu=gpu_mem_bytes is not None)
             return PlanContext(spec, engine, gpu_mem_bytes or 0), ""
-        spec = load_model_spec(path, tp=cfg.config.server.tp_size, ssm_dtype=cfg.settings.mamba.state_dtype)
+        spec = load_model_spec_or_bundled(path, tp=cfg.config.server.tp_size, ssm_dtype=cfg.settings.mamba.state_dtype)
     except ModelSpecError as exc:
         return None, str(exc)
     if gpu_mem_bytes is None:

@@ -17,10 +17,10 @@ from hybridctl.doctor.planning import PlanContext
 from hybridctl.doctor.remedies import RemedyInput, changes_from_rule, grow_state_pool, pd_match_peer
 from hybridctl.host.facts import SglangFacts
 from hybridctl.planner.plan import Plan
-from hybridctl.planner.pool_sizing import PoolSizingError
+from hybridshared.sizing.pool_sizing import PoolSizingError
 
 if TYPE_CHECKING:
-    from hybridctl.model.spec import ModelSpec
+    from hybridshared.model.spec import ModelSpec
 
 
 @dataclass
@@ -144,8 +144,8 @@ def predict_prefix_engine(cfg: HybridConfig, sglang: SglangFacts | None, engine:
 
 def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> list[DoctorFinding]:
     """PD_STATE_MISMATCH: prefill and decode must hold the same per-slot state (shape and dtype)."""
-    from hybridctl.model.errors import ModelSpecError
-    from hybridctl.model.spec import load_model_spec
+    from hybridctl.model.bundled import load_model_spec_or_bundled
+    from hybridshared.model.errors import ModelSpecError
 
     fix, changes = pd_match_peer(RemedyInput(cfg, peer=peer))
     out = []
@@ -160,7 +160,7 @@ def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> li
     sides: list[ModelSpec | None] = []
     for c in (cfg, peer):
         try:
-            sides.append(load_model_spec(
+            sides.append(load_model_spec_or_bundled(
                 c.config.server.model_path, tp=c.config.server.tp_size, ssm_dtype=c.settings.mamba.state_dtype
             ))  # fmt: skip
         except ModelSpecError:

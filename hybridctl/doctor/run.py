@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hybridctl import paths
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import CODES, Check, CheckStatus, DoctorFinding
 from hybridctl.doctor.judge import judge_host, resolve_engine
 from hybridctl.doctor.planning import PlanContext, load_plan_context
 from hybridctl.doctor.report import DoctorReport, IgnoredOption, failure_mode_checks
 from hybridctl.host.facts import HostFacts
-from hybridctl.planner.units import format_gib, format_mib, with_article
+from hybridshared import paths
+from hybridshared.units import format_gib, format_mib, with_article
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Literal
 
 from hybridctl.config.schema import HybridConfig, ScalarValue
 from hybridctl.launch.translate import SWITCH, Engine, Flags, IgnoredKey, LaunchError, Translation, render_value
-from hybridctl.planner.units import format_value
+from hybridshared.units import format_value
 
 Role = Literal["server", "prefill", "decode", "router"]
 

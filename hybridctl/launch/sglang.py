@@ -1,11 +1,11 @@
 """Config -> `python -m sglang.launch_server ...` for a given SGLang version, and the same as `--config` YAML.
 
 Flag names come from the mapping table; `extra_engine_args` are checked against the flag table dumped from that
-version's real parser (hybridctl/data/sglang-<version>-flags.tsv; the nearest older table when there is none).
+version's real parser (hybridshared/data/sglang-<version>-flags.tsv; the nearest older table when there is none).
 
 Which SGLang the commands target: the installed one, found from package metadata (importing sglang pulls in
 CUDA-only packages and takes seconds), else the configured or newest release. Parsing and comparing release
-numbers is hybridctl/config/sglang_version.py; which flag exists since when is the mapping table's.
+numbers is hybridshared/flags/sglang_version.py; which flag exists since when is the mapping table's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import subprocess
 import sys
 from functools import lru_cache
 
-from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, nearest_version, sglang_flags
 from hybridctl.config.schema import HybridConfig
-from hybridctl.config.sglang_version import resolve_release
 from hybridctl.launch.command import (
     EngineCommand,
     FlagSpec,
@@ -27,6 +25,8 @@ from hybridctl.launch.command import (
     require_model_path,
 )
 from hybridctl.launch.translate import Flags, LaunchError, Translation, refuse_ignored, translate
+from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION, nearest_version, sglang_flags
+from hybridshared.flags.sglang_version import resolve_release
 
 SGLANG_MODULE = "sglang.launch_server"
 

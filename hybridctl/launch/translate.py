@@ -17,7 +17,7 @@ from hybridctl.config.findings import Finding
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_row import MappingRow, Target, config_value
-from hybridctl.planner.units import format_value
+from hybridshared.units import format_value
 
 Engine = Literal["sglang", "builtin"]
 # A flag's value on the command line; SWITCH (None) for a flag without one. Not "": an empty value such as

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, release_facts
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.spec import ModelSpec
 from hybridctl.planner.memory import pool_bytes_for
-from hybridctl.planner.pool_sizing import (
+from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION, release_facts
+from hybridshared.model.spec import ModelSpec
+from hybridshared.sizing.pool_sizing import (
     PoolInputs,
     PoolPlan,
     PoolSizingError,
@@ -17,8 +17,8 @@ from hybridctl.planner.pool_sizing import (
     resolve_strategy,
     size_pools,
 )
-from hybridctl.planner.release_sizing import ReleaseSizing, release_sizing
-from hybridctl.planner.units import format_number
+from hybridshared.sizing.release_sizing import ReleaseSizing, release_sizing
+from hybridshared.units import format_number
 
 
 @dataclass(frozen=True)

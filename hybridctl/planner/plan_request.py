@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybridctl import paths
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.spec import ModelSpec, load_model_spec
+from hybridctl.model.bundled import load_model_spec_or_bundled
 from hybridctl.planner.plan import Plan, make_plan
-from hybridctl.planner.pool_sizing import GIB, PoolSizingError
+from hybridshared import paths
+from hybridshared.model.spec import ModelSpec
+from hybridshared.sizing.pool_sizing import GIB, PoolSizingError
 
 
 class PlanRequestError(ValueError):
@@ -71,8 +72,8 @@ def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
 
 
 def _release(req: PlanRequest, cfg: HybridConfig) -> str:
-    from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
-    from hybridctl.config.sglang_version import VersionError, resolve_release
+    from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION
+    from hybridshared.flags.sglang_version import VersionError, resolve_release
 
     try:
         return resolve_release(req.sglang_version, cfg.config.server.sglang_version, DEFAULT_SGLANG_VERSION)[0]
@@ -167,7 +168,7 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
             "(--gpu-mem-gib). Drop it, or pass --engine builtin."
         )
     ssm_dtype = req.mamba_ssm_dtype or cfg.settings.mamba.state_dtype
-    spec = load_model_spec(model, tp=tp, ssm_dtype=ssm_dtype)
+    spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype)
 
     if req.pool_bytes is not None and req.pool_gib is not None:
         raise PlanRequestError("Give --pool-bytes or --pool-gib, not both.")

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridctl.planner.units import format_percent
 from hybridctl.verify.client import SGLangClient
 from hybridctl.verify.report import CheckResult
+from hybridshared.units import format_percent
 
 # A small schema with every JSON kind a structured-output client relies on: an object with required keys, no
 # extras, a bounded integer, an enum, a bounded string, a boolean and a short array.

@@ -6,7 +6,7 @@ the compiled graphs take the buffers' shapes as constants, so flag sets whose po
 their graphs in inductor's on-disk cache instead of compiling cold per pool size. The extra slots are
 `torch.empty` pages never handed out, so never written and never resident (benchmarks/resident_memory.py).
 
-Bytes per request and per token come from `hybridctl.model.spec.load_model_spec` (shapes) at the dtypes the
+Bytes per request and per token come from `hybridshared.model.spec.load_model_spec` (shapes) at the dtypes the
 runtime really allocates, and are checked against the allocated tensors. One deviation from SGLang: the conv
 window is kept in the activation dtype, not bfloat16, so a prompt computed in chunks is bit-identical to one
 computed at once (the window is re-read between chunks).
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridctl.model.spec import ModelSpec, load_model_spec
-from hybridctl.planner.builtin_sizing import runtime_device_bytes, size_builtin_pools
-from hybridctl.planner.pool_sizing import PoolPlan, PoolSizingError
+from hybridshared.model.spec import ModelSpec, load_model_spec
+from hybridshared.sizing.pool_sizing import PoolPlan, PoolSizingError
+from hybridshared.sizing.runtime_pools import runtime_device_bytes, size_builtin_pools
 from runtime.core.batch import ModelLayout, PoolBuffers
 from runtime.core.buffers import allocate_pool_buffers, pool_buffer_bytes
 from runtime.core.config import EngineArgs
@@ -215,7 +215,7 @@ def _allocate(
         raise EngineStartupError(
             f"internal: allocated pool bytes {actual} differ from the plan "
             f"({plan.mamba_pool_bytes} state + {plan.kv_pool_bytes} KV); the model layout and "
-            f"hybridctl.model.spec disagree about {args.model_path}/config.json."
+            f"hybridshared.model.spec disagree about {args.model_path}/config.json."
         )
     _log_pools(buffers, plan, kv_dtype, sandbox_slots)
     if (token_slots, state_slots) != (plan.max_total_num_tokens, plan.mamba_pool_slots + sandbox_slots):
@@ -235,7 +235,7 @@ def _check_shapes(spec: ModelSpec, layout: ModelLayout) -> None:
     theirs = (spec.attn_layer_ids, spec.linear_layer_ids, spec.conv_state_shape, spec.ssm_state_shape)
     if tuple(map(tuple, ours)) != tuple(map(tuple, theirs)):
         raise EngineStartupError(
-            f"internal: the model's layout {ours} differs from hybridctl.model.spec's {theirs} for "
+            f"internal: the model's layout {ours} differs from hybridshared.model.spec's {theirs} for "
             f"{spec.source}; pool sizes would be wrong."
         )
 

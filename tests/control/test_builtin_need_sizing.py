@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridctl.planner.builtin_sizing import size_builtin_pools
-from hybridctl.planner.units import GIB
+from hybridshared.sizing.runtime_pools import size_builtin_pools
+from hybridshared.units import GIB
 
 # The peer benchmark model (benchmarks/peers/peer_model.py) held in fp32: 2 full-attention layers of 2 KV heads
 # x 64, and 6 Gated DeltaNet layers of conv window 512 x 3 and state 4 x 64 x 64.

@@ -6,7 +6,7 @@ trees: findings' fixes, the doctor's remedies, planner and launch errors, valida
 (the fixes `validate`, `doctor` and `plan` print for the test data's configs and logs). A flag is addressed to:
 - the hybridctl command a text names next to it ("hybridctl plan --x", "`init --x`", "--x of plan and init");
 - SGLang when the clause names SGLang ("SGLang's --x", "(SGLang: --x)"): the flag tables of every held release;
-- the bundled runtime when it names the runtime ("the runtime's --x"): runtime/args.py's parser;
+- the bundled runtime when it names the runtime ("the runtime's --x"): hybridshared/flags/runtime_args.py's parser;
 - the engine when it names the server's flags or command line: SGLang's or the runtime's;
 - otherwise every command that prints the text (MODULE_COMMANDS).
 A text that starts with a flag ("--trials must be >= 2") is that flag's own validation message: the flag must
@@ -31,8 +31,8 @@ import typer.main
 from typer.testing import CliRunner
 
 from hybridctl.cli import app
-from hybridctl.config.engine_flags import available_versions, sglang_flags
 from hybridctl.config.schema import ConfigToml, SettingsJson
+from hybridshared.flags.engine_flags import available_versions, sglang_flags
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "hybridctl"
@@ -124,7 +124,7 @@ def sglang_all() -> frozenset[str]:
 
 @functools.cache
 def runtime_flags() -> frozenset[str]:
-    from runtime.args import build_parser  # torch-free by design (hybridctl validate runs it)
+    from hybridshared.flags.runtime_args import build_parser  # torch-free by design (hybridctl validate runs it)
 
     return frozenset(o for a in build_parser()._actions for o in a.option_strings)
 

@@ -162,7 +162,7 @@ def test_choices_the_engine_refuses_write_nothing(tmp_path: Path) -> None:
 
 
 def test_templates_dir_holds_the_base_templates() -> None:
-    from hybridctl.paths import templates_dir
+    from hybridctl.templates import templates_dir
 
     base = templates_dir()
     assert (base / "config.toml").read_text().startswith("#:schema ./config.schema.json")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hybridctl.cli import app
 from hybridctl.config.schema import HybridConfig
-from hybridctl.config.sglang_version import VersionError, resolve_release
+from hybridshared.flags.sglang_version import VersionError, resolve_release
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
