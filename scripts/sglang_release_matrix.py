@@ -35,10 +35,10 @@ from sglang_release_source import (  # noqa: E402
     wheel_cache,
 )
 
-from hybridctl.config.rules import check_rules  # noqa: E402
 from hybridctl.config.schema import HybridConfig  # noqa: E402
 from hybridctl.launch.sglang import sglang_command  # noqa: E402
 from hybridctl.launch.translate import LaunchError  # noqa: E402
+from hybridctl.rules.cross_file import check_rules  # noqa: E402
 from hybridshared.flags.engine_flags import available_versions, release_facts, sglang_flags  # noqa: E402
 from hybridshared.sizing.release_sizing import release_sizing  # noqa: E402
 

@@ -75,9 +75,10 @@ def validate(
     Exit codes: 0 valid, 1 warnings with --strict, 2 errors.
     """
 
-    from hybridctl.config.loader import check_files, settings_path_for
+    from hybridctl.config.loader import settings_path_for
     from hybridctl.launch.plan import auto_engine_here
     from hybridctl.launch.sglang import installed_sglang_version
+    from hybridctl.rules.check import check_files
 
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules), and
     # engine = "auto" against the engine launch would pick on this host.

@@ -114,8 +114,8 @@ class _Steps:
 
 def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoReport:
     """Run every step; raises DemoError (with the report so far in `.report`) when a step cannot go on."""
-    from hybridctl.config.init_project import InitOptions, init_project
     from hybridctl.config.loader import load_hybrid_config, settings_path_for
+    from hybridctl.init.init_project import InitOptions, init_project
     from hybridctl.launch import start_server
     from hybridshared import paths
 
@@ -199,7 +199,7 @@ def _remove_old_demo_model(out_dir: Path) -> None:
     """--force replaces an earlier demo's model too (init's builder refuses a non-empty directory)."""
     import shutil
 
-    from hybridctl.config.init_project import DEMO_MODEL_DIR
+    from hybridctl.init.init_project import DEMO_MODEL_DIR
 
     old = out_dir / DEMO_MODEL_DIR
     # Only a directory that looks like a built demo model; anything else is left for the builder to refuse.

@@ -1,6 +1,6 @@
 """Predict the five failure modes from the config (plus the planner, the host's sglang and a PD peer config).
 
-Config-only rules come from hybridctl/config/rules.py (shared with `validate`); this module adds what needs
+Config-only rules come from hybridctl/rules/cross_file.py (shared with `validate`); this module adds what needs
 the planner (MAMBA_POOL_ALLOC), the installed engine (PREFIX_CACHE_MISS by version) and a second config
 (PD_STATE_MISMATCH between prefill and decode). Host-level ELASTIC_TIMEOUT causes live in judge.py.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybridctl.config.rules import check_rules
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import DoctorFinding
 from hybridctl.doctor.planning import PlanContext
 from hybridctl.doctor.remedies import RemedyInput, changes_from_rule, grow_state_pool, pd_match_peer
 from hybridctl.host.facts import SglangFacts
 from hybridctl.planner.plan import Plan
+from hybridctl.rules.cross_file import check_rules
 from hybridshared.sizing.pool_sizing import PoolSizingError
 
 if TYPE_CHECKING:

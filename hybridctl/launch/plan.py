@@ -13,8 +13,8 @@ from hybridctl.host.facts import HostFacts
 from hybridctl.launch.builtin_flags import builtin_command
 from hybridctl.launch.command import EngineCommand
 from hybridctl.launch.pd import pd_plan
-from hybridctl.launch.sglang import sglang_command, target_version
-from hybridctl.launch.translate import Engine, IgnoredKey, LaunchError
+from hybridctl.launch.sglang import sglang_command
+from hybridctl.launch.translate import Engine, IgnoredKey, LaunchError, target_version
 
 
 @dataclass

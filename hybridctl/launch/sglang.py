@@ -22,11 +22,11 @@ from hybridctl.launch.command import (
     FlagSpec,
     add_extra_args,
     flags_to_argv,
+    multinode_problem,
     require_model_path,
 )
 from hybridctl.launch.translate import Flags, LaunchError, Translation, refuse_ignored, translate
-from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION, nearest_version, sglang_flags
-from hybridshared.flags.sglang_version import resolve_release
+from hybridshared.flags.engine_flags import nearest_version, sglang_flags
 
 SGLANG_MODULE = "sglang.launch_server"
 
@@ -55,8 +55,6 @@ def sglang_translation(cfg: HybridConfig, version: str, allow_ignored: bool = Fa
 
 def check_multinode(cfg: HybridConfig) -> None:
     """A server spanning nodes needs node 0's address and a rank below the node count."""
-    from hybridctl.config.server_rules import multinode_problem
-
     problem = multinode_problem(cfg)
     if problem is not None:  # the same check `validate` reports (MULTINODE)
         key, message, fix = problem
@@ -130,8 +128,3 @@ def installed_sglang_version(python: str | None = None) -> str | None:
         return None
     return out.stdout.strip() or None
 
-
-def target_version(requested: str | None = None, configured: str | None = None) -> str:
-    """The version commands are written for, in resolve_release's one order: the one asked for, the installed
-    one, config.toml's server.sglang_version, else the newest held."""
-    return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)[0]

@@ -11,13 +11,13 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hybridctl.planner.plan import Plan, configured_context_len, extra_int
 from hybridshared.model.dtypes import dtype_bytes
 from hybridshared.sizing.runtime_pools import activation_dtype, runtime_device_bytes, size_builtin_pools
 from hybridshared.units import GIB
 
 if TYPE_CHECKING:
     from hybridctl.config.schema import HybridConfig
-    from hybridctl.planner.plan import Plan
     from hybridshared.model.spec import ModelSpec
 
 
@@ -28,16 +28,6 @@ def _stored_dtype_bytes(config_json: str) -> int:
         return dtype_bytes(str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"))
     except (OSError, ValueError, AttributeError):
         return 2
-
-
-def _extra_int(cfg: HybridConfig, flag: str) -> int | None:
-    value = cfg.config.extra_engine_args.get(flag, cfg.config.extra_engine_args.get(flag.replace("-", "_")))
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def configured_context_len(cfg: HybridConfig) -> int | None:
-    """--context-length from [extra_engine_args] (what `init --context-len` writes), else None."""
-    return _extra_int(cfg, "context-length")
 
 
 def builtin_model_spec(cfg: HybridConfig, model: str | Path, *, tp: int = 1, on_gpu: bool = False) -> ModelSpec:
@@ -77,8 +67,6 @@ def plan_builtin(
 
     `gpu_mem_bytes`: plan for the runtime on a GPU of that size (bfloat16); None: on CPU, in
     memory.memory_budget_gib."""
-    from hybridctl.planner.plan import Plan
-
     on_gpu = gpu_mem_bytes is not None
     act = activation_dtype(on_gpu)
     spec = builtin_model_spec(cfg, model, tp=tp, on_gpu=on_gpu)
@@ -101,7 +89,7 @@ def plan_builtin(
         max_running_requests=cfg.settings.runtime.max_running_requests,
         disable_radix_cache=not cfg.prefix_cache_enabled,
         context_len=context_len,
-        max_total_tokens=_extra_int(cfg, "max-total-tokens"),
+        max_total_tokens=extra_int(cfg, "max-total-tokens"),
         speculative_num_draft_tokens=draft,
     )
     plan = Plan(

@@ -21,6 +21,16 @@ from hybridshared.sizing.release_sizing import ReleaseSizing, release_sizing
 from hybridshared.units import format_number
 
 
+def extra_int(cfg: HybridConfig, flag: str) -> int | None:
+    value = cfg.config.extra_engine_args.get(flag, cfg.config.extra_engine_args.get(flag.replace("-", "_")))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def configured_context_len(cfg: HybridConfig) -> int | None:
+    """--context-length from [extra_engine_args] (what `init --context-len` writes), else None."""
+    return extra_int(cfg, "context-length")
+
+
 @dataclass(frozen=True)
 class Plan:
     """One GPU's memory as SGLang would lay it out. Byte counts are per GPU (rank)."""
@@ -150,8 +160,6 @@ def make_plan(
     draft = _draft_tokens(cfg) if speculative_num_draft_tokens is None else speculative_num_draft_tokens
     max_running = cfg.settings.runtime.max_running_requests if max_running_requests is None else max_running_requests
     max_slots = mem.max_mamba_cache_size if max_mamba_cache_size is None else max_mamba_cache_size
-    from hybridctl.planner.builtin_sizing import configured_context_len
-
     context_len = configured_context_len(cfg) or spec.context_len
 
     release = release_sizing(sglang_version or cfg.config.server.sglang_version)

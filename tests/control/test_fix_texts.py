@@ -54,8 +54,8 @@ MODULE_COMMANDS: dict[str, tuple[str, ...]] = {
     "cli/config_args.py": ("validate", "plan", "launch", "doctor"),
     "cli/verify_cmd.py": ("verify",),
     "config/atomic_write.py": ("init", "schema", "launch"),
-    "config/init_project.py": ("init",),
-    "config/init_checks.py": ("init",),
+    "hybridctl/init/init_project.py": ("init",),
+    "hybridctl/init/init_checks.py": ("init",),
     "config/docs_table.py": ("validate",),  # `schema --docs` writes validate's reference
     "config/schema.py": ANY,  # key descriptions (templates, JSON Schema, docs): any command's flag
     "config/": ("validate", "plan", "launch", "doctor", "init"),  # init runs validate's checks on what it writes

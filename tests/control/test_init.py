@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from hybridctl.cli import app
 from hybridctl.config.field_docs import iter_field_docs
-from hybridctl.config.loader import check_files, load_hybrid_config
+from hybridctl.config.loader import load_hybrid_config
 from hybridctl.config.schema import ConfigToml, HybridConfig
 from hybridctl.host.nvml import gpu_memory_bytes
+from hybridctl.rules.check import check_files
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()

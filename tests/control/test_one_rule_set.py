@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from hybridctl.cli import app
-from hybridctl.config.loader import check_files
 from hybridctl.launch.plan import auto_engine_here, make_launch_plan
 from hybridctl.launch.translate import LaunchError, engine_findings
+from hybridctl.rules.check import check_files
 from hybridshared.flags.runtime_args import parse_args
 from runtime.preflight import PreflightError, preflight
 

@@ -18,9 +18,9 @@ import pytest
 from sglang_releases import REPO, release_wheel
 from test_sglang_parser import CASES, _cfg
 
-from hybridctl.config.rules import check_rules
 from hybridctl.launch.sglang import sglang_command
 from hybridctl.launch.translate import LaunchError, translate
+from hybridctl.rules.cross_file import check_rules
 from hybridshared.flags.engine_flags import sglang_flags
 
 sys.path.insert(0, str(REPO / "scripts"))

@@ -123,8 +123,7 @@ def _flag_table(engine: str, version: str) -> tuple[dict[str, FlagInfo], str, st
                 "ENGINE_VERSION_UNKNOWN",
                 CONFIG,
                 "extra_engine_args",
-                f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against "
-                f"{table_version}.",
+                f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against {table_version}.",
                 f"target {table_version} (--sglang-version {table_version} of validate, plan and launch), or "
                 "regenerate the table with "
                 "scripts/regen_sglang_flags.py.",

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from hybridctl.config.atomic_write import write_files
 from hybridctl.config.findings import Finding
-from hybridctl.config.init_checks import (
+from hybridctl.config.schema import SCHEMA_FILE_NAMES, EngineName, HybridConfig, json_schema
+from hybridctl.init.init_checks import (
     EngineDecision,
     InitError,
     choose_model,
     decide_engine_for_init,
     refuse_remote_model_on_builtin,
 )
-from hybridctl.config.schema import SCHEMA_FILE_NAMES, EngineName, HybridConfig, json_schema
 from hybridshared import paths
 
 if TYPE_CHECKING:  # the planner imports config/ at load time; init imports the planner only when it runs
@@ -234,9 +234,9 @@ def _check_round_trip(cfg: HybridConfig, config_data: object, settings_data: obj
 def init_project(opts: InitOptions) -> InitResult:
     """Write config.toml, settings.json and their JSON Schemas into `opts.out_dir`; returns what it wrote."""
     from hybridctl.config.atomic_write import WouldOverwriteError
-    from hybridctl.config.init_checks import validate_as_written
     from hybridctl.config.loader import parse_config_text, parse_settings_text
     from hybridctl.config.render import render_config_toml, render_settings_json
+    from hybridctl.init.init_checks import validate_as_written
 
     out_dir = opts.out_dir
     if paths.exists(out_dir) and not paths.is_dir(out_dir):  # checked before the slow demo build, like the files below
@@ -302,8 +302,7 @@ def init_project(opts: InitOptions) -> InitResult:
         out_dir / CONFIG_FILE: config_text,
         out_dir / SETTINGS_FILE: settings_text,
         **{
-            out_dir / name: json.dumps(json_schema(which), indent=2) + "\n"
-            for which, name in SCHEMA_FILE_NAMES.items()
+            out_dir / name: json.dumps(json_schema(which), indent=2) + "\n" for which, name in SCHEMA_FILE_NAMES.items()
         },
     }
     result.files = [str(p) for p in write_files(files, force=opts.force)]

@@ -43,8 +43,7 @@ def _settings_findings(cfg: HybridConfig) -> list[Finding]:
                 "runtime.schedule_policy",
                 f'schedule_policy "{policy}" is not implemented by the bundled runtime (engine = "builtin"), '
                 f"which schedules {' or '.join(BUILTIN_SCHEDULE_POLICIES)}.",
-                json_set("runtime.schedule_policy", '"lpm"')
-                + ' (or set engine = "sglang" in [server] of config.toml)',
+                json_set("runtime.schedule_policy", '"lpm"') + ' (or set engine = "sglang" in [server] of config.toml)',
             )
         )
     if cfg.settings.runtime.chunked_prefill_size == 0:
@@ -100,8 +99,10 @@ def _refused_config_keys(cfg: HybridConfig) -> list[tuple[str, bool, str, str]]:
         (
             "cache.mamba_track_interval",
             cfg.config.cache.mamba_track_interval % cfg.config.cache.radix_cache_page_size != 0,
-            str(max(1, cfg.config.cache.mamba_track_interval // cfg.config.cache.radix_cache_page_size)
-                * cfg.config.cache.radix_cache_page_size),
+            str(
+                max(1, cfg.config.cache.mamba_track_interval // cfg.config.cache.radix_cache_page_size)
+                * cfg.config.cache.radix_cache_page_size
+            ),
             "mamba_track_interval must be a multiple of radix_cache_page_size, prefix cache on or off",
         ),
         (
@@ -162,6 +163,6 @@ def rule_builtin_parser(cfg: HybridConfig) -> list[Finding]:
             file,
             key,
             f'the bundled runtime (engine = "builtin") would refuse to start: {message}',
-            f"correct `{key}` in {file}, or set engine = \"sglang\" in [server] of {CONFIG}",
+            f'correct `{key}` in {file}, or set engine = "sglang" in [server] of {CONFIG}',
         )
     ]
