@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomlkit
 from pydantic import BaseModel, ValidationError
+from tomlkit.exceptions import ParseError
 
+from hybridctl.config.field_docs import iter_field_docs
 from hybridctl.config.findings import ConfigError, Finding, ValidationReport
 from hybridctl.config.locate import KeyLocator, duplicate_toml_key, object_paths
 from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
@@ -109,8 +112,6 @@ def _read_text(path: Path, fmt: FileFormat, missing_ok: bool) -> tuple[str | Non
 
 def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
     """Parse TOML text; syntax errors become a TOML_SYNTAX finding with line and column."""
-    import tomlkit
-    from tomlkit.exceptions import ParseError
 
     parsed = ParsedFile(path=path, fmt="toml")
     try:
@@ -262,7 +263,6 @@ def _null_document_finding(path: str) -> Finding:
 
 def _other_file_keys(model: type[BaseModel], file_name: str, fmt: FileFormat) -> dict[str, str]:
     """Key name -> where it belongs in the other file, for "this key lives in settings.json" hints."""
-    from hybridctl.config.field_docs import iter_field_docs
 
     return {doc.path[-1]: where(doc.path, file_name, fmt) for doc in iter_field_docs(model) if not doc.is_section}
 

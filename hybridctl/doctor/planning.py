@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
+from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.planner.builtin_sizing import builtin_model_spec, plan_builtin
 from hybridctl.planner.plan import Plan, make_plan
+from hybridctl.planner.plan_request import recorded_gpu_mem_bytes
+from hybridshared.model.errors import ModelSpecError
 from hybridshared.model.spec import ModelSpec
 
 
@@ -25,8 +29,6 @@ class PlanContext:
     def plan(self, cfg: HybridConfig, **overrides: Any) -> Plan:
         """`cfg`'s pools as this engine sizes them; raises PoolSizingError like the engine would."""
         if self.engine == "builtin":
-            from hybridctl.planner.builtin_sizing import plan_builtin
-
             gpu = self.gpu_mem_bytes or None  # 0: the runtime on CPU, in memory.memory_budget_gib
             return plan_builtin(cfg, self.spec.source, gpu_mem_bytes=gpu, tp=cfg.config.server.tp_size)[1]
         return make_plan(cfg, self.spec_for(cfg), gpu_mem_bytes=self.gpu_mem_bytes, **overrides)
@@ -36,29 +38,20 @@ class PlanContext:
         dtype, tp = cfg.settings.mamba.state_dtype, cfg.config.server.tp_size
         if (dtype, tp) == (self.spec.ssm_dtype, self.spec.tp):
             return self.spec
-        from hybridctl.model.bundled import load_model_spec_or_bundled
 
         return load_model_spec_or_bundled(self.spec.source, tp=tp, ssm_dtype=dtype, kv_dtype=self.spec.kv_dtype)
 
 
-def load_plan_context(
-    cfg: HybridConfig, engine: str, gpu_mem_bytes: int | None
-) -> tuple[PlanContext | None, str]:
+def load_plan_context(cfg: HybridConfig, engine: str, gpu_mem_bytes: int | None) -> tuple[PlanContext | None, str]:
     """The context, or None and why planning is skipped (no model path, bad config.json, no GPU size)."""
-    from hybridctl.model.bundled import load_model_spec_or_bundled
-    from hybridshared.model.errors import ModelSpecError
 
     path = cfg.config.server.model_path
     if not path:
         return None, "server.model_path is empty in config.toml: no model to plan for"
     if gpu_mem_bytes is None:  # no --gpu-mem-gib, no GPU here: the server's GPU as init recorded it, as plan
-        from hybridctl.planner.plan_request import recorded_gpu_mem_bytes
-
         gpu_mem_bytes = recorded_gpu_mem_bytes(cfg, engine)
     try:
         if engine == "builtin":  # the model as the runtime holds it (activation dtype: float32 on CPU)
-            from hybridctl.planner.builtin_sizing import builtin_model_spec
-
             tp = cfg.config.server.tp_size
             spec = builtin_model_spec(cfg, path, tp=tp, on_gpu=gpu_mem_bytes is not None)
             return PlanContext(spec, engine, gpu_mem_bytes or 0), ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hybridctl.config.atomic_write import write_text_atomic
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_row import Target, default_value
 from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION, available_versions, sglang_flags
@@ -136,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] == "--check":
         current = DOC_PATH.read_text(encoding="utf-8") if DOC_PATH.exists() else ""
         return 0 if current == text else 1
-    from hybridctl.config.atomic_write import write_text_atomic
 
     write_text_atomic(DOC_PATH, text)
     print(f"wrote {DOC_PATH}")

@@ -7,13 +7,21 @@ activation dtype; memory.memory_budget_gib on CPU).
 from __future__ import annotations
 
 import json
-import math
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hybridctl.model.bundled import load_model_spec_or_bundled
 from hybridctl.planner.plan import Plan, configured_context_len, extra_int
 from hybridshared.model.dtypes import dtype_bytes
-from hybridshared.sizing.runtime_pools import activation_dtype, runtime_device_bytes, size_builtin_pools
+from hybridshared.sizing.runtime_pools import (
+    BuiltinPools,
+    RuntimePoolInputs,
+    activation_dtype,
+    runtime_device_bytes,
+    runtime_state_bytes,
+    size_builtin_pools,
+)
 from hybridshared.units import GIB
 
 if TYPE_CHECKING:
@@ -33,22 +41,18 @@ def _stored_dtype_bytes(config_json: str) -> int:
 def builtin_model_spec(cfg: HybridConfig, model: str | Path, *, tp: int = 1, on_gpu: bool = False) -> ModelSpec:
     """The model as the bundled runtime holds it: KV cache and conv window at the activation dtype, the SSM
     state at settings.json mamba.state_dtype, the weights at the activation dtype (runtime/engine/pool_setup.py)."""
-    from dataclasses import replace
-
-    from hybridctl.model.bundled import load_model_spec_or_bundled
-
     act = activation_dtype(on_gpu)
     spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=cfg.settings.mamba.state_dtype, kv_dtype=act)
-    act_b, ssm_b = dtype_bytes(act), dtype_bytes(spec.ssm_dtype)
-    conv = math.prod(spec.conv_state_shape) * act_b
-    ssm = math.prod(spec.ssm_state_shape) * ssm_b
-    weights = spec.weights_bytes * act_b // _stored_dtype_bytes(spec.source)
+    conv, ssm, per_request = runtime_state_bytes(
+        spec.conv_state_shape, spec.ssm_state_shape, spec.num_linear_layers, act=act, ssm=spec.ssm_dtype
+    )
+    weights = spec.weights_bytes * dtype_bytes(act) // _stored_dtype_bytes(spec.source)
     return replace(
         spec,
         conv_dtype=act,
         conv_state_bytes=conv,
         ssm_state_bytes=ssm,
-        mamba_state_bytes_per_request=spec.num_linear_layers * (conv + ssm),
+        mamba_state_bytes_per_request=per_request,
         weights_bytes=weights,
         weights_bytes_per_rank=-(-weights // tp),
         weights_source=f"{spec.weights_source}, held in {act}",
@@ -60,26 +64,14 @@ def builtin_device_bytes(cfg: HybridConfig, gpu_mem_bytes: int | None) -> int:
     return runtime_device_bytes(cfg.config.memory.memory_budget_gib, gpu_mem_bytes)
 
 
-def plan_builtin(
-    cfg: HybridConfig, model: str, *, gpu_mem_bytes: int | None = None, tp: int = 1
-) -> tuple[ModelSpec, Plan]:
-    """The bundled runtime's pools for `cfg` serving `model`, as it will size them at start-up.
-
-    `gpu_mem_bytes`: plan for the runtime on a GPU of that size (bfloat16); None: on CPU, in
-    memory.memory_budget_gib."""
-    on_gpu = gpu_mem_bytes is not None
-    act = activation_dtype(on_gpu)
-    spec = builtin_model_spec(cfg, model, tp=tp, on_gpu=on_gpu)
-    state, weights = spec.mamba_state_bytes_per_request, spec.weights_bytes_per_rank
+def builtin_pool_inputs(cfg: HybridConfig, spec: ModelSpec, gpu_mem_bytes: int | None) -> RuntimePoolInputs:
+    """What the runtime launched from `cfg` will size its pools from (`spec`: `builtin_model_spec`'s)."""
     mem, cache, specu = cfg.config.memory, cfg.config.cache, cfg.config.speculative
-    device = builtin_device_bytes(cfg, gpu_mem_bytes)
-    draft = specu.speculative_num_steps + 1 if cfg.speculative_enabled else 0  # the runtime drafts a chain
-    context_len = configured_context_len(cfg) or spec.context_len
-    pools = size_builtin_pools(
-        device_bytes=device,
+    return RuntimePoolInputs(
+        device_bytes=builtin_device_bytes(cfg, gpu_mem_bytes),
         mem_fraction_static=mem.mem_fraction_static,
-        weight_bytes=weights,
-        state_bytes_per_request=state,
+        weight_bytes=spec.weights_bytes_per_rank,
+        state_bytes_per_request=spec.mamba_state_bytes_per_request,
         kv_bytes_per_token=spec.kv_bytes_per_token,
         strategy=cache.mamba_radix_cache_strategy,
         page_size=cache.radix_cache_page_size,
@@ -88,34 +80,52 @@ def plan_builtin(
         max_mamba_cache_size=mem.max_mamba_cache_size,
         max_running_requests=cfg.settings.runtime.max_running_requests,
         disable_radix_cache=not cfg.prefix_cache_enabled,
-        context_len=context_len,
+        context_len=configured_context_len(cfg) or spec.context_len,
         max_total_tokens=extra_int(cfg, "max-total-tokens"),
-        speculative_num_draft_tokens=draft,
+        # the runtime drafts a chain: one token per step, plus the verified one
+        speculative_num_draft_tokens=specu.speculative_num_steps + 1 if cfg.speculative_enabled else 0,
     )
-    plan = Plan(
+
+
+def plan_builtin(
+    cfg: HybridConfig, model: str, *, gpu_mem_bytes: int | None = None, tp: int = 1
+) -> tuple[ModelSpec, Plan]:
+    """The bundled runtime's pools for `cfg` serving `model`, as it will size them at start-up.
+
+    `gpu_mem_bytes`: plan for the runtime on a GPU of that size (bfloat16); None: on CPU, in
+    memory.memory_budget_gib."""
+    on_gpu = gpu_mem_bytes is not None
+    spec = builtin_model_spec(cfg, model, tp=tp, on_gpu=on_gpu)
+    pools = size_builtin_pools(builtin_pool_inputs(cfg, spec, gpu_mem_bytes))
+    return spec, _render(spec, pools, gpu_mem_bytes)
+
+
+def _render(spec: ModelSpec, pools: BuiltinPools, gpu_mem_bytes: int | None) -> Plan:
+    """The sized pools as a `Plan` (what plan, init and doctor show), read from the inputs the formula took."""
+    i = pools.inputs
+    budget = "derived" if gpu_mem_bytes is not None else f"bundled runtime on CPU: {i.device_bytes / GIB:g} GiB budget"
+    return Plan(
         family=spec.family,
         model_source=spec.source,
         tp=spec.tp,
         gpu_mem_bytes=gpu_mem_bytes,
-        mem_fraction_static=mem.mem_fraction_static,
-        weights_bytes=weights,
+        mem_fraction_static=i.mem_fraction_static,
+        weights_bytes=i.weight_bytes,
         weights_source=spec.weights_source,
-        pool_bytes=pools.pool_budget_bytes,
-        pool_source=("derived" if on_gpu else f"bundled runtime on CPU: {device / GIB:g} GiB budget")
-        + (f"; cut to need: {pools.capped_to_need}" if pools.capped_to_need else ""),
+        pool_bytes=i.pool_budget_bytes,
+        pool_source=budget + (f"; cut to need: {pools.capped_to_need}" if pools.capped_to_need else ""),
         strategy=pools.strategy,
         strategy_reason=pools.strategy_reason,
         overlap_schedule=False,
-        page_size=cache.radix_cache_page_size,
-        disable_radix_cache=not cfg.prefix_cache_enabled,
-        mamba_full_memory_ratio=mem.mamba_full_memory_ratio,
-        speculative_num_draft_tokens=draft,
+        page_size=i.page_size,
+        disable_radix_cache=i.disable_radix_cache,
+        mamba_full_memory_ratio=i.mamba_full_memory_ratio,
+        speculative_num_draft_tokens=i.speculative_num_draft_tokens,
         ssm_dtype=spec.ssm_dtype,
-        kv_dtype=act,
-        context_len=context_len,
-        mamba_state_bytes_per_request=state,
-        kv_bytes_per_token=spec.kv_bytes_per_token,
+        kv_dtype=spec.kv_dtype,
+        context_len=i.context_len or spec.context_len,
+        mamba_state_bytes_per_request=i.state_bytes_per_request,
+        kv_bytes_per_token=i.kv_bytes_per_token,
         pools=pools.plan,
         engine="builtin",
     )
-    return spec, plan

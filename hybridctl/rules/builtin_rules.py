@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+
 from hybridctl.config.findings import CONFIG, SETTINGS, Finding, json_set, toml_set
 from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
+from hybridctl.launch.command import add_extra_args, flags_to_argv
+from hybridctl.launch.translate import LaunchError, translate
 from hybridshared.flags.runtime_args import parse_args
 
 BUILTIN_SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -125,13 +132,6 @@ def rule_builtin_parser(cfg: HybridConfig) -> list[Finding]:
     preflight (the model directory) is left to the key rules, which read relative paths next to config.toml as
     launch does.
     """
-    import contextlib
-    import io
-    import re
-
-    from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
-    from hybridctl.launch.command import add_extra_args, flags_to_argv
-    from hybridctl.launch.translate import LaunchError, translate
 
     try:
         translation = translate(cfg, "builtin")

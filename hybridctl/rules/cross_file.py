@@ -14,7 +14,9 @@ from collections.abc import Callable
 from hybridctl.config.findings import CONFIG, SETTINGS, Finding, json_set, toml_set
 from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
+from hybridctl.config.secret_scan import scan_for_secrets
 from hybridctl.rules.builtin_rules import rule_builtin, rule_builtin_parser
+from hybridctl.rules.engine_flag_rules import check_extra_engine_args
 from hybridctl.rules.release_rules import rule_release
 from hybridctl.rules.server_rules import rule_server
 
@@ -303,14 +305,12 @@ def rule_elastic(cfg: HybridConfig, engine_version: str | None = None) -> list[F
 
 def rule_engine_flags(cfg: HybridConfig, engine_version: str | None = None, engine: str | None = None) -> list[Finding]:
     """UNKNOWN_ENGINE_FLAG / ENGINE_FLAG_VALUE / ENGINE_FLAG_SHADOWS_KEY for [extra_engine_args]."""
-    from hybridctl.rules.engine_flag_rules import check_extra_engine_args
 
     return check_extra_engine_args(cfg, engine_version, engine)
 
 
 def rule_literal_secrets(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
     """LITERAL_SECRET over the loaded values (check_files scans the raw files, unknown keys included)."""
-    from hybridctl.config.secret_scan import scan_for_secrets
 
     out = []
     for file, data in ((CONFIG, cfg.config.model_dump()), (SETTINGS, cfg.settings.model_dump())):

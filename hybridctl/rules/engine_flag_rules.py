@@ -6,6 +6,9 @@ import difflib
 
 from hybridctl.config.findings import CONFIG, Finding, rule_finding
 from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
+from hybridctl.launch.command import SECRET_FLAGS
+from hybridctl.launch.mapping import ROWS
 from hybridshared.flags.engine_flags import (
     DEFAULT_SGLANG_VERSION,
     FlagInfo,
@@ -43,7 +46,6 @@ def _value_problem(info: FlagInfo, value: object) -> str | None:
 
 def _config_homes(engine: str, version: str) -> dict[str, str]:
     """Engine flag -> the config key that sets it, from launch's mapping table (the one source)."""
-    from hybridctl.launch.mapping import ROWS
 
     homes = {}
     for row in ROWS:
@@ -61,7 +63,6 @@ def _config_homes(engine: str, version: str) -> dict[str, str]:
 def _builtin_flags() -> dict[str, FlagInfo]:
     """The bundled runtime's flags as launch knows them (a launch test checks them against
     hybridshared/flags/runtime_args.py)."""
-    from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
 
     return {
         name: FlagInfo(
@@ -162,7 +163,6 @@ def _unknown(key: str, flags: dict[str, FlagInfo], label: str) -> Finding:
 
 def _known_flag_findings(key: str, value: object, info: FlagInfo, homes: dict[str, str]) -> list[Finding]:
     """A flag the engine has: a value it refuses, a secret on the command line, or a flag a config key sets."""
-    from hybridctl.launch.command import SECRET_FLAGS
 
     dotted = f"extra_engine_args.{key}"
     out: list[Finding] = []

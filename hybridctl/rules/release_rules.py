@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING
 
 from hybridctl.config.findings import CONFIG, Finding, json_set, rule_finding, toml_set
 from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.mapping import ROWS
+from hybridctl.launch.translate import LaunchError, translate
+from hybridctl.model.bundled import bundled_stand_in
 from hybridshared.flags.engine_flags import (
     DEFAULT_SGLANG_VERSION,
     available_versions,
@@ -43,7 +46,6 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
     """SGLANG_RELEASE_FLAG / SGLANG_RELEASE_VALUE (errors) and SGLANG_RELEASE_CHANGES (warnings)."""
     if cfg.config.server.engine == "builtin":
         return []
-    from hybridctl.launch.translate import LaunchError, translate
 
     version = release_for(cfg, engine_version)
     try:
@@ -97,7 +99,6 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
 
 def _gated_keys(cfg: HybridConfig, translation: Translation, version: str) -> list[Finding]:
     """SGLANG_RELEASE_KEY: a key set to a value only other releases have a flag for (launch would refuse it)."""
-    from hybridctl.launch.mapping import ROWS
 
     rows = {row.key: row for row in ROWS}
     out = []
@@ -153,7 +154,6 @@ def _no_table(version: str, table_version: str) -> Finding:
 def model_architecture(cfg: HybridConfig) -> str | None:
     """architectures[0] of the model's config.json when server.model_path is a local directory (or a checkpoint
     this host does not hold whose config.json hybridctl bundles), else None."""
-    from hybridctl.model.bundled import bundled_stand_in
 
     bundled = bundled_stand_in(cfg.config.server.model_path or "")
     path = bundled.config_json if bundled else Path(cfg.config.server.model_path or "") / "config.json"

@@ -15,6 +15,7 @@ import argparse
 import operator
 import os
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
@@ -464,7 +465,6 @@ def _read_api_key_env(parser: argparse.ArgumentParser, ns: argparse.Namespace) -
 
 def parse_args(argv: Sequence[str] | None = None) -> RuntimeArgs:
     """Parse and check a command line; bad input exits 2 with one clear message (argparse's convention)."""
-    import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()

@@ -14,8 +14,10 @@ runtime also leaves the pools untouched until written: runtime/core/buffers.py.)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
+from hybridshared.model.dtypes import dtype_bytes
 from hybridshared.sizing.pool_sizing import PoolInputs, PoolPlan, PoolSizingError, resolve_strategy, size_pools
 from hybridshared.units import GIB
 
@@ -28,14 +30,52 @@ DEFAULT_MAMBA_TRACK_INTERVAL = 64
 
 
 @dataclass(frozen=True)
+class RuntimePoolInputs:
+    """Everything the bundled runtime's pool sizing reads, per rank. A config builds it (plan, init, doctor:
+    hybridctl/planner/builtin_sizing.py) and so do the runtime's arguments at start-up
+    (runtime/engine/pool_setup.py); `size_builtin_pools` is the one formula over it."""
+
+    device_bytes: int  # the memory sized from (`runtime_device_bytes`)
+    mem_fraction_static: float
+    weight_bytes: int
+    state_bytes_per_request: int  # every linear layer's conv + SSM state, as the runtime holds them
+    kv_bytes_per_token: int
+    strategy: str = "auto"  # as requested: auto | no_buffer | extra_buffer | extra_buffer_lazy
+    page_size: int = 1
+    mamba_track_interval: int = DEFAULT_MAMBA_TRACK_INTERVAL
+    mamba_full_memory_ratio: float = 0.9
+    max_mamba_cache_size: int | None = None
+    max_running_requests: int | None = None
+    disable_radix_cache: bool = False
+    context_len: int | None = None
+    max_total_tokens: int | None = None
+    speculative_num_draft_tokens: int = 0  # tokens per verify; 0: speculative decoding off
+
+    @property
+    def pool_budget_bytes(self) -> int:
+        """mem_fraction_static of the device, less the weights: what both pools share."""
+        return int(self.device_bytes * self.mem_fraction_static) - self.weight_bytes
+
+
+@dataclass(frozen=True)
 class BuiltinPools:
+    inputs: RuntimePoolInputs
     plan: PoolPlan
     strategy: str  # resolved: no_buffer | extra_buffer
     strategy_reason: str
-    pool_budget_bytes: int
-    device_bytes: int
     # What `cap_to_need` cut (e.g. "KV tokens 926769 -> 131072"), "" when the budget was the smaller bound.
     capped_to_need: str = ""
+
+
+def runtime_state_bytes(
+    conv_state_shape: tuple[int, ...], ssm_state_shape: tuple[int, ...], num_linear_layers: int, *, act: str, ssm: str
+) -> tuple[int, int, int]:
+    """(conv, SSM, all layers') state bytes of one request as the runtime holds them: the conv window at the
+    activation dtype `act` (so a prompt computed in chunks is bit-identical to one computed at once), the SSM
+    state at `ssm`."""
+    conv = math.prod(conv_state_shape) * dtype_bytes(act)
+    temporal = math.prod(ssm_state_shape) * dtype_bytes(ssm)
+    return conv, temporal, num_linear_layers * (conv + temporal)
 
 
 def activation_dtype(on_gpu: bool) -> str:
@@ -65,57 +105,46 @@ def runtime_strategy(
     return resolved.strategy, reason
 
 
-def size_builtin_pools(
-    *,
-    device_bytes: int,
-    mem_fraction_static: float,
-    weight_bytes: int,
-    state_bytes_per_request: int,
-    kv_bytes_per_token: int,
-    strategy: str = "auto",
-    page_size: int = 1,
-    mamba_track_interval: int = DEFAULT_MAMBA_TRACK_INTERVAL,
-    mamba_full_memory_ratio: float = 0.9,
-    max_mamba_cache_size: int | None = None,
-    max_running_requests: int | None = None,
-    disable_radix_cache: bool = False,
-    context_len: int | None = None,
-    max_total_tokens: int | None = None,
-    speculative_num_draft_tokens: int = 0,
-) -> BuiltinPools:
+def size_builtin_pools(inputs: RuntimePoolInputs) -> BuiltinPools:
     """The bundled runtime's pools; raises PoolSizingError naming the key to change."""
-    pool_budget = int(device_bytes * mem_fraction_static) - weight_bytes
+    i = inputs
+    pool_budget = i.pool_budget_bytes
     if pool_budget <= 0:
         raise PoolSizingError(
-            f"The weights ({weight_bytes / GIB:.2f} GiB) do not fit in mem_fraction_static "
-            f"({mem_fraction_static}) of the {device_bytes / GIB:.2f} GiB device memory; raise "
+            f"The weights ({i.weight_bytes / GIB:.2f} GiB) do not fit in mem_fraction_static "
+            f"({i.mem_fraction_static}) of the {i.device_bytes / GIB:.2f} GiB device memory; raise "
             f"memory.memory_budget_gib in config.toml (--memory-budget-gib of plan and of the runtime) or "
             f"memory.mem_fraction_static."
         )
     resolved, reason = runtime_strategy(
-        strategy, page_size=page_size, disable_radix_cache=disable_radix_cache, track_interval=mamba_track_interval
+        i.strategy,
+        page_size=i.page_size,
+        disable_radix_cache=i.disable_radix_cache,
+        track_interval=i.mamba_track_interval,
     )
     plan = size_pools(
         PoolInputs(
             pool_bytes=pool_budget,
-            mamba_state_bytes_per_request=state_bytes_per_request,
-            kv_bytes_per_token=kv_bytes_per_token,
-            page_size=page_size,
-            mamba_full_memory_ratio=mamba_full_memory_ratio,
-            max_mamba_cache_size=max_mamba_cache_size,
-            max_running_requests=max_running_requests,
-            disable_radix_cache=disable_radix_cache,
+            mamba_state_bytes_per_request=i.state_bytes_per_request,
+            kv_bytes_per_token=i.kv_bytes_per_token,
+            page_size=i.page_size,
+            mamba_full_memory_ratio=i.mamba_full_memory_ratio,
+            max_mamba_cache_size=i.max_mamba_cache_size,
+            max_running_requests=i.max_running_requests,
+            disable_radix_cache=i.disable_radix_cache,
             strategy=resolved,
             overlap_schedule=False,
-            context_len=context_len,
-            max_total_tokens=max_total_tokens,
-            speculative_num_draft_tokens=speculative_num_draft_tokens,
+            context_len=i.context_len,
+            max_total_tokens=i.max_total_tokens,
+            speculative_num_draft_tokens=i.speculative_num_draft_tokens,
         )
     )
     # The runtime checkpoints prefill states every mamba_track_interval tokens with extra_buffer and the radix cache.
-    interval = mamba_track_interval if resolved == "extra_buffer" and not disable_radix_cache else 0
-    capped, what = cap_to_need(plan, state_bytes_per_request, kv_bytes_per_token, page_size, context_len, interval)
-    return BuiltinPools(capped, resolved, reason, pool_budget, device_bytes, what)
+    interval = i.mamba_track_interval if resolved == "extra_buffer" and not i.disable_radix_cache else 0
+    capped, what = cap_to_need(
+        plan, i.state_bytes_per_request, i.kv_bytes_per_token, i.page_size, i.context_len, interval
+    )
+    return BuiltinPools(i, capped, resolved, reason, what)
 
 
 def cap_to_need(
