@@ -49,8 +49,9 @@ def main() -> None:
     import torch
     from torch._dynamo.utils import counters
 
-    from runtime.args import parse_args
+    from hybridshared.flags.runtime_args import parse_args
     from runtime.core.buffers import allocate_pool_buffers
+    from runtime.core.config import engine_args
     from runtime.core.threads import intra_op_threads
     from runtime.engine.builder import build_engine
     from runtime.engine.compile_support import run_compiled
@@ -64,7 +65,7 @@ def main() -> None:
     # compiles one pool shape per process; so does each side here.
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch.set_num_threads(1)
-    parts = build_engine(parse_args(rest).engine_args("cpu"))  # eager: the planned pools, allocated as planned
+    parts = build_engine(engine_args(parse_args(rest), "cpu"))  # eager: the planned pools, allocated as planned
     model, planned = parts.model, parts.pools.buffers
     b = parts.pools
     states = b.sandbox_first_slot + b.sandbox_slots

@@ -9,7 +9,7 @@ Run it with a fresh `TORCHINDUCTOR_CACHE_DIR` for a cold start and again with th
         --enable-torch-compile --num-threads 2          # cold
     python benchmarks/compile_startup.py ...same flags...   # warm
 
-`--json FILE` also writes the numbers. The flags are `python -m runtime`'s (runtime/args.py).
+`--json FILE` also writes the numbers. The flags are `python -m runtime`'s (hybridshared/flags/runtime_args.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     own, rest = ap.parse_known_args()
-    from runtime.args import parse_args
+    from hybridshared.flags.runtime_args import parse_args
 
     args = parse_args(rest)
     import torch
@@ -36,10 +36,11 @@ def main() -> None:
         torch.set_num_threads(args.num_threads)
     from torch._dynamo.utils import compilation_time_metrics, counters
 
+    from runtime.core.config import engine_args
     from runtime.engine.builder import build_engine
 
     t0, c0 = time.perf_counter(), time.process_time()
-    parts = build_engine(args.engine_args("cpu"))
+    parts = build_engine(engine_args(args, "cpu"))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     runner = parts.runner
     result: dict[str, Any] = {

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hybridctl.model.spec import load_model_spec
+from hybridshared.model.spec import load_model_spec
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.engine.denormals import flush_denormals_on_this_thread

@@ -1,4 +1,4 @@
-"""`python -m runtime`: the bundled runtime behind SGLang 0.5.23's HTTP API. Flags: see runtime/args.py."""
+"""`python -m runtime`: the bundled runtime behind SGLang 0.5.23's HTTP API (flags: hybridshared/flags)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runtime.args import parse_args
+    from hybridshared.flags.runtime_args import parse_args
 
     args = parse_args(argv)  # bad flags exit 2 here, with one line naming the flag
     logging.basicConfig(

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hybridctl.planner.builtin_sizing import DEFAULT_MAMBA_TRACK_INTERVAL
-from hybridctl.planner.pool_sizing import PoolSizingError, resolve_strategy
-from runtime.args import RuntimeArgs
+from hybridshared.flags.runtime_args import RuntimeArgs
+from hybridshared.sizing.pool_sizing import PoolSizingError, resolve_strategy
+from hybridshared.sizing.runtime_pools import DEFAULT_MAMBA_TRACK_INTERVAL
 from runtime.core.spec_config import SpecConfigError, resolve_spec_config
 
 

@@ -2,12 +2,12 @@
 """Dump `python -m sglang.launch_server`'s flags from a real sglang install into hybridctl's flag table.
 
 Run it with the interpreter that has sglang (e.g. the test venv):
-    .venv-sglang/bin/python scripts/regen_sglang_flags.py           # -> hybridctl/data/sglang-<ver>-flags.tsv
+    .venv-sglang/bin/python scripts/regen_sglang_flags.py           # -> hybridshared/data/sglang-<ver>-flags.tsv
     .venv-sglang/bin/python scripts/regen_sglang_flags.py --stdout   # prints it instead
 Columns: options (space-separated, primary first), dest, type, default (repr), choices (comma-separated),
 argparse action class. It only builds sglang's argument parser; it needs no GPU and starts no server.
 
-Older releases (hybridctl/data/sglang-releases.json: each release's flags as a diff against the next newer one,
+Older releases (hybridshared/data/sglang-releases.json: each release's flags as a diff against the next newer one,
 down from the newest full table):
     python scripts/regen_sglang_flags.py --releases 0.5.6 0.5.7 ... [--sglang-python .venv-sglang/bin/python]
 Each wheel is fetched once into .cache/sglang-wheels; its `ServerArgs.add_cli_args` is lifted from the source with
@@ -120,8 +120,8 @@ def release_facts(version: str) -> dict[str, object]:
 
 def _hybrid(arch: str) -> bool:
     """One of the hybrid architectures hybridctl plans (the facts are about those)."""
-    from hybridctl.model.errors import ModelSpecError
-    from hybridctl.model.families import detect_family
+    from hybridshared.model.errors import ModelSpecError
+    from hybridshared.model.families import detect_family
 
     try:
         detect_family({"architectures": [arch]}, "")
@@ -144,9 +144,9 @@ def _archs_before(text: str, marker: str) -> list[str]:
 
 
 def write_releases(versions: list[str], sglang_python: str | None) -> Path:
-    """hybridctl/data/sglang-releases.json: per release, the rows that differ from the next newer release."""
-    from hybridctl.config.engine_flags import parse_flag_table
-    from hybridctl.config.sglang_version import version_key
+    """hybridshared/data/sglang-releases.json: per release, the rows that differ from the next newer release."""
+    from hybridshared.flags.engine_flags import parse_flag_table
+    from hybridshared.flags.sglang_version import version_key
 
     base_version = max((p.name[len("sglang-") : -len("-flags.tsv")] for p in DATA_DIR.glob("sglang-*-flags.tsv")),
                        key=version_key)  # fmt: skip
@@ -195,7 +195,7 @@ def main() -> int:
     )
     parser.add_argument("--stdout", action="store_true", help="Print the table instead of writing it.")
     parser.add_argument(
-        "--out", type=Path, help="Output file (default: hybridctl/data/sglang-<version>-flags.tsv)."
+        "--out", type=Path, help="Output file (default: hybridshared/data/sglang-<version>-flags.tsv)."
     )
     parser.add_argument("--releases", nargs="+", metavar="X", help="Write sglang-releases.json for these.")
     parser.add_argument("--sglang-python", help="Interpreter with sglang's pure-Python deps (imported parsers).")

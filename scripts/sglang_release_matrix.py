@@ -35,12 +35,12 @@ from sglang_release_source import (  # noqa: E402
     wheel_cache,
 )
 
-from hybridctl.config.engine_flags import available_versions, release_facts, sglang_flags  # noqa: E402
-from hybridctl.config.rules import check_rules  # noqa: E402
 from hybridctl.config.schema import HybridConfig  # noqa: E402
 from hybridctl.launch.sglang import sglang_command  # noqa: E402
 from hybridctl.launch.translate import LaunchError  # noqa: E402
-from hybridctl.planner.release_sizing import release_sizing  # noqa: E402
+from hybridctl.rules.cross_file import check_rules  # noqa: E402
+from hybridshared.flags.engine_flags import available_versions, release_facts, sglang_flags  # noqa: E402
+from hybridshared.sizing.release_sizing import release_sizing  # noqa: E402
 
 RELEASES = (
     "0.5.6", "0.5.6.post1", "0.5.6.post2", "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1",
@@ -170,7 +170,7 @@ def render(rows: list[tuple[str, dict[str, str], str, bool]]) -> str:
         "",
         "Commands target one release: `--sglang-version`, else the installed sglang, else `server.sglang_version`",
         "in config.toml, else the newest release hybridctl holds. `validate`, `plan` and `launch` say which.",
-        "The flag data (hybridctl/data/sglang-releases.json) is each release's own `ServerArgs.add_cli_args`,",
+        "The flag data (hybridshared/data/sglang-releases.json) is each release's own `ServerArgs.add_cli_args`,",
         "lifted from its wheel with `ast`, or imported where the release's module imports without a GPU stack.",
         "",
         "## Per-release facts",

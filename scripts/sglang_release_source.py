@@ -200,7 +200,7 @@ def _import(node: ast.Import | ast.ImportFrom, ns: dict[str, Any]) -> None:
 
 
 # Runs in an interpreter with sglang's pure-Python dependencies, PYTHONPATH = the unpacked wheel: dumps the
-# parser's actions as JSON rows (the columns of hybridctl/data/sglang-<version>-flags.tsv).
+# parser's actions as JSON rows (the columns of hybridshared/data/sglang-<version>-flags.tsv).
 REAL_PARSER_PROBE = r"""
 import argparse, json, sys
 from sglang.srt.server_args import ServerArgs

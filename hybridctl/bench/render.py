@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hybridctl.bench.results import BenchResult
-from hybridctl.planner.units import format_limit, format_ms, format_number, format_percent
+from hybridshared.units import format_limit, format_ms, format_number, format_percent
 
 
 def _rate(rate: float | str | None) -> str:

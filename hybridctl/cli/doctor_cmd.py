@@ -135,10 +135,10 @@ def doctor(
 
     from rich.console import Console
 
-    from hybridctl import paths
     from hybridctl.config.loader import settings_path_for
     from hybridctl.doctor.run import DoctorOptions, run_doctor, unprobed_host
-    from hybridctl.planner.units import GIB
+    from hybridshared import paths
+    from hybridshared.units import GIB
 
     given, settings = config_files(config, settings, config_opt, settings_opt)
     config = given or DEFAULT_CONFIG

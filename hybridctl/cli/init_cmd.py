@@ -49,7 +49,7 @@ def init(
     """
 
     from hybridctl.config.atomic_write import WouldOverwriteError, WriteFailed
-    from hybridctl.config.init_project import InitError, InitOptions, init_project
+    from hybridctl.init.init_project import InitError, InitOptions, init_project
 
     opts = InitOptions(
         out_dir=out,

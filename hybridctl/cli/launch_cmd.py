@@ -78,9 +78,10 @@ def launch(
     from rich.console import Console
 
     from hybridctl.cli.validate_cmd import render_report
-    from hybridctl.config.loader import check_files, settings_path_for
+    from hybridctl.config.loader import settings_path_for
     from hybridctl.launch.plan import auto_engine_here, make_launch_plan
     from hybridctl.launch.translate import LaunchError
+    from hybridctl.rules.check import check_files
 
     console = Console(highlight=False, soft_wrap=True)
     given, settings = config_files(config, settings, config_opt, settings_opt)
@@ -127,7 +128,7 @@ def _note_unused(*, k8s_image: bool, force: bool, detach: bool) -> None:
 
 def _check_sglang_version(sglang_version: str | None) -> None:
     if sglang_version is not None:
-        from hybridctl.config.sglang_version import VersionError, version_key
+        from hybridshared.flags.sglang_version import VersionError, version_key
 
         try:
             version_key(sglang_version)
@@ -165,7 +166,7 @@ def _write_files(
     files: dict[Path, str] = {}
     if write_yaml is None and k8s is None:
         return []
-    from hybridctl.launch.sglang import target_version
+    from hybridctl.launch.translate import target_version
 
     version = plan.version or target_version(None, cfg.config.server.sglang_version)
     if write_yaml is not None:

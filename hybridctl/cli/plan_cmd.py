@@ -22,8 +22,8 @@ from hybridctl.cli.config_args import (
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
-    from hybridctl.model.spec import ModelSpec
     from hybridctl.planner.plan import Plan
+    from hybridshared.model.spec import ModelSpec
 
 
 def _kv_layout(spec: ModelSpec) -> str:
@@ -38,7 +38,7 @@ def render_plan(spec: ModelSpec, plan: Plan) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from hybridctl.planner.units import format_gib, format_mib
+    from hybridshared.units import format_gib, format_mib
 
     p = plan.pools
     table = Table(title=f"{spec.family} ({escape(spec.source)}), TP {spec.tp}", show_header=False)
@@ -185,9 +185,9 @@ def plan(
     engine_option(engine)
 
     from hybridctl.config.findings import ConfigError
-    from hybridctl.model.errors import ModelSpecError
     from hybridctl.planner.plan_request import PlanRequest, PlanRequestError, run_plan
-    from hybridctl.planner.pool_sizing import PoolSizingError
+    from hybridshared.model.errors import ModelSpecError
+    from hybridshared.sizing.pool_sizing import PoolSizingError
 
     config, settings = config_files(config, settings, config_opt, settings_opt)  # None: ./config.toml if present
     req = PlanRequest(

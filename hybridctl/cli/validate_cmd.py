@@ -31,7 +31,7 @@ def render_report(report: ValidationReport) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    from hybridctl.planner.units import plural  # not at the top: `hybridctl --help` imports the CLI modules only
+    from hybridshared.units import plural  # not at the top: `hybridctl --help` imports the CLI modules only
 
     console = Console(highlight=False, soft_wrap=True)
     for f in report.sorted_findings():
@@ -75,9 +75,10 @@ def validate(
     Exit codes: 0 valid, 1 warnings with --strict, 2 errors.
     """
 
-    from hybridctl.config.loader import check_files, settings_path_for
+    from hybridctl.config.loader import settings_path_for
     from hybridctl.launch.plan import auto_engine_here
     from hybridctl.launch.sglang import installed_sglang_version
+    from hybridctl.rules.check import check_files
 
     # Check against the SGLang that would run here unless told otherwise (no sglang: 0.5.23's rules), and
     # engine = "auto" against the engine launch would pick on this host.
@@ -107,8 +108,8 @@ def validate(
 
 def _judged_release(requested: str | None, cfg: HybridConfig | None) -> tuple[str, str]:
     """--sglang-version, the installed sglang, config.toml's server.sglang_version, the newest (as the rules)."""
-    from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
-    from hybridctl.config.sglang_version import resolve_release
+    from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION
+    from hybridshared.flags.sglang_version import resolve_release
 
     configured = cfg.config.server.sglang_version if cfg is not None else None
     return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)

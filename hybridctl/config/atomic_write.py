@@ -7,7 +7,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from hybridctl import paths
+from hybridshared import paths
 
 
 class WouldOverwriteError(FileExistsError):

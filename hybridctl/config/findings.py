@@ -127,7 +127,7 @@ FINDING_CODES: dict[str, str] = {
     "INVALID_CHOICE": "A value not among the key's choices.",
     "INVALID_VALUE": "A string not matching the key's pattern (e.g. api_key_env must name a variable).",
     "LITERAL_SECRET": "A literal credential in either file; name an environment variable instead.",
-    # cross-file and engine rules (hybridctl/config/rules.py, engine_flag_rules.py)
+    # cross-file and engine rules (hybridctl/rules/cross_file.py, engine_flag_rules.py)
     "PREFIX_CACHE_MISS": "Settings that make prefix hits impossible, or that the engine refuses.",
     "PAGE_SIZE_MISMATCH": "extra_buffer needs mamba_track_interval to be a multiple of the page size.",
     "SPEC_ROLLBACK": "Speculative decoding that cannot roll the recurrent state back to the accepted token.",
@@ -146,7 +146,7 @@ FINDING_CODES: dict[str, str] = {
     "MULTINODE": "nnodes > 1 without dist_init_addr, or node_rank not below nnodes.",
     "UNKNOWN_ENGINE_FLAG": "An [extra_engine_args] flag the engine does not have (or renamed).",
     "ENGINE_FLAG_VALUE": "An [extra_engine_args] value the flag does not accept.",
-    # the target SGLang release (hybridctl/config/release_rules.py; --sglang-version, installed, server.sglang_version)
+    # the target SGLang release (hybridctl/rules/release_rules.py; --sglang-version, installed, server.sglang_version)
     "SGLANG_RELEASE_VALUE": "A value the target SGLang release's flag does not accept (fix: a value it does).",
     "SGLANG_RELEASE_KEY": "A key only newer SGLang releases have a flag for (fix: its default, or >= that release).",
     "SGLANG_RELEASE_FLAG": "A flag the target SGLang release's parser does not have.",

@@ -1,33 +1,33 @@
-"""Load and check `config.toml` + `settings.json`.
+"""Load `config.toml` + `settings.json`.
 
-`load_hybrid_config` is what every command uses (raises ConfigError on syntax or schema errors); `check_files` is what
-`hybridctl validate` uses (every finding, including the cross-file rules; never raises for bad content).
+`load_hybrid_config` is what every command uses (raises ConfigError on syntax or schema errors); `load_parsed`
+keeps every syntax and schema finding for `check_files` (hybridctl/rules/check.py), which adds the rules.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomlkit
 from pydantic import BaseModel, ValidationError
+from tomlkit.exceptions import ParseError
 
-from hybridctl import paths
+from hybridctl.config.field_docs import iter_field_docs
 from hybridctl.config.findings import ConfigError, Finding, ValidationReport
 from hybridctl.config.locate import KeyLocator, duplicate_toml_key, object_paths
 from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
 from hybridctl.config.schema_errors import FileFormat, validation_findings, where
-from hybridctl.config.secret_scan import scan_for_secrets
+from hybridshared import paths
 
 __all__ = [
     "ConfigError",
     "Finding",
     "ValidationReport",
     "ParsedFile",
-    "check_files",
     "load_hybrid_config",
     "parse_config_text",
     "parse_settings_text",
@@ -36,7 +36,6 @@ __all__ = [
 
 CONFIG_NAME = "config.toml"
 SETTINGS_NAME = "settings.json"
-EngineNotes = Callable[[HybridConfig, "str | None", "str | None", "set[str]"], list[Finding]]
 SCHEMA_REF_KEY = "$schema"  # settings.json may name its JSON Schema for editors; it is not a setting
 
 
@@ -113,8 +112,6 @@ def _read_text(path: Path, fmt: FileFormat, missing_ok: bool) -> tuple[str | Non
 
 def parse_config_text(text: str, path: str = CONFIG_NAME) -> ParsedFile:
     """Parse TOML text; syntax errors become a TOML_SYNTAX finding with line and column."""
-    import tomlkit
-    from tomlkit.exceptions import ParseError
 
     parsed = ParsedFile(path=path, fmt="toml")
     try:
@@ -266,7 +263,6 @@ def _null_document_finding(path: str) -> Finding:
 
 def _other_file_keys(model: type[BaseModel], file_name: str, fmt: FileFormat) -> dict[str, str]:
     """Key name -> where it belongs in the other file, for "this key lives in settings.json" hints."""
-    from hybridctl.config.field_docs import iter_field_docs
 
     return {doc.path[-1]: where(doc.path, file_name, fmt) for doc in iter_field_docs(model) if not doc.is_section}
 
@@ -282,7 +278,10 @@ def _validate(parsed: ParsedFile, model: type[BaseModel], other: dict[str, str])
         return None
 
 
-def _load(config_path: str | Path, settings_path: str | Path) -> tuple[HybridConfig | None, ParsedFile, ParsedFile]:
+def load_parsed(
+    config_path: str | Path, settings_path: str | Path
+) -> tuple[HybridConfig | None, ParsedFile, ParsedFile]:
+    """The config (None when a file fails to parse or validate) and each file as parsed, with its findings."""
     config_path, settings_path = Path(config_path), Path(settings_path)
     text, config_file = _read_text(config_path, "toml", missing_ok=False)
     if text is not None:
@@ -321,97 +320,8 @@ def load_hybrid_config(
 
     Raises ConfigError (with every syntax and schema error, each located) when the files cannot be used.
     """
-    cfg, config_file, settings_file = _load(config_path, settings_path)
+    cfg, config_file, settings_file = load_parsed(config_path, settings_path)
     errors = [f for f in (*config_file.findings, *settings_file.findings) if f.severity == "error"]
     if cfg is None or errors:
         raise ConfigError(errors)
     return cfg
-
-
-def _secret_findings(parsed: ParsedFile) -> list[Finding]:
-    findings = []
-    for hit in scan_for_secrets(parsed.data or {}):
-        line, column = parsed.locator.find(hit.path) or (None, None)
-        dotted = ".".join(hit.path)
-        findings.append(
-            Finding(
-                "error",
-                "LITERAL_SECRET",
-                parsed.path,
-                line,
-                column,
-                dotted,
-                f"`{dotted}` holds {hit.kind} ({hit.length} characters, not shown); files get copied, "
-                "committed and printed, so secrets do not belong in them.",
-                f"remove the value from {parsed.path}, export it in an environment variable, name that "
-                'variable in "api_key_env" of the "api" object of settings.json (e.g. "OPENAI_API_KEY"), '
-                "and rotate the exposed key.",
-            )
-        )
-    return findings
-
-
-def _place(finding: Finding, config_file: ParsedFile, settings_file: ParsedFile) -> Finding:
-    """Rules report logical file names; point them at the real files and lines."""
-    target = settings_file if finding.file == SETTINGS_NAME else config_file
-    line, column = (target.locator.find(finding.key.split(".")) if finding.key else None) or (None, None)
-    fix = finding.fix.replace(f"of {finding.file}", f"of {target.path}") if target.path != finding.file else finding.fix
-    return replace(finding, file=target.path, line=line, column=column, fix=fix)
-
-
-def check_files(
-    config_path: str | Path = CONFIG_NAME,
-    settings_path: str | Path = SETTINGS_NAME,
-    engine_version: str | None = None,
-    *,
-    engine: str | None = None,
-    auto_engine: str | None = None,
-    engine_notes: EngineNotes | None = None,
-) -> ValidationReport:
-    """Every finding about the two files: syntax, schema, secrets, cross-file and engine rules.
-
-    `engine` (a --engine flag) or else [server] engine picks the engine-specific rules; "auto" checks against
-    `auto_engine`, the engine launch would pick on this host. `engine_notes(cfg, engine, version, present_keys)`
-    adds what that engine makes of the keys (launch's translation: ignored keys, other names). Never raises for
-    bad file content."""
-    from hybridctl.config.rules import check_rules, effective_engine
-
-    cfg, config_file, settings_file = _load(config_path, settings_path)
-    findings = [*config_file.findings, *settings_file.findings]
-    if settings_file.missing:
-        findings.append(
-            Finding(
-                "info",
-                "SETTINGS_DEFAULTS",
-                settings_file.path,
-                None,
-                None,
-                "",
-                f"{settings_file.path} does not exist; every setting takes its default.",
-                "nothing to do, or run `hybridctl init` to write one with the defaults spelled out.",
-            )
-        )
-    findings += _secret_findings(config_file) + _secret_findings(settings_file)
-    if cfg is not None and engine_notes is not None:
-        present = {".".join(k) for f in (config_file, settings_file) for k in f.locator.positions}
-        resolved = effective_engine(cfg, engine, auto_engine)
-        findings += [
-            _place(f, config_file, settings_file) for f in engine_notes(cfg, resolved, engine_version, present)
-        ]
-    if cfg is not None:
-        findings += [
-            _place(f, config_file, settings_file)
-            for f in check_rules(
-                cfg,
-                engine_version=engine_version,
-                include_secrets=False,
-                engine=effective_engine(cfg, engine, auto_engine),
-            )
-        ]
-    return ValidationReport(
-        config_path=config_file.path,
-        settings_path=settings_file.path,
-        findings=findings,
-        config=cfg,
-        engine_version=engine_version,
-    )

@@ -16,7 +16,7 @@ from tomlkit.items import Table
 
 from hybridctl.config.field_docs import field_doc
 from hybridctl.config.schema import ConfigToml, SettingsJson
-from hybridctl.paths import templates_dir
+from hybridctl.templates import templates_dir
 
 _WRAP = 108
 

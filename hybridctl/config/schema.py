@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
-from hybridctl.planner.units import MAX_MEMORY_GIB
+from hybridshared.units import MAX_MEMORY_GIB
 
 # An engine flag's value. Finite floats only: TOML writes nan and inf, and no flag takes them.
 ScalarValue = str | int | FiniteFloat | bool

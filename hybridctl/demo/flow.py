@@ -7,19 +7,28 @@ the server is stopped whatever happens after it started.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomlkit
+
 from hybridctl.bench.datasets import SharedPrefixShape
 from hybridctl.bench.loadgen import LoadShape
 from hybridctl.bench.runner import BenchOptions, run_bench
+from hybridctl.config.atomic_write import write_text_atomic
+from hybridctl.config.loader import load_hybrid_config, settings_path_for
 from hybridctl.host.ports import preferred_or_free_port
+from hybridctl.init.init_project import DEMO_MODEL_DIR, InitOptions, init_project
+from hybridctl.launch import start_server
 from hybridctl.verify.client import ServerUnreachable, Target
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.runner import VerifyOptions, run_checks
+from hybridshared import paths
 
 REPORT_NAME = "report.json"
 Progress = Callable[[str], None]
@@ -86,9 +95,6 @@ class DemoReport:
 
 def _tune_config(config_path: Path, port: int) -> None:
     """Point the demo config at a free port and turn on /metrics (bench compares itself with the server)."""
-    import tomlkit
-
-    from hybridctl.config.atomic_write import write_text_atomic
 
     doc = tomlkit.parse(config_path.read_text())
     doc["server"]["port"] = port
@@ -114,10 +120,6 @@ class _Steps:
 
 def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoReport:
     """Run every step; raises DemoError (with the report so far in `.report`) when a step cannot go on."""
-    from hybridctl import paths
-    from hybridctl.config.init_project import InitOptions, init_project
-    from hybridctl.config.loader import load_hybrid_config, settings_path_for
-    from hybridctl.launch import start_server
 
     out_dir = paths.resolve(opts.out_dir)  # never raises: a symlink loop stays as written, and fails to write
     report = DemoReport(out_dir=str(out_dir))
@@ -151,9 +153,7 @@ def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoR
         target = Target(url=handle.url, timeout_s=600.0)
 
         def verify() -> str:
-            options = VerifyOptions(
-                prefix_cache=PrefixCacheOptions(doc_tokens=opts.doc_tokens, trials=opts.trials)
-            )
+            options = VerifyOptions(prefix_cache=PrefixCacheOptions(doc_tokens=opts.doc_tokens, trials=opts.trials))
             result = run_checks(target, cfg, options=options, on_check=lambda n: progress(f"verify {n}"))
             report.verify = result.to_dict()
             return ", ".join(f"{c.name} {c.status}" for c in result.checks)
@@ -197,9 +197,6 @@ def run_demo(opts: DemoOptions, progress: Progress = lambda _msg: None) -> DemoR
 
 def _remove_old_demo_model(out_dir: Path) -> None:
     """--force replaces an earlier demo's model too (init's builder refuses a non-empty directory)."""
-    import shutil
-
-    from hybridctl.config.init_project import DEMO_MODEL_DIR
 
     old = out_dir / DEMO_MODEL_DIR
     # Only a directory that looks like a built demo model; anything else is left for the builder to refuse.
@@ -213,9 +210,6 @@ def _with_report(exc: DemoError, report: DemoReport) -> DemoError:
 
 
 def _write_report(report: DemoReport, out_dir: Path) -> None:
-    import json
-
-    from hybridctl.config.atomic_write import write_text_atomic
 
     path = out_dir / REPORT_NAME
     report.report_path = str(path)

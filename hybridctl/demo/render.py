@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hybridctl.demo.flow import DemoReport
-from hybridctl.planner.units import format_limit, format_ms, format_number, format_percent
+from hybridshared.units import format_limit, format_ms, format_number, format_percent
 
 _STYLE = {"ok": "green", "failed": "bold red", "passed": "green", "skipped": "yellow"}
 

@@ -13,6 +13,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomlkit
+from pydantic import ValidationError
+
 from hybridctl.config.atomic_write import write_text_atomic
 from hybridctl.config.schema import ConfigToml, SettingsJson
 from hybridctl.doctor.findings import Change, DoctorFinding
@@ -70,7 +73,6 @@ def plan_edits(changes: list[Change], config_path: Path, settings_path: Path) ->
 
 
 def _edit_toml(text: str, changes: tuple[Change, ...], path: Path) -> str:
-    import tomlkit
 
     doc = tomlkit.parse(text)
     for change in changes:
@@ -121,7 +123,6 @@ def _edit_json(text: str, changes: tuple[Change, ...], path: Path) -> str:
 
 
 def _validate(path: Path, model: type[ConfigToml] | type[SettingsJson], data: dict[str, object]) -> None:
-    from pydantic import ValidationError
 
     try:
         model.model_validate(data)

@@ -11,7 +11,8 @@ from typing import Literal
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import Change, Check, DoctorFinding
 from hybridctl.host.facts import GpuFacts, HostFacts
-from hybridctl.planner.units import format_gib
+from hybridctl.launch.plan import decide_engine
+from hybridshared.units import format_gib
 
 # CUDA VMM-backed pools (cuMemCreate/cuMemMap, SGLang's handle types) need the R535 driver branch.
 MIN_ELASTIC_DRIVER = 535
@@ -28,7 +29,6 @@ BUNDLED_ON_GPU = (
 
 def resolve_engine(facts: HostFacts, cfg: HybridConfig | None) -> Engine:
     """Which engine a launch would use here: auto: sglang on a GPU host with sglang, else builtin."""
-    from hybridctl.launch.plan import decide_engine
 
     return decide_engine(cfg.config.server.engine if cfg else "auto", facts).engine
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridctl.doctor.findings import DoctorFinding
-from hybridctl.verify.prometheus import MetricsSnapshot
+from hybridctl.verify.client import ServerError, ServerUnreachable, SGLangClient
+from hybridctl.verify.prometheus import MetricsParseError, MetricsSnapshot
+from hybridctl.verify.runner import TargetError, resolve_target
 
 SATURATED = 0.95  # state-pool usage at which a queue means requests wait for slots
 MIN_VERIFY_ROUNDS = 8  # fewer verify rounds say nothing about the accept length
@@ -68,9 +70,6 @@ class LiveSnapshot:
 
 
 def read_live(url: str, timeout_s: float = 60.0, probe: bool = True, api_key_env: str | None = None) -> LiveSnapshot:
-    from hybridctl.verify.client import ServerError, ServerUnreachable, SGLangClient
-    from hybridctl.verify.prometheus import MetricsParseError
-    from hybridctl.verify.runner import TargetError, resolve_target
 
     try:
         target = resolve_target(url, None, api_key_env, timeout_s=timeout_s)

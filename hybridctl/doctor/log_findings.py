@@ -30,6 +30,7 @@ from hybridctl.doctor.log_scan import LogScan
 from hybridctl.doctor.log_signatures import Signature, match_traceback, nearest_code
 from hybridctl.doctor.log_traceback import Traceback
 from hybridctl.doctor.remedies import REMEDIES, RemedyInput
+from hybridshared.sizing.pool_sizing import PoolSizingError, slots_per_request
 
 # Below this many prefills, "no prefix hits" says nothing (unique prompts are normal).
 MIN_PREFILLS_FOR_MISS = 3
@@ -96,7 +97,6 @@ def _cli_spelling(remedy: str, scan: LogScan) -> str:
 
 def _slots_from_log(scan: LogScan) -> str:
     """Without a config, the slot count the logged server needed, from its own start-up lines and args."""
-    from hybridctl.planner.pool_sizing import PoolSizingError, slots_per_request
 
     args = scan.server_args
     running = max(scan.startup.max_running_requests or _int(args.get("max_running_requests")) or 0, 2)
@@ -243,9 +243,7 @@ def _unexplained_death(
         if near is None:
             near = nearest_code(tb)
             reason = "not assigned: its frames and message use that mode's words, but fit none of its families"
-        hint = (
-            f" Nearest known failure mode: {near} ({reason})." if near else " It looks unrelated to hybrid serving."
-        )
+        hint = f" Nearest known failure mode: {near} ({reason})." if near else " It looks unrelated to hybrid serving."
         cause = (
             f"The server died of {_exception_line(tb)[:240]} (innermost SGLang frame: {_where(tb)}); it matches "
             f"none of the five hybrid failure modes.{hint}"

@@ -1,7 +1,7 @@
 """How the chosen engine would size its pools for a config: the planner, called the way each engine calls it.
 
 SGLang: `make_plan` with the GPU's memory. The bundled runtime: `plan_builtin`, the sizing function the runtime
-itself calls at start-up (hybridctl/planner/builtin_sizing.py), on the GPU when one is given (--gpu-mem-gib or
+itself calls at start-up (hybridshared/sizing/runtime_pools.py), on the GPU when one is given (--gpu-mem-gib or
 probed), else in its CPU memory budget. Remedies re-plan candidate configs through `PlanContext.plan`, so every
 value doctor suggests is one the planner accepts.
 """
@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.spec import ModelSpec
+from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.planner.builtin_sizing import builtin_model_spec, plan_builtin
 from hybridctl.planner.plan import Plan, make_plan
+from hybridctl.planner.plan_request import recorded_gpu_mem_bytes
+from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,6 @@ class PlanContext:
     def plan(self, cfg: HybridConfig, **overrides: Any) -> Plan:
         """`cfg`'s pools as this engine sizes them; raises PoolSizingError like the engine would."""
         if self.engine == "builtin":
-            from hybridctl.planner.builtin_sizing import plan_builtin
-
             gpu = self.gpu_mem_bytes or None  # 0: the runtime on CPU, in memory.memory_budget_gib
             return plan_builtin(cfg, self.spec.source, gpu_mem_bytes=gpu, tp=cfg.config.server.tp_size)[1]
         return make_plan(cfg, self.spec_for(cfg), gpu_mem_bytes=self.gpu_mem_bytes, **overrides)
@@ -36,33 +38,24 @@ class PlanContext:
         dtype, tp = cfg.settings.mamba.state_dtype, cfg.config.server.tp_size
         if (dtype, tp) == (self.spec.ssm_dtype, self.spec.tp):
             return self.spec
-        from hybridctl.model.spec import load_model_spec
 
-        return load_model_spec(self.spec.source, tp=tp, ssm_dtype=dtype, kv_dtype=self.spec.kv_dtype)
+        return load_model_spec_or_bundled(self.spec.source, tp=tp, ssm_dtype=dtype, kv_dtype=self.spec.kv_dtype)
 
 
-def load_plan_context(
-    cfg: HybridConfig, engine: str, gpu_mem_bytes: int | None
-) -> tuple[PlanContext | None, str]:
+def load_plan_context(cfg: HybridConfig, engine: str, gpu_mem_bytes: int | None) -> tuple[PlanContext | None, str]:
     """The context, or None and why planning is skipped (no model path, bad config.json, no GPU size)."""
-    from hybridctl.model.errors import ModelSpecError
-    from hybridctl.model.spec import load_model_spec
 
     path = cfg.config.server.model_path
     if not path:
         return None, "server.model_path is empty in config.toml: no model to plan for"
     if gpu_mem_bytes is None:  # no --gpu-mem-gib, no GPU here: the server's GPU as init recorded it, as plan
-        from hybridctl.planner.plan_request import recorded_gpu_mem_bytes
-
         gpu_mem_bytes = recorded_gpu_mem_bytes(cfg, engine)
     try:
         if engine == "builtin":  # the model as the runtime holds it (activation dtype: float32 on CPU)
-            from hybridctl.planner.builtin_sizing import builtin_model_spec
-
             tp = cfg.config.server.tp_size
             spec = builtin_model_spec(cfg, path, tp=tp, on_gpu=gpu_mem_bytes is not None)
             return PlanContext(spec, engine, gpu_mem_bytes or 0), ""
-        spec = load_model_spec(path, tp=cfg.config.server.tp_size, ssm_dtype=cfg.settings.mamba.state_dtype)
+        spec = load_model_spec_or_bundled(path, tp=cfg.config.server.tp_size, ssm_dtype=cfg.settings.mamba.state_dtype)
     except ModelSpecError as exc:
         return None, str(exc)
     if gpu_mem_bytes is None:

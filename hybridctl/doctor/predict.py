@@ -1,6 +1,6 @@
 """Predict the five failure modes from the config (plus the planner, the host's sglang and a PD peer config).
 
-Config-only rules come from hybridctl/config/rules.py (shared with `validate`); this module adds what needs
+Config-only rules come from hybridctl/rules/cross_file.py (shared with `validate`); this module adds what needs
 the planner (MAMBA_POOL_ALLOC), the installed engine (PREFIX_CACHE_MISS by version) and a second config
 (PD_STATE_MISMATCH between prefill and decode). Host-level ELASTIC_TIMEOUT causes live in judge.py.
 """
@@ -10,17 +10,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybridctl.config.rules import check_rules
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import DoctorFinding
 from hybridctl.doctor.planning import PlanContext
-from hybridctl.doctor.remedies import RemedyInput, changes_from_rule, grow_state_pool, pd_match_peer
+from hybridctl.doctor.remedies import (
+    RemedyInput,
+    changes_from_rule,
+    elastic_off,
+    grow_state_pool,
+    pd_match_peer,
+    spec_topk_one,
+)
 from hybridctl.host.facts import SglangFacts
+from hybridctl.launch.translate import engine_findings
+from hybridctl.model.bundled import load_model_spec_or_bundled
 from hybridctl.planner.plan import Plan
-from hybridctl.planner.pool_sizing import PoolSizingError
+from hybridctl.rules.cross_file import check_rules
+from hybridshared.model.errors import ModelSpecError
+from hybridshared.sizing.pool_sizing import PoolSizingError
 
 if TYPE_CHECKING:
-    from hybridctl.model.spec import ModelSpec
+    from hybridshared.model.spec import ModelSpec
 
 
 @dataclass
@@ -30,12 +40,8 @@ class Prediction:
     plan_error: str | None = None
 
 
-def rule_findings(
-    cfg: HybridConfig, engine_version: str | None, engine: str | None = None
-) -> list[DoctorFinding]:
+def rule_findings(cfg: HybridConfig, engine_version: str | None, engine: str | None = None) -> list[DoctorFinding]:
     """`validate`'s rules, checked against `engine` (the one a launch would use here)."""
-    from hybridctl.doctor.remedies import spec_topk_one
-    from hybridctl.launch.translate import engine_findings
 
     out = []
     found = check_rules(cfg, engine_version, include_secrets=False, engine=engine)
@@ -97,7 +103,6 @@ def predict_elastic_builtin(cfg: HybridConfig, plan: Plan | None, engine: str) -
     p = plan.pools
     if p.max_mamba_cache_size >= 2 * p.slots_per_request:
         return []
-    from hybridctl.doctor.remedies import elastic_off
 
     fix, changes = elastic_off(RemedyInput(cfg))
     cause = (
@@ -118,12 +123,7 @@ def predict_elastic_builtin(cfg: HybridConfig, plan: Plan | None, engine: str) -
 def predict_prefix_engine(cfg: HybridConfig, sglang: SglangFacts | None, engine: str) -> list[DoctorFinding]:
     """PREFIX_CACHE_MISS that depends on the engine build rather than on the config alone."""
     out = []
-    if (
-        engine == "sglang"
-        and sglang is not None
-        and not sglang.has_hybrid_prefix_cache
-        and cfg.prefix_cache_enabled
-    ):
+    if engine == "sglang" and sglang is not None and not sglang.has_hybrid_prefix_cache and cfg.prefix_cache_enabled:
         out.append(DoctorFinding(
             "PREFIX_CACHE_MISS", "warning",
             f"sglang {sglang.version} has no radix cache for Mamba state: hybrid models get no prefix hits "
@@ -144,8 +144,6 @@ def predict_prefix_engine(cfg: HybridConfig, sglang: SglangFacts | None, engine:
 
 def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> list[DoctorFinding]:
     """PD_STATE_MISMATCH: prefill and decode must hold the same per-slot state (shape and dtype)."""
-    from hybridctl.model.errors import ModelSpecError
-    from hybridctl.model.spec import load_model_spec
 
     fix, changes = pd_match_peer(RemedyInput(cfg, peer=peer))
     out = []
@@ -160,7 +158,7 @@ def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> li
     sides: list[ModelSpec | None] = []
     for c in (cfg, peer):
         try:
-            sides.append(load_model_spec(
+            sides.append(load_model_spec_or_bundled(
                 c.config.server.model_path, tp=c.config.server.tp_size, ssm_dtype=c.settings.mamba.state_dtype
             ))  # fmt: skip
         except ModelSpecError:
@@ -181,14 +179,11 @@ def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> li
                 f"state "
                 'laid out for another shape or dtype (SGLang: "Prefill/Decode Mamba slot size mismatch").'
             )
-            out.append(
-                DoctorFinding("PD_STATE_MISMATCH", "error", cause, fix, changes, "peer", evidence=evidence)
-            )
+            out.append(DoctorFinding("PD_STATE_MISMATCH", "error", cause, fix, changes, "peer", evidence=evidence))
         return out
     # No readable model on one side: compare what the configs say.
     keys: list[tuple[str, object, object]] = [
-        ("server.model_path", c.config.server.model_path, p.config.server.model_path)
-        for c, p in [(cfg, peer)]
+        ("server.model_path", c.config.server.model_path, p.config.server.model_path) for c, p in [(cfg, peer)]
     ]
     keys += [
         ("mamba.state_dtype", cfg.settings.mamba.state_dtype, peer.settings.mamba.state_dtype),

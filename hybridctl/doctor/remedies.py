@@ -17,7 +17,7 @@ from hybridctl.config.findings import Finding
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import Change
 from hybridctl.doctor.planning import PlanContext
-from hybridctl.planner.pool_sizing import PoolSizingError
+from hybridshared.sizing.pool_sizing import PoolSizingError
 
 Remedy = tuple[str, tuple[Change, ...]]
 

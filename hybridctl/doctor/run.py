@@ -9,14 +9,29 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hybridctl import paths
+from hybridctl.config.loader import ConfigError, load_hybrid_config, settings_path_for
+from hybridctl.config.locate import KeyLocator
 from hybridctl.config.schema import HybridConfig
 from hybridctl.doctor.findings import CODES, Check, CheckStatus, DoctorFinding
 from hybridctl.doctor.judge import judge_host, resolve_engine
+from hybridctl.doctor.live import LiveError, live_findings, read_live
+from hybridctl.doctor.log_findings import log_findings
+from hybridctl.doctor.log_scan import scan_log, startup_summary
 from hybridctl.doctor.planning import PlanContext, load_plan_context
+from hybridctl.doctor.predict import (
+    predict_elastic_builtin,
+    predict_pd_peer,
+    predict_prefix_engine,
+    predict_state_pool,
+    rule_findings,
+)
+from hybridctl.doctor.remedies import RemedyInput
 from hybridctl.doctor.report import DoctorReport, IgnoredOption, failure_mode_checks
 from hybridctl.host.facts import HostFacts
-from hybridctl.planner.units import format_gib, format_mib, with_article
+from hybridctl.host.probe import probe_host
+from hybridctl.planner.plan_request import engine_for_planning
+from hybridshared import paths
+from hybridshared.units import format_gib, format_mib, with_article
 
 
 @dataclass
@@ -33,7 +48,6 @@ class DoctorOptions:
 
 
 def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig | None, Check]:
-    from hybridctl.config.loader import ConfigError, load_hybrid_config
 
     try:
         cfg = load_hybrid_config(config, settings)
@@ -42,15 +56,12 @@ def _load_config(config: Path, settings: Path, what: str) -> tuple[HybridConfig 
         details = tuple(str(f) for f in exc.findings)
         # The files that hold the errors (settings.json's own, or both), not always config.toml.
         where = " + ".join(dict.fromkeys(f.file for f in exc.findings)) or str(config)
-        return None, Check(
-            what, "error", f"{where}: {n} error{'s' if n != 1 else ''}; run hybridctl validate", details
-        )
+        return None, Check(what, "error", f"{where}: {n} error{'s' if n != 1 else ''}; run hybridctl validate", details)
     return cfg, Check(what, "ok", f"{config} + {settings}")
 
 
 def key_lines(config: Path, settings: Path) -> Callable[[str, str], int | None]:
     """(logical file, dotted key) -> the key's line in the real file (or its nearest table), or None."""
-    from hybridctl.config.locate import KeyLocator
 
     locators = {}
     files = (("config.toml", config, KeyLocator.for_toml), ("settings.json", settings, KeyLocator.for_json))
@@ -81,8 +92,6 @@ def unprobed_host() -> HostFacts:
 
 def run_doctor(opts: DoctorOptions, host: HostFacts | None = None) -> DoctorReport:
     if host is None:
-        from hybridctl.host.probe import probe_host
-
         host = probe_host()
     report = DoctorReport()
     cfg: HybridConfig | None = None
@@ -152,9 +161,7 @@ def _report_unused_options(
     if opts.api_key_env is not None and opts.url is None:
         report.ignored.append(IgnoredOption("--api-key-env", "no --url: it is the key of the server --url reads"))
     if opts.peer_config is not None and cfg is None:
-        report.ignored.append(
-            IgnoredOption("--peer", f"{no_config}; the peer's config is compared with this server's")
-        )
+        report.ignored.append(IgnoredOption("--peer", f"{no_config}; the peer's config is compared with this server's"))
 
 
 def _predict(
@@ -162,14 +169,6 @@ def _predict(
 ) -> tuple[PlanContext | None, HybridConfig | None, str | None]:
     """The config's findings; returns the planning context, the PD peer's config (for the log's fixes) and why
     the pools could not be sized (None: they were, or the planner's refusal is a finding)."""
-    from hybridctl.doctor.predict import (
-        predict_elastic_builtin,
-        predict_pd_peer,
-        predict_prefix_engine,
-        predict_state_pool,
-        rule_findings,
-    )
-    from hybridctl.planner.plan_request import engine_for_planning
 
     # As plan: auto with --gpu-mem-gib on a GPU-less host means "the SGLang server I am planning".
     gpu_given = opts.gpu_mem_bytes is not None and not host.gpus
@@ -213,8 +212,6 @@ def _predict(
     report.findings += predict_prefix_engine(cfg, host.sglang, engine)
     peer = None
     if opts.peer_config is not None:
-        from hybridctl.config.loader import settings_path_for
-
         peer, check = _load_config(opts.peer_config, settings_path_for(opts.peer_config), "PD peer")
         report.checks.append(check)
         if peer is not None:
@@ -229,9 +226,6 @@ def _read_log(
     report: DoctorReport,
     peer: HybridConfig | None = None,
 ) -> None:
-    from hybridctl.doctor.log_findings import log_findings
-    from hybridctl.doctor.log_scan import scan_log, startup_summary
-    from hybridctl.doctor.remedies import RemedyInput
 
     assert opts.log_lines is not None
     scan = scan_log(opts.log_lines)
@@ -251,7 +245,6 @@ def _read_log(
 
 def _read_live(url: str, report: DoctorReport, api_key_env: str | None) -> bool:
     """The server's findings and check line; False when it could not be read."""
-    from hybridctl.doctor.live import LiveError, live_findings, read_live
 
     try:
         snap = read_live(url, api_key_env=api_key_env)

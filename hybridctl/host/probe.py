@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-from hybridctl.host.compiler import CANDIDATES, COMPILER_ENV, find_c_compiler
 from hybridctl.host.cuda_driver import CudaDriverInfo, CudaDriverUnavailable, query_cuda_driver
 from hybridctl.host.facts import GpuFacts, GpuProcess, HostFacts
 from hybridctl.host.packages import PackageMissing, sglang_facts, torch_build
+from hybridshared.compiler import CANDIDATES, COMPILER_ENV, find_c_compiler
 
 
 def probe_host() -> HostFacts:

@@ -1,7 +1,7 @@
 """Config -> `python -m runtime ...`, the bundled runtime's command line (SGLang's flag names, plus its own).
 
 `RUNTIME_FLAGS` is the runtime's accepted flag set as hybridctl knows it; a control test compares it with the
-runtime's real parser (runtime/args.py) so the two cannot drift.
+runtime's real parser (hybridshared/flags/runtime_args.py) so the two cannot drift.
 """
 
 from __future__ import annotations

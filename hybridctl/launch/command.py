@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from hybridctl.config.findings import CONFIG, toml_set
 from hybridctl.config.schema import HybridConfig, ScalarValue
 from hybridctl.launch.translate import SWITCH, Engine, Flags, IgnoredKey, LaunchError, Translation, render_value
-from hybridctl.planner.units import format_value
+from hybridshared.units import format_value
 
 Role = Literal["server", "prefill", "decode", "router"]
 
@@ -131,3 +132,21 @@ def require_model_path(cfg: HybridConfig) -> None:
             "config.toml [server] model_path is empty, so there is nothing to serve. Fix: set "
             'model_path = "/path/to/model" (a directory with config.json and safetensors, or a hub id).'
         )
+
+
+def multinode_problem(cfg: HybridConfig) -> tuple[str, str, str] | None:
+    """(key, message, fix) when the node settings cannot start, else None. Used by launch and by validate."""
+    server = cfg.config.server
+    if server.nnodes > 1 and not server.dist_init_addr:
+        return (
+            "server.dist_init_addr",
+            f"nnodes = {server.nnodes} but dist_init_addr is unset, so the nodes cannot find each other.",
+            toml_set("server.dist_init_addr", '"<node 0 address>:<port>"') + " (the same on every node)",
+        )
+    if server.node_rank >= server.nnodes:
+        return (
+            "server.node_rank",
+            f"node_rank = {server.node_rank} is not below nnodes = {server.nnodes}.",
+            f"use node_rank 0..{server.nnodes - 1} in [server] of {CONFIG}, one per node",
+        )
+    return None

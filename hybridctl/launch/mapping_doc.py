@@ -8,9 +8,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, available_versions, sglang_flags
+from hybridctl.config.atomic_write import write_text_atomic
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_row import Target, default_value
+from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION, available_versions, sglang_flags
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "sglang-mapping.md"
 
@@ -31,7 +32,7 @@ Every key of `config.toml` and `settings.json`, and what `hybridctl launch` make
   engine flag.
 - Flags marked (≥ X) exist from release X on; the gates were read from the published sglang wheels.
 
-- **SGLang releases**: the held releases ({first} … {last}, hybridctl/data) whose own parser has the flag,
+- **SGLang releases**: the held releases ({first} … {last}, hybridshared/data) whose own parser has the flag,
   read from the per-release flag data (scripts/regen_sglang_flags.py); `validate` refuses a value the
   target release lacks (SGLANG_RELEASE_* findings). Which release each command judges, and every
   release's dry-run check: [sglang-releases.md](sglang-releases.md).
@@ -136,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] == "--check":
         current = DOC_PATH.read_text(encoding="utf-8") if DOC_PATH.exists() else ""
         return 0 if current == text else 1
-    from hybridctl.config.atomic_write import write_text_atomic
 
     write_text_atomic(DOC_PATH, text)
     print(f"wrote {DOC_PATH}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.config.sglang_version import in_range, version_key
+from hybridshared.flags.sglang_version import in_range, version_key
 
 Status = Literal["flag", "built-in", "not-supported", "client-side"]
 # How a value becomes argv: "value" = --flag VALUE (skipped when None), "true" = --flag when truthy,

@@ -10,11 +10,12 @@ from typing import get_args
 
 from hybridctl.config.schema import EngineName, HybridConfig
 from hybridctl.host.facts import HostFacts
+from hybridctl.host.probe import probe_host
 from hybridctl.launch.builtin_flags import builtin_command
 from hybridctl.launch.command import EngineCommand
-from hybridctl.launch.pd import pd_plan
-from hybridctl.launch.sglang import sglang_command, target_version
-from hybridctl.launch.translate import Engine, IgnoredKey, LaunchError
+from hybridctl.launch.pd import builtin_pd_plan, pd_plan
+from hybridctl.launch.sglang import sglang_command
+from hybridctl.launch.translate import Engine, IgnoredKey, LaunchError, target_version
 
 
 @dataclass
@@ -61,8 +62,6 @@ def make_launch_plan(
     else:
         choice = choose_engine(cfg.config.server.engine, "config.toml [server] engine =")
     if choice.engine == "builtin" and cfg.config.pd.enable_pd_disaggregation:
-        from hybridctl.launch.pd import builtin_pd_plan
-
         trio = builtin_pd_plan(cfg, python=python, allow_ignored=allow_ignored)
         return LaunchPlan("builtin", choice.reason, trio.commands, None, trio.prefill.ignored)
     if choice.engine == "builtin":
@@ -90,7 +89,6 @@ class EngineChoice:
 
 def choose_engine(requested: Requested, source: str = "--engine") -> EngineChoice:
     """Resolve `auto` from this host (NVML GPUs, sglang package metadata — sglang is never imported)."""
-    from hybridctl.host.probe import probe_host
 
     return decide_engine(requested, probe_host(), source)
 
@@ -110,9 +108,7 @@ def decide_engine(requested: str, facts: HostFacts, source: str = "--engine") ->
     if requested != "auto":
         raise LaunchError(f"unknown engine {requested!r}; use {', '.join(ENGINE_NAMES)}")
     if facts.gpus and sglang_version:
-        return EngineChoice(
-            "sglang", f"{len(facts.gpus)} GPU(s) and sglang {sglang_version} found", sglang_version
-        )
+        return EngineChoice("sglang", f"{len(facts.gpus)} GPU(s) and sglang {sglang_version} found", sglang_version)
     checks = (("no NVIDIA GPU", bool(facts.gpus)), ("sglang not installed", bool(sglang_version)))
     missing = [what for what, ok in checks if not ok]
     return EngineChoice("builtin", f"{' and '.join(missing)}: using the bundled runtime", sglang_version)

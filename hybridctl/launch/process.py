@@ -8,9 +8,12 @@ pool lines.
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
+from hybridctl.config.loader import load_hybrid_config
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.command import EngineCommand
 from hybridctl.launch.plan import LaunchPlan, Requested, make_launch_plan
@@ -135,7 +141,6 @@ def _tail(path: Path, lines: int = 25) -> list[str]:
 
 def is_healthy(url: str) -> bool:
     """`url`/health answers 200 within 2 s."""
-    import httpx
 
     try:
         return httpx.get(url + "/health", timeout=2.0).status_code == 200
@@ -143,9 +148,7 @@ def is_healthy(url: str) -> bool:
         return False
 
 
-def spawn(
-    command: EngineCommand, log_path: Path, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
+def spawn(command: EngineCommand, log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start `command` in its own session, output to `log_path` (the previous log kept as .1)."""
     _rotate(log_path)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -207,7 +210,6 @@ def _refuse_if_running(state_path: Path, config_path: str | os.PathLike[str]) ->
 
 
 def _refuse_if_engine_missing(plan: LaunchPlan) -> None:
-    import importlib.util
 
     modules = {c.argv[2] for c in plan.commands if len(c.argv) > 2 and c.argv[1] == "-m"}
     for module in sorted(modules):
@@ -222,7 +224,6 @@ def _refuse_if_engine_missing(plan: LaunchPlan) -> None:
 
 def _refuse_if_port_busy(command: EngineCommand) -> None:
     # Something already answering there would pass the readiness check for a server that is still loading.
-    import socket
 
     host = command.url.split("//", 1)[1].rsplit(":", 1)[0]
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -262,8 +263,6 @@ def start_server(
     settings_path = Path(settings_path) if settings_path else config_path.with_name("settings.json")
     if plan is None:
         if cfg is None:
-            from hybridctl.config.loader import load_hybrid_config
-
             cfg = load_hybrid_config(config_path, settings_path)
         plan = make_launch_plan(cfg, engine, sglang_version=sglang_version, allow_ignored=allow_ignored,
                                 python=python)  # fmt: skip
@@ -286,9 +285,7 @@ def start_server(
             handle._procs.append(proc)
             state.processes.append(ProcessEntry(role, proc.pid, process_start_ticks(proc.pid), command.url,
                                                 str(log_path), command.argv))  # fmt: skip
-            write_state(
-                state_path, state
-            )  # recorded at once, so `hybridctl stop` works during a long start-up
+            write_state(state_path, state)  # recorded at once, so `hybridctl stop` works during a long start-up
             handle.startup[role] = wait_ready(proc, command, log_path, startup_timeout_s, on_progress)
     except StopSignal as exc:
         handle.stop(sig=exc.signal)  # forwarded as received: the server sees what hybridctl saw
@@ -297,8 +294,6 @@ def start_server(
         handle.stop()
         raise
     if not detach:
-        import atexit
-
         atexit.register(lambda: handle.alive() and handle.stop())
     return handle
 

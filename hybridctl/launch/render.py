@@ -11,7 +11,7 @@ from rich.table import Table
 
 from hybridctl.launch.plan import LaunchPlan
 from hybridctl.logs.startup import StartupInfo
-from hybridctl.planner.units import GIB, format_gib, format_number
+from hybridshared.units import GIB, format_gib, format_number
 
 
 def render_plan(console: Console, plan: LaunchPlan, allowed: bool = True) -> None:

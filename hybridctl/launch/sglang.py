@@ -1,11 +1,11 @@
 """Config -> `python -m sglang.launch_server ...` for a given SGLang version, and the same as `--config` YAML.
 
 Flag names come from the mapping table; `extra_engine_args` are checked against the flag table dumped from that
-version's real parser (hybridctl/data/sglang-<version>-flags.tsv; the nearest older table when there is none).
+version's real parser (hybridshared/data/sglang-<version>-flags.tsv; the nearest older table when there is none).
 
 Which SGLang the commands target: the installed one, found from package metadata (importing sglang pulls in
 CUDA-only packages and takes seconds), else the configured or newest release. Parsing and comparing release
-numbers is hybridctl/config/sglang_version.py; which flag exists since when is the mapping table's.
+numbers is hybridshared/flags/sglang_version.py; which flag exists since when is the mapping table's.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import subprocess
 import sys
 from functools import lru_cache
 
-from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, nearest_version, sglang_flags
 from hybridctl.config.schema import HybridConfig
-from hybridctl.config.sglang_version import resolve_release
 from hybridctl.launch.command import (
     EngineCommand,
     FlagSpec,
     add_extra_args,
     flags_to_argv,
+    multinode_problem,
     require_model_path,
 )
 from hybridctl.launch.translate import Flags, LaunchError, Translation, refuse_ignored, translate
+from hybridshared.flags.engine_flags import nearest_version, sglang_flags
 
 SGLANG_MODULE = "sglang.launch_server"
 
@@ -55,8 +55,6 @@ def sglang_translation(cfg: HybridConfig, version: str, allow_ignored: bool = Fa
 
 def check_multinode(cfg: HybridConfig) -> None:
     """A server spanning nodes needs node 0's address and a rank below the node count."""
-    from hybridctl.config.server_rules import multinode_problem
-
     problem = multinode_problem(cfg)
     if problem is not None:  # the same check `validate` reports (MULTINODE)
         key, message, fix = problem
@@ -130,8 +128,3 @@ def installed_sglang_version(python: str | None = None) -> str | None:
         return None
     return out.stdout.strip() or None
 
-
-def target_version(requested: str | None = None, configured: str | None = None) -> str:
-    """The version commands are written for, in resolve_release's one order: the one asked for, the installed
-    one, config.toml's server.sglang_version, else the newest held."""
-    return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)[0]

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from hybridctl import paths
 from hybridctl.config.atomic_write import write_text_atomic
+from hybridshared import paths
 
 STATE_DIR = ".hybridctl"
 STATE_NAME = "server.json"

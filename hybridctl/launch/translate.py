@@ -17,7 +17,9 @@ from hybridctl.config.findings import Finding
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_row import MappingRow, Target, config_value
-from hybridctl.planner.units import format_value
+from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION
+from hybridshared.flags.sglang_version import resolve_release
+from hybridshared.units import format_value
 
 Engine = Literal["sglang", "builtin"]
 # A flag's value on the command line; SWITCH (None) for a flag without one. Not "": an empty value such as
@@ -106,9 +108,7 @@ def translate(cfg: HybridConfig, engine: Engine, version: str | None = None) -> 
         if target.status == "client-side":
             continue
         if not target.accepts(value, cfg):
-            out.ignored.append(
-                IgnoredKey(row.file, row.key, value, engine, _reason(row, target, engine, version))
-            )
+            out.ignored.append(IgnoredKey(row.file, row.key, value, engine, _reason(row, target, engine, version)))
             continue
         if target.status == "flag" and row.key not in _PLACED_ELSEWHERE:
             _emit(out, row, target, value)
@@ -150,8 +150,6 @@ def engine_findings(
     `present`: dotted keys written in the files; only those get an ENGINE_NAME note (defaults need none)."""
     if engine not in ("sglang", "builtin"):
         return []
-    from hybridctl.launch.sglang import target_version
-
     version = target_version(version) if engine == "sglang" else None
     translation = translate(cfg, engine, version)  # type: ignore[arg-type]
     name = f"SGLang {version}" if engine == "sglang" else "the bundled runtime"
@@ -188,3 +186,9 @@ def engine_findings(
             )
         )
     return out
+
+
+def target_version(requested: str | None = None, configured: str | None = None) -> str:
+    """The version commands are written for, in resolve_release's one order: the one asked for, the installed
+    one, config.toml's server.sglang_version, else the newest held."""
+    return resolve_release(requested, configured, DEFAULT_SGLANG_VERSION)[0]

@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from hybridctl import paths
-from hybridctl.paths import templates_dir
+from hybridctl.templates import templates_dir
+from hybridshared import paths
+from hybridshared.model.spec import ModelSpec, load_model_spec
 
 # Trailing name parts that change neither layer layout nor cache shapes: tuning, quantization, context variants.
 _SUFFIXES = frozenset(
@@ -110,3 +111,21 @@ def known_names_hint() -> str:
 
 def known_names() -> str:
     return ", ".join(bundled_configs())
+
+
+class BundledStandIns:
+    """hybridctl's bundled config.json files, standing in for the models this host does not hold."""
+
+    def config_for(self, requested: str) -> Path | None:
+        bundled = bundled_stand_in(requested)
+        return bundled.config_json if bundled is not None else None
+
+    def hint(self) -> str:
+        return known_names_hint()
+
+
+def load_model_spec_or_bundled(
+    path: str | Path, *, tp: int = 1, ssm_dtype: str | None = None, kv_dtype: str = "bfloat16"
+) -> ModelSpec:
+    """`load_model_spec`, reading the bundled config.json for a checkpoint this host does not hold."""
+    return load_model_spec(path, tp=tp, ssm_dtype=ssm_dtype, kv_dtype=kv_dtype, stand_ins=BundledStandIns())

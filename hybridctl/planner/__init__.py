@@ -1,6 +1,6 @@
 """Planning: split memory between the KV pool and the recurrent-state pool, exactly as SGLang 0.5.23 does."""
 
-from hybridctl.planner.pool_sizing import (
+from hybridshared.sizing.pool_sizing import (
     PoolInputs,
     PoolPlan,
     PoolSizingError,

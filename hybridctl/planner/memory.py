@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hybridctl.planner.pool_sizing import PoolSizingError
-from hybridctl.planner.units import GIB, MIB
+from hybridshared.sizing.pool_sizing import PoolSizingError
+from hybridshared.units import GIB, MIB
 
 # The bundled runtime's memory budget: hybridctl/planner/builtin_sizing.py (builtin_device_bytes).
 

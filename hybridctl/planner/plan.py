@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION, release_facts
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.spec import ModelSpec
 from hybridctl.planner.memory import pool_bytes_for
-from hybridctl.planner.pool_sizing import (
+from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION, release_facts
+from hybridshared.model.spec import ModelSpec
+from hybridshared.sizing.pool_sizing import (
     PoolInputs,
     PoolPlan,
     PoolSizingError,
@@ -17,8 +17,18 @@ from hybridctl.planner.pool_sizing import (
     resolve_strategy,
     size_pools,
 )
-from hybridctl.planner.release_sizing import ReleaseSizing, release_sizing
-from hybridctl.planner.units import format_number
+from hybridshared.sizing.release_sizing import ReleaseSizing, release_sizing
+from hybridshared.units import format_number
+
+
+def extra_int(cfg: HybridConfig, flag: str) -> int | None:
+    value = cfg.config.extra_engine_args.get(flag, cfg.config.extra_engine_args.get(flag.replace("-", "_")))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def configured_context_len(cfg: HybridConfig) -> int | None:
+    """--context-length from [extra_engine_args] (what `init --context-len` writes), else None."""
+    return extra_int(cfg, "context-length")
 
 
 @dataclass(frozen=True)
@@ -150,8 +160,6 @@ def make_plan(
     draft = _draft_tokens(cfg) if speculative_num_draft_tokens is None else speculative_num_draft_tokens
     max_running = cfg.settings.runtime.max_running_requests if max_running_requests is None else max_running_requests
     max_slots = mem.max_mamba_cache_size if max_mamba_cache_size is None else max_mamba_cache_size
-    from hybridctl.planner.builtin_sizing import configured_context_len
-
     context_len = configured_context_len(cfg) or spec.context_len
 
     release = release_sizing(sglang_version or cfg.config.server.sglang_version)

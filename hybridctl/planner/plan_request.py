@@ -8,11 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybridctl import paths
+from hybridctl.config.loader import load_hybrid_config, settings_path_for
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.spec import ModelSpec, load_model_spec
+from hybridctl.host.nvml import gpu_memory_bytes
+from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.planner.builtin_sizing import plan_builtin
 from hybridctl.planner.plan import Plan, make_plan
-from hybridctl.planner.pool_sizing import GIB, PoolSizingError
+from hybridshared import paths
+from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION
+from hybridshared.flags.sglang_version import VersionError, resolve_release
+from hybridshared.model.spec import ModelSpec
+from hybridshared.sizing.pool_sizing import GIB, PoolSizingError
 
 
 class PlanRequestError(ValueError):
@@ -63,7 +69,6 @@ def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
         raise PlanRequestError(
             f"{config_path}: {what}. Omit the argument to plan with defaults, or run `hybridctl init` to write one."
         )
-    from hybridctl.config.loader import load_hybrid_config, settings_path_for
 
     settings_path = settings_path_for(config_path, req.settings_path)
 
@@ -71,8 +76,6 @@ def load_config(req: PlanRequest) -> tuple[HybridConfig, str | None]:
 
 
 def _release(req: PlanRequest, cfg: HybridConfig) -> str:
-    from hybridctl.config.engine_flags import DEFAULT_SGLANG_VERSION
-    from hybridctl.config.sglang_version import VersionError, resolve_release
 
     try:
         return resolve_release(req.sglang_version, cfg.config.server.sglang_version, DEFAULT_SGLANG_VERSION)[0]
@@ -144,11 +147,8 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
                 "--pool-bytes/--pool-gib size SGLang's pools; the bundled runtime derives its budget from "
                 "memory.memory_budget_gib (CPU) or --gpu-mem-gib (GPU). Drop them, or pass --engine sglang."
             )
-        from hybridctl.planner.builtin_sizing import plan_builtin
 
         if gpu_mem is None and detect_gpu_mem:
-            from hybridctl.host.nvml import gpu_memory_bytes
-
             gpu_mem = gpu_memory_bytes()  # the runtime runs on the GPU when there is one
         if gpu_mem is None:
             gpu_mem = recorded_gpu_mem_bytes(cfg, "builtin")
@@ -167,7 +167,7 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
             "(--gpu-mem-gib). Drop it, or pass --engine builtin."
         )
     ssm_dtype = req.mamba_ssm_dtype or cfg.settings.mamba.state_dtype
-    spec = load_model_spec(model, tp=tp, ssm_dtype=ssm_dtype)
+    spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype)
 
     if req.pool_bytes is not None and req.pool_gib is not None:
         raise PlanRequestError("Give --pool-bytes or --pool-gib, not both.")
@@ -175,8 +175,6 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
     if req.pool_gib is not None:
         pool = int(req.pool_gib * GIB)
     if pool is None and gpu_mem is None and detect_gpu_mem:
-        from hybridctl.host.nvml import gpu_memory_bytes
-
         gpu_mem = gpu_memory_bytes()
     if pool is None and gpu_mem is None:
         gpu_mem = recorded_gpu_mem_bytes(cfg, "sglang")
@@ -201,8 +199,6 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
         speculative_num_draft_tokens=req.speculative_num_draft_tokens,
         max_running_requests=req.max_running_requests,
         sglang_version=_release(req, cfg),
-
-
         max_total_tokens=req.max_total_tokens,
     )
     return spec, plan

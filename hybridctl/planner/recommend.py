@@ -10,7 +10,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hybridctl.model.spec import ModelSpec
 from hybridctl.planner.memory import (
     GpuTier,
     auto_mem_fraction_static,
@@ -18,7 +17,8 @@ from hybridctl.planner.memory import (
     pool_bytes_for,
     vlm_mem_fraction_factor,
 )
-from hybridctl.planner.pool_sizing import (
+from hybridshared.model.spec import ModelSpec
+from hybridshared.sizing.pool_sizing import (
     GIB,
     PoolInputs,
     PoolPlan,
@@ -27,7 +27,7 @@ from hybridctl.planner.pool_sizing import (
     size_pools,
     slots_per_request,
 )
-from hybridctl.planner.units import format_percent
+from hybridshared.units import format_percent
 
 # The most of the pool we hand to recurrent state when the target concurrency does not fit: r = 4 leaves 20%
 # of the pool for KV, below which requests could not hold useful contexts anyway.

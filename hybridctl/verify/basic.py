@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.planner.units import format_ms, format_value
 from hybridctl.verify.client import SGLangClient, StreamResult
 from hybridctl.verify.report import CheckResult
+from hybridshared.units import format_ms, format_value
 
 PROBE_PROMPT = "The three primary colors are"
 PROBE_TOKENS = 8

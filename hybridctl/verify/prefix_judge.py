@@ -10,9 +10,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hybridctl.planner.units import format_percent
 from hybridctl.verify.report import CheckResult
 from hybridctl.verify.stats import Summary, bootstrap_ratio_ci, summarize
+from hybridshared.units import format_percent
 
 
 class OptionsError(ValueError):

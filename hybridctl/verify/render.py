@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hybridctl.planner.units import format_percent
 from hybridctl.verify.report import VerifyReport
+from hybridshared.units import format_percent
 
 _STYLE = {"passed": "bold green", "failed": "bold red", "skipped": "yellow"}
 

@@ -9,9 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
+from hybridctl.config.loader import load_hybrid_config, settings_path_for
 from hybridctl.config.schema import HybridConfig
 from hybridctl.verify.basic import run_basic
-from hybridctl.verify.client import SGLangClient, Target
+from hybridctl.verify.client import ServerError, SGLangClient, Target
 from hybridctl.verify.prefix_cache import run_prefix_cache
 from hybridctl.verify.prefix_judge import PrefixCacheOptions
 from hybridctl.verify.report import CheckResult, VerifyReport
@@ -78,7 +81,6 @@ def resolve_target(
 
 
 def _has_host(url: str) -> bool:
-    import httpx
 
     try:
         host = httpx.URL(url).host
@@ -92,7 +94,6 @@ def _has_host(url: str) -> bool:
 
 def load_config(config_path: str | None, settings_path: str | None) -> HybridConfig | None:
     """The config files if given (else ./config.toml if present), relative model paths resolved."""
-    from hybridctl.config.loader import load_hybrid_config, settings_path_for
 
     if config_path is None:
         if not Path("config.toml").is_file():
@@ -120,10 +121,7 @@ def run_checks(
     return report
 
 
-def _run_one(
-    client: SGLangClient, config: HybridConfig | None, name: str, opts: VerifyOptions
-) -> CheckResult:
-    from hybridctl.verify.client import ServerError
+def _run_one(client: SGLangClient, config: HybridConfig | None, name: str, opts: VerifyOptions) -> CheckResult:
 
     try:
         if name == "basic":

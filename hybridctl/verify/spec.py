@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.planner.units import format_number
 from hybridctl.verify.client import SGLangClient
 from hybridctl.verify.prometheus import MetricsSnapshot, counter_delta
 from hybridctl.verify.report import CheckResult
+from hybridshared.units import format_number
 
 _PROMPTS = (
     "Count from one to thirty in words:",

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridctl.planner.units import format_percent
+import jsonschema
+
 from hybridctl.verify.client import SGLangClient
 from hybridctl.verify.report import CheckResult
+from hybridshared.units import format_percent
 
 # A small schema with every JSON kind a structured-output client relies on: an object with required keys, no
 # extras, a bounded integer, an enum, a bounded string, a boolean and a short array.
@@ -65,7 +67,6 @@ class StructuredOptions:
 
 def load_schema(path: Path) -> dict[str, Any]:
     """A JSON schema from a file, checked as a schema (jsonschema's meta-schema)."""
-    import jsonschema
 
     try:
         schema = json.loads(path.read_text())
@@ -98,7 +99,6 @@ class Answer:
 
 def judge_answer(status: int, body: Any, schema: dict[str, Any]) -> Answer:
     """One answer against the schema; pure."""
-    import jsonschema
 
     if status != 200 or not isinstance(body, dict):
         message = body.get("error") if isinstance(body, dict) else body

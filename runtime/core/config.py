@@ -1,5 +1,5 @@
 """The engine's launch options (`EngineArgs`, SGLang's flag names with underscores) and the model directory's
-config.json as the launch reads it. No torch: `runtime.args` and the server import this module."""
+config.json as the launch reads it. No torch: preflight and the server import this module."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-# Runtime default: a state checkpoint every 64 prompt tokens lets a request that shares a 2000-token document
-# with an earlier one resume from token 1984 (warm TTFT ~0.07 of a cold 2048-token prompt; 128: ~0.13). The
-# model writes checkpoints during the prefill forward, so a cold prompt pays only their slots, not time
-# (docs/runtime-design.md). The price is state memory: one slot per 64 prompt tokens, evicted LRU.
-# Both defaults live beside the runtime's sizing function, which the planner also calls.
-from hybridctl.planner.builtin_sizing import DEFAULT_MAMBA_TRACK_INTERVAL
-
-DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
-NATIVE_DECODE_MODES = ("auto", "on", "off")  # --native-decode (runtime/engine/native_decode.py)
-DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (compiled_extend.py)
+from hybridshared.flags.fields import engine_values
+from hybridshared.flags.runtime_args import (
+    DEFAULT_TORCH_COMPILE_MAX_BS,
+    DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
+    RuntimeArgs,
+)
+from hybridshared.sizing.runtime_pools import DEFAULT_MAMBA_TRACK_INTERVAL
 
 
 @dataclass
@@ -31,7 +28,7 @@ class EngineArgs:
     page_size: int = 1
     disable_radix_cache: bool = False
     mem_fraction_static: float = 0.85
-    memory_budget_gib: float | None = None  # CPU: the device's memory (None: builtin_sizing.DEFAULT_MEMORY_BUDGET_GIB)
+    memory_budget_gib: float | None = None  # CPU: the device's memory (None: runtime_pools.DEFAULT_MEMORY_BUDGET_GIB)
     mamba_full_memory_ratio: float = 0.9
     max_mamba_cache_size: int | None = None
     mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model config or fp32
@@ -80,3 +77,10 @@ def read_hf_config(model_path: str) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def engine_args(options: RuntimeArgs, device: str) -> EngineArgs:
+    """The engine's options, derived field by field from each `RuntimeArgs` field's `engine` metadata, on the
+    resolved `device`. Options left None are left to the engine's defaults, as SGLang leaves them to its
+    resolution."""
+    return EngineArgs(**engine_values(options), device=device)

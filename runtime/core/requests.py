@@ -1,5 +1,5 @@
 """Requests, sampling parameters, outputs and stats: the values the engine, the scheduler, spec, PD and the HTTP
-server pass between them. No torch here: the server's request parsing and `runtime.args` import this module."""
+server pass between them. No torch here: the server's request parsing imports this module."""
 
 from __future__ import annotations
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from hybridshared.flags.runtime_args import SPEC_ALGORITHMS
+
 logger = logging.getLogger("runtime.spec")
 
-ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "NEXTN")
 # SGLang's default steps when --speculative-num-steps is not given (server_args auto-choice for a chain).
 DEFAULT_NUM_STEPS = 3
 
@@ -46,9 +47,9 @@ def resolve_spec_config(
     if algorithm in (None, "", "none", "NONE"):
         return None
     name = algorithm.upper()
-    if name not in ALGORITHMS:
+    if name not in SPEC_ALGORITHMS:
         raise SpecConfigError(
-            f"--speculative-algorithm {algorithm}: the bundled runtime implements {', '.join(ALGORITHMS)}; "
+            f"--speculative-algorithm {algorithm}: the bundled runtime implements {', '.join(SPEC_ALGORITHMS)}; "
             f'set [speculative] speculative_algorithm in config.toml to one of them (or "none").'
         )
     if not sandbox:

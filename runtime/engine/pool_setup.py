@@ -6,8 +6,9 @@ the compiled graphs take the buffers' shapes as constants, so flag sets whose po
 their graphs in inductor's on-disk cache instead of compiling cold per pool size. The extra slots are
 `torch.empty` pages never handed out, so never written and never resident (benchmarks/resident_memory.py).
 
-Bytes per request and per token come from `hybridctl.model.spec.load_model_spec` (shapes) at the dtypes the
-runtime really allocates, and are checked against the allocated tensors. One deviation from SGLang: the conv
+Bytes per request and per token come from `hybridshared.model.spec.load_model_spec` (shapes) at the dtypes the
+runtime really allocates (`runtime_state_bytes`, as `plan` computes them), and are checked against the allocated
+tensors. One deviation from SGLang: the conv
 window is kept in the activation dtype, not bfloat16, so a prompt computed in chunks is bit-identical to one
 computed at once (the window is re-read between chunks).
 """
@@ -15,14 +16,18 @@ computed at once (the window is re-read between chunks).
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from hybridctl.model.spec import ModelSpec, load_model_spec
-from hybridctl.planner.builtin_sizing import runtime_device_bytes, size_builtin_pools
-from hybridctl.planner.pool_sizing import PoolPlan, PoolSizingError
+from hybridshared.model.spec import ModelSpec, load_model_spec
+from hybridshared.sizing.pool_sizing import PoolPlan, PoolSizingError
+from hybridshared.sizing.runtime_pools import (
+    RuntimePoolInputs,
+    runtime_device_bytes,
+    runtime_state_bytes,
+    size_builtin_pools,
+)
 from runtime.core.batch import ModelLayout, PoolBuffers
 from runtime.core.buffers import allocate_pool_buffers, pool_buffer_bytes
 from runtime.core.config import EngineArgs
@@ -46,8 +51,7 @@ class Pools:
     num_state_slots: int  # usable slots (the pool's padding slot excluded)
     num_token_slots: int
     context_len: int
-    pool_budget_bytes: int
-    device_bytes: int
+    inputs: RuntimePoolInputs  # what the sizing formula took (device memory, budget, the options)
     # Speculative decoding's per-draft scratch states (runtime/spec/sandbox.py): buffer slots
     # [sandbox_first_slot, sandbox_first_slot + sandbox_slots), after the pool's K + 1.
     sandbox_first_slot: int = 0
@@ -104,6 +108,29 @@ def device_memory_bytes(args: EngineArgs, weight_bytes: int) -> int:
     return runtime_device_bytes(args.memory_budget_gib, None)
 
 
+def pool_inputs(
+    args: EngineArgs, spec: ModelSpec, weight_bytes: int, device_bytes: int, draft_tokens: int
+) -> RuntimePoolInputs:
+    """What this engine sizes its pools from: its options, the model's shapes at the dtypes it holds them."""
+    return RuntimePoolInputs(
+        device_bytes=device_bytes,
+        mem_fraction_static=args.mem_fraction_static,
+        weight_bytes=weight_bytes,
+        state_bytes_per_request=spec.mamba_state_bytes_per_request,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        strategy=args.mamba_radix_cache_strategy,
+        page_size=args.page_size,
+        mamba_track_interval=args.mamba_track_interval,
+        mamba_full_memory_ratio=args.mamba_full_memory_ratio,
+        max_mamba_cache_size=args.max_mamba_cache_size,
+        max_running_requests=args.max_running_requests,
+        disable_radix_cache=args.disable_radix_cache,
+        context_len=args.context_length or spec.context_len,
+        max_total_tokens=args.max_total_tokens,
+        speculative_num_draft_tokens=draft_tokens,
+    )
+
+
 def size_and_allocate(
     args: EngineArgs, layout: ModelLayout, weight_bytes: int, dtype: torch.dtype, draft_tokens: int = 0
 ) -> Pools:
@@ -114,35 +141,21 @@ def size_and_allocate(
     if spec.ssm_dtype != _DTYPE_NAMES[ssm_dtype]:
         ssm_dtype = resolve_torch_dtype(spec.ssm_dtype, args.device)  # the model config's mamba_ssm_dtype
     _check_shapes(spec, layout)
-    context_len = args.context_length or spec.context_len
-    n_linear = len(layout.linear_layer_ids)
-    itemsize = torch.empty((), dtype=conv_dtype).element_size()
-    ssm_itemsize = torch.empty((), dtype=ssm_dtype).element_size()
-    per_request = n_linear * (
-        math.prod(spec.conv_state_shape) * itemsize + math.prod(spec.ssm_state_shape) * ssm_itemsize
+    conv, ssm, per_request = runtime_state_bytes(
+        spec.conv_state_shape,
+        spec.ssm_state_shape,
+        spec.num_linear_layers,
+        act=_DTYPE_NAMES[conv_dtype],
+        ssm=_DTYPE_NAMES[ssm_dtype],
     )
-    device_bytes = device_memory_bytes(args, weight_bytes)
+    spec = replace(spec, conv_dtype=_DTYPE_NAMES[conv_dtype], conv_state_bytes=conv, ssm_state_bytes=ssm,
+                   mamba_state_bytes_per_request=per_request)  # fmt: skip
+    inputs = pool_inputs(args, spec, weight_bytes, device_memory_bytes(args, weight_bytes), draft_tokens)
     try:  # THE sizing function: plan, init and doctor call the same one for engine = "builtin"
-        sized = size_builtin_pools(
-            device_bytes=device_bytes,
-            mem_fraction_static=args.mem_fraction_static,
-            weight_bytes=weight_bytes,
-            state_bytes_per_request=per_request,
-            kv_bytes_per_token=spec.kv_bytes_per_token,
-            strategy=args.mamba_radix_cache_strategy,
-            page_size=args.page_size,
-            mamba_track_interval=args.mamba_track_interval,
-            mamba_full_memory_ratio=args.mamba_full_memory_ratio,
-            max_mamba_cache_size=args.max_mamba_cache_size,
-            max_running_requests=args.max_running_requests,
-            disable_radix_cache=args.disable_radix_cache,
-            context_len=context_len,
-            max_total_tokens=args.max_total_tokens,
-            speculative_num_draft_tokens=draft_tokens,
-        )
+        sized = size_builtin_pools(inputs)
     except PoolSizingError as exc:
         raise EngineStartupError(f"{exc} (bundled runtime: --memory-budget-gib sets the device memory)") from None
-    plan, strategy, pool_budget = sized.plan, sized.strategy, sized.pool_budget_bytes
+    plan, context_len = sized.plan, args.context_length or spec.context_len
     if sized.capped_to_need:  # the budget is an upper bound: pools hold what the request cap can use
         logger.info("Pools cut to need (%d requests x %d tokens): %s", plan.max_running_requests, context_len,
                     sized.capped_to_need)  # fmt: skip
@@ -152,12 +165,11 @@ def size_and_allocate(
         buffers=buffers,
         plan=plan,
         spec=spec,
-        strategy=strategy,
+        strategy=sized.strategy,
         num_state_slots=plan.max_mamba_cache_size,
         num_token_slots=plan.max_total_num_tokens,
         context_len=context_len,
-        pool_budget_bytes=pool_budget,
-        device_bytes=device_bytes,
+        inputs=inputs,
         sandbox_first_slot=plan.mamba_pool_slots,
         sandbox_slots=sandbox_slots,
         allocated_token_slots=token_slots,
@@ -215,7 +227,7 @@ def _allocate(
         raise EngineStartupError(
             f"internal: allocated pool bytes {actual} differ from the plan "
             f"({plan.mamba_pool_bytes} state + {plan.kv_pool_bytes} KV); the model layout and "
-            f"hybridctl.model.spec disagree about {args.model_path}/config.json."
+            f"hybridshared.model.spec disagree about {args.model_path}/config.json."
         )
     _log_pools(buffers, plan, kv_dtype, sandbox_slots)
     if (token_slots, state_slots) != (plan.max_total_num_tokens, plan.mamba_pool_slots + sandbox_slots):
@@ -235,7 +247,7 @@ def _check_shapes(spec: ModelSpec, layout: ModelLayout) -> None:
     theirs = (spec.attn_layer_ids, spec.linear_layer_ids, spec.conv_state_shape, spec.ssm_state_shape)
     if tuple(map(tuple, ours)) != tuple(map(tuple, theirs)):
         raise EngineStartupError(
-            f"internal: the model's layout {ours} differs from hybridctl.model.spec's {theirs} for "
+            f"internal: the model's layout {ours} differs from hybridshared.model.spec's {theirs} for "
             f"{spec.source}; pool sizes would be wrong."
         )
 

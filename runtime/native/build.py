@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybridctl.host.compiler import COMPILER_ENV as COMPILER_ENV
-from hybridctl.host.compiler import find_c_compiler
+from hybridshared.compiler import COMPILER_ENV as COMPILER_ENV
+from hybridshared.compiler import find_c_compiler
 
 # -O3 vectorizes the loops; -march=native targets the CPU it runs on (the cache key carries the CPU's flags, so a
 # home directory shared between machines never loads a library built for another CPU); -fopenmp-simd honours

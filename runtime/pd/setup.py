@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from runtime.args import RuntimeArgs
+from hybridshared.flags.runtime_args import RuntimeArgs
 from runtime.core.config import read_hf_config
 from runtime.engine.api import EngineClient
 from runtime.engine.engine_thread import ThreadedEngineClient

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from runtime.args import RuntimeArgs
+from hybridshared.flags.runtime_args import RuntimeArgs
 from runtime.core.requests import EngineStats
 from runtime.engine.api import EngineClient
 from runtime.server.engine_bridge import AsyncEngine

@@ -13,9 +13,9 @@ import signal
 from dataclasses import fields
 from typing import Any
 
-from runtime.args import RuntimeArgs
-from runtime.core.config import EngineArgs, read_hf_config
-from runtime.core.flags import engine_targets
+from hybridshared.flags.fields import engine_targets
+from hybridshared.flags.runtime_args import RuntimeArgs
+from runtime.core.config import EngineArgs, engine_args, read_hf_config
 from runtime.engine.api import EngineClient
 from runtime.server.context import ServerContext
 from runtime.server.structured import GrammarBackendUnavailable, grammar_backend_options, load_grammar_backend
@@ -33,11 +33,11 @@ class StartupError(Exception):
 
 
 def _engine_args(args: RuntimeArgs, device: str) -> EngineArgs:
-    """The engine's options, derived from the flags' metadata (runtime/args.py), on the resolved device."""
+    """The engine's options, derived from the flags' metadata (`engine_args`), on the resolved device."""
     missing = set(engine_targets(RuntimeArgs).values()) - {f.name for f in fields(EngineArgs)}
     if missing:  # a flag the engine stopped taking must fail loudly, never be dropped silently
         raise StartupError(f"the engine does not take these options: {', '.join(sorted(missing))}")
-    return args.engine_args(device)
+    return engine_args(args, device)
 
 
 def _resolve_device(requested: str) -> str:

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.args import RuntimeArgs
+from hybridshared.flags.runtime_args import RuntimeArgs
 from runtime.server.generate_request import PreparedRequest, RequestValueError
 
 if TYPE_CHECKING:  # torch loads with the engine, not with the request parser

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridctl.planner.builtin_sizing import size_builtin_pools
-from hybridctl.planner.units import GIB
+from hybridshared.sizing.runtime_pools import RuntimePoolInputs, size_builtin_pools
+from hybridshared.units import GIB
 
 # The peer benchmark model (benchmarks/peers/peer_model.py) held in fp32: 2 full-attention layers of 2 KV heads
 # x 64, and 6 Gated DeltaNet layers of conv window 512 x 3 and state 4 x 64 x 64.
@@ -21,12 +21,14 @@ WEIGHTS = 45 << 20
 
 def _pools(budget_gib: float = 4.0, **kwargs: object):  # type: ignore[no-untyped-def]
     return size_builtin_pools(
-        device_bytes=int(budget_gib * GIB),
-        mem_fraction_static=0.85,
-        weight_bytes=WEIGHTS,
-        state_bytes_per_request=STATE_PER_REQUEST,
-        kv_bytes_per_token=KV_PER_TOKEN,
-        **kwargs,  # type: ignore[arg-type]
+        RuntimePoolInputs(
+            device_bytes=int(budget_gib * GIB),
+            mem_fraction_static=0.85,
+            weight_bytes=WEIGHTS,
+            state_bytes_per_request=STATE_PER_REQUEST,
+            kv_bytes_per_token=KV_PER_TOKEN,
+            **kwargs,  # type: ignore[arg-type]
+        )
     )
 
 
@@ -42,7 +44,7 @@ def test_llama_cpp_context_and_concurrency_cut_both_pools() -> None:
     assert plan.kv_pool_bytes == plan.max_total_num_tokens * KV_PER_TOKEN
     assert "KV tokens" in pools.capped_to_need and "state slots" in pools.capped_to_need
     # The cut pools are far below the budget they were cut from.
-    assert plan.kv_pool_bytes + plan.mamba_pool_bytes < pools.pool_budget_bytes / 3
+    assert plan.kv_pool_bytes + plan.mamba_pool_bytes < pools.inputs.pool_budget_bytes / 3
 
 
 def test_the_budget_stays_the_upper_bound() -> None:

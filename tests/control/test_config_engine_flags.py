@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridctl.config.engine_flags import (
+from hybridshared.flags.engine_flags import (
     available_versions,
     find_flag,
     nearest_version,

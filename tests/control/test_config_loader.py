@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from config_files import with_model
 
-from hybridctl.config.loader import ConfigError, check_files, load_hybrid_config
+from hybridctl.config.loader import ConfigError, load_hybrid_config
 from hybridctl.config.schema import HybridConfig
+from hybridctl.rules.check import check_files
 
 
 def write(tmp_path: Path, config: str | bytes | None, settings: str | bytes | None) -> tuple[Path, Path]:

@@ -12,8 +12,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hybridctl.config.findings import Finding, ValidationReport
-from hybridctl.config.loader import ConfigError, check_files, load_hybrid_config
+from hybridctl.config.loader import ConfigError, load_hybrid_config
 from hybridctl.config.schema import HybridConfig
+from hybridctl.rules.check import check_files
 
 BASE = HybridConfig()
 BASE.config.server.model_path = "/models/qwen3-next"

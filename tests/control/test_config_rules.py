@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from config_files import with_model
 
-from hybridctl.config.loader import check_files
-from hybridctl.config.rules import check_rules
 from hybridctl.config.schema import HybridConfig
+from hybridctl.rules.check import check_files
+from hybridctl.rules.cross_file import check_rules
 
 # (id, config.toml, settings.json, code, key, severity)
 CASES = [

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridctl.config.loader import check_files
 from hybridctl.config.secret_scan import classify_secret
+from hybridctl.rules.check import check_files
 
 SECRETS = [
     ("api_key", "sk-proj-4f9Kx2LmQ8vN1pR7tY3wZ6aB"),

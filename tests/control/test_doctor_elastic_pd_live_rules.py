@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hybridctl.config.rules import check_rules
 from hybridctl.doctor.predict import predict_elastic_builtin
 from hybridctl.doctor.run import DoctorOptions, run_doctor, unprobed_host
+from hybridctl.rules.cross_file import check_rules
 from tests.control.test_doctor_predict import QWEN3_NEXT, apply, cfg_for, ctx_for
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"

@@ -208,7 +208,7 @@ def test_no_c_compiler_on_an_sglang_gpu_host_is_only_noted() -> None:
 
 
 def test_the_probe_finds_the_compiler_the_runtime_builds_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from hybridctl.host.compiler import find_c_compiler
+    from hybridshared.compiler import find_c_compiler
 
     facts = probe_host()
     assert facts.c_compiler == find_c_compiler()

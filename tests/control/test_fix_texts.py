@@ -6,7 +6,7 @@ trees: findings' fixes, the doctor's remedies, planner and launch errors, valida
 (the fixes `validate`, `doctor` and `plan` print for the test data's configs and logs). A flag is addressed to:
 - the hybridctl command a text names next to it ("hybridctl plan --x", "`init --x`", "--x of plan and init");
 - SGLang when the clause names SGLang ("SGLang's --x", "(SGLang: --x)"): the flag tables of every held release;
-- the bundled runtime when it names the runtime ("the runtime's --x"): runtime/args.py's parser;
+- the bundled runtime when it names the runtime ("the runtime's --x"): hybridshared/flags/runtime_args.py's parser;
 - the engine when it names the server's flags or command line: SGLang's or the runtime's;
 - otherwise every command that prints the text (MODULE_COMMANDS).
 A text that starts with a flag ("--trials must be >= 2") is that flag's own validation message: the flag must
@@ -31,11 +31,12 @@ import typer.main
 from typer.testing import CliRunner
 
 from hybridctl.cli import app
-from hybridctl.config.engine_flags import available_versions, sglang_flags
 from hybridctl.config.schema import ConfigToml, SettingsJson
+from hybridshared.flags.engine_flags import available_versions, sglang_flags
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "hybridctl"
+SHARED = REPO / "hybridshared"  # the shared layer: its texts reach users through hybridctl's commands too
 DATA = Path(__file__).parent / "data"
 
 ANY = ("*",)  # a flag of any hybridctl command or either engine
@@ -54,8 +55,8 @@ MODULE_COMMANDS: dict[str, tuple[str, ...]] = {
     "cli/config_args.py": ("validate", "plan", "launch", "doctor"),
     "cli/verify_cmd.py": ("verify",),
     "config/atomic_write.py": ("init", "schema", "launch"),
-    "config/init_project.py": ("init",),
-    "config/init_checks.py": ("init",),
+    "init/": ("init",),
+    "rules/": ("validate", "plan", "launch", "doctor", "init"),  # init runs validate's checks on what it writes
     "config/docs_table.py": ("validate",),  # `schema --docs` writes validate's reference
     "config/schema.py": ANY,  # key descriptions (templates, JSON Schema, docs): any command's flag
     "config/": ("validate", "plan", "launch", "doctor", "init"),  # init runs validate's checks on what it writes
@@ -65,7 +66,13 @@ MODULE_COMMANDS: dict[str, tuple[str, ...]] = {
     "launch/": ("launch",),
     "logs/": ("doctor", "launch"),
     "model/": ("plan", "init", "doctor"),
-    "paths.py": ("init",),
+    "templates.py": ("init",),
+    "hybridshared/model/": ("plan", "init", "doctor"),
+    "hybridshared/sizing/": ("plan", "init", "doctor"),
+    "hybridshared/units.py": ("plan", "init", "doctor"),
+    "hybridshared/flags/": ("validate", "plan", "launch", "doctor", "init"),
+    "hybridshared/compiler.py": ("doctor",),
+    "hybridshared/paths.py": ("init",),
     "planner/": ("plan", "init", "doctor"),
     "planner/plan_request.py": ("plan",),
     "planner/recommend.py": ("init",),
@@ -81,8 +88,9 @@ MODULE_COMMANDS: dict[str, tuple[str, ...]] = {
 }
 # Modules whose strings are data, not messages: the key -> flag table and the flag lists generated from it.
 DATA_MODULES = ("launch/mapping.py", "launch/mapping_doc.py", "launch/builtin_flags.py", "doctor/log_patterns.py")
-# `python -m hybridctl.launch.pd_router`'s own usage messages: its argparse flags, not a hybridctl command's.
-OTHER_MODULES = ("launch/pd_router.py",)
+# `python -m hybridctl.launch.pd_router`'s and `python -m runtime`'s own usage messages: their argparse flags, not a
+# hybridctl command's.
+OTHER_MODULES = ("launch/pd_router.py", "hybridshared/flags/runtime_args.py", "hybridshared/flags/fields.py")
 PLACEHOLDERS = {"--name"}  # "passed through as --name value": any flag
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
@@ -124,7 +132,7 @@ def sglang_all() -> frozenset[str]:
 
 @functools.cache
 def runtime_flags() -> frozenset[str]:
-    from runtime.args import build_parser  # torch-free by design (hybridctl validate runs it)
+    from hybridshared.flags.runtime_args import build_parser  # torch-free by design (hybridctl validate runs it)
 
     return frozenset(o for a in build_parser()._actions for o in a.option_strings)
 
@@ -244,7 +252,7 @@ def _commands_for(rel: str) -> tuple[str, ...]:
     if rel.startswith(OTHER_MODULES):
         return OTHER
     best = max((p for p in MODULE_COMMANDS if rel.startswith(p)), key=len, default=None)
-    assert best is not None, f"hybridctl/{rel}: add it to MODULE_COMMANDS (who prints its texts?)"
+    assert best is not None, f"{rel}: add it to MODULE_COMMANDS (who prints its texts?)"
     return MODULE_COMMANDS[best]
 
 
@@ -279,9 +287,14 @@ def _render(node: ast.AST) -> str | None:
     return None
 
 
+def _sources() -> Iterator[tuple[Path, str]]:
+    """(file, its name in MODULE_COMMANDS): hybridctl's relative to the package, the shared layer's with its own."""
+    yield from ((p, p.relative_to(PACKAGE).as_posix()) for p in sorted(PACKAGE.rglob("*.py")))
+    yield from ((p, p.relative_to(REPO).as_posix()) for p in sorted(SHARED.rglob("*.py")))
+
+
 def source_texts() -> Iterator[Text]:
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
+    for path, rel in _sources():
         if rel.startswith(DATA_MODULES) or rel in ("__init__.py", "__main__.py"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -292,7 +305,8 @@ def source_texts() -> Iterator[Text]:
             if text is None or id(node) in skipped or id(node) in parts or " " not in text.strip():
                 continue
             if FLAG.search(text) or re.search(r"[a-z_]+\.[a-z_]+|\[[a-z_]+\] ", text):
-                yield Text(f"hybridctl/{rel}:{node.lineno}", text, _commands_for(rel))  # type: ignore[attr-defined]
+                where = rel if rel.startswith("hybridshared/") else f"hybridctl/{rel}"
+                yield Text(f"{where}:{node.lineno}", text, _commands_for(rel))  # type: ignore[attr-defined]
 
 
 DOTTED = re.compile(r"^(?!settings\.json$|config\.toml$)[a-z_]+\.[a-z_-]+$")  # a key, not a file name
@@ -301,7 +315,7 @@ DOTTED = re.compile(r"^(?!settings\.json$|config\.toml$)[a-z_]+\.[a-z_-]+$")  # 
 def _keys_in_calls() -> Iterator[tuple[str, str, str]]:
     """(where, file, dotted key) for every call or tuple that names a config key as literals: toml_set("memory.x",
     ...), json_set(...), Change("config.toml", "memory.x", ...), the remedies' _simple(...) and candidates."""
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path, _ in _sources():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"

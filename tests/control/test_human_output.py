@@ -23,7 +23,9 @@ from hybridctl.demo.flow import DemoReport, DemoStep
 from hybridctl.demo.render import render_demo
 from hybridctl.launch.render import render_startup
 from hybridctl.logs.startup import KVPoolLine, MambaPoolLine, StartupInfo
-from hybridctl.planner.units import (
+from hybridctl.verify.render import render_report
+from hybridctl.verify.report import CheckResult, VerifyReport
+from hybridshared.units import (
     GIB,
     format_gib,
     format_limit,
@@ -33,8 +35,6 @@ from hybridctl.planner.units import (
     format_value,
     with_article,
 )
-from hybridctl.verify.render import render_report
-from hybridctl.verify.report import CheckResult, VerifyReport
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN3_NEXT = REPO / "templates" / "models" / "qwen3-next-80b-a3b.json"

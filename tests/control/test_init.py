@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from hybridctl.cli import app
 from hybridctl.config.field_docs import iter_field_docs
-from hybridctl.config.loader import check_files, load_hybrid_config
+from hybridctl.config.loader import load_hybrid_config
 from hybridctl.config.schema import ConfigToml, HybridConfig
 from hybridctl.host.nvml import gpu_memory_bytes
+from hybridctl.rules.check import check_files
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -162,7 +163,7 @@ def test_choices_the_engine_refuses_write_nothing(tmp_path: Path) -> None:
 
 
 def test_templates_dir_holds_the_base_templates() -> None:
-    from hybridctl.paths import templates_dir
+    from hybridctl.templates import templates_dir
 
     base = templates_dir()
     assert (base / "config.toml").read_text().startswith("#:schema ./config.schema.json")

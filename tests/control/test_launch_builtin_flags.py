@@ -1,7 +1,7 @@
 """The bundled runtime's command line for a matrix of configs, parsed by the runtime's real parser.
 
-runtime/args.py imports no torch, so these stay control-plane tests: whatever hybridctl emits must parse
-there and land on the fields the config asked for.
+hybridshared/flags/runtime_args.py imports no torch, so these stay control-plane tests: whatever hybridctl emits must
+parse there and land on the fields the config asked for.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.builtin_flags import RUNTIME_FLAGS, builtin_command
 from hybridctl.launch.translate import LaunchError
-from runtime.args import RuntimeArgs, build_parser, parse_args
+from hybridshared.flags.runtime_args import RuntimeArgs, build_parser, parse_args
 
 
 def _cfg(**sections: dict[str, object]) -> HybridConfig:
@@ -206,7 +206,7 @@ def test_runtime_flag_set_matches_the_runtime_parser() -> None:
     parser = build_parser()
     real = {opt for action in parser._actions for opt in action.option_strings} - {"-h", "--help"}
     primary = {action.option_strings[0] for action in parser._actions if action.option_strings} - {"-h"}
-    assert set(RUNTIME_FLAGS) == primary, "builtin_flags.RUNTIME_FLAGS drifted from runtime/args.py"
+    assert set(RUNTIME_FLAGS) == primary, "builtin_flags.RUNTIME_FLAGS drifted from hybridshared/flags/runtime_args.py"
     assert set(RUNTIME_FLAGS) <= real
     for name, spec in RUNTIME_FLAGS.items():
         action = parser._option_string_actions[name]

@@ -314,7 +314,7 @@ def test_an_unexpected_failure_is_one_line_and_its_traceback_is_one_variable_awa
 def test_memory_flags_share_the_config_keys_bound() -> None:
     """The flags' bound is spelled in cli/config_args (no library import at `--help`); it is the schema's."""
     from hybridctl.cli import config_args
-    from hybridctl.planner import units
+    from hybridshared import units
 
     assert config_args.MAX_MEMORY_GIB == units.MAX_MEMORY_GIB
     assert config_args.MAX_MEMORY_BYTES == units.MAX_MEMORY_BYTES

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hybridctl.cli import app
-from hybridctl.config.loader import check_files
 from hybridctl.config.secret_scan import classify_secret
+from hybridctl.rules.check import check_files
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from hybridctl.cli import app
 from hybridctl.config.schema import HybridConfig
 from hybridctl.host.nvml import gpu_memory_bytes
-from hybridctl.model import load_model_spec
+from hybridctl.model.bundled import load_model_spec_or_bundled
 from hybridctl.planner.plan import make_plan
-from hybridctl.planner.pool_sizing import GIB
+from hybridshared.sizing.pool_sizing import GIB
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "models"
 QWEN3_NEXT = str(TEMPLATES / "qwen3-next-80b-a3b.json")
@@ -33,7 +33,7 @@ def _plan_json(*args: str) -> dict:
 def test_json_matches_make_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no ./config.toml: defaults
     got = _plan_json("--model", QWEN3_NEXT, "--tp", "4", "--gpu-mem-gib", "80")
-    want = make_plan(HybridConfig(), load_model_spec(QWEN3_NEXT, tp=4), gpu_mem_bytes=80 * GIB).to_dict()
+    want = make_plan(HybridConfig(), load_model_spec_or_bundled(QWEN3_NEXT, tp=4), gpu_mem_bytes=80 * GIB).to_dict()
     assert {k: got[k] for k in want} == want
     assert got["model"]["family"] == "qwen3_next" and got["model"]["num_kv_heads_per_rank"] == 1
 
@@ -128,7 +128,7 @@ def test_planning_never_imports_torch() -> None:
         "from hybridctl.cli import app\n"
         f"r = CliRunner().invoke(app, ['plan', '--model', {NEMOTRON!r}, '--gpu-mem-gib', '80', '--json'])\n"
         "assert r.exit_code == 0, r.output\n"
-        "import hybridctl.planner.recommend, hybridctl.model.weights\n"
+        "import hybridctl.planner.recommend, hybridshared.model.weights\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hybridctl.planner.pool_sizing import (
+from hybridshared.sizing.pool_sizing import (
     GIB,
     MIB,
     PoolInputs,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from hybridctl.config.engine_flags import sglang_flags
 from hybridctl.config.schema import ConfigToml, HybridConfig, SettingsJson
 from hybridctl.launch.mapping import ROWS
 from hybridctl.launch.mapping_doc import DOC_PATH, render_markdown
 from hybridctl.launch.pd import pd_plan
 from hybridctl.launch.sglang import sglang_command, sglang_translation, to_config_yaml
 from hybridctl.launch.translate import LaunchError
+from hybridshared.flags.engine_flags import sglang_flags
 
 VERSION = "0.5.23"
 
@@ -122,7 +122,7 @@ def test_extra_buffer_lazy_did_not_exist_before_0_5_13() -> None:
     lazy = _cfg({"cache": {"mamba_radix_cache_strategy": "extra_buffer_lazy"}})
     with pytest.raises(LaunchError, match="extra_buffer_lazy"):
         sglang_command(lazy, "0.5.12")
-    # 0.5.13's --mamba-scheduler-strategy takes it (its own parser's choices, hybridctl/data)
+    # 0.5.13's --mamba-scheduler-strategy takes it (its own parser's choices, hybridshared/data)
     assert "--mamba-scheduler-strategy" in sglang_command(lazy, "0.5.13").argv
 
 

@@ -336,7 +336,7 @@ def test_the_old_strategy_flag_is_rejected_by_0_5_23_which_is_why_it_is_version_
 
 @pytest.mark.sglang
 def test_regen_script_reproduces_the_shipped_flag_table() -> None:
-    from hybridctl.config.engine_flags import parse_flag_table, sglang_flags
+    from hybridshared.flags.engine_flags import parse_flag_table, sglang_flags
 
     python = sglang_python()
     proc = subprocess.run(

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hybridctl.cli import app
 from hybridctl.config.schema import HybridConfig
-from hybridctl.config.sglang_version import VersionError, resolve_release
+from hybridshared.flags.sglang_version import VersionError, resolve_release
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -89,7 +89,7 @@ def test_plan_follows_the_releases_sizing_code(tmp_path: Path) -> None:
 def test_what_a_release_silently_changes_is_a_warning_for_the_models_it_hits(
     tmp_path: Path, arch: str, version: str, warned: bool
 ) -> None:
-    from hybridctl.config.rules import check_rules
+    from hybridctl.rules.cross_file import check_rules
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
     cfg = HybridConfig.model_validate({"config": {"server": {"model_path": str(tmp_path)}}})
@@ -101,7 +101,7 @@ def test_what_a_release_silently_changes_is_a_warning_for_the_models_it_hits(
 
 
 def test_0_5_6_ignoring_max_mamba_cache_size_with_the_radix_cache_is_a_warning() -> None:
-    from hybridctl.config.rules import check_rules
+    from hybridctl.rules.cross_file import check_rules
 
     cfg = HybridConfig.model_validate({"config": {"memory": {"max_mamba_cache_size": 300}}})
     keys = {f.key for f in check_rules(cfg, "0.5.6") if f.code == "SGLANG_RELEASE_CHANGES"}

@@ -18,10 +18,10 @@ import pytest
 from sglang_releases import REPO, release_wheel
 from test_sglang_parser import CASES, _cfg
 
-from hybridctl.config.engine_flags import sglang_flags
-from hybridctl.config.rules import check_rules
 from hybridctl.launch.sglang import sglang_command
 from hybridctl.launch.translate import LaunchError, translate
+from hybridctl.rules.cross_file import check_rules
+from hybridshared.flags.engine_flags import sglang_flags
 
 sys.path.insert(0, str(REPO / "scripts"))
 from sglang_release_source import LIFTED_SOURCES, lifted_parser, parser_rows, read_source  # noqa: E402
@@ -48,7 +48,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def test_the_shipped_table_is_that_releases_parser(release: tuple[str, argparse.ArgumentParser]) -> None:
-    """hybridctl/data's table for the release (a diff chain from 0.5.23's) equals what its parser holds."""
+    """hybridshared/data's table for the release (a diff chain from 0.5.23's) equals what its parser holds."""
     version, parser = release
     table = sglang_flags(version)
     rows = {row[0].split()[0]: row for row in parser_rows(parser)}
@@ -111,9 +111,9 @@ def test_a_key_only_newer_releases_have_names_the_first_release_with_it() -> Non
 def test_the_mappings_version_gates_agree_with_every_held_releases_flags() -> None:
     """A gated flag exists in exactly the held releases its gate names, and a value it accepts is in the
     release's choices (the gates were bisected by hand; the data was read off each release's parser)."""
-    from hybridctl.config.engine_flags import available_versions
-    from hybridctl.config.sglang_version import version_key
     from hybridctl.launch.mapping import ROWS
+    from hybridshared.flags.engine_flags import available_versions
+    from hybridshared.flags.sglang_version import version_key
 
     for row in ROWS:
         for target in row.sglang:

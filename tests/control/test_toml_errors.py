@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridctl.config.loader import check_files
+from hybridctl.rules.check import check_files
 
 REPO = Path(__file__).resolve().parents[2]
 

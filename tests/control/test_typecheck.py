@@ -1,4 +1,4 @@
-"""mypy over the packages pyproject.toml's [tool.mypy] names: hybridctl/ and runtime/.
+"""mypy over the packages pyproject.toml's [tool.mypy] names: hybridshared/, hybridctl/ and runtime/.
 
 Runs the real checker, so an annotation that no longer matches its callers fails the README's test command, not a
 user. A cold run takes about half a minute; mypy's own cache (.mypy_cache, ignored by git) makes reruns fast.
@@ -25,6 +25,7 @@ def _mypy_config() -> dict[str, Any]:
 
 def test_mypy_config_covers_the_control_plane_and_the_runtime() -> None:
     config = _mypy_config()
+    assert "hybridshared" in config["files"]
     assert "hybridctl" in config["files"]
     assert "runtime" in config["files"]
     assert config["warn_unused_ignores"] is True  # a `# type: ignore` that hides nothing any more must go

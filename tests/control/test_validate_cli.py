@@ -87,8 +87,8 @@ def test_schema_command(tmp_path: Path) -> None:
 
 def test_control_plane_never_imports_torch() -> None:
     code = (
-        "import sys, hybridctl.cli, hybridctl.config.rules, hybridctl.config.init_project;"
-        "from hybridctl.config.loader import check_files;"
+        "import sys, hybridctl.cli, hybridctl.rules.cross_file, hybridctl.init.init_project;"
+        "from hybridctl.rules.check import check_files;"
         "check_files('/nonexistent.toml', '/nonexistent.json');"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')];"
         "print(bad); sys.exit(1 if bad else 0)"

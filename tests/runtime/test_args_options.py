@@ -9,9 +9,9 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from runtime.args import RUNTIME_ONLY_FLAGS, RuntimeArgs, build_parser, parse_args
-from runtime.core.config import EngineArgs
-from runtime.core.flags import add_flags, engine_targets, engine_values, flag, flag_fields, group_flags
+from hybridshared.flags.fields import add_flags, engine_targets, engine_values, flag, flag_fields, group_flags
+from hybridshared.flags.runtime_args import RUNTIME_ONLY_FLAGS, RuntimeArgs, build_parser, parse_args
+from runtime.core.config import EngineArgs, engine_args
 
 
 def test_every_option_is_a_flag_and_every_flag_an_option() -> None:
@@ -31,7 +31,7 @@ def test_every_engine_option_comes_from_exactly_one_flag() -> None:
 
 def test_engine_args_are_derived_with_conversions_and_none_left_to_the_engine() -> None:
     args = parse_args(["--model-path", "/m", "--dtype", "half", "--disable-dual-lru-eviction", "--port", "1"])
-    ea = args.engine_args("cpu")
+    ea = engine_args(args, "cpu")
     assert (ea.model_path, ea.dtype, ea.device) == ("/m", "float16", "cpu")
     assert ea.dual_lru_eviction is False and ea.state_copy_on_write is True
     # Unset options keep the engine's own defaults rather than the parser's None.

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridctl.planner.builtin_sizing import DEFAULT_MEMORY_BUDGET_GIB, runtime_device_bytes
-from hybridctl.planner.units import GIB
+from hybridshared.sizing.runtime_pools import DEFAULT_MEMORY_BUDGET_GIB, runtime_device_bytes
+from hybridshared.units import GIB
 from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.scheduler.sampling import sample
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, make_core, one_torch_thread, run_to_completion

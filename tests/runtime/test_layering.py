@@ -16,13 +16,12 @@ RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 # core: shared types (no layer above leaks down); native: the C kernels' build and loading (nothing of ours);
 # kvcache / models: memory and model code, each on core (and native) only;
 # scheduler: batching and the prefix cache's use; spec: speculative decoding, composed by the engine; engine: the
-# engine loop and its thread; pd / server: what drives an engine. args / preflight: the torch-free option layer.
+# engine loop and its thread; pd / server: what drives an engine. preflight: the torch-free option checks.
 RANKS: dict[str, int] = {
     "core": 0,
     "native": 0,
     "kvcache": 1,
     "models": 1,
-    "args": 1,
     "preflight": 2,
     "scheduler": 2,
     "spec": 3,

@@ -324,7 +324,7 @@ def test_layout_agrees_with_the_control_plane_spec(
     checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel
 ) -> None:
     # The engine refuses to start when these disagree: pools are sized by the spec, allocated by the layout.
-    from hybridctl.model.spec import load_model_spec
+    from hybridshared.model.spec import load_model_spec
 
     spec = load_model_spec(checkpoint[1])
     layout = model.layout()

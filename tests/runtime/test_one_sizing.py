@@ -1,5 +1,5 @@
 """One sizing for the bundled runtime: `plan`, `doctor` and `launch --dry-run` on a config give the numbers the real
-server then reports in /server_info (the runtime calls hybridctl/planner/builtin_sizing.py itself)."""
+server then reports in /server_info (the runtime calls hybridshared/sizing/runtime_pools.py itself)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A tiny model costs megabytes of pool memory, not its budget: the pools are cut to need and left untouched
-until written (runtime/core/buffers.py, hybridctl/planner/builtin_sizing.py `cap_to_need`).
+until written (runtime/core/buffers.py, hybridshared/sizing/runtime_pools.py `cap_to_need`).
 
 Resident memory is read from /proc (VmRSS, VmHWM) of the real server process: not a timing, so not sensitive to
 a busy machine. The bound (1 GiB) is far above what the server holds (about 0.3 GB idle: torch's import is

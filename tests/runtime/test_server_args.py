@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridctl.config.engine_flags import sglang_flags
-from runtime.args import RUNTIME_ONLY_FLAGS, build_parser, human_readable_int, parse_args
+from hybridshared.flags.engine_flags import sglang_flags
+from hybridshared.flags.runtime_args import RUNTIME_ONLY_FLAGS, build_parser, human_readable_int, parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

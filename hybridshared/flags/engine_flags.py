@@ -1,6 +1,6 @@
 """SGLang's launch_server flags as package data, dumped from its real argparse parser.
 
-The table lives in `hybridctl/data/sglang-<version>-flags.tsv` (columns: options, dest, type, default,
+The table lives in `hybridshared/data/sglang-<version>-flags.tsv` (columns: options, dest, type, default,
 choices, action); `scripts/regen_sglang_flags.py` rewrites it from an installed sglang.
 Reading it needs no sglang.
 """
@@ -15,7 +15,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import TypedDict
 
-from hybridctl.config.sglang_version import VersionError, version_key
+from hybridshared.flags.sglang_version import VersionError, version_key
 
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
@@ -28,9 +28,7 @@ class FlagInfo:
     default: str | None  # Python repr of the default as argparse holds it ("None", "'auto'", "256", ...)
     choices: tuple[str, ...]
     action: str  # argparse action class: StoreAction, StoreTrueAction, BooleanOptionalAction, ...
-    aliases: tuple[
-        str, ...
-    ] = ()  # the other option strings ("--model" for "--model-path", "--no-x" for "--x")
+    aliases: tuple[str, ...] = ()  # the other option strings ("--model" for "--model-path", "--no-x" for "--x")
 
     @property
     def takes_value(self) -> bool:
@@ -54,11 +52,9 @@ RELEASES_FILE = "sglang-releases.json"
 
 
 def _full_tables() -> list[str]:
-    names = [p.name for p in resources.files("hybridctl.data").iterdir()]
+    names = [p.name for p in resources.files("hybridshared.data").iterdir()]
     found = [
-        n[len("sglang-") : -len("-flags.tsv")]
-        for n in names
-        if n.startswith("sglang-") and n.endswith("-flags.tsv")
+        n[len("sglang-") : -len("-flags.tsv")] for n in names if n.startswith("sglang-") and n.endswith("-flags.tsv")
     ]
     return sorted(found, key=version_key)
 
@@ -68,7 +64,7 @@ class ReleaseFacts(TypedDict, total=False):
 
     radix_cache_disables_overlap_for: list[str]  # architectures
     radix_cache_disabled_for: list[str]
-    pool_sizing_code: str  # "model_runner" or "kv_cache_mixin": planner/release_sizing.py
+    pool_sizing_code: str  # "model_runner" or "kv_cache_mixin": sizing/release_sizing.py
 
 
 class ReleaseDiff(TypedDict, total=False):
@@ -82,7 +78,7 @@ class ReleaseDiff(TypedDict, total=False):
 @lru_cache(maxsize=1)
 def _release_diffs() -> dict[str, ReleaseDiff]:
     """sglang-releases.json's releases (older ones, each a diff against the next newer; see the regen script)."""
-    path = resources.files("hybridctl.data") / RELEASES_FILE
+    path = resources.files("hybridshared.data") / RELEASES_FILE
     if not path.is_file():
         return {}
     return json.loads(path.read_text(encoding="utf-8"))["releases"]
@@ -111,13 +107,11 @@ def sglang_flags(version: str = DEFAULT_SGLANG_VERSION) -> dict[str, FlagInfo]:
 
     Raises KeyError naming the available versions when there is no table for `version`; use `nearest_version`.
     """
-    path = resources.files("hybridctl.data") / f"sglang-{version}-flags.tsv"
+    path = resources.files("hybridshared.data") / f"sglang-{version}-flags.tsv"
     if not path.is_file() and version in available_versions():
         return _from_diffs(version)
     if not path.is_file():
-        raise KeyError(
-            f"no SGLang flag table for version {version!r}; available: {', '.join(available_versions())}"
-        )
+        raise KeyError(f"no SGLang flag table for version {version!r}; available: {', '.join(available_versions())}")
     return parse_flag_table(path.read_text(encoding="utf-8"))
 
 

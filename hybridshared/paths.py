@@ -1,4 +1,4 @@
-"""Where hybridctl's bundled files live (an editable install, a wheel), and looking at paths users give.
+"""Looking at paths users give, never raising.
 
 A path from a flag or a config value can be anything: longer than the OS allows (ENAMETOOLONG), under a file
 (ENOTDIR), a symlink loop, behind a directory the user may not enter, or holding a NUL byte. pathlib's
@@ -15,23 +15,6 @@ from pathlib import Path
 
 # What a missing path looks like; any other failure to stat a path is worth naming to the user.
 _MISSING_ERRNOS = (errno.ENOENT, errno.ENOTDIR)
-
-_PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-def templates_dir() -> Path:
-    """The base templates: the repo's `templates/` in an editable install, else the wheel's `_templates`
-    (pyproject force-includes templates/ there)."""
-    wheel = _PACKAGE_DIR / "_templates"
-    if wheel.is_dir():
-        return wheel
-    repo = _PACKAGE_DIR.parent / "templates"
-    if repo.is_dir():
-        return repo
-    raise FileNotFoundError(
-        f"hybridctl's templates are missing: neither {wheel} nor {repo} exists; reinstall hybridctl "
-        "(pip install --force-reinstall hybridctl)."
-    )
 
 
 def _stat(path: str | os.PathLike[str]) -> os.stat_result | OSError | ValueError:

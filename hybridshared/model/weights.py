@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybridctl.model.dtypes import dtype_bytes
-from hybridctl.model.errors import ModelSpecError
-from hybridctl.model.geometry import Geometry
+from hybridshared.model.dtypes import dtype_bytes
+from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.geometry import Geometry
 
 # A header larger than this is not a real safetensors header (real ones are a few MB at most).
 _MAX_HEADER_BYTES = 256 * 1024 * 1024
@@ -48,9 +48,7 @@ def safetensors_payload_bytes(path: Path) -> int:
     try:
         header = json.loads(header_raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ModelSpecError(
-            f"{path}: header is not valid JSON; the file is corrupt. Re-download it."
-        ) from None
+        raise ModelSpecError(f"{path}: header is not valid JSON; the file is corrupt. Re-download it.") from None
     if not isinstance(header, dict):
         raise ModelSpecError(f"{path}: header is not a JSON object; the file is corrupt. Re-download it.")
     total = 0

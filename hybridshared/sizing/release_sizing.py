@@ -1,7 +1,7 @@
 """How one SGLang release sizes a hybrid model's pools: the facts `size_pools` is parametrized by.
 
 SGLang moved this code three times (scripts/regen_sglang_flags.py records, per release, which file holds it as
-`pool_sizing_code` in hybridctl/data/sglang-releases.json):
+`pool_sizing_code` in hybridshared/data/sglang-releases.json):
 - model_runner (0.5.6): `ModelRunner.handle_max_mamba_cache` / `init_memory_pool`, model_executor/model_runner.py.
   No radix-cache strategy (3 state slots per request with the radix cache, 1 without); speculative decoding
   shrinks the slot count by 1 + draft tokens; the radix cache off and no request cap means 512 slots; the request
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hybridctl.config.sglang_version import version_key
+from hybridshared.flags.sglang_version import version_key
 
 SpecScratch = Literal["per_slot", "per_running_request", "per_capped_request"]
 RequestCap = Literal["as_given", "clamped_to_estimate", "kv_half_then_state"]

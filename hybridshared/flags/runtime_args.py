@@ -1,11 +1,11 @@
 """Command line of `python -m runtime`: SGLang 0.5.23's flag names and meanings, plus the runtime's own few.
 
-`RuntimeArgs` is the one source of the options: each field's metadata (runtime/core/flags.py) is its flag (names,
+`RuntimeArgs` is the one source of the options: each field's metadata (hybridshared/flags/fields.py) is its flag (names,
 help, type, choices), so the parser is generated from it, and says which `EngineArgs` option the field sets, so
-the engine's options are derived from it (`engine_args`). Adding a flag is adding one field here.
+the engine's options are derived from it (runtime/core/config.py `engine_args`). Adding a flag is adding one field here.
 
-Flags SGLang has but the runtime does not implement are refused by name (from the SGLang flag table that
-hybridctl ships), so a command line written for SGLang fails loudly here instead of being half-understood.
+Flags SGLang has but the runtime does not implement are refused by name (from the SGLang flag table in
+hybridshared/data), so a command line written for SGLang fails loudly here instead of being half-understood.
 This module does not import torch: parsing and checking the command line is instant.
 """
 
@@ -15,21 +15,20 @@ import argparse
 import operator
 import os
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from typing import Any, NoReturn
 
-from runtime.core.config import (
-    DEFAULT_TORCH_COMPILE_MAX_BS,
-    DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
-    NATIVE_DECODE_MODES,
-    EngineArgs,
-)
-from runtime.core.flags import add_flags, engine_values, flag, group_flags
-from runtime.core.spec_config import ALGORITHMS
+from hybridshared.flags.engine_flags import sglang_flags
+from hybridshared.flags.fields import add_flags, flag, group_flags
 
 PROG = "python -m runtime"
+
+DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
+NATIVE_DECODE_MODES = ("auto", "on", "off")  # --native-decode (runtime/engine/native_decode.py)
+DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (runtime/engine/compiled_extend.py)
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -39,7 +38,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 TOOL_CALL_PARSERS = ("qwen25", "qwen", "hermes", "qwen3_coder", "kimi_k2")  # tool_calls.py checks it has these
 REASONING_PARSERS = ("qwen3", "qwen3-thinking", "deepseek-r1", "nemotron_3", "kimi", "kimi_k2")  # and reasoning.py
-SPEC_ALGORITHMS = ALGORITHMS  # runtime/core/spec_config.py: no torch there, parsing stays instant
+SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "NEXTN")  # runtime/core/spec_config.py resolves them
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 GRAMMAR_BACKENDS = ("llguidance", "none")  # SGLang also has xgrammar (its default) and outlines
 
@@ -380,11 +379,6 @@ class RuntimeArgs:
         out["api_key"] = None if self.api_key is None else "<redacted>"
         return out
 
-    def engine_args(self, device: str) -> EngineArgs:
-        """The engine's options, derived field by field from each field's `engine` metadata, on the resolved
-        `device`. Options left None are left to the engine's defaults, as SGLang leaves them to its resolution."""
-        return EngineArgs(**engine_values(self), device=device)
-
 
 # The runtime's own flags (seed keys SGLang has no flag for); every other flag is SGLang's.
 RUNTIME_ONLY_FLAGS = group_flags(RuntimeArgs, OWN)
@@ -407,8 +401,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sglang_option_strings() -> set[str]:
-    from hybridctl.config.engine_flags import sglang_flags
-
     names: set[str] = set()
     for info in sglang_flags().values():
         names.add(info.name)
@@ -473,7 +465,6 @@ def _read_api_key_env(parser: argparse.ArgumentParser, ns: argparse.Namespace) -
 
 def parse_args(argv: Sequence[str] | None = None) -> RuntimeArgs:
     """Parse and check a command line; bad input exits 2 with one clear message (argparse's convention)."""
-    import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()

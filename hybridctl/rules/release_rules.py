@@ -1,6 +1,6 @@
 """SGLANG_RELEASE_*: what the target SGLang release refuses or silently changes, from its own flag data.
 
-Every flag `launch` would pass for the config is looked up in that release's flag table (hybridctl/data, dumped
+Every flag `launch` would pass for the config is looked up in that release's flag table (hybridshared/data, dumped
 from the release's own parser by scripts/regen_sglang_flags.py): a flag the release lacks or a value outside its
 choices is an error naming the release and the fix (the accepted value, or the first release that has the flag),
 so `validate` refuses before SGLang's parser would. Behaviour the release's server-args post-processing changes
@@ -13,7 +13,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hybridctl.config.engine_flags import (
+from hybridctl.config.findings import CONFIG, Finding, json_set, rule_finding, toml_set
+from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.mapping import ROWS
+from hybridctl.launch.translate import LaunchError, translate
+from hybridctl.model.bundled import bundled_stand_in
+from hybridshared.flags.engine_flags import (
     DEFAULT_SGLANG_VERSION,
     available_versions,
     first_release_with,
@@ -21,10 +26,8 @@ from hybridctl.config.engine_flags import (
     release_facts,
     sglang_flags,
 )
-from hybridctl.config.findings import CONFIG, Finding, json_set, rule_finding, toml_set
-from hybridctl.config.schema import HybridConfig
-from hybridctl.config.sglang_version import VersionError, resolve_release, version_key
-from hybridctl.planner.units import format_value
+from hybridshared.flags.sglang_version import VersionError, resolve_release, version_key
+from hybridshared.units import format_value
 
 if TYPE_CHECKING:  # launch/ imports config/ at load time; config/ imports launch/ only inside rule_release
     from hybridctl.launch.translate import Translation
@@ -43,7 +46,6 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
     """SGLANG_RELEASE_FLAG / SGLANG_RELEASE_VALUE (errors) and SGLANG_RELEASE_CHANGES (warnings)."""
     if cfg.config.server.engine == "builtin":
         return []
-    from hybridctl.launch.translate import LaunchError, translate
 
     version = release_for(cfg, engine_version)
     try:
@@ -97,7 +99,6 @@ def rule_release(cfg: HybridConfig, engine_version: str | None = None) -> list[F
 
 def _gated_keys(cfg: HybridConfig, translation: Translation, version: str) -> list[Finding]:
     """SGLANG_RELEASE_KEY: a key set to a value only other releases have a flag for (launch would refuse it)."""
-    from hybridctl.launch.mapping import ROWS
 
     rows = {row.key: row for row in ROWS}
     out = []
@@ -153,7 +154,6 @@ def _no_table(version: str, table_version: str) -> Finding:
 def model_architecture(cfg: HybridConfig) -> str | None:
     """architectures[0] of the model's config.json when server.model_path is a local directory (or a checkpoint
     this host does not hold whose config.json hybridctl bundles), else None."""
-    from hybridctl.model.bundled import bundled_stand_in
 
     bundled = bundled_stand_in(cfg.config.server.model_path or "")
     path = bundled.config_json if bundled else Path(cfg.config.server.model_path or "") / "config.json"

@@ -83,8 +83,6 @@ def kda_state_shape(
     return StateShape(conv=(conv_kernel - 1, conv_v + conv_k * 2), temporal=temporal)
 
 
-def state_bytes_per_request(
-    shape: StateShape, *, conv_bytes: int, ssm_bytes: int, num_linear_layers: int
-) -> int:
+def state_bytes_per_request(shape: StateShape, *, conv_bytes: int, ssm_bytes: int, num_linear_layers: int) -> int:
     """mamba_utils.py:115-125 (`mamba_cache_per_req`): every linear layer's conv + temporal state."""
     return (shape.conv_numel * conv_bytes + shape.temporal_numel * ssm_bytes) * num_linear_layers

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hybridctl.model.errors import ModelSpecError
-from hybridctl.model.geometry import ConfigReader, Geometry, common_attention, layer_ids, layer_kind
-from hybridctl.model.state_shapes import StateShape, kda_state_shape, mamba2_state_shape
+from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.geometry import ConfigReader, Geometry, common_attention, layer_ids, layer_kind
+from hybridshared.model.state_shapes import StateShape, kda_state_shape, mamba2_state_shape
 
 SUPPORTED_FAMILIES: tuple[str, ...] = (
     "qwen3_next",
@@ -153,10 +153,7 @@ def _read_kimi(cfg: dict[str, Any], source: str, family: str, model_type: str, a
         num_heads, head_dim = la.int("num_heads"), la.int("head_dim")
         kernel = la.int("short_conv_kernel_size", 4)
     elif r.has("layer_types"):
-        kinds = [
-            "linear" if layer_kind(t, r, "layer_types") == "linear" else "attention"
-            for t in r.get("layer_types")
-        ]
+        kinds = ["linear" if layer_kind(t, r, "layer_types") == "linear" else "attention" for t in r.get("layer_types")]
         num_heads, head_dim = r.int("linear_num_heads"), r.int("linear_head_dim")
         kernel = r.int("linear_conv_kernel_dim", 4)
     else:

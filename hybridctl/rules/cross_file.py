@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hybridctl.config.builtin_rules import rule_builtin, rule_builtin_parser
 from hybridctl.config.findings import CONFIG, SETTINGS, Finding, json_set, toml_set
 from hybridctl.config.findings import rule_finding as _f
-from hybridctl.config.release_rules import rule_release
 from hybridctl.config.schema import HybridConfig
-from hybridctl.config.server_rules import rule_server
+from hybridctl.config.secret_scan import scan_for_secrets
+from hybridctl.rules.builtin_rules import rule_builtin, rule_builtin_parser
+from hybridctl.rules.engine_flag_rules import check_extra_engine_args
+from hybridctl.rules.release_rules import rule_release
+from hybridctl.rules.server_rules import rule_server
 
 EXTRA_BUFFER_STRATEGIES = ("extra_buffer", "extra_buffer_lazy")
 # --enable-unified-memory accepts these (NEXTN is SGLang's alias of EAGLE), and only a chain: topk 1.
@@ -73,8 +75,7 @@ def rule_prefix_cache(cfg: HybridConfig, engine_version: str | None = None) -> l
                 f'radix_cache_page_size = {cache.radix_cache_page_size} with strategy "auto": SGLang 0.5.23 '
                 "picks extra_buffer only when the architecture and linear-attention backend (triton) "
                 "support it, else no_buffer, which refuses page sizes above 1.",
-                toml_set("cache.mamba_radix_cache_strategy", '"extra_buffer"')
-                + " to make the choice explicit",
+                toml_set("cache.mamba_radix_cache_strategy", '"extra_buffer"') + " to make the choice explicit",
             )
         )
     if not cfg.settings.mamba.state_snapshot_on_match:
@@ -146,11 +147,7 @@ def rule_speculative(cfg: HybridConfig, engine_version: str | None = None) -> li
                     "cache.mamba_track_interval",
                     f"mamba_track_interval = {interval} is smaller than speculative_num_draft_tokens = "
                     f"{draft}: one verify round can cross two checkpoints"
-                    + (
-                        ""
-                        if explicit
-                        else ' when "auto" resolves to extra_buffer (SGLang does on supported archs)'
-                    )
+                    + ("" if explicit else ' when "auto" resolves to extra_buffer (SGLang does on supported archs)')
                     + "; SGLang asserts mamba_track_interval >= speculative_num_draft_tokens.",
                     toml_set("cache.mamba_track_interval", str(max(draft, cache.radix_cache_page_size, 256))),
                 )
@@ -251,8 +248,7 @@ def rule_pd(cfg: HybridConfig, engine_version: str | None = None) -> list[Findin
                     "PORT_CONFLICT",
                     CONFIG,
                     key,
-                    f"{key} = {port} is also {seen[port]}; under PD each server and the bootstrap need their "
-                    "own port.",
+                    f"{key} = {port} is also {seen[port]}; under PD each server and the bootstrap need their own port.",
                     toml_set(key, str(max(ports.values()) + 1)),
                 )
             )
@@ -307,18 +303,14 @@ def rule_elastic(cfg: HybridConfig, engine_version: str | None = None) -> list[F
     return out
 
 
-def rule_engine_flags(
-    cfg: HybridConfig, engine_version: str | None = None, engine: str | None = None
-) -> list[Finding]:
+def rule_engine_flags(cfg: HybridConfig, engine_version: str | None = None, engine: str | None = None) -> list[Finding]:
     """UNKNOWN_ENGINE_FLAG / ENGINE_FLAG_VALUE / ENGINE_FLAG_SHADOWS_KEY for [extra_engine_args]."""
-    from hybridctl.config.engine_flag_rules import check_extra_engine_args
 
     return check_extra_engine_args(cfg, engine_version, engine)
 
 
 def rule_literal_secrets(cfg: HybridConfig, engine_version: str | None = None) -> list[Finding]:
     """LITERAL_SECRET over the loaded values (check_files scans the raw files, unknown keys included)."""
-    from hybridctl.config.secret_scan import scan_for_secrets
 
     out = []
     for file, data in ((CONFIG, cfg.config.model_dump()), (SETTINGS, cfg.settings.model_dump())):

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import difflib
 
-from hybridctl.config.engine_flags import (
+from hybridctl.config.findings import CONFIG, Finding, rule_finding
+from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
+from hybridctl.launch.command import SECRET_FLAGS
+from hybridctl.launch.mapping import ROWS
+from hybridshared.flags.engine_flags import (
     DEFAULT_SGLANG_VERSION,
     FlagInfo,
     available_versions,
     nearest_version,
     sglang_flags,
 )
-from hybridctl.config.findings import CONFIG, Finding, rule_finding
-from hybridctl.config.schema import HybridConfig
-from hybridctl.planner.units import format_value
+from hybridshared.units import format_value
 
 # Flags renamed between versions: old name -> (new name, the config key that sets it).
 RENAMED_FLAGS = {"--mamba-scheduler-strategy": ("--mamba-radix-cache-strategy", "cache.mamba_radix_cache_strategy")}
@@ -43,7 +46,6 @@ def _value_problem(info: FlagInfo, value: object) -> str | None:
 
 def _config_homes(engine: str, version: str) -> dict[str, str]:
     """Engine flag -> the config key that sets it, from launch's mapping table (the one source)."""
-    from hybridctl.launch.mapping import ROWS
 
     homes = {}
     for row in ROWS:
@@ -59,8 +61,8 @@ def _config_homes(engine: str, version: str) -> dict[str, str]:
 
 
 def _builtin_flags() -> dict[str, FlagInfo]:
-    """The bundled runtime's flags as launch knows them (a launch test checks them vs runtime/args.py)."""
-    from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
+    """The bundled runtime's flags as launch knows them (a launch test checks them against
+    hybridshared/flags/runtime_args.py)."""
 
     return {
         name: FlagInfo(
@@ -122,8 +124,7 @@ def _flag_table(engine: str, version: str) -> tuple[dict[str, FlagInfo], str, st
                 "ENGINE_VERSION_UNKNOWN",
                 CONFIG,
                 "extra_engine_args",
-                f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against "
-                f"{table_version}.",
+                f"no SGLang {version} flag table in hybridctl; [extra_engine_args] checked against {table_version}.",
                 f"target {table_version} (--sglang-version {table_version} of validate, plan and launch), or "
                 "regenerate the table with "
                 "scripts/regen_sglang_flags.py.",
@@ -162,7 +163,6 @@ def _unknown(key: str, flags: dict[str, FlagInfo], label: str) -> Finding:
 
 def _known_flag_findings(key: str, value: object, info: FlagInfo, homes: dict[str, str]) -> list[Finding]:
     """A flag the engine has: a value it refuses, a secret on the command line, or a flag a config key sets."""
-    from hybridctl.launch.command import SECRET_FLAGS
 
     dotted = f"extra_engine_args.{key}"
     out: list[Finding] = []

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridctl.model.errors import ModelSpecError
-from hybridctl.model.state_shapes import StateShape
+from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.state_shapes import StateShape
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,24 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from hybridctl import paths
-from hybridctl.model.dtypes import SSM_DTYPES, canonical_dtype, dtype_bytes
-from hybridctl.model.errors import ModelSpecError
-from hybridctl.model.families import read_geometry
-from hybridctl.model.state_shapes import state_bytes_per_request
-from hybridctl.model.weights import weight_bytes
+from hybridshared import paths
+from hybridshared.model.dtypes import SSM_DTYPES, canonical_dtype, dtype_bytes
+from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.families import read_geometry
+from hybridshared.model.state_shapes import state_bytes_per_request
+from hybridshared.model.weights import weight_bytes
+
+
+class StandIns(Protocol):
+    """Config.json files that stand in for a model this host does not hold (hybridctl bundles some; the runtime
+    reads local models only, so it passes none)."""
+
+    def config_for(self, requested: str) -> Path | None: ...
+
+    def hint(self) -> str: ...
+
 
 # configs/mamba_utils.py:68: the conv window dtype is bfloat16 unless SGLANG_MAMBA_CONV_DTYPE says otherwise.
 CONV_DTYPE = "bfloat16"
@@ -84,7 +94,7 @@ class ModelSpec:
         return d
 
 
-def _config_path(path: str | Path) -> tuple[Path, Path | None, str | None]:
+def _config_path(path: str | Path, stand_ins: StandIns | None) -> tuple[Path, Path | None, str | None]:
     """config.json, the model directory (for the weights), and the path asked for when a bundled copy stands in."""
     p = Path(path).expanduser()
     # paths.is_dir / is_file: a name too long for the OS (or with a NUL byte) is "not found", not a crash.
@@ -98,15 +108,14 @@ def _config_path(path: str | Path) -> tuple[Path, Path | None, str | None]:
         return cfg, p, None
     if paths.is_file(p):
         return p, p.parent, None
-    from hybridctl.model.bundled import bundled_stand_in, known_names_hint
-
-    bundled = bundled_stand_in(str(path))
-    if bundled is not None:  # a config for a server that holds the model: its geometry from the bundled copy
-        return bundled.config_json, None, str(path)
+    stand_in = stand_ins.config_for(str(path)) if stand_ins is not None else None
+    if stand_in is not None:  # a config for a server that holds the model: its geometry from the bundled copy
+        return stand_in, None, str(path)
+    known = f"; {stand_ins.hint()}" if stand_ins is not None else ""
     raise ModelSpecError(
         f"{p}: no such file or directory, and not a checkpoint hybridctl bundles a config.json for. Point the "
         f"model path (server.model_path in config.toml; --model of plan and init) at a HF model directory or its "
-        f"config.json; {known_names_hint()}."
+        f"config.json{known}."
     )
 
 
@@ -127,9 +136,7 @@ def _resolve_ssm_dtype(flag: str | None, from_config: str | None, source: Path) 
     if flag is not None:
         name = canonical_dtype(flag) if flag.lower() in {"fp32", "bf16", "fp16", *SSM_DTYPES} else flag
         if name not in SSM_DTYPES:
-            raise ModelSpecError(
-                f"--mamba-ssm-dtype {flag!r} is not supported; use one of {', '.join(SSM_DTYPES)}."
-            )
+            raise ModelSpecError(f"--mamba-ssm-dtype {flag!r} is not supported; use one of {', '.join(SSM_DTYPES)}.")
         return name, "flag"
     if from_config is not None:
         if from_config not in SSM_DTYPES:
@@ -147,11 +154,13 @@ def load_model_spec(
     tp: int = 1,
     ssm_dtype: str | None = None,
     kv_dtype: str = "bfloat16",
+    stand_ins: StandIns | None = None,
 ) -> ModelSpec:
-    """Read config.json (a file, or a model dir holding one) of a supported hybrid model."""
+    """Read config.json (a file, or a model dir holding one) of a supported hybrid model; `stand_ins` answer for
+    a path this host does not hold."""
     if tp < 1:
         raise ModelSpecError(f"tensor-parallel size must be >= 1, got {tp}.")
-    cfg_path, model_dir, stand_in_for = _config_path(path)
+    cfg_path, model_dir, stand_in_for = _config_path(path, stand_ins)
     geom = read_geometry(_read_json(cfg_path), str(cfg_path))
     try:
         shape = geom.state_shape(tp)

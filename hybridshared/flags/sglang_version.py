@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 
 VersionKey = tuple[int, int, int, int]
@@ -36,7 +37,6 @@ def resolve_release(requested: str | None, configured: str | None, newest: str) 
     In order: `requested` (--sglang-version), the sglang installed in this interpreter, `configured`
     (config.toml [server] sglang_version), else `newest` (the newest release hybridctl holds).
     """
-    import importlib.metadata
 
     if requested:
         version_key(requested)  # fail early on nonsense

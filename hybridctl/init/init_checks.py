@@ -11,6 +11,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hybridctl.config.findings import Finding
+from hybridctl.launch.plan import choose_engine
+from hybridctl.launch.sglang import installed_sglang_version
+from hybridctl.launch.translate import engine_findings
+from hybridctl.model.bundled import bundled_stand_in, exists_here, known_names, known_names_hint
+from hybridctl.rules.check import check_files
+from hybridctl.rules.server_rules import is_hub_id
 
 
 class InitError(Exception):
@@ -30,7 +36,6 @@ class ModelChoice:
 def choose_model(model: str) -> ModelChoice:
     """A model directory or config.json here; else a checkpoint hybridctl bundles a config.json for, kept as
     given (a hub id, or the path on the server that will hold it)."""
-    from hybridctl.model.bundled import bundled_stand_in, exists_here, known_names, known_names_hint
 
     path = Path(model).expanduser()
     if exists_here(model):
@@ -51,7 +56,6 @@ def choose_model(model: str) -> ModelChoice:
             f"--model {model}: no such file or directory here, and not a checkpoint hybridctl bundles a "
             f"config.json for. Pass a model directory or its config.json; {known_names_hint()}."
         )
-    from hybridctl.config.server_rules import is_hub_id
 
     where = "SGLang on the server downloads it" if is_hub_id(model) else "the server must hold the model at this path"
     note = f"{bundled.note()}; {where}"
@@ -63,7 +67,6 @@ def refuse_remote_model_on_builtin(choice: ModelChoice, decision: EngineDecision
     (validate's MODEL_PATH_NOT_FOUND), and is refused before the sizing error would hide why."""
     if choice.on_this_host or decision.resolved != "builtin":
         return
-    from hybridctl.config.server_rules import is_hub_id
 
     other = "" if decision.hint() else " Or pass --engine sglang to write the config for a GPU server."
     hub_id = choice.model_path if is_hub_id(choice.model_path) else "ORG/NAME"
@@ -96,7 +99,6 @@ def decide_engine_for_init(requested: str, *, tp: int, gpu_mem_gib: float | None
     """The engine init records. `auto` stays auto when it resolves here to an engine the flags fit; when auto is the
     bundled runtime here but --tp > 1 or --gpu-mem-gib describe a GPU server (as `plan` reads them too), init
     records sglang, the engine auto picks on such a server, so validate/plan/launch judge the server it is for."""
-    from hybridctl.launch.plan import choose_engine
 
     here = choose_engine("auto")
     if requested != "auto":
@@ -123,9 +125,6 @@ def validate_as_written(
     """`hybridctl validate`'s findings on the files init is about to write into `out_dir` (checked in a temporary
     directory, reported under their final names). `template` (no --model): the empty model_path is the user's next
     step, so it is a warning, not a refusal."""
-    from hybridctl.config.loader import check_files
-    from hybridctl.launch.sglang import installed_sglang_version
-    from hybridctl.launch.translate import engine_findings
 
     names = {"config.toml": out_dir / "config.toml", "settings.json": out_dir / "settings.json"}
     with tempfile.TemporaryDirectory(prefix="hybridctl-init-") as tmp:
@@ -146,9 +145,7 @@ def validate_as_written(
             text = text.replace(staged_name, final_name)
         return text
 
-    findings = [
-        replace(f, file=final(f.file), message=final(f.message), fix=final(f.fix)) for f in report.findings
-    ]
+    findings = [replace(f, file=final(f.file), message=final(f.message), fix=final(f.fix)) for f in report.findings]
     if template:
         findings = [replace(f, severity="warning") if f.code == "MODEL_PATH_MISSING" else f for f in findings]
     return findings

@@ -11,11 +11,12 @@ import ipaddress
 import re
 from pathlib import Path
 
-from hybridctl import paths
 from hybridctl.config.findings import CONFIG, Finding, toml_set
 from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.command import multinode_problem
 from hybridctl.model.bundled import match_bundled
+from hybridshared import paths
 
 # RFC 1123: a host name is at most 253 characters of dot-separated labels of letters, digits and hyphens.
 MAX_HOST_CHARS = 253
@@ -54,24 +55,6 @@ def is_loopback(host: str) -> bool:
 def is_hub_id(model_path: str) -> bool:
     """`org/name` that names nothing on disk: a model SGLang would download."""
     return bool(_HUB_ID.match(model_path)) and not paths.exists(model_path)
-
-
-def multinode_problem(cfg: HybridConfig) -> tuple[str, str, str] | None:
-    """(key, message, fix) when the node settings cannot start, else None. Used by launch and by validate."""
-    server = cfg.config.server
-    if server.nnodes > 1 and not server.dist_init_addr:
-        return (
-            "server.dist_init_addr",
-            f"nnodes = {server.nnodes} but dist_init_addr is unset, so the nodes cannot find each other.",
-            toml_set("server.dist_init_addr", '"<node 0 address>:<port>"') + " (the same on every node)",
-        )
-    if server.node_rank >= server.nnodes:
-        return (
-            "server.node_rank",
-            f"node_rank = {server.node_rank} is not below nnodes = {server.nnodes}.",
-            f"use node_rank 0..{server.nnodes - 1} in [server] of {CONFIG}, one per node",
-        )
-    return None
 
 
 def _not_found(message: str, fix: str) -> Finding:

@@ -13,21 +13,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from hybridctl import paths
-from hybridctl.config.atomic_write import write_files
+from pydantic import ValidationError
+
+from hybridctl.config.atomic_write import WouldOverwriteError, write_files
 from hybridctl.config.findings import Finding
-from hybridctl.config.init_checks import (
+from hybridctl.config.loader import ConfigError, load_hybrid_config, parse_config_text, parse_settings_text
+from hybridctl.config.render import render_config_toml, render_settings_json
+from hybridctl.config.schema import SCHEMA_FILE_NAMES, ConfigToml, EngineName, HybridConfig, SettingsJson, json_schema
+from hybridctl.doctor.planning import PlanContext
+from hybridctl.doctor.predict import predict_state_pool
+from hybridctl.host.nvml import gpu_memory_bytes  # None without a GPU, a driver or NVML
+from hybridctl.host.ports import preferred_or_free_port
+from hybridctl.init.init_checks import (
     EngineDecision,
     InitError,
     choose_model,
     decide_engine_for_init,
     refuse_remote_model_on_builtin,
+    validate_as_written,
 )
-from hybridctl.config.schema import SCHEMA_FILE_NAMES, EngineName, HybridConfig, json_schema
+from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.planner.builtin_sizing import builtin_device_bytes, builtin_model_spec, plan_builtin
+from hybridctl.planner.plan import make_plan
+from hybridctl.planner.recommend import recommend
+from hybridshared import paths
+from hybridshared.units import GIB
 
 if TYPE_CHECKING:  # the planner imports config/ at load time; init imports the planner only when it runs
-    from hybridctl.model.spec import ModelSpec
     from hybridctl.planner.recommend import Recommendation
+    from hybridshared.model.spec import ModelSpec
 
 CONFIG_FILE = "config.toml"
 SETTINGS_FILE = "settings.json"
@@ -108,7 +122,6 @@ def build_demo_model(out_dir: Path, *, force: bool = False) -> Path:
 
 
 def _detect_gpu_mem_bytes() -> int | None:
-    from hybridctl.host.nvml import gpu_memory_bytes  # None without a GPU, a driver or NVML
 
     return gpu_memory_bytes()
 
@@ -130,11 +143,6 @@ def _save_workload(cfg: HybridConfig, opts: InitOptions, result: InitResult) -> 
 
 def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, model_dir: Path, engine: str) -> None:
     """Apply the planner's recommendation to `cfg` and record the plan, or say why there is none."""
-    from hybridctl.model.spec import load_model_spec
-    from hybridctl.planner.builtin_sizing import builtin_device_bytes, builtin_model_spec, plan_builtin
-    from hybridctl.planner.plan import make_plan
-    from hybridctl.planner.recommend import recommend
-    from hybridctl.planner.units import GIB
 
     builtin = engine == "builtin"  # what serves it: auto resolved as validate and launch resolve it here
     gpu_mem: int | None = int(opts.gpu_mem_gib * GIB) if opts.gpu_mem_gib is not None else None
@@ -147,7 +155,7 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
             spec = builtin_model_spec(cfg, model_dir, tp=opts.tp, on_gpu=gpu_mem is not None)
             budget: int | None = builtin_device_bytes(cfg, gpu_mem)
         else:
-            spec = load_model_spec(model_dir, tp=opts.tp)
+            spec = load_model_spec_or_bundled(model_dir, tp=opts.tp)
             budget = gpu_mem
         if budget is None:
             result.plan_skipped = (
@@ -192,8 +200,6 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
 
 def _doctor_state_pool_error(cfg: HybridConfig, spec: ModelSpec, engine: str, gpu_mem: int | None) -> str | None:
     """Doctor's MAMBA_POOL_ALLOC judgment of the pools just planned (its one rule, not a copy), as an error's cause."""
-    from hybridctl.doctor.planning import PlanContext
-    from hybridctl.doctor.predict import predict_state_pool
 
     prediction = predict_state_pool(cfg, PlanContext(spec, engine, gpu_mem or 0))
     return next((f.cause for f in prediction.findings if f.severity == "error"), None)
@@ -201,7 +207,6 @@ def _doctor_state_pool_error(cfg: HybridConfig, spec: ModelSpec, engine: str, gp
 
 def _earlier_demo(out_dir: Path) -> InitResult | None:
     """The demo an earlier `init --demo` wrote into `out_dir` (its config serves out_dir/demo-model), or None."""
-    from hybridctl.config.loader import ConfigError, load_hybrid_config
 
     model = (out_dir / DEMO_MODEL_DIR).resolve()
     try:
@@ -216,9 +221,6 @@ def _earlier_demo(out_dir: Path) -> InitResult | None:
 
 def _check_round_trip(cfg: HybridConfig, config_data: object, settings_data: object) -> None:
     """What init writes must load back to exactly what it chose; anything else is a bug in the renderer."""
-    from pydantic import ValidationError
-
-    from hybridctl.config.schema import ConfigToml, SettingsJson
 
     try:
         loaded = HybridConfig(
@@ -233,10 +235,6 @@ def _check_round_trip(cfg: HybridConfig, config_data: object, settings_data: obj
 
 def init_project(opts: InitOptions) -> InitResult:
     """Write config.toml, settings.json and their JSON Schemas into `opts.out_dir`; returns what it wrote."""
-    from hybridctl.config.atomic_write import WouldOverwriteError
-    from hybridctl.config.init_checks import validate_as_written
-    from hybridctl.config.loader import parse_config_text, parse_settings_text
-    from hybridctl.config.render import render_config_toml, render_settings_json
 
     out_dir = opts.out_dir
     if paths.exists(out_dir) and not paths.is_dir(out_dir):  # checked before the slow demo build, like the files below
@@ -268,7 +266,6 @@ def init_project(opts: InitOptions) -> InitResult:
         result.demo_model = str(build_demo_model(out_dir, force=opts.force).resolve())
         model = result.demo_model
         result.notes["server.engine"] = "--demo serves the demo model with the bundled runtime"
-        from hybridctl.host.ports import preferred_or_free_port
 
         cfg.config.server.port = preferred_or_free_port(cfg.config.server.port)
         if cfg.config.server.port != 30000:
@@ -302,8 +299,7 @@ def init_project(opts: InitOptions) -> InitResult:
         out_dir / CONFIG_FILE: config_text,
         out_dir / SETTINGS_FILE: settings_text,
         **{
-            out_dir / name: json.dumps(json_schema(which), indent=2) + "\n"
-            for which, name in SCHEMA_FILE_NAMES.items()
+            out_dir / name: json.dumps(json_schema(which), indent=2) + "\n" for which, name in SCHEMA_FILE_NAMES.items()
         },
     }
     result.files = [str(p) for p in write_files(files, force=opts.force)]

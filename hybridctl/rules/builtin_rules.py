@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+
 from hybridctl.config.findings import CONFIG, SETTINGS, Finding, json_set, toml_set
 from hybridctl.config.findings import rule_finding as _f
 from hybridctl.config.schema import HybridConfig
+from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
+from hybridctl.launch.command import add_extra_args, flags_to_argv
+from hybridctl.launch.translate import LaunchError, translate
+from hybridshared.flags.runtime_args import parse_args
 
 BUILTIN_SCHEDULE_POLICIES = ("fcfs", "lpm")
 
@@ -42,8 +50,7 @@ def _settings_findings(cfg: HybridConfig) -> list[Finding]:
                 "runtime.schedule_policy",
                 f'schedule_policy "{policy}" is not implemented by the bundled runtime (engine = "builtin"), '
                 f"which schedules {' or '.join(BUILTIN_SCHEDULE_POLICIES)}.",
-                json_set("runtime.schedule_policy", '"lpm"')
-                + ' (or set engine = "sglang" in [server] of config.toml)',
+                json_set("runtime.schedule_policy", '"lpm"') + ' (or set engine = "sglang" in [server] of config.toml)',
             )
         )
     if cfg.settings.runtime.chunked_prefill_size == 0:
@@ -62,7 +69,8 @@ def _settings_findings(cfg: HybridConfig) -> list[Finding]:
 
 
 def _refused_config_keys(cfg: HybridConfig) -> list[tuple[str, bool, str, str]]:
-    """(key, refused?, a value it takes, why) for config.toml keys; runtime/args.py and pool_setup.py refuse them."""
+    """(key, refused?, a value it takes, why) for config.toml keys; the runtime's parser and pool set-up refuse
+    them."""
     return [
         (
             "server.tp_size",
@@ -98,8 +106,10 @@ def _refused_config_keys(cfg: HybridConfig) -> list[tuple[str, bool, str, str]]:
         (
             "cache.mamba_track_interval",
             cfg.config.cache.mamba_track_interval % cfg.config.cache.radix_cache_page_size != 0,
-            str(max(1, cfg.config.cache.mamba_track_interval // cfg.config.cache.radix_cache_page_size)
-                * cfg.config.cache.radix_cache_page_size),
+            str(
+                max(1, cfg.config.cache.mamba_track_interval // cfg.config.cache.radix_cache_page_size)
+                * cfg.config.cache.radix_cache_page_size
+            ),
             "mamba_track_interval must be a multiple of radix_cache_page_size, prefix cache on or off",
         ),
         (
@@ -117,27 +127,17 @@ def rule_builtin_parser(cfg: HybridConfig) -> list[Finding]:
     """BUILTIN_REFUSES: the bundled runtime's own argument parser, run on the command launch would start.
 
     The key rules above name what they know; this backstop keeps validate and the runtime one truth for the rest
-    (an [extra_engine_args] value out of the runtime's range, a type argparse refuses). runtime/args.py imports no
-    torch, so the control plane can run it; preflight (the model directory) is left to the key rules, which read
-    relative paths next to config.toml as launch does.
+    (an [extra_engine_args] value out of the runtime's range, a type argparse refuses). The parser lives in the
+    shared layer (hybridshared/flags/runtime_args.py), so the control plane runs it without the runtime;
+    preflight (the model directory) is left to the key rules, which read relative paths next to config.toml as
+    launch does.
     """
-    import contextlib
-    import io
-    import re
-
-    from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
-    from hybridctl.launch.command import add_extra_args, flags_to_argv
-    from hybridctl.launch.translate import LaunchError, translate
 
     try:
         translation = translate(cfg, "builtin")
         add_extra_args(translation, cfg.config.extra_engine_args, RUNTIME_FLAGS, "the bundled runtime")
     except LaunchError:
         return []  # the extra-args and ignored-key rules name these
-    try:
-        from runtime.args import parse_args
-    except ImportError:  # a control-plane-only install: nothing to run
-        return []
     # Whether the key's variable is set is the launching host's environment, not the files: not judged here.
     translation.flags.pop("--api-key-env", None)
     stderr = io.StringIO()
@@ -163,6 +163,6 @@ def rule_builtin_parser(cfg: HybridConfig) -> list[Finding]:
             file,
             key,
             f'the bundled runtime (engine = "builtin") would refuse to start: {message}',
-            f"correct `{key}` in {file}, or set engine = \"sglang\" in [server] of {CONFIG}",
+            f'correct `{key}` in {file}, or set engine = "sglang" in [server] of {CONFIG}',
         )
     ]

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hybridctl.planner.release_sizing import KV_CACHE_CONFIGURATOR, ReleaseSizing
-from hybridctl.planner.units import GIB, MIB
+from hybridshared.sizing.release_sizing import KV_CACHE_CONFIGURATOR, ReleaseSizing
+from hybridshared.units import GIB, MIB
 
 STRATEGIES: tuple[str, ...] = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
 
@@ -47,7 +47,7 @@ class PoolInputs:
     context_len: int | None = None
     # Added: a --max-total-tokens style cap on KV tokens (kv_cache_configurator.py:3090-3117).
     max_total_tokens: int | None = None
-    # Added: which SGLang release's sizing code to follow (planner/release_sizing.py); default the newest.
+    # Added: which SGLang release's sizing code to follow (sizing/release_sizing.py); default the newest.
     release: ReleaseSizing = KV_CACHE_CONFIGURATOR
 
 

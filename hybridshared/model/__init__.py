@@ -1,0 +1,1 @@
+"""A hybrid model's HF config.json -> layers, state and KV bytes, weights (no torch)."""
