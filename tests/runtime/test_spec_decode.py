@@ -283,7 +283,12 @@ def test_draft_tokens_other_than_steps_plus_one_are_adjusted_as_sglang(
 
 
 def test_launch_offers_the_algorithms_the_runtime_implements() -> None:
+    """Every algorithm `hybridctl launch` may pass resolves to one the engine builds a drafter for."""
     from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
-    from runtime.core.spec_config import ALGORITHMS
+    from runtime.core.spec_config import resolve_spec_config
 
-    assert set(RUNTIME_FLAGS["--speculative-algorithm"].choices) == set(ALGORITHMS)
+    offered = RUNTIME_FLAGS["--speculative-algorithm"].choices
+    assert offered
+    for name in offered:
+        config = resolve_spec_config(name, None, None, 1, "draft" if name == "STANDALONE" else None, sandbox=True)
+        assert config is not None and config.algorithm in ("NGRAM", "STANDALONE", "EAGLE"), name
