@@ -95,26 +95,7 @@ class CompiledDecode:
         self.skip_guards = False
         _INSTANCES.add(self)
 
-        def decode(
-            input_ids: torch.Tensor,
-            positions: torch.Tensor,
-            out_locs: torch.Tensor,
-            state_slots: torch.Tensor,
-            kv_index: torch.Tensor,
-            kv_mask: torch.Tensor,
-            buffers: PoolBuffers,
-        ) -> torch.Tensor:
-            ctx = StepContext(
-                batch=None,
-                buffers=buffers,
-                attn=AttentionMetadata(decode=True, kv_index=kv_index, kv_mask=kv_mask),
-                packing=None,
-                state_slots=state_slots,
-                out_locs=out_locs,
-                positions=positions,
-            )
-            return model.forward_tokens(input_ids, ctx)
-
+        decode = decode_step(model)
         self._eager = decode
         self.threads = DecodeThreadChooser.up_to(torch.get_num_threads(), THREADS_ENV, pinned=threads)
         # One compiled function per thread count, each over its own copy of the code object: dynamo keeps its
@@ -229,6 +210,34 @@ class CompiledDecode:
     def _off(self, name: str, reason: str, elapsed_s: float) -> CompileReport:
         self.report = stays_eager(name, "decode", reason, elapsed_s)
         return self.report
+
+
+def decode_step(model: HybridModel) -> Callable[..., torch.Tensor]:
+    """The decode step this module compiles, as a function of tensors only (the `_DecodeInputs` fields, then the
+    pool buffers), so that a graph of it can be replayed over the same input tensors refilled in place:
+    tests/runtime/test_decode_graph.py traces it whole for every family."""
+
+    def decode(
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_locs: torch.Tensor,
+        state_slots: torch.Tensor,
+        kv_index: torch.Tensor,
+        kv_mask: torch.Tensor,
+        buffers: PoolBuffers,
+    ) -> torch.Tensor:
+        ctx = StepContext(
+            batch=None,
+            buffers=buffers,
+            attn=AttentionMetadata(decode=True, kv_index=kv_index, kv_mask=kv_mask),
+            packing=None,
+            state_slots=state_slots,
+            out_locs=out_locs,
+            positions=positions,
+        )
+        return model.forward_tokens(input_ids, ctx)
+
+    return decode
 
 
 def mark_dynamic_dims(step: _DecodeInputs) -> None:
