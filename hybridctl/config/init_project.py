@@ -107,10 +107,12 @@ def build_demo_model(out_dir: Path, *, force: bool = False) -> Path:
     return target
 
 
-def _detect_gpu_mem_bytes() -> int | None:
-    from hybridctl.host.nvml import gpu_memory_bytes  # None without a GPU, a driver or NVML
+def _detect_gpu_mem_bytes(builtin: bool) -> int | None:
+    """GPU 0's memory as the engine sizes from it: the bundled runtime its free memory, SGLang plans by its total
+    (hybridctl/host/nvml.py). None without a GPU, a driver or NVML."""
+    from hybridctl.host.nvml import gpu_free_bytes, gpu_memory_bytes
 
-    return gpu_memory_bytes()
+    return gpu_free_bytes() if builtin else gpu_memory_bytes()
 
 
 CONTEXT_LENGTH_FLAG = "context-length"  # SGLang's --context-length; the bundled runtime takes it too
@@ -139,7 +141,7 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
     builtin = engine == "builtin"  # what serves it: auto resolved as validate and launch resolve it here
     gpu_mem: int | None = int(opts.gpu_mem_gib * GIB) if opts.gpu_mem_gib is not None else None
     if gpu_mem is None:
-        gpu_mem = _detect_gpu_mem_bytes()  # the bundled runtime, too, runs on the GPU when there is one
+        gpu_mem = _detect_gpu_mem_bytes(builtin)  # the bundled runtime, too, runs on the GPU when there is one
     try:
         _save_workload(cfg, opts, result)
         if builtin:

@@ -147,9 +147,9 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
         from hybridctl.planner.builtin_sizing import plan_builtin
 
         if gpu_mem is None and detect_gpu_mem:
-            from hybridctl.host.nvml import gpu_memory_bytes
+            from hybridctl.host.nvml import gpu_free_bytes
 
-            gpu_mem = gpu_memory_bytes()  # the runtime runs on the GPU when there is one
+            gpu_mem = gpu_free_bytes()  # on the GPU when there is one, sized from its free memory as the runtime
         if gpu_mem is None:
             gpu_mem = recorded_gpu_mem_bytes(cfg, "builtin")
         try:
