@@ -1,5 +1,5 @@
-"""On a GPU host, `plan`, `doctor` and the bundled runtime size the pools from one quantity, as SGLang does: the memory
-free on the device before the weights load (SGLang's `pre_model_load_memory`), not the device's total.
+"""On a GPU host, `plan`, `init`, `doctor` and the bundled runtime size the pools from one quantity, as SGLang
+does: the memory free on the device before the weights load (SGLang's `pre_model_load_memory`), not its total.
 
 The GPU is stood in for where the software meets it: NVML (nvidia-ml-py) for plan, a probed host for doctor, and
 `torch.cuda.mem_get_info` for the engine, all describing one device of 80 GiB of which 61 GiB are free before the
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hybridctl.config.init_project import InitOptions, init_project
 from hybridctl.doctor.run import DoctorOptions, run_doctor
 from hybridctl.host.facts import GpuFacts, HostFacts
 from hybridctl.planner.builtin_sizing import builtin_device_bytes
@@ -30,7 +31,7 @@ class _NVMLError(Exception):
 
 
 def _nvml() -> types.ModuleType:
-    """nvidia-ml-py's calls that hybridctl/host/nvml.py makes, for one GPU of TOTAL bytes with FREE free."""
+    """nvidia-ml-py as hybridctl/host/nvml.py and probe.py call it, for one H100 of TOTAL bytes with FREE free."""
     nvml = types.ModuleType("pynvml")
     calls: dict[str, object] = {
         "NVMLError": _NVMLError,
@@ -39,9 +40,23 @@ def _nvml() -> types.ModuleType:
         "nvmlDeviceGetCount": lambda: 1,
         "nvmlDeviceGetHandleByIndex": lambda index: ("gpu", index),
         "nvmlDeviceGetMemoryInfo": lambda handle: types.SimpleNamespace(total=TOTAL, free=FREE, used=TOTAL - FREE),
+        # what the host probe (init's engine choice) asks besides
+        "nvmlSystemGetDriverVersion": lambda: "550.54.15",
+        "nvmlSystemGetCudaDriverVersion": lambda: 12040,
+        "nvmlDeviceGetName": lambda handle: "NVIDIA H100",
+        "nvmlDeviceGetCudaComputeCapability": lambda handle: (9, 0),
+        "nvmlDeviceGetPciInfo": lambda handle: types.SimpleNamespace(busId="00000000:3B:00.0"),
     }
     for name, value in calls.items():
         setattr(nvml, name, value)
+
+    def unsupported(name: str) -> object:  # any other call (the host probe's driver version, ...) fails as NVML's
+        def call(*_args: object) -> object:
+            raise _NVMLError(f"{name}: not simulated")
+
+        return call
+
+    nvml.__getattr__ = unsupported  # type: ignore[method-assign]  # PEP 562: looked up in the module's dict
     return nvml
 
 
@@ -94,3 +109,12 @@ def test_a_budget_caps_the_free_memory_on_both_sides(
     )
     assert plan.pool_bytes == int(engine * plan.mem_fraction_static) - weights
     assert engine == 2 * GIB
+
+
+def test_init_plans_the_runtime_from_the_free_memory(
+    demo_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _nvml())
+    result = init_project(InitOptions(out_dir=tmp_path / "project", model=str(demo_model_dir), engine="builtin"))
+    assert result.plan is not None, result.plan_skipped
+    assert result.plan["engine"] == "builtin" and result.plan["gpu_mem_bytes"] == FREE
