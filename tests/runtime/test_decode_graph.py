@@ -53,19 +53,24 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return load_model(path)
 
 
-class _StaticInputs:
+# Builds the step to replay over the static inputs and pools it is given (compiling or capturing it), and returns
+# a call that runs it once over their current contents.
+StepMaker = Callable[[_DecodeInputs, PoolBuffers], Callable[[], torch.Tensor]]
+
+
+class StaticInputs:
     """The step's input tensors for one (batch, KV width) bucket, allocated once and refilled in place."""
 
-    def __init__(self, batch: int) -> None:
+    def __init__(self, batch: int, device: torch.device) -> None:
         with torch.inference_mode():  # as the engine passes them (compile_support.as_traced)
-            rows = torch.zeros(batch, dtype=torch.int64)
+            rows = torch.zeros(batch, dtype=torch.int64, device=device)
             self.tensors = _DecodeInputs(
                 input_ids=rows.clone(),
                 positions=rows.clone(),
                 out_locs=rows.clone(),
                 state_slots=rows.clone(),
-                kv_index=torch.zeros(batch, WIDTH, dtype=torch.int64),
-                kv_mask=torch.zeros(batch, 1, 1, WIDTH, dtype=torch.bool),
+                kv_index=torch.zeros(batch, WIDTH, dtype=torch.int64, device=device),
+                kv_mask=torch.zeros(batch, 1, 1, WIDTH, dtype=torch.bool, device=device),
             )
 
     def fill(self, runner: SimpleRunner, seq_ids: list[int]) -> None:
@@ -85,7 +90,7 @@ class _StaticInputs:
             t.kv_mask.copy_((torch.arange(WIDTH)[None, :] < lens[:, None])[:, None, None, :])
 
 
-def _clone(buffers: PoolBuffers) -> PoolBuffers:
+def clone_pools(buffers: PoolBuffers) -> PoolBuffers:
     return PoolBuffers(*([t.clone() for t in group] for group in (buffers.k, buffers.v, buffers.conv, buffers.ssm)))
 
 
@@ -102,23 +107,69 @@ def _prefilled(model: HybridModel, batch: int) -> tuple[SimpleRunner, list[int]]
     return runner, logits.argmax(-1).tolist()
 
 
-class _GraphCheck:
-    """A dynamo backend that records what makes a decode graph uncapturable, then runs the graph through aot_eager
-    (functionalized as inductor's would be, without inductor's compile time). With static shapes a symbol in the
-    graph can only be a value read from a tensor: torch captures `.item()` and value-sized ops (boolean indexing,
-    `nonzero`) into the graph as unbacked symbols rather than ending it, and each is a host sync there."""
+def replay_decode(model: HybridModel, batch: int, make_step: StepMaker) -> list[str]:
+    """STEPS successive decode steps of `batch` sequences, each run eagerly (unpadded, the engine's way) and by the
+    step `make_step` builds over one set of static inputs refilled in place and a twin of the pools; returns
+    where the two differ (logits or any pool after a step), empty when they agree within fp32 tolerance."""
+    runner, tokens = _prefilled(model, batch)
+    twin = clone_pools(runner.buffers)  # the replayed step's pools
+    inputs = StaticInputs(batch, runner.device)
+    seq_ids = list(range(batch))
+    run: Callable[[], torch.Tensor] | None = None
+    differences: list[str] = []
+    for step in range(STEPS):
+        eager = runner.extend({s: [tokens[s]] for s in seq_ids})
+        inputs.fill(runner, seq_ids)
+        run = run or make_step(inputs.tensors, twin)
+        with torch.inference_mode():
+            replayed = run()
+        pairs = [("logits", replayed, eager)]
+        for kind in ("k", "v", "conv", "ssm"):
+            pairs += [
+                (f"{kind}[{i}]", mine, theirs)
+                for i, (mine, theirs) in enumerate(zip(getattr(twin, kind), getattr(runner.buffers, kind), strict=True))
+            ]
+        for what, mine, theirs in pairs:
+            try:
+                torch.testing.assert_close(mine, theirs)
+            except AssertionError as exc:
+                differences.append(f"step {step}, {what}: {str(exc).splitlines()[0]}")
+        tokens = eager.argmax(-1).tolist()
+    return differences
 
-    def __init__(self) -> None:
+
+class GraphCheck:
+    """A dynamo backend that records what makes a decode graph uncapturable, then runs the graph through `backend`
+    (aot_eager: functionalized as inductor's would be, in-place pool writes included, without inductor's compile
+    time). With static shapes a symbol in the graph can only be a value read from a tensor: torch captures
+    `.item()` and value-sized ops (boolean indexing, `nonzero`) into the graph as unbacked symbols rather than
+    ending it, and each is a host sync there."""
+
+    def __init__(self, backend: str = "aot_eager") -> None:
+        self.backend = backend
         self.graphs = 0
         self.host_reads: list[str] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
         self.graphs += 1
         self.host_reads += [n.format_node() for n in gm.graph.nodes if _symbolic(n.meta.get("example_value"))]
-        return lookup_backend("aot_eager")(gm, example_inputs)
+        return lookup_backend(self.backend)(gm, example_inputs)
 
     def compile(self, model: HybridModel) -> Callable[..., torch.Tensor]:
         return torch.compile(decode_step(model), fullgraph=True, dynamic=False, backend=self)
+
+    def step_maker(self, model: HybridModel) -> StepMaker:
+        """The compiled step, traced on the accelerator path, as `replay_decode` runs it."""
+        compiled = self.compile(model)
+
+        def make(inputs: _DecodeInputs, buffers: PoolBuffers) -> Callable[[], torch.Tensor]:
+            def run() -> torch.Tensor:
+                with rehearse_accelerator_path():
+                    return compiled(*inputs, buffers)
+
+            return run
+
+        return make
 
 
 def _symbolic(value: object) -> bool:
@@ -130,22 +181,8 @@ def _symbolic(value: object) -> bool:
 @pytest.mark.parametrize("batch", [1, 8])
 def test_decode_step_is_one_graph_replayed_over_refilled_inputs(family: HybridModel, batch: int) -> None:
     torch._dynamo.reset()
-    runner, tokens = _prefilled(family, batch)
-    twin = _clone(runner.buffers)  # the graph's pools: it must leave them as the eager steps leave the runner's
-    check = _GraphCheck()
-    step = check.compile(family)
-    inputs = _StaticInputs(batch)
-    seq_ids = list(range(batch))
-    for _ in range(STEPS):
-        eager = runner.extend({s: [tokens[s]] for s in seq_ids})  # a decode step of the CPU path, unpadded
-        inputs.fill(runner, seq_ids)
-        with torch.inference_mode(), rehearse_accelerator_path():
-            replayed = step(*inputs.tensors, twin)
-        torch.testing.assert_close(replayed, eager)
-        for kind in ("k", "v", "conv", "ssm"):
-            for mine, theirs in zip(getattr(twin, kind), getattr(runner.buffers, kind), strict=True):
-                torch.testing.assert_close(mine, theirs)
-        tokens = eager.argmax(-1).tolist()
+    check = GraphCheck()
+    assert replay_decode(family, batch, check.step_maker(family)) == []
     assert check.host_reads == [], "host reads inside the decode graph:\n" + "\n".join(check.host_reads[:5])
     assert check.graphs == 1, f"{check.graphs} graphs for one bucket: a recompile"
 
@@ -177,11 +214,11 @@ def test_a_host_read_in_the_step_fails_the_check(
 ) -> None:
     torch._dynamo.reset()
     runner, _ = _prefilled(family, 1)
-    inputs = _StaticInputs(1)
+    inputs = StaticInputs(1, runner.device)
     runner.extend({0: [1]})
     inputs.fill(runner, [0])
     _break_in_the_first_layer(family, monkeypatch, kind)
-    check = _GraphCheck()
+    check = GraphCheck()
     with torch.inference_mode(), rehearse_accelerator_path():
         try:
             check.compile(family)(*inputs.tensors, runner.buffers)
