@@ -21,7 +21,7 @@ from torch._dynamo.backends.registry import lookup_backend
 
 from runtime.core.batch import PoolBuffers
 from runtime.core.device_path import rehearse_accelerator_path
-from runtime.engine.compiled_decode import _DecodeInputs, decode_step
+from runtime.engine.compiled_decode import DecodeInputs, decode_step
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.models.decoder import DecoderLM
@@ -55,7 +55,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 # Builds the step to replay over the static inputs and pools it is given (compiling or capturing it), and returns
 # a call that runs it once over their current contents.
-StepMaker = Callable[[_DecodeInputs, PoolBuffers], Callable[[], torch.Tensor]]
+StepMaker = Callable[[DecodeInputs, PoolBuffers], Callable[[], torch.Tensor]]
 
 
 class StaticInputs:
@@ -64,7 +64,7 @@ class StaticInputs:
     def __init__(self, batch: int, device: torch.device) -> None:
         with torch.inference_mode():  # as the engine passes them (compile_support.as_traced)
             rows = torch.zeros(batch, dtype=torch.int64, device=device)
-            self.tensors = _DecodeInputs(
+            self.tensors = DecodeInputs(
                 input_ids=rows.clone(),
                 positions=rows.clone(),
                 out_locs=rows.clone(),
@@ -162,7 +162,7 @@ class GraphCheck:
         """The compiled step, traced on the accelerator path, as `replay_decode` runs it."""
         compiled = self.compile(model)
 
-        def make(inputs: _DecodeInputs, buffers: PoolBuffers) -> Callable[[], torch.Tensor]:
+        def make(inputs: DecodeInputs, buffers: PoolBuffers) -> Callable[[], torch.Tensor]:
             def run() -> torch.Tensor:
                 with rehearse_accelerator_path():
                     return compiled(*inputs, buffers)
