@@ -5,6 +5,8 @@ environment as sglang's triton is) with TRITON_INTERPRET=1. Prints one JSON obje
 - chunk_gated_delta_rule (prefill): two sequences packed with `cu_seqlens`, one of them longer than fla's 64-token
   chunk, each from its own initial state in the pool's layout ([slots, heads, v_dim, k_dim]: `state_v_first`).
 - fused_recurrent_gated_delta_rule (decode): one token for each of the same sequences' states.
+- decode_model: the runtime's own use of it (runtime/models/layers/fla_kernels.py, forced on for CPU tensors): a tiny
+  Qwen3-Next's decode steps, batch 3, with fla's kernel in every Gated DeltaNet layer against the torch step.
 
 Two things the interpreter lacks are supplied here, neither of which changes a kernel's arithmetic: a driver to time
 autotuning candidates with (each kernel takes its first config), and tensor-typed loop induction variables (compiled
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import ast
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import triton.runtime.autotuner as autotuner
@@ -41,10 +45,49 @@ interpreter.ASTTransformer.visit_For = _visit_for  # type: ignore[attr-defined]
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk  # noqa: E402
 from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent  # noqa: E402
 
+from runtime.models import load_model  # noqa: E402
+from runtime.models.layers import fla_kernels  # noqa: E402
 from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_step  # noqa: E402
+from tests.runtime.simple_runner import SimpleRunner  # noqa: E402
+from tests.runtime.test_engine_support import perturb_weights  # noqa: E402
+from tests.runtime.test_model_reference import ARCHS, VOCAB  # noqa: E402
 
 HEADS, K_DIM, V_DIM = 2, 16, 16
 LENGTHS = (8, 80)
+
+
+def decode_model(steps: int = 3, batch: int = 3) -> dict[str, float]:
+    """Greedy decode steps of a tiny Qwen3-Next, the torch step against fla's: the largest logit and state
+    differences over the steps, and fla's seconds."""
+    torch.manual_seed(0)
+    hf = ARCHS["qwen3_next"][0]().eval()
+    perturb_weights(hf, 1)
+    path = Path(tempfile.mkdtemp(prefix="fla-check."))
+    hf.save_pretrained(path)
+    model = load_model(path)
+    runners = [SimpleRunner(model, num_state_slots=batch) for _ in range(2)]
+    g = torch.Generator().manual_seed(1)
+    prompts = {s: torch.randint(0, VOCAB, (4 + 3 * s,), generator=g).tolist() for s in range(batch)}
+    tokens = []
+    for runner in runners:
+        for s in range(batch):
+            runner.add(s)
+        tokens = runner.extend(prompts).argmax(-1).tolist()
+    logits_diff = state_diff = fla_s = 0.0
+    for _ in range(steps):
+        out = []
+        for use_fla, runner in zip((False, True), runners, strict=True):
+            fla_kernels.force_on_cpu = use_fla
+            start = time.perf_counter()
+            out.append(runner.extend({s: [tokens[s]] for s in range(batch)}))
+            fla_s += (time.perf_counter() - start) if use_fla else 0.0
+        fla_kernels.force_on_cpu = False
+        logits_diff = max(logits_diff, (out[0] - out[1]).abs().max().item())
+        for torch_ssm, fla_ssm in zip(runners[0].buffers.ssm, runners[1].buffers.ssm, strict=True):
+            state_diff = max(state_diff, (torch_ssm - fla_ssm).abs().max().item())
+        tokens = out[0].argmax(-1).tolist()
+    return {"steps": steps, "batch": batch, "fla_seconds": round(fla_s, 3), "max_logits_diff": logits_diff,
+            "max_state_diff": state_diff}  # fmt: skip
 
 
 def main() -> None:
@@ -83,6 +126,7 @@ def main() -> None:
         "fused_recurrent": {"sequences": n, "seconds": round(recurrent_s, 3),
                             "max_out_diff": (ref_out1 - out1[:, 0]).abs().max().item(),
                             "max_state_diff": (ref_state1 - state1).abs().max().item()},
+        "decode_model": decode_model(),
     }))  # fmt: skip
 
 

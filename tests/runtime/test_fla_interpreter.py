@@ -1,5 +1,6 @@
 """The field's Gated DeltaNet kernels (fla's chunked prefill with `cu_seqlens` and its fused recurrent decode, on the
-pool's state layout) compute what the runtime's delta rule computes, run on the CPU under Triton's interpreter in
+pool's state layout) compute what the runtime's delta rule computes, and the runtime's decode through fla's kernel
+(runtime/models/layers/fla_kernels.py) what its torch decode computes: run on the CPU under Triton's interpreter in
 `.venv-fla` (.ci/run makes it; tests/runtime/fla_interpreter_check.py says what runs and how)."""
 
 from __future__ import annotations
@@ -30,3 +31,5 @@ def test_fla_kernels_equal_the_runtime_delta_rule_under_the_interpreter() -> Non
     result = json.loads(done.stdout.strip().splitlines()[-1])
     for kernel in ("chunk", "fused_recurrent"):
         assert result[kernel]["max_out_diff"] < 1e-5 and result[kernel]["max_state_diff"] < 1e-5, result
+    model = result["decode_model"]  # the runtime's Gated DeltaNet decode through fla's kernel
+    assert model["max_logits_diff"] < 1e-4 and model["max_state_diff"] < 1e-5, result
