@@ -13,6 +13,10 @@ Checks (each pass/fail with its numbers, one JSON object out; exit 1 when any fa
   near-tie broken the other way does not decide it: the whole-logits error is reported beside it).
 - readbacks: one extend and one decode step, batch 1 and 8, every family: at most one device-to-host readback per
   step (runtime/core/readbacks.py; emulated on the CPU).
+- decode_graph: every family's decode step, batch 1 and 8, captured once in a CUDA graph over input tensors of one
+  KV width bucket and replayed, refilled in place, for successive steps: equal to the eager steps in logits and
+  pools (on the CPU: the same steps over the static inputs, eagerly; tests/runtime/test_decode_graph.py shows on the
+  CPU that the step traces as one static graph with no host read inside).
 - decode_throughput: an engine decoding at batch 1 and 32 on a locally built model (cuda: 1.13B parameters of
   random weights, 0.43B read per token at batch 1, bf16; cpu: the demo model): tok/s beside the weights' bytes
   and, where the card reports its memory clock and bus, the bandwidth floor (tok/s if each step only read the
@@ -44,16 +48,19 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from runtime.core.batch import PoolBuffers  # noqa: E402
 from runtime.core.config import EngineArgs  # noqa: E402
 from runtime.core.device_path import rehearse_accelerator_path  # noqa: E402
 from runtime.core.readbacks import count_readbacks, model_device_tensors  # noqa: E402
 from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams  # noqa: E402
 from runtime.demo_model import DEMO_CONFIG, build_demo_model  # noqa: E402
+from runtime.engine.compiled_decode import DecodeInputs, decode_step  # noqa: E402
 from runtime.engine.engine_core import EngineCore  # noqa: E402
 from runtime.models import load_model  # noqa: E402
 from runtime.models.base import HybridModel  # noqa: E402
 from runtime.scheduler.sampling import greedy_tokens, sample  # noqa: E402
 from tests.runtime.simple_runner import SimpleRunner  # noqa: E402
+from tests.runtime.test_decode_graph import StepMaker, clone_pools, replay_decode  # noqa: E402
 from tests.runtime.test_engine_support import perturb_weights  # noqa: E402
 from tests.runtime.test_model_reference import ARCHS, VOCAB  # noqa: E402
 
@@ -185,6 +192,55 @@ def check_readbacks(device: torch.device, ckpts: dict[str, tuple[Path, torch.nn.
     return {"pass": worst <= 1, "max_per_step": worst, "per_step": per}
 
 
+def graph_step(model: HybridModel, device: torch.device) -> StepMaker:
+    """The eager decode step captured once in a CUDA graph over the static inputs and pools, then replayed. The two
+    warm-up steps torch.cuda.graph asks for (on a side stream: lazy caches filled, library workspaces made) write
+    the pools, so the pools are saved before them and put back after the capture (which runs nothing). On the CPU
+    (the rehearsal) the same warm-up, save and restore, and the eager step over the static inputs in place of a
+    replay; that the step traces as one static graph is tests/runtime/test_decode_graph.py's to show."""
+    step = decode_step(model)
+    cuda = device.type == "cuda"
+
+    def make(inputs: DecodeInputs, buffers: PoolBuffers) -> Callable[[], torch.Tensor]:
+        saved = clone_pools(buffers)
+        side = torch.cuda.Stream() if cuda else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side) if side is not None else nullcontext(), torch.inference_mode():
+            for _ in range(2):
+                step(*inputs, buffers)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph() if cuda else None
+        out = None
+        if graph is not None:
+            with torch.inference_mode(), torch.cuda.graph(graph):
+                out = step(*inputs, buffers)
+        for kind in ("k", "v", "conv", "ssm"):
+            for live, kept in zip(getattr(buffers, kind), getattr(saved, kind), strict=True):
+                live.copy_(kept)
+
+        def replay() -> torch.Tensor:
+            if graph is None or out is None:
+                return step(*inputs, buffers)
+            graph.replay()
+            return out
+
+        return replay
+
+    return make
+
+
+def check_decode_graph(device: torch.device, ckpts: dict[str, tuple[Path, torch.nn.Module]]) -> dict[str, Any]:
+    per: dict[str, Any] = {}
+    for name, (path, _) in ckpts.items():
+        with _accelerator(device):
+            model = load_model(path, device=str(device))
+            for batch in (1, 8):
+                per[f"{name}/b{batch}"] = replay_decode(model, batch, graph_step(model, device))[:4] or "ok"
+    return {"pass": all(v == "ok" for v in per.values()), "per_step": per}
+
+
 def _engine(model_dir: Path, device: torch.device) -> EngineCore:
     kw: dict[str, Any] = {"max_total_tokens": 40_000, "max_mamba_cache_size": 80}
     if device.type == "cpu":
@@ -306,6 +362,7 @@ def run_checks(device: torch.device) -> dict[str, Any]:
             "seeded_sampling": _guarded(lambda: check_seeded_sampling(device)),
             "bf16_error": _guarded(lambda: check_bf16_error(device, ckpts)),
             "readbacks": _guarded(lambda: check_readbacks(device, ckpts)),
+            "decode_graph": _guarded(lambda: check_decode_graph(device, ckpts)),
         }
         model_dir = build_demo_model(tmp / "model", config=None if cpu else LARGE_CONFIG)
         core_box: list[EngineCore] = []

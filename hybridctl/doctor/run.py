@@ -175,7 +175,9 @@ def _predict(
     engine = engine_for_planning(cfg.config.server.engine, resolve_engine(host, cfg), gpu_given)
     version = host.sglang.version if engine == "sglang" and host.sglang else None
     report.findings += rule_findings(cfg, version, engine)
-    gpu = opts.gpu_mem_bytes or (host.gpus[0].total_bytes if host.gpus else None)
+    # The bundled runtime sizes from the memory free before its weights load (hybridctl/host/nvml.py gpu_free_bytes).
+    detected = (host.gpus[0].free_bytes if engine == "builtin" else host.gpus[0].total_bytes) if host.gpus else None
+    gpu = opts.gpu_mem_bytes or detected
     ctx, why = load_plan_context(cfg, engine, gpu)
     if ctx is None:
         report.checks.append(Check("Model", "skipped", f"skipped: {why}"))

@@ -22,7 +22,7 @@ from hybridctl.config.render import render_config_toml, render_settings_json
 from hybridctl.config.schema import SCHEMA_FILE_NAMES, ConfigToml, EngineName, HybridConfig, SettingsJson, json_schema
 from hybridctl.doctor.planning import PlanContext
 from hybridctl.doctor.predict import predict_state_pool
-from hybridctl.host.nvml import gpu_memory_bytes  # None without a GPU, a driver or NVML
+from hybridctl.host.nvml import gpu_free_bytes, gpu_memory_bytes  # None without a GPU, a driver or NVML
 from hybridctl.host.ports import preferred_or_free_port
 from hybridctl.init.init_checks import (
     EngineDecision,
@@ -121,9 +121,10 @@ def build_demo_model(out_dir: Path, *, force: bool = False) -> Path:
     return target
 
 
-def _detect_gpu_mem_bytes() -> int | None:
-
-    return gpu_memory_bytes()
+def _detect_gpu_mem_bytes(builtin: bool) -> int | None:
+    """GPU 0's memory as the engine sizes from it: the bundled runtime its free memory, SGLang plans by its total
+    (hybridctl/host/nvml.py). None without a GPU, a driver or NVML."""
+    return gpu_free_bytes() if builtin else gpu_memory_bytes()
 
 
 CONTEXT_LENGTH_FLAG = "context-length"  # SGLang's --context-length; the bundled runtime takes it too
@@ -147,7 +148,7 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
     builtin = engine == "builtin"  # what serves it: auto resolved as validate and launch resolve it here
     gpu_mem: int | None = int(opts.gpu_mem_gib * GIB) if opts.gpu_mem_gib is not None else None
     if gpu_mem is None:
-        gpu_mem = _detect_gpu_mem_bytes()  # the bundled runtime, too, runs on the GPU when there is one
+        gpu_mem = _detect_gpu_mem_bytes(builtin)  # the bundled runtime, too, runs on the GPU when there is one
     try:
         _save_workload(cfg, opts, result)
         if builtin:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hybridctl.config.loader import load_hybrid_config, settings_path_for
 from hybridctl.config.schema import HybridConfig
-from hybridctl.host.nvml import gpu_memory_bytes
+from hybridctl.host.nvml import gpu_free_bytes, gpu_memory_bytes
 from hybridctl.model.bundled import load_model_spec_or_bundled
 from hybridctl.planner.builtin_sizing import plan_builtin
 from hybridctl.planner.plan import Plan, make_plan
@@ -149,7 +149,7 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
             )
 
         if gpu_mem is None and detect_gpu_mem:
-            gpu_mem = gpu_memory_bytes()  # the runtime runs on the GPU when there is one
+            gpu_mem = gpu_free_bytes()  # on the GPU when there is one, sized from its free memory as the runtime
         if gpu_mem is None:
             gpu_mem = recorded_gpu_mem_bytes(cfg, "builtin")
         try:

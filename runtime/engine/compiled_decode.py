@@ -63,7 +63,7 @@ THREADS_ENV = "RUNTIME_COMPILED_DECODE_THREADS"
 _INDUCTOR_OPTIONS: dict[str, str | int | bool | Callable[..., object]] = {"cpp_wrapper": True}
 
 
-class _DecodeInputs(NamedTuple):
+class DecodeInputs(NamedTuple):
     """The tensors of one compiled decode step, in the compiled function's argument order (the pool buffers last)."""
 
     input_ids: torch.Tensor
@@ -95,26 +95,7 @@ class CompiledDecode:
         self.skip_guards = False
         _INSTANCES.add(self)
 
-        def decode(
-            input_ids: torch.Tensor,
-            positions: torch.Tensor,
-            out_locs: torch.Tensor,
-            state_slots: torch.Tensor,
-            kv_index: torch.Tensor,
-            kv_mask: torch.Tensor,
-            buffers: PoolBuffers,
-        ) -> torch.Tensor:
-            ctx = StepContext(
-                batch=None,
-                buffers=buffers,
-                attn=AttentionMetadata(decode=True, kv_index=kv_index, kv_mask=kv_mask),
-                packing=None,
-                state_slots=state_slots,
-                out_locs=out_locs,
-                positions=positions,
-            )
-            return model.forward_tokens(input_ids, ctx)
-
+        decode = decode_step(model)
         self._eager = decode
         self.threads = DecodeThreadChooser.up_to(torch.get_num_threads(), THREADS_ENV, pinned=threads)
         # One compiled function per thread count, each over its own copy of the code object: dynamo keeps its
@@ -149,7 +130,7 @@ class CompiledDecode:
         def traced(t: torch.Tensor) -> torch.Tensor:
             return as_traced(t.to(self.device, torch.int64))
 
-        inputs = _DecodeInputs(
+        inputs = DecodeInputs(
             traced(batch.input_ids),
             traced(batch.positions),
             traced(batch.out_locs),
@@ -174,7 +155,7 @@ class CompiledDecode:
     ) -> torch.Tensor:
         """One compiled decode step on `threads` intra-op threads (default: the fewest compiled for)."""
         skip_guards = self.skip_guards and len(_INSTANCES) == 1
-        step = _DecodeInputs(input_ids, positions, out_locs, state_slots, kv_index, kv_mask)
+        step = DecodeInputs(input_ids, positions, out_locs, state_slots, kv_index, kv_mask)
         if not skip_guards:
             # Marks matter only to a compile, and with the guards skipped no call compiles (torch raises
             # instead): after warm-up they are not set, they cost ~20-50 us each (8 a step at batch > 1).
@@ -231,7 +212,35 @@ class CompiledDecode:
         return self.report
 
 
-def mark_dynamic_dims(step: _DecodeInputs) -> None:
+def decode_step(model: HybridModel) -> Callable[..., torch.Tensor]:
+    """The decode step this module compiles, as a function of tensors only (the `DecodeInputs` fields, then the
+    pool buffers), so that a graph of it can be replayed over the same input tensors refilled in place:
+    tests/runtime/test_decode_graph.py traces it whole for every family."""
+
+    def decode(
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_locs: torch.Tensor,
+        state_slots: torch.Tensor,
+        kv_index: torch.Tensor,
+        kv_mask: torch.Tensor,
+        buffers: PoolBuffers,
+    ) -> torch.Tensor:
+        ctx = StepContext(
+            batch=None,
+            buffers=buffers,
+            attn=AttentionMetadata(decode=True, kv_index=kv_index, kv_mask=kv_mask),
+            packing=None,
+            state_slots=state_slots,
+            out_locs=out_locs,
+            positions=positions,
+        )
+        return model.forward_tokens(input_ids, ctx)
+
+    return decode
+
+
+def mark_dynamic_dims(step: DecodeInputs) -> None:
     """Size 1 is specialized by torch (its own graph); from 2 up the batch dim is one symbol. The KV length is
     always a symbol. Marking them before a compile avoids the compile-static-then-recompile-dynamic dance."""
     if step.input_ids.shape[0] > 1:
@@ -241,7 +250,7 @@ def mark_dynamic_dims(step: _DecodeInputs) -> None:
     torch._dynamo.mark_dynamic(step.kv_mask, 3)  # noqa: SLF001 - torch has no public mark_dynamic
 
 
-def _warmup_inputs(batch: int, kv_len: int, vocab: int, device: torch.device) -> _DecodeInputs:
+def _warmup_inputs(batch: int, kv_len: int, vocab: int, device: torch.device) -> DecodeInputs:
     """A decode step of `batch` sequences of `kv_len` tokens, sequence i on token slots i*(kv_len+1)...; the
     last sequence one token shorter so the mask is exercised."""
     lens = [kv_len] * batch
@@ -254,7 +263,7 @@ def _warmup_inputs(batch: int, kv_len: int, vocab: int, device: torch.device) ->
     positions = torch.tensor([n - 1 for n in lens])
     input_ids = torch.arange(batch) % vocab
     state_slots = torch.arange(batch)
-    return _DecodeInputs._make(t.to(device) for t in (input_ids, positions, out_locs, state_slots, kv_index, kv_mask))
+    return DecodeInputs._make(t.to(device) for t in (input_ids, positions, out_locs, state_slots, kv_index, kv_mask))
 
 
 def _row(start: int, length: int, width: int) -> torch.Tensor:

@@ -22,6 +22,7 @@ def test_gpu_check_rehearsal_passes_on_cpu(tmp_path: Path) -> None:
         "seeded_sampling",
         "bf16_error",
         "readbacks",
+        "decode_graph",
         "decode_throughput",
         "prefix_cache",
         "doctor_vmm",
@@ -30,4 +31,5 @@ def test_gpu_check_rehearsal_passes_on_cpu(tmp_path: Path) -> None:
     assert report["pass"] and not failed, failed
     assert len(checks["greedy_fp32"]["families"]) == 6
     assert checks["readbacks"]["max_per_step"] == 1 and len(checks["readbacks"]["per_step"]) == 12
+    assert set(checks["decode_graph"]["per_step"].values()) == {"ok"} and len(checks["decode_graph"]["per_step"]) == 12
     assert checks["prefix_cache"]["cached_tokens"] > 0 and checks["prefix_cache"]["tokens_identical"]

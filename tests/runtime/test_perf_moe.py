@@ -1,4 +1,5 @@
-"""The dense expert dispatch (small batches) computes what the sorted sparse dispatch computes."""
+"""The dense expert dispatch (small batches) and the accelerator path's dispatches compute what the sorted sparse
+dispatch computes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.models.layers.moe import Experts, SparseMoE
+from runtime.models.layers.grouped_moe import gathered_experts, grouped_experts
+from runtime.models.layers.moe import Experts, SparseMoE, swiglu
 
 
 def _experts(num_experts: int, hidden: int, inter: int, seed: int) -> Experts:
@@ -75,3 +77,26 @@ def test_moe_block_same_output_either_dispatch() -> None:
         assert moe.experts.dense_is_cheaper(4, 2)
         parts = torch.cat([moe(x[i : i + 4]) for i in range(0, 600, 4)])
     torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    tokens=st.integers(1, 40),
+    num_experts=st.sampled_from([2, 8, 72]),
+    top_k=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_accelerator_dispatches_equal_sparse(tokens: int, num_experts: int, top_k: int, seed: int) -> None:
+    """The accelerator path's two host-sync-free dispatches (runtime/models/layers/grouped_moe.py): the grouped GEMM
+    and its fallback where CUDA's grouped GEMM does not take the dtype or card (a copy of the chosen experts'
+    weights, which only a GPU would otherwise run)."""
+    top_k = min(top_k, num_experts)
+    experts = _experts(num_experts, 32, 24, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(tokens, 32, generator=gen)
+    weights, ids = torch.topk(torch.softmax(torch.randn(tokens, num_experts, generator=gen), dim=-1), top_k, dim=-1)
+    with torch.inference_mode():
+        sparse = experts.forward_sparse(x, ids, weights)
+        for dispatch in (grouped_experts, gathered_experts):
+            got = dispatch(x, ids, weights, experts.gate_up_proj, experts.down_proj, swiglu)
+            torch.testing.assert_close(got, sparse, rtol=1e-5, atol=1e-6)

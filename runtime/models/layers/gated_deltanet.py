@@ -10,6 +10,7 @@ from runtime.core.device_path import accelerator_path
 from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
 from runtime.models.layers.delta_rule import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_step
 from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
+from runtime.models.layers.fla_kernels import fla_decode_step
 from runtime.models.layers.norm import GatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 from runtime.native import extend_kernels
@@ -167,7 +168,8 @@ class GatedDeltaNet(nn.Module):
             mixed = causal_conv1d_decode(mixed, weight, self.conv1d.bias, conv_pool, state_slots)
             q, k, v = self._split_heads(mixed)
             state = ssm_pool.index_select(0, state_slots).float()
-            out, state = recurrent_gated_delta_step(q, k, v, g, beta, state)
+            fused = fla_decode_step(q, k, v, g, beta, state)  # fla's kernel on CUDA where installed
+            out, state = fused if fused is not None else recurrent_gated_delta_step(q, k, v, g, beta, state)
             ssm_pool.index_copy_(0, state_slots, state.to(ssm_pool.dtype))
         else:
             mixed = causal_conv1d_extend(mixed, weight, self.conv1d.bias, conv_pool, packing)
