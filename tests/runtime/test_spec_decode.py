@@ -263,6 +263,6 @@ def test_draft_tokens_other_than_steps_plus_one_are_adjusted_as_sglang(
 
 def test_launch_offers_the_algorithms_the_runtime_implements() -> None:
     from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
-    from runtime.core.spec_config import ALGORITHMS
+    from hybridshared.flags.runtime_args import SPEC_ALGORITHMS
 
-    assert set(RUNTIME_FLAGS["--speculative-algorithm"].choices) == set(ALGORITHMS)
+    assert set(RUNTIME_FLAGS["--speculative-algorithm"].choices) == set(SPEC_ALGORITHMS)
