@@ -190,13 +190,9 @@ def write_releases(versions: list[str], sglang_python: str | None) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stdout", action="store_true", help="Print the table instead of writing it.")
-    parser.add_argument(
-        "--out", type=Path, help="Output file (default: hybridshared/data/sglang-<version>-flags.tsv)."
-    )
+    parser.add_argument("--out", type=Path, help="Output file (default: hybridshared/data/sglang-<version>-flags.tsv).")
     parser.add_argument("--releases", nargs="+", metavar="X", help="Write sglang-releases.json for these.")
     parser.add_argument("--sglang-python", help="Interpreter with sglang's pure-Python deps (imported parsers).")
     args = parser.parse_args()

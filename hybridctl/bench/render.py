@@ -44,9 +44,7 @@ def render_bench(result: BenchResult, console: Console) -> None:
         highlight=False,
         soft_wrap=True,
     )
-    accept = (
-        "n/a (no speculative decoding)" if result.accept_length is None else f"{result.accept_length:.2f}"
-    )
+    accept = "n/a (no speculative decoding)" if result.accept_length is None else f"{result.accept_length:.2f}"
     conc = result.concurrency
     console.print(
         f"cache hit rate (client, cached/prompt tokens): {format_percent(result.cache['hit_rate'])}; accept "

@@ -6,13 +6,12 @@ Exit codes: 0 every request succeeded, 1 some failed, 2 the server cannot be rea
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, SETTINGS_ARG, SETTINGS_OPT, config_files
+from hybridctl.cli.config_args import API_KEY_ENV_OPT, NO_FILES, URL_OPT, ConfigFiles, json_option, takes_config_files
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -26,13 +25,11 @@ if TYPE_CHECKING:
 
 
 @app.command("bench")
+@takes_config_files()
 def bench(
-    url: str | None = typer.Option(None, "--url", help="Server URL (default: from config.toml [server])."),
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
-    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Env variable holding the API key."),
+    url: str | None = URL_OPT,
+    files: ConfigFiles = NO_FILES,
+    api_key_env: str | None = API_KEY_ENV_OPT,
     dataset: str = typer.Option(
         "generated-shared-prefix", "--dataset", help="generated-shared-prefix (SGLang's shape) or random."
     ),
@@ -51,7 +48,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for prompts, order and arrivals."),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="Flush the prefix cache before the run."),
     plot: str | None = typer.Option(None, "--plot", help="Write latency histograms to this PNG (matplotlib)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    as_json: bool = json_option("the result"),
 ) -> None:
     """Benchmark a running server: TTFT, TPOT, ITL, E2E, throughput, cache hit rate, accept length."""
     from rich.console import Console
@@ -63,7 +60,7 @@ def bench(
     from hybridctl.verify.client import ServerError, ServerUnreachable
     from hybridctl.verify.runner import TargetError, load_config, resolve_target
 
-    config_path, settings_path = config_files(config, settings, config_opt, settings_opt)  # None: ./config.toml
+    config_path, settings_path = files.config, files.settings  # None: ./config.toml
     err = Console(stderr=True)
     _check_plot(plot)
     options = BenchOptions(

@@ -1,14 +1,19 @@
-"""CONFIG and SETTINGS as every command that reads them takes them, in either form.
+"""The options many commands share, declared once: CONFIG and SETTINGS in either form (`takes_config_files`),
+--json, and a server's --url and --api-key-env.
 
-Positionally, `hybridctl CMD config.toml [settings.json]`, or as the articles write it, `hybridctl CMD --config
-config.toml --settings settings.json`. The same file given both ways must be the same path; settings.json defaults
-to the one beside config.toml (config.loader.settings_path_for).
+CONFIG and SETTINGS go positionally, `hybridctl CMD config.toml [settings.json]`, or as the articles write it,
+`hybridctl CMD --config config.toml --settings settings.json`. The same file given both ways must be the same
+path; settings.json defaults to the one beside config.toml (config.loader.settings_path_for).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import typer
 
@@ -36,6 +41,64 @@ SETTINGS_OPT = typer.Option(None, "--settings", "-s", show_default=False, help="
 UNUSED_SETTINGS_OPT = typer.Option(
     None, "--settings", "-s", show_default=False, help="settings.json (accepted for uniformity; not read here)."
 )
+URL_OPT = typer.Option(None, "--url", help="Server URL (default: from config.toml [server] host/port).")
+API_KEY_ENV_OPT = typer.Option(None, "--api-key-env", help="Environment variable that holds the server's API key.")
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def json_option(what: str = "the report") -> Any:
+    """--json, which every command has: `what` it prints as JSON instead of the rendered text."""
+    return typer.Option(False, "--json", help=f"Print {what} as JSON.")
+
+
+@dataclass(frozen=True)
+class ConfigFiles:
+    """CONFIG and SETTINGS as given, either way; None where neither gave it (the command applies its default)."""
+
+    config: Path | None
+    settings: Path | None
+
+
+NO_FILES = ConfigFiles(None, None)  # a `files` parameter's default; `takes_config_files` puts the flags in its place
+
+
+def takes_config_files(*, reads_settings: bool = True) -> Callable[[Command], Command]:
+    """A command whose `files: ConfigFiles` parameter is CONFIG [SETTINGS] --config --settings on the command line
+    (in that parameter's place), checked by `config_files`. `reads_settings=False` (status, stop): --settings is
+    accepted and ignored, and there is no SETTINGS argument."""
+
+    def decorate(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        file_params = [
+            ("config", CONFIG_ARG),
+            *([("settings", SETTINGS_ARG)] if reads_settings else []),
+            ("config_opt", CONFIG_OPT),
+            ("settings_opt", SETTINGS_OPT if reads_settings else UNUSED_SETTINGS_OPT),
+        ]
+        params: list[inspect.Parameter] = []
+        for param in signature.parameters.values():
+            if param.name != "files":
+                params.append(param)
+                continue
+            params += [
+                inspect.Parameter(name, param.kind, default=d, annotation=Path | None) for name, d in file_params
+            ]
+
+        @functools.wraps(command)
+        def run(**given: Any) -> Any:
+            config, config_opt, settings_opt = given.pop("config"), given.pop("config_opt"), given.pop("settings_opt")
+            settings = given.pop("settings") if reads_settings else None
+            if not reads_settings:
+                settings_opt = None  # accepted for uniformity, not read
+            files = ConfigFiles(*config_files(config, settings, config_opt, settings_opt))
+            return command(**given, files=files)
+
+        run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params} | {"return": signature.return_annotation}
+        return cast("Command", run)
+
+    return decorate
 
 
 def _one(what: str, positional: Path | None, option: Path | None) -> Path | None:

@@ -11,21 +11,18 @@ from pathlib import Path
 import typer
 
 from hybridctl.cli.app import app
+from hybridctl.cli.config_args import json_option
 from hybridctl.cli.output import fail, print_json
 
 
 @app.command("demo")
 def demo(
-    out: Path = typer.Option(
-        Path("hybridctl-demo"), "--dir", "--out", help="Directory for the demo's files."
-    ),
-    force: bool = typer.Option(
-        False, "--force", help="Overwrite the files of an earlier demo in that directory."
-    ),
+    out: Path = typer.Option(Path("hybridctl-demo"), "--dir", "--out", help="Directory for the demo's files."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the files of an earlier demo in that directory."),
     port: int | None = typer.Option(
         None, "--port", min=1, max=65535, help="Server port (default: 30000 if free, else any)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    as_json: bool = json_option(),
 ) -> None:
     """The first command to run: init --demo, launch, verify all, a short bench, report.json, stop."""
     from rich.console import Console

@@ -12,13 +12,12 @@ import typer
 
 from hybridctl.cli.app import app
 from hybridctl.cli.config_args import (
-    CONFIG_ARG,
-    CONFIG_OPT,
     DEFAULT_CONFIG,
     MAX_MEMORY_GIB,
-    SETTINGS_ARG,
-    SETTINGS_OPT,
-    config_files,
+    NO_FILES,
+    ConfigFiles,
+    json_option,
+    takes_config_files,
 )
 from hybridctl.cli.output import fail, print_json
 
@@ -101,11 +100,9 @@ def _apply_fixes(report: DoctorReport, config: Path, settings: Path, yes: bool, 
 
 
 @app.command("doctor")
+@takes_config_files()
 def doctor(
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
+    files: ConfigFiles = NO_FILES,
     log: str | None = typer.Option(None, "--log", "-l", help="Server log to diagnose; - reads stdin."),
     url: str | None = typer.Option(
         None, "--url", help="A running server (http://HOST:PORT) to judge from /server_info and /metrics."
@@ -125,7 +122,7 @@ def doctor(
         True, "--host/--no-host", help="Probe this machine (driver, GPUs, torch, sglang); --no-host skips it."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every check's details."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    as_json: bool = json_option(),
 ) -> None:
     """Check the host, predict hybrid-serving failures from the config, diagnose a server log.
 
@@ -140,7 +137,7 @@ def doctor(
     from hybridshared import paths
     from hybridshared.units import GIB
 
-    given, settings = config_files(config, settings, config_opt, settings_opt)
+    given, settings = files.config, files.settings
     config = given or DEFAULT_CONFIG
     config_given = given is not None or settings is not None or fix
     settings_path = settings_path_for(config, settings)

@@ -7,16 +7,14 @@ from pathlib import Path
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.config_args import MAX_MEMORY_GIB
+from hybridctl.cli.config_args import MAX_MEMORY_GIB, json_option
 from hybridctl.cli.output import fail, print_json
 
 
 @app.command("init")
 def init(
     out: Path = typer.Option(Path("."), "--out", help="Directory to write the files into."),
-    model: str | None = typer.Option(
-        None, "--model", help="Model directory or its config.json (sizes pools)."
-    ),
+    model: str | None = typer.Option(None, "--model", help="Model directory or its config.json (sizes pools)."),
     gpu_mem_gib: float | None = typer.Option(
         None,
         "--gpu-mem-gib",
@@ -38,10 +36,8 @@ def init(
     ),
     engine: str = typer.Option("auto", "--engine", help="auto, sglang or builtin."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
-    demo: bool = typer.Option(
-        False, "--demo", help="Build a tiny demo model and serve it with the builtin engine."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print what was written and the plan as JSON."),
+    demo: bool = typer.Option(False, "--demo", help="Build a tiny demo model and serve it with the builtin engine."),
+    as_json: bool = json_option("what was written and the plan"),
 ) -> None:
     """Write config.toml (a comment on every key) and settings.json, sized by the planner for --model.
 

@@ -18,14 +18,12 @@ import typer
 
 from hybridctl.cli.app import app
 from hybridctl.cli.config_args import (
-    CONFIG_ARG,
-    CONFIG_OPT,
     DEFAULT_CONFIG,
-    SETTINGS_ARG,
-    SETTINGS_OPT,
-    UNUSED_SETTINGS_OPT,
-    config_files,
+    NO_FILES,
+    ConfigFiles,
     engine_option,
+    json_option,
+    takes_config_files,
 )
 from hybridctl.cli.output import fail, print_json
 
@@ -38,11 +36,9 @@ if TYPE_CHECKING:
 
 
 @app.command("launch")
+@takes_config_files()
 def launch(
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
+    files: ConfigFiles = NO_FILES,
     engine: str | None = typer.Option(
         None,
         "--engine",
@@ -67,7 +63,7 @@ def launch(
     timeout: float = typer.Option(
         900.0, "--timeout", min=1.0, max=86_400.0, help="Seconds to wait for the server to become healthy."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan / result as JSON."),
+    as_json: bool = json_option("the plan / result"),
 ) -> None:
     """Serve CONFIG with SGLang or the bundled runtime; wait until ready and show the pools it allocated.
 
@@ -84,9 +80,8 @@ def launch(
     from hybridctl.rules.check import check_files
 
     console = Console(highlight=False, soft_wrap=True)
-    given, settings = config_files(config, settings, config_opt, settings_opt)
-    config = given or DEFAULT_CONFIG
-    settings = settings_path_for(config, settings)
+    config = files.config or DEFAULT_CONFIG
+    settings = settings_path_for(config, files.settings)
     engine_name = engine_option(engine)
     _check_sglang_version(sglang_version)
     _note_unused(k8s_image=k8s_image is not None and k8s is None, force=force and write_yaml is None and k8s is None,
@@ -280,11 +275,10 @@ def _recorded_config(config: Path, command: str) -> Path:
 
 
 @app.command("status")
+@takes_config_files(reads_settings=False)
 def status(
-    config: Path | None = CONFIG_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    _settings: Path | None = UNUSED_SETTINGS_OPT,
-    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    files: ConfigFiles = NO_FILES,
+    as_json: bool = json_option("the status"),
 ) -> None:
     """Is the server launched from CONFIG alive and healthy? Exit 0 healthy, 1 unhealthy, 2 no such config (or a
     corrupt state file), 3 not running."""
@@ -294,7 +288,7 @@ def status(
 
     from hybridctl.launch.recorded import server_status
 
-    config = _recorded_config(config_files(config, None, config_opt, None)[0] or DEFAULT_CONFIG, "status")
+    config = _recorded_config(files.config or DEFAULT_CONFIG, "status")
     console = Console(highlight=False, soft_wrap=True)
     try:
         st = server_status(config)
@@ -325,15 +319,14 @@ def status(
 
 
 @app.command("stop")
+@takes_config_files(reads_settings=False)
 def stop(
-    config: Path | None = CONFIG_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    _settings: Path | None = UNUSED_SETTINGS_OPT,
+    files: ConfigFiles = NO_FILES,
     # At most a day, as launch's: inf would reach time arithmetic as a deadline that never comes.
     timeout: float = typer.Option(
         20.0, "--timeout", min=0.0, max=86_400.0, help="Seconds between SIGTERM and SIGKILL."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    as_json: bool = json_option("the result"),
 ) -> None:
     """Stop the server launched from CONFIG: SIGTERM, then SIGKILL after --timeout; removes the state file."""
     from dataclasses import asdict
@@ -342,7 +335,7 @@ def stop(
 
     from hybridctl.launch.recorded import stop_server
 
-    config = _recorded_config(config_files(config, None, config_opt, None)[0] or DEFAULT_CONFIG, "stop")
+    config = _recorded_config(files.config or DEFAULT_CONFIG, "stop")
     console = Console(highlight=False, soft_wrap=True)
     try:
         result = stop_server(config, timeout_s=timeout)

@@ -3,21 +3,19 @@ the target SGLang release's sizing for engine sglang, the bundled runtime's own 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from hybridctl.cli.app import app
 from hybridctl.cli.config_args import (
-    CONFIG_ARG,
-    CONFIG_OPT,
     MAX_MEMORY_BYTES,
     MAX_MEMORY_GIB,
-    SETTINGS_ARG,
-    SETTINGS_OPT,
-    config_files,
+    NO_FILES,
+    ConfigFiles,
     engine_option,
+    json_option,
+    takes_config_files,
 )
 from hybridctl.cli.output import fail, print_json
 
@@ -146,15 +144,13 @@ _SGLANG_VERSION = typer.Option(
     "--sglang-version",
     help="Size as this SGLang release does (default: installed, else config, else newest).",
 )
-_JSON = typer.Option(False, "--json", help="Print the plan and the model spec as JSON.")
+_JSON = json_option("the plan and the model spec")
 
 
 @app.command("plan")
+@takes_config_files()
 def plan(
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
+    files: ConfigFiles = NO_FILES,
     model: str | None = _MODEL,
     tp: int | None = _TP,
     gpu_mem_gib: float | None = _GPU_MEM_GIB,
@@ -189,7 +185,7 @@ def plan(
     from hybridshared.model.errors import ModelSpecError
     from hybridshared.sizing.pool_sizing import PoolSizingError
 
-    config, settings = config_files(config, settings, config_opt, settings_opt)  # None: ./config.toml if present
+    config, settings = files.config, files.settings  # None: ./config.toml if present
     req = PlanRequest(
         config_path=config,
         settings_path=settings,

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from hybridctl.cli.app import app
 from hybridctl.cli.config_args import (
-    CONFIG_ARG,
-    CONFIG_OPT,
     DEFAULT_CONFIG,
-    SETTINGS_ARG,
-    SETTINGS_OPT,
-    config_files,
+    NO_FILES,
+    ConfigFiles,
     engine_option,
+    json_option,
+    takes_config_files,
 )
 from hybridctl.cli.output import print_json
 
@@ -50,11 +48,9 @@ def render_report(report: ValidationReport) -> None:
 
 
 @app.command("validate")
+@takes_config_files()
 def validate(
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
+    files: ConfigFiles = NO_FILES,
     engine_version: str | None = typer.Option(
         None,
         "--engine-version",
@@ -68,7 +64,7 @@ def validate(
         help="sglang or builtin: check against this engine (default: server.engine; auto as launch picks here).",
     ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when there are warnings."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    as_json: bool = json_option(),
 ) -> None:
     """Check config.toml and settings.json: syntax, schema, cross-file and engine rules.
 
@@ -87,7 +83,7 @@ def validate(
 
     engine_option(engine)
 
-    given, settings = config_files(config, settings, config_opt, settings_opt)
+    given, settings = files.config, files.settings
     config = given or DEFAULT_CONFIG
     report = check_files(
         config,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hybridctl.cli.app import app
-from hybridctl.cli.config_args import CONFIG_ARG, CONFIG_OPT, SETTINGS_ARG, SETTINGS_OPT, config_files
+from hybridctl.cli.config_args import API_KEY_ENV_OPT, NO_FILES, URL_OPT, ConfigFiles, json_option, takes_config_files
 from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
@@ -26,15 +26,11 @@ verify_app = typer.Typer(
 )
 app.add_typer(verify_app, name="verify")
 
-_URL = typer.Option(None, "--url", help="Server URL (default: from config.toml [server] host/port).")
-_KEY_ENV = typer.Option(None, "--api-key-env", help="Environment variable that holds the server's API key.")
-_JSON = typer.Option(False, "--json", help="Print the report as JSON.")
-
 
 def _execute(
     names: tuple[str, ...],
     url: str | None,
-    files: tuple[Path | None, Path | None, Path | None, Path | None],
+    files: ConfigFiles,
     api_key_env: str | None,
     as_json: bool,
     options: VerifyOptions,
@@ -49,7 +45,7 @@ def _execute(
     from hybridctl.verify.runner import TargetError, load_config, resolve_target, run_checks
     from hybridctl.verify.structured import SchemaFileError
 
-    config_path, settings_path = config_files(*files)  # None: ./config.toml when present
+    config_path, settings_path = files.config, files.settings  # None: ./config.toml when present
     err = Console(stderr=True)
     try:
         options.prefix_cache.validate()
@@ -102,9 +98,7 @@ _WARMUP = typer.Option(2, "--warmup", help="Unmeasured warm-up requests before t
 _QUESTIONS = typer.Option(2, "--questions", help="Different questions per document (the last one is judged).")
 _REPEATS = typer.Option(2, "--repeats", help="Identical-prompt repeats per trial (the last one is judged).")
 _MAX_RATIO = typer.Option(0.8, "--max-ratio", help="Pass when median warm TTFT / cold TTFT is at most this.")
-_MIN_CACHED = typer.Option(
-    0.9, "--min-cached-fraction", help="Pass when warm cached_tokens >= this x document."
-)
+_MIN_CACHED = typer.Option(0.9, "--min-cached-fraction", help="Pass when warm cached_tokens >= this x document.")
 _MAX_NEW = typer.Option(4, "--max-new-tokens", help="Tokens generated per prefix-cache request.")
 _SEED = typer.Option(0, "--seed", help="Seed for documents, questions and the bootstrap.")
 _SPEC_REQ = typer.Option(4, "--spec-requests", min=1, help="Requests the spec check sends.")
@@ -114,14 +108,12 @@ _MIN_ACCEPT = typer.Option(
 
 
 @verify_app.command("all")
+@takes_config_files()
 def verify_all(
-    url: str | None = _URL,
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
-    api_key_env: str | None = _KEY_ENV,
-    as_json: bool = _JSON,
+    url: str | None = URL_OPT,
+    files: ConfigFiles = NO_FILES,
+    api_key_env: str | None = API_KEY_ENV_OPT,
+    as_json: bool = json_option(),
     doc_tokens: int = _DOC,
     trials: int = _TRIALS,
     warmup: int = _WARMUP,
@@ -138,33 +130,28 @@ def verify_all(
         min_cached_fraction=min_cached_fraction,
         min_accept_length=min_accept_length,
     )
-    files = (config, settings, config_opt, settings_opt)
     _execute(("basic", "prefix-cache", "spec"), url, files, api_key_env, as_json, opts)
 
 
 @verify_app.command("basic")
+@takes_config_files()
 def verify_basic(
-    url: str | None = _URL,
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
-    api_key_env: str | None = _KEY_ENV,
-    as_json: bool = _JSON,
+    url: str | None = URL_OPT,
+    files: ConfigFiles = NO_FILES,
+    api_key_env: str | None = API_KEY_ENV_OPT,
+    as_json: bool = json_option(),
 ) -> None:
     """The server answers, streaming works, /model_info and /server_info match the config."""
-    _execute(("basic",), url, (config, settings, config_opt, settings_opt), api_key_env, as_json, _options())
+    _execute(("basic",), url, files, api_key_env, as_json, _options())
 
 
 @verify_app.command("prefix-cache")
+@takes_config_files()
 def verify_prefix_cache(
-    url: str | None = _URL,
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
-    api_key_env: str | None = _KEY_ENV,
-    as_json: bool = _JSON,
+    url: str | None = URL_OPT,
+    files: ConfigFiles = NO_FILES,
+    api_key_env: str | None = API_KEY_ENV_OPT,
+    as_json: bool = json_option(),
     doc_tokens: int = _DOC,
     question_tokens: int = _QTOKENS,
     trials: int = _TRIALS,
@@ -189,18 +176,16 @@ def verify_prefix_cache(
         max_new_tokens=max_new_tokens,
         seed=seed,
     )
-    _execute(("prefix-cache",), url, (config, settings, config_opt, settings_opt), api_key_env, as_json, opts)
+    _execute(("prefix-cache",), url, files, api_key_env, as_json, opts)
 
 
 @verify_app.command("spec")
+@takes_config_files()
 def verify_spec(
-    url: str | None = _URL,
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
-    api_key_env: str | None = _KEY_ENV,
-    as_json: bool = _JSON,
+    url: str | None = URL_OPT,
+    files: ConfigFiles = NO_FILES,
+    api_key_env: str | None = API_KEY_ENV_OPT,
+    as_json: bool = json_option(),
     spec_requests: int = _SPEC_REQ,
     min_accept_length: float = _MIN_ACCEPT,
 ) -> None:
@@ -208,7 +193,7 @@ def verify_spec(
     _execute(
         ("spec",),
         url,
-        (config, settings, config_opt, settings_opt),
+        files,
         api_key_env,
         as_json,
         _options(spec_requests=spec_requests, min_accept_length=min_accept_length),
@@ -226,14 +211,12 @@ _S_SCHEMA = typer.Option(None, "--schema", help="JSON schema file (default: a bu
 
 
 @verify_app.command("structured")
+@takes_config_files()
 def verify_structured(
-    url: str | None = _URL,
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
-    api_key_env: str | None = _KEY_ENV,
-    as_json: bool = _JSON,
+    url: str | None = URL_OPT,
+    files: ConfigFiles = NO_FILES,
+    api_key_env: str | None = API_KEY_ENV_OPT,
+    as_json: bool = json_option(),
     requests: int = _S_REQUESTS,
     max_new_tokens: int = _S_MAX_NEW,
     temperature: float = _S_TEMP,
@@ -257,7 +240,7 @@ def verify_structured(
             opts.structured.schema = load_schema(schema)
         except SchemaFileError as exc:
             raise fail(str(exc)) from None
-    _execute(("structured",), url, (config, settings, config_opt, settings_opt), api_key_env, as_json, opts)
+    _execute(("structured",), url, files, api_key_env, as_json, opts)
 
 
 _PROMPTS = typer.Option(4, "--prompts", help="Prompts sent to both sides (1-8).")
@@ -267,14 +250,12 @@ _UP_MODEL = typer.Option(None, "--upstream-model", help="Model name at the gatew
 
 
 @verify_app.command("upstream")
+@takes_config_files()
 def verify_upstream(
-    url: str | None = _URL,
-    config: Path | None = CONFIG_ARG,
-    settings: Path | None = SETTINGS_ARG,
-    config_opt: Path | None = CONFIG_OPT,
-    settings_opt: Path | None = SETTINGS_OPT,
-    api_key_env: str | None = _KEY_ENV,
-    as_json: bool = _JSON,
+    url: str | None = URL_OPT,
+    files: ConfigFiles = NO_FILES,
+    api_key_env: str | None = API_KEY_ENV_OPT,
+    as_json: bool = json_option(),
     prompts: int = _PROMPTS,
     max_tokens: int = _UP_MAX,
     same_weights: bool = _SAME,
@@ -291,7 +272,7 @@ def verify_upstream(
     from hybridctl.verify.upstream import UpstreamOptions
 
     options = UpstreamOptions(prompts, max_tokens, same_weights, upstream_model=upstream_model)
-    config_path, settings_path = config_files(config, settings, config_opt, settings_opt)
+    config_path, settings_path = files.config, files.settings
     try:
         options.validate()
         loaded = load_config(str(config_path) if config_path else None, str(settings_path) if settings_path else None)

@@ -49,9 +49,7 @@ def _toml_value(value: object) -> str:
     return tomlkit.item(value).as_string()
 
 
-def _add_key(
-    table: Table, model: type[BaseModel], path: tuple[str, ...], value: Any, note: str | None
-) -> None:
+def _add_key(table: Table, model: type[BaseModel], path: tuple[str, ...], value: Any, note: str | None) -> None:
     for line in _comment_lines(_key_doc(model, path)):
         table.add(tomlkit.comment(line))
     for line in _comment_lines(f"init chose this value: {note}" if note else ""):

@@ -48,19 +48,15 @@ class ServerConfig(_Section):
     sglang_version: str | None = Field(
         None,
         pattern=r"^v?\d+\.\d+\.\d+(\.?post\d+)?$",
-        description="SGLang release the commands target (e.g. \"0.5.6\"); --sglang-version and an installed "
+        description='SGLang release the commands target (e.g. "0.5.6"); --sglang-version and an installed '
         "sglang win over it; unset: the installed one, else the newest hybridctl knows.",
     )
     tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel degree (GPUs per model replica).")
-    dp_size: int = Field(
-        1, ge=1, le=64, description="Data-parallel replicas behind one server (SGLang's --dp-size)."
-    )
+    dp_size: int = Field(1, ge=1, le=64, description="Data-parallel replicas behind one server (SGLang's --dp-size).")
     ep_size: int = Field(
         1, ge=1, le=64, description="Expert-parallel degree for MoE layers (SGLang's --ep-size); 1 = off."
     )
-    nnodes: int = Field(
-        1, ge=1, le=64, description="Nodes one server spans (multi-node tensor/expert parallel)."
-    )
+    nnodes: int = Field(1, ge=1, le=64, description="Nodes one server spans (multi-node tensor/expert parallel).")
     node_rank: int = Field(0, ge=0, le=63, description="This node's rank among nnodes (0 = the first node).")
     dist_init_addr: str | None = Field(
         None, description="host:port of node 0 for multi-node start-up; required when nnodes > 1."
@@ -152,9 +148,7 @@ class ConfigToml(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig, description="Where and what to serve.")
     memory: MemoryConfig = Field(default_factory=MemoryConfig, description="The two memory pools.")
     cache: CacheConfig = Field(default_factory=CacheConfig, description="Prefix (radix) cache.")
-    speculative: SpeculativeConfig = Field(
-        default_factory=SpeculativeConfig, description="Speculative decoding."
-    )
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig, description="Speculative decoding.")
     pd: PDConfig = Field(default_factory=PDConfig, description="Prefill/decode disaggregation.")
     extra_engine_args: dict[str, ScalarValue] = Field(
         default_factory=dict,
@@ -210,9 +204,7 @@ class MambaSettings(_Section):
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Server log level.")
     log_requests: bool = Field(False, description="Log every request's metadata.")
-    log_mamba_state_stats: bool = Field(
-        False, description="Log state-pool usage, hit rate and evictions periodically."
-    )
+    log_mamba_state_stats: bool = Field(False, description="Log state-pool usage, hit rate and evictions periodically.")
 
 
 class ApiSettings(_Section):

@@ -26,9 +26,7 @@ def render_demo(report: DemoReport, console: Console) -> None:
         for col in ("check", "result", "summary"):
             checks.add_column(col, overflow="fold")
         for c in report.verify["checks"]:
-            checks.add_row(
-                c["name"], f"[{_STYLE.get(c['status'], 'white')}]{c['status']}[/]", escape(c["summary"])
-            )
+            checks.add_row(c["name"], f"[{_STYLE.get(c['status'], 'white')}]{c['status']}[/]", escape(c["summary"]))
         console.print(checks)
     if report.bench:
         b = report.bench

@@ -72,9 +72,7 @@ def _probe_nvml(cuda: CudaDriverInfo | None) -> tuple[str, tuple[int, int] | Non
         except pynvml.NVMLError:
             nvml_cuda = None
         vmm_by_bus = {d.pci_bus_id: d.vmm_supported for d in cuda.devices} if cuda else {}
-        gpus = tuple(
-            _probe_gpu(pynvml, i, vmm_by_bus, cuda is not None) for i in range(pynvml.nvmlDeviceGetCount())
-        )
+        gpus = tuple(_probe_gpu(pynvml, i, vmm_by_bus, cuda is not None) for i in range(pynvml.nvmlDeviceGetCount()))
         return driver, nvml_cuda, gpus
     finally:
         pynvml.nvmlShutdown()

@@ -47,9 +47,7 @@ def sglang_translation(cfg: HybridConfig, version: str, allow_ignored: bool = Fa
     require_model_path(cfg)
     translation = translate(cfg, "sglang", version)
     refuse_ignored(translation, allow_ignored)
-    add_extra_args(
-        translation, cfg.config.extra_engine_args, known_sglang_flags(version), f"SGLang {version}"
-    )
+    add_extra_args(translation, cfg.config.extra_engine_args, known_sglang_flags(version), f"SGLang {version}")
     return translation
 
 
@@ -96,9 +94,7 @@ def to_config_yaml(flags: Flags, version: str) -> tuple[str, list[str]]:
     """
     table = sglang_flags(nearest_version(version))
     by_option = {opt: info for info in table.values() for opt in (info.name, *info.aliases)}
-    lines = [
-        f"# SGLang {version} server config written by hybridctl; run: python -m {SGLANG_MODULE} --config FILE"
-    ]
+    lines = [f"# SGLang {version} server config written by hybridctl; run: python -m {SGLANG_MODULE} --config FILE"]
     leftover: Flags = {}
     for name, value in flags.items():
         info = by_option.get(name)
@@ -106,9 +102,7 @@ def to_config_yaml(flags: Flags, version: str) -> tuple[str, list[str]]:
             leftover[name] = value
             continue
         key = name[2:]
-        lines.append(
-            f"{key}: true" if value is None else f"{key}: {_yaml_scalar(value, info.type if info else None)}"
-        )
+        lines.append(f"{key}: true" if value is None else f"{key}: {_yaml_scalar(value, info.type if info else None)}")
     return "\n".join(lines) + "\n", flags_to_argv(leftover)
 
 
@@ -119,12 +113,9 @@ def installed_sglang_version(python: str | None = None) -> str | None:
             return importlib.metadata.version("sglang")
         except importlib.metadata.PackageNotFoundError:
             return None
-    probe = (
-        "import importlib.metadata as m\ntry: print(m.version('sglang'))\nexcept m.PackageNotFoundError: pass"
-    )
+    probe = "import importlib.metadata as m\ntry: print(m.version('sglang'))\nexcept m.PackageNotFoundError: pass"
     try:
         out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
-

@@ -25,9 +25,7 @@ class PrefixCacheOptions:
     question_tokens: int = 24
     trials: int = 5
     warmup: int = 2
-    questions: int = (
-        2  # different questions per trial; the last one is judged (the first may miss under no_buffer)
-    )
+    questions: int = 2  # different questions per trial; the last one is judged (the first may miss under no_buffer)
     repeats: int = 2  # identical-prompt repeats per trial; the last one is judged
     max_new_tokens: int = 4
     max_ratio: float = 0.8
@@ -46,8 +44,7 @@ class PrefixCacheOptions:
             problems.append(f"--warmup must be >= 0 (got {self.warmup})")
         if self.questions < 2:
             problems.append(
-                f"--questions must be >= 2: the first may miss by design under no_buffer "
-                f"(got {self.questions})"
+                f"--questions must be >= 2: the first may miss by design under no_buffer (got {self.questions})"
             )
         if self.repeats < 1:
             problems.append(f"--repeats must be >= 1 (got {self.repeats})")
@@ -150,8 +147,7 @@ def judge_prefix_cache(
     cold = [t.cold.ttft_s for t in trials]
     cases = {case: _case(trials, case, need, cold, options.seed) for case in _CASES}
     notes: list[str] = [
-        f"document: {document_tokens} tokens ({'exact' if document_tokens_exact else 'estimated'}; "
-        f"{tokenizer_note})"
+        f"document: {document_tokens} tokens ({'exact' if document_tokens_exact else 'estimated'}; {tokenizer_note})"
     ]
     warm_all = [r for t in trials for r in (*t.realistic, *t.identical)]
     cold_hits = [t.cold.cached_tokens for t in trials if t.cold.cached_tokens >= need]

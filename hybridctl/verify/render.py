@@ -24,9 +24,7 @@ def _prefix_table(m: dict[str, Any]) -> Table:
         table.add_column(col, justify="right" if col != "case" else "left")
     cold = m["cold_ttft_ms"]
     cached = m["cold_cached_tokens"]
-    table.add_row(
-        "cold", _fmt(cold["median"]), _fmt(cold["p90"]), "1.00", "", "", f"{min(cached)}-{max(cached)}"
-    )
+    table.add_row("cold", _fmt(cold["median"]), _fmt(cold["p90"]), "1.00", "", "", f"{min(cached)}-{max(cached)}")
     for case, label in (("realistic", "same doc, new question"), ("identical", "identical prompt")):
         c = m[case]
         r, spread = c["ratio"], c["per_trial_ratio"]

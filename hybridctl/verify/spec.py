@@ -134,9 +134,7 @@ def server_accept_length(
     return tokens / verifies, source
 
 
-def run_spec(
-    client: SGLangClient, config: HybridConfig | None, options: SpecOptions | None = None
-) -> CheckResult:
+def run_spec(client: SGLangClient, config: HybridConfig | None, options: SpecOptions | None = None) -> CheckResult:
     opts = options or SpecOptions()
     info_before = client.server_info()
     algorithm = info_before.get("speculative_algorithm")
@@ -161,17 +159,13 @@ def run_spec(
                 "was not checked; pass --config to take steps from config.toml"
             )
         else:
-            notes.append(
-                f"/server_info reports no resolved speculative_num_steps: steps {steps} from config.toml"
-            )
+            notes.append(f"/server_info reports no resolved speculative_num_steps: steps {steps} from config.toml")
     metrics_before = client.metrics()
     per_request: list[tuple[int, int]] = []
     for i in range(opts.requests):
         out = client.generate(_PROMPTS[i % len(_PROMPTS)], max_new_tokens=opts.max_new_tokens)
         meta = out["meta_info"]
-        per_request.append(
-            (int(meta.get("completion_tokens", 0) or 0), int(meta.get("spec_verify_ct", 0) or 0))
-        )
+        per_request.append((int(meta.get("completion_tokens", 0) or 0), int(meta.get("spec_verify_ct", 0) or 0)))
     metrics_after = client.metrics()
     info_after = client.server_info()
     server_accept, source = server_accept_length((metrics_before, metrics_after), (info_before, info_after))

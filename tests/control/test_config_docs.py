@@ -43,12 +43,17 @@ def test_json_schemas_describe_every_key() -> None:
 
 
 def test_every_emitted_code_is_documented() -> None:
-    """Codes in Finding(...) calls of hybridctl/config and FINDING_CODES are the same set."""
+    """Codes in Finding(...) calls of hybridctl/config, rules and init and FINDING_CODES are the same set."""
     import re
 
     from hybridctl.config.findings import FINDING_CODES
 
-    sources = {p: p.read_text() for p in (REPO / "hybridctl" / "config").glob("*.py") if p.name != "codes.py"}
+    sources = {
+        p: p.read_text()
+        for package in ("config", "rules", "init")
+        for p in (REPO / "hybridctl" / package).glob("*.py")
+        if p.name != "codes.py"
+    }
     emitted = set()
     for text in sources.values():
         emitted |= set(re.findall(r'"(?:error|warning|info)",\s*"([A-Z][A-Z_]+)"', text))

@@ -137,7 +137,7 @@ def test_broken_syntax(data: st.DataObject) -> None:
     text = texts[which]
     pos = data.draw(st.integers(0, len(text)))
     cut = data.draw(st.integers(0, 5))
-    junk = data.draw(st.text(alphabet='[]{}"=,:#\n\\ .\'x0-', max_size=4))
+    junk = data.draw(st.text(alphabet="[]{}\"=,:#\n\\ .'x0-", max_size=4))
     texts[which] = text[:pos] + junk + text[pos + cut :]
     check(texts[0].encode(), texts[1].encode())
 

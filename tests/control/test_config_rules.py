@@ -73,8 +73,7 @@ CASES = [
     ),
     (
         "spec-topk1-draft",
-        '[speculative]\nspeculative_algorithm = "EAGLE"\nspeculative_num_steps = 3\n'
-        "speculative_num_draft_tokens = 8\n",
+        '[speculative]\nspeculative_algorithm = "EAGLE"\nspeculative_num_steps = 3\nspeculative_num_draft_tokens = 8\n',
         "{}",
         "SPEC_ROLLBACK",
         "speculative.speculative_num_draft_tokens",

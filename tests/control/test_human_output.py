@@ -255,6 +255,9 @@ def test_a_config_error_reads_the_same_from_every_command(tmp_path: Path, comman
 
     flag = ["--config", config] if command == "bench" else [config]
     assert finding_line(*command.split(), *flag) == finding_line("validate", config)
-    assert "error(s)" not in subprocess.run(
-        [sys.executable, "-m", "hybridctl", "validate", config], capture_output=True, text=True, cwd=tmp_path
-    ).stdout
+    assert (
+        "error(s)"
+        not in subprocess.run(
+            [sys.executable, "-m", "hybridctl", "validate", config], capture_output=True, text=True, cwd=tmp_path
+        ).stdout
+    )

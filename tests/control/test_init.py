@@ -55,9 +55,7 @@ def test_every_toml_key_has_a_comment(tmp_path: Path) -> None:
         if match and section != "extra_engine_args":
             seen.add(f"{section}.{match.group(2)}")
             assert lines[i - 1].startswith("# "), f"no comment above {line!r}"
-    leaves = {
-        d.dotted for d in iter_field_docs(ConfigToml) if not d.is_section and d.dotted != "extra_engine_args"
-    }
+    leaves = {d.dotted for d in iter_field_docs(ConfigToml) if not d.is_section and d.dotted != "extra_engine_args"}
     assert leaves <= seen, leaves - seen
     doc = tomlkit.parse((tmp_path / "config.toml").read_text())
     assert "extra_engine_args" in doc

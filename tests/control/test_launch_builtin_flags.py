@@ -85,9 +85,7 @@ MATRIX = [
         },
         id="memory",
     ),
-    pytest.param(
-        {"config__cache": {"enable_prefix_caching": False}}, {"disable_radix_cache": True}, id="prefix-off"
-    ),
+    pytest.param({"config__cache": {"enable_prefix_caching": False}}, {"disable_radix_cache": True}, id="prefix-off"),
     pytest.param(
         {"settings__runtime": {"disable_radix_cache": True}},
         {"disable_radix_cache": True},

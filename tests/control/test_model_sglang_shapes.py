@@ -27,9 +27,7 @@ from sglang_source import SKIP_REASON, SRT, TEMPLATES, exec_lifted, lift
 from hybridctl.model.bundled import load_model_spec_or_bundled
 from hybridshared.model.errors import ModelSpecError
 
-pytestmark = pytest.mark.skipif(
-    not (SRT / "configs" / "mamba_utils.py").is_file(), reason=SKIP_REASON
-)
+pytestmark = pytest.mark.skipif(not (SRT / "configs" / "mamba_utils.py").is_file(), reason=SKIP_REASON)
 
 
 class _DType:
@@ -92,9 +90,7 @@ def _config_class(path: Path, class_name: str, members: set[str], ns: dict[str, 
     tree = ast.parse(path.read_text(), filename=str(path))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
     body = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in members]
-    stripped = ast.ClassDef(
-        name=class_name, bases=[], keywords=[], body=body, decorator_list=[], type_params=[]
-    )
+    stripped = ast.ClassDef(name=class_name, bases=[], keywords=[], body=body, decorator_list=[], type_params=[])
     exec_lifted(lift(path, {"MAMBA", "ATTENTION", "MLP", "MOE", "HybridLayerType"}), path, ns)
     return exec_lifted([stripped], path, ns)[class_name]
 
@@ -167,9 +163,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "tp", "ssm"), CASES)
-def test_state_bytes_and_layers_match_sglang(
-    mamba_utils: dict[str, Any], name: str, tp: int, ssm: str | None
-) -> None:
+def test_state_bytes_and_layers_match_sglang(mamba_utils: dict[str, Any], name: str, tp: int, ssm: str | None) -> None:
     path = TEMPLATES / name
     cfg = json.loads(path.read_text())
     try:

@@ -153,8 +153,12 @@ REFUSALS = [
     ),
     ("switch given a number", "{model}\n[extra_engine_args]\nenable-metrics = 3", "ENGINE_FLAG_VALUE", "sglang"),
     ("flag value outside its choices", '{model}\n[extra_engine_args]\ndtype = "int3"', "ENGINE_FLAG_VALUE", "builtin"),
-    ("runtime value out of range", "{model}\n[extra_engine_args]\nmax-request-body-bytes = 10", "BUILTIN_REFUSES",
-     "builtin"),  # fmt: skip
+    (
+        "runtime value out of range",
+        "{model}\n[extra_engine_args]\nmax-request-body-bytes = 10",
+        "BUILTIN_REFUSES",
+        "builtin",
+    ),  # fmt: skip
     ("runtime type check", "{model}\n[extra_engine_args]\nnum-threads = 0", "BUILTIN_REFUSES", "builtin"),
     (
         "speculative algorithm the runtime lacks",

@@ -109,9 +109,7 @@ def test_slots_per_request(radix_off: bool, strategy: str, overlap: bool, slots:
 
 def test_budget_too_small_for_one_slot_names_the_numbers_and_the_keys() -> None:
     with pytest.raises(PoolSizingError) as err:
-        size_pools(
-            PoolInputs(pool_bytes=100 * MIB, mamba_state_bytes_per_request=73 * MIB, kv_bytes_per_token=24576)
-        )
+        size_pools(PoolInputs(pool_bytes=100 * MIB, mamba_state_bytes_per_request=73 * MIB, kv_bytes_per_token=24576))
     msg = str(err.value)
     assert "max_mamba_cache_size would be -1" in msg and "73.00 MiB" in msg
     assert "memory.mem_fraction_static" in msg and "bfloat16" in msg
@@ -130,9 +128,7 @@ def test_state_pool_eating_everything_is_an_error() -> None:
 
 
 def test_too_few_slots_for_one_request_is_an_error() -> None:
-    with pytest.raises(
-        PoolSizingError, match="too small to serve any request: 2 slots at 5 slots per request"
-    ):
+    with pytest.raises(PoolSizingError, match="too small to serve any request: 2 slots at 5 slots per request"):
         size_pools(
             PoolInputs(
                 pool_bytes=4 * GIB,
@@ -208,9 +204,7 @@ def test_limited_by_names_the_binding_bound() -> None:
     assert size_pools(PoolInputs(**base, speculative_num_draft_tokens=4)).max_running_requests == 48
     state_bound = size_pools(PoolInputs(**{**base, "mamba_state_bytes_per_request": 200 * MIB}))
     assert (state_bound.limited_by, state_bound.capped_by_mamba) == ("state_pool", True)
-    few_tokens = PoolInputs(
-        **base, max_running_requests=4000, max_mamba_cache_size=12_000, max_total_tokens=1000
-    )
+    few_tokens = PoolInputs(**base, max_running_requests=4000, max_mamba_cache_size=12_000, max_total_tokens=1000)
     assert (size_pools(few_tokens).limited_by, size_pools(few_tokens).max_running_requests) == (
         "kv_tokens",
         500,

@@ -109,9 +109,7 @@ def test_make_plan_reads_the_config_and_flags_win() -> None:
     configured = make_plan(cfg, spec, pool_bytes=30 * GIB)
     assert configured.pools.spec_intermediate_bytes > 0 and configured.speculative_num_draft_tokens == 4
     assert configured.mamba_full_memory_ratio == 2.0
-    flagged = make_plan(
-        cfg, spec, pool_bytes=30 * GIB, speculative_num_draft_tokens=0, mamba_full_memory_ratio=0.9
-    )
+    flagged = make_plan(cfg, spec, pool_bytes=30 * GIB, speculative_num_draft_tokens=0, mamba_full_memory_ratio=0.9)
     assert flagged.pools == base.pools
     cfg.settings.runtime.disable_radix_cache = True
     assert make_plan(cfg, spec, pool_bytes=30 * GIB).pools.slots_per_request == 1

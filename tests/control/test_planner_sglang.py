@@ -39,9 +39,7 @@ class Reference:
         mod = types.ModuleType("_sglang_ref_pool_sizing")
         sys.modules[mod.__name__] = mod  # dataclasses resolves the module through sys.modules
         ns = mod.__dict__
-        ns.update(
-            dataclass=dataclass, Optional=Optional, logging=logging, logger=logging.getLogger("sglang-ref")
-        )
+        ns.update(dataclass=dataclass, Optional=Optional, logging=logging, logger=logging.getLogger("sglang-ref"))
         ratio_consts = {
             "MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO",
             "MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP",
@@ -87,9 +85,7 @@ class Reference:
             get_exec=lambda: types.SimpleNamespace(mamba=mamba),
             get_spec=lambda: types.SimpleNamespace(speculative_num_draft_tokens=draft or None),
             get_context=lambda: types.SimpleNamespace(override=override),
-            envs=types.SimpleNamespace(
-                SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=types.SimpleNamespace(get=lambda: False)
-            ),
+            envs=types.SimpleNamespace(SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=types.SimpleNamespace(get=lambda: False)),
             _pd_prefill_skips_mamba_spec_state=lambda: False,
         )
         params = types.SimpleNamespace(layers=[0], mamba_cache_per_req=inp.mamba_state_bytes_per_request)

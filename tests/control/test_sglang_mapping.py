@@ -52,9 +52,7 @@ def test_every_flag_named_for_0_5_23_exists_in_its_flag_table() -> None:
             if target.flag and target.applies_to(VERSION):
                 assert target.flag in names, f"{row.key}: {target.flag} is not an SGLang {VERSION} flag"
             elif target.flag:
-                assert target.flag not in names, (
-                    f"{row.key}: {target.flag} is gated off but exists in {VERSION}"
-                )
+                assert target.flag not in names, f"{row.key}: {target.flag} is gated off but exists in {VERSION}"
 
 
 def test_defaults_launch_on_sglang_with_nothing_ignored() -> None:
@@ -168,9 +166,7 @@ def test_yaml_keeps_boolean_optional_flags_on_the_command_line() -> None:
 def test_pd_needs_distinct_ports_and_owns_the_role_flags() -> None:
     with pytest.raises(LaunchError, match="four different ports"):
         pd_plan(_cfg({"pd": {"enable_pd_disaggregation": True, "prefill_port": 30000}}), VERSION)
-    cfg = _cfg(
-        {"pd": {"enable_pd_disaggregation": True}, "extra_engine_args": {"disaggregation-mode": "prefill"}}
-    )
+    cfg = _cfg({"pd": {"enable_pd_disaggregation": True}, "extra_engine_args": {"disaggregation-mode": "prefill"}})
     with pytest.raises(LaunchError, match="PD sets per server"):
         pd_plan(cfg, VERSION)
 
@@ -191,9 +187,7 @@ def test_k8s_manifests_run_the_same_commands() -> None:
     assert prefill["command"][:3] == ["python3", "-m", "sglang.launch_server"]
     assert prefill["resources"]["limits"]["nvidia.com/gpu"] == 2
     cmd = prefill["command"]
-    assert (
-        cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--disaggregation-mode") + 1] == "prefill"
-    )
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--disaggregation-mode") + 1] == "prefill"
     router = docs[4]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert router[router.index("--prefill") + 1] == "http://hybridctl-prefill:30100"
     multi = _cfg({"server": {"tp_size": 16, "nnodes": 2, "dist_init_addr": "10.0.0.1:5000"}})
@@ -212,9 +206,7 @@ def test_multinode_needs_an_address_and_a_rank_below_the_node_count() -> None:
     with pytest.raises(LaunchError, match="dist_init_addr is unset"):
         sglang_command(_cfg({"server": {"nnodes": 2}}), VERSION)
     with pytest.raises(LaunchError, match="node_rank = 2 is not below nnodes = 2"):
-        sglang_command(
-            _cfg({"server": {"nnodes": 2, "node_rank": 2, "dist_init_addr": "10.0.0.1:5000"}}), VERSION
-        )
+        sglang_command(_cfg({"server": {"nnodes": 2, "node_rank": 2, "dist_init_addr": "10.0.0.1:5000"}}), VERSION)
     argv = sglang_command(_cfg({"server": {"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"}}),
                           VERSION).argv  # fmt: skip
     assert argv[argv.index("--node-rank") + 1] == "1" and argv[argv.index("--nnodes") + 1] == "2"

@@ -268,9 +268,7 @@ def test_matrix_covers_every_flag_the_mapping_can_emit() -> None:
 
 PD_CFG = _cfg({"server": {"tp_size": 2}, "pd": {"enable_pd_disaggregation": True, "prefill_port": 31100,
                                                "decode_port": 31200, "bootstrap_port": 9100}})  # fmt: skip
-OLD_NAME_ARGV = sglang_command(_cfg({"cache": {"mamba_radix_cache_strategy": "no_buffer"}}), "0.5.13").argv[
-    3:
-]
+OLD_NAME_ARGV = sglang_command(_cfg({"cache": {"mamba_radix_cache_strategy": "no_buffer"}}), "0.5.13").argv[3:]
 
 
 @pytest.fixture(scope="module")

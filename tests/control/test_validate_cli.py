@@ -65,9 +65,7 @@ def test_default_paths_and_missing_config(tmp_path: Path, monkeypatch) -> None:
 
 def test_subprocess_exit_code_and_no_traceback(tmp_path: Path) -> None:
     paths = files(tmp_path, "[server\nport = 1\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "hybridctl", "validate", *paths], capture_output=True, text=True
-    )
+    proc = subprocess.run([sys.executable, "-m", "hybridctl", "validate", *paths], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "TOML_SYNTAX" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
 
