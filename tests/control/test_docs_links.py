@@ -62,3 +62,20 @@ def test_slugs_follow_github() -> None:
 def test_every_relative_link_and_anchor_resolves() -> None:
     assert [p for p in PAGES if p.name != "README.md"], "no docs found"
     assert [problem for page in PAGES for problem in broken_links(page)] == []
+
+
+REPO_PATH = re.compile(
+    r"(?<![\w./~$-])((?:hybridctl|hybridshared|runtime|benchmarks|tests|scripts|templates)/[\w./-]*\w)"
+)
+
+
+def test_every_repository_path_the_manual_names_exists() -> None:
+    """A file or directory of ours named in the manual exists (a moved module leaves no stale path behind). Paths
+    under a benchmark's git-ignored work directory are what a benchmark writes, not ours to keep."""
+    missing = []
+    for page in PAGES:
+        for path in sorted(set(REPO_PATH.findall(page.read_text(encoding="utf-8")))):
+            if "/.work/" in path or (REPO / path).exists() or any((REPO / path).parent.glob(Path(path).name + "*")):
+                continue
+            missing.append(f"{page.relative_to(REPO)}: {path}")
+    assert missing == []
