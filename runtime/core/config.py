@@ -18,6 +18,11 @@ from hybridctl.planner.builtin_sizing import DEFAULT_MAMBA_TRACK_INTERVAL
 DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
 NATIVE_DECODE_MODES = ("auto", "on", "off")  # --native-decode (runtime/engine/native_decode.py)
 DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (compiled_extend.py)
+# On CPU, while requests decode, a step computes at most this many tokens (decode rows included): an 8000-token
+# prompt arriving then pauses a decoding stream for one such step, not for its whole prefill
+# (benchmarks/mixed_batching.py; docs/performance.md, "Mixed batching"). Elsewhere no cap but
+# chunked_prefill_size (a GPU computes a long chunk in milliseconds).
+DEFAULT_CPU_DECODING_STEP_TOKENS = 256
 
 
 @dataclass
@@ -40,6 +45,12 @@ class EngineArgs:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
     chunked_prefill_size: int = 8192  # -1 or 0: no chunking
+    # Decode rows ride in prefill steps, one forward for both (SGLang's --enable-mixed-chunk); False: the two kinds
+    # of step alternate.
+    enable_mixed_chunk: bool = True
+    # While requests decode, the most tokens a step computes (decode rows included); None: the device's default
+    # (DEFAULT_CPU_DECODING_STEP_TOKENS on CPU, no cap elsewhere); <= 0: no cap but chunked_prefill_size.
+    decoding_step_tokens: int | None = None
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     state_snapshot_on_match: bool = True
     state_copy_on_write: bool = True

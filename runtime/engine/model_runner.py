@@ -98,13 +98,22 @@ class ModelRunner:
             state_slots=_int64(batch.state_slots),
             all_logits=batch.all_logits,
             state_checkpoints=batch.checkpoints if any(batch.checkpoints) else None,
+            decode_rows=batch.decode_rows,
         )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         buffers = self.pools.buffers
-        if self.native_decode is not None and self.native_decode.handles(batch):
-            return self.native_decode(batch, buffers)
+        native = self.native_decode
+        if native is not None and batch.decode_rows:
+            # A mixed step whose prompt chunk and decode rows the C step each takes (one sequence's chunk of up to
+            # EXTEND_MAX_TOKENS): two C calls, the chunk's then the rows'. One torch forward of both kinds of row
+            # cost 2-3x the chunk's C call (benchmarks/mixed_batching.py --steps); each state still advances once.
+            chunks, rows = batch.prompt_chunks(), batch.decode_part()
+            if native.handles(chunks) and native.handles(rows):
+                return torch.cat([native(chunks, buffers), native(rows, buffers)])
+        if native is not None and native.handles(batch):
+            return native(batch, buffers)
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
             return self.compiled_decode(batch, buffers)
         if self.compiled_extend is not None and self.compiled_extend.handles(batch):
