@@ -29,6 +29,7 @@ _VALUE_FLAGS = (
     "--disaggregation-bootstrap-port", "--elastic-realloc-timeout-s", "--torch-compile-max-bs",
     "--torch-compile-max-extend-tokens", "--api-key-env", "--max-request-body-bytes", "--grammar-backend",
     "--constrained-json-whitespace-pattern", "--tool-call-parser", "--reasoning-parser", "--native-decode",
+    "--decoding-step-tokens",
 )  # fmt: skip
 _SWITCHES = (
     "--disable-radix-cache", "--log-requests", "--enable-metrics", "--trust-remote-code",
@@ -37,6 +38,7 @@ _SWITCHES = (
     "--enable-elastic-memory-pool", "--enable-torch-compile", "--constrained-json-disable-any-whitespace",
     "--engine-process",
     "--torch-compile-in-background",
+    "--enable-mixed-chunk", "--disable-mixed-chunk",
 )  # fmt: skip
 _CHOICES = {
     "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),

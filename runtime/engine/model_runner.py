@@ -108,7 +108,7 @@ class ModelRunner:
         if native is not None and batch.decode_rows:
             # A mixed step whose prompt chunk and decode rows the C step each takes (one sequence's chunk of up to
             # EXTEND_MAX_TOKENS): two C calls, the chunk's then the rows'. One torch forward of both kinds of row
-            # cost 2-3x the chunk's C call (benchmarks/mixed_batching.py --steps); each state still advances once.
+            # cost 2-3x the chunk's C call (benchmarks/mixed_step_cost.py); each state still advances once.
             chunks, rows = batch.prompt_chunks(), batch.decode_part()
             if native.handles(chunks) and native.handles(rows):
                 return torch.cat([native(chunks, buffers), native(rows, buffers)])
