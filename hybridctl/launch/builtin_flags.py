@@ -58,9 +58,7 @@ RUNTIME_FLAGS: dict[str, FlagSpec] = {
 }
 
 
-def builtin_command(
-    cfg: HybridConfig, python: str | None = None, allow_ignored: bool = False
-) -> EngineCommand:
+def builtin_command(cfg: HybridConfig, python: str | None = None, allow_ignored: bool = False) -> EngineCommand:
     """The bundled runtime's command for `cfg`.
 
     Raises LaunchError for keys it would ignore (unless allowed) and for bad `extra_engine_args`.
