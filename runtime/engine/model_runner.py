@@ -107,8 +107,9 @@ class ModelRunner:
         native = self.native_decode
         if native is not None and batch.decode_rows:
             # A mixed step whose prompt chunk and decode rows the C step each takes (one sequence's chunk of up to
-            # EXTEND_MAX_TOKENS): two C calls, the chunk's then the rows'. One torch forward of both kinds of row
-            # cost 2-3x the chunk's C call (benchmarks/mixed_step_cost.py); each state still advances once.
+            # EXTEND_MAX_TOKENS): two C calls, the chunk's then the rows'; each state still advances once. One torch
+            # forward of both kinds of row cost 2.6x as much (benchmarks/mixed_step_cost.py, peer model, 4 decoding,
+            # 256-token steps: 705-748 vs 273-282 ms a step on the shared 2-core host at load ~10).
             chunks, rows = batch.prompt_chunks(), batch.decode_part()
             if native.handles(chunks) and native.handles(rows):
                 return torch.cat([native(chunks, buffers), native(rows, buffers)])
