@@ -89,6 +89,29 @@ class ForwardBatch:
             decode_rows=0,
         )
 
+    def sequences(self) -> list[ForwardBatch]:
+        """Each sequence of an extend batch (its decode rows included) as an extend batch of its own."""
+        out: list[ForwardBatch] = []
+        start = 0
+        for i, length in enumerate(self.extend_lens):
+            end = start + length
+            out.append(
+                replace(
+                    self,
+                    input_ids=self.input_ids[start:end],
+                    positions=self.positions[start:end],
+                    extend_lens=[length],
+                    prefix_lens=[self.prefix_lens[i]],
+                    kv_locs=[self.kv_locs[i]],
+                    out_locs=self.out_locs[start:end],
+                    state_slots=self.state_slots[i : i + 1],
+                    state_checkpoints=[self.state_checkpoints[i]] if self.state_checkpoints else None,
+                    decode_rows=0,
+                )
+            )
+            start = end
+        return out
+
     def decode_part(self) -> ForwardBatch:
         """A mixed step's decode rows as a decode batch of their own."""
         n = self.batch_size - self.decode_rows

@@ -106,13 +106,15 @@ class ModelRunner:
         buffers = self.pools.buffers
         native = self.native_decode
         if native is not None and batch.decode_rows:
-            # A mixed step whose prompt chunk and decode rows the C step each takes (one sequence's chunk of up to
-            # EXTEND_MAX_TOKENS): two C calls, the chunk's then the rows'; each state still advances once. One torch
-            # forward of both kinds of row cost 2.6x as much (benchmarks/mixed_step_cost.py, peer model, 4 decoding,
-            # 256-token steps: 705-748 vs 273-282 ms a step on the shared 2-core host at load ~10).
-            chunks, rows = batch.prompt_chunks(), batch.decode_part()
-            if native.handles(chunks) and native.handles(rows):
-                return torch.cat([native(chunks, buffers), native(rows, buffers)])
+            # A mixed step whose prompt chunks (each a sequence of up to EXTEND_MAX_TOKENS) and decode rows the C
+            # step each takes: a C call per chunk, then one for the rows; each state still advances once. One
+            # torch forward of both kinds of row cost 2.6-3.1x as much (peer model, 4 decoding requests:
+            # benchmarks/mixed_step_cost.py's 256-token steps 705-748 vs 273-282 ms at load ~10; one step of fresh
+            # 128- and 124-token chunks beside the rows, timed 7 times, 166 vs 53 ms at load 1.4).
+            n = batch.batch_size - batch.decode_rows
+            parts = [*batch.sequences()[:n], batch.decode_part()]
+            if all(native.handles(part) for part in parts):
+                return torch.cat([native(part, buffers) for part in parts])
         if native is not None and native.handles(batch):
             return native(batch, buffers)
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
