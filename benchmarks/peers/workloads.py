@@ -13,6 +13,8 @@ requests. A prefix cache can only hit where a workload means it to: each cold pr
   sample of either swung by 1.3x between back-to-back runs of the same server.
 - generated-shared-prefix: SGLang's shape (hybridctl bench's defaults: 4 groups x 4 prompts, 512-token system
   prompt + 64-token question, 32 output tokens) shuffled, 8 in flight; output tok/s, mean TTFT, hit rate.
+- long prompts among decoding streams (mixed_workload.py), once: a stream's longest inter-token gap while an
+  8000-token prompt is prefilled, and the output tok/s of long prompts arriving while short ones decode.
 
 Engines measured together (run.py's default) take turns per workload and repetition (`measure`): this host's
 speed swings by 1.5x within minutes, and an engine measured a minute after another would carry that swing in its
@@ -32,6 +34,7 @@ from typing import Any
 
 from clients import EngineClient, RequestResult
 from http_stream import Connections
+from mixed_workload import MixedPrompts, MixedSample, PauseSample, build_mixed_prompts, decode_pause, mixed_throughput
 
 from hybridctl.bench.datasets import SharedPrefixShape
 
@@ -50,6 +53,7 @@ class Prompts:
     single: list[list[int]]  # one per repetition
     gsp: list[list[int]]
     warmup: list[int]
+    mixed: MixedPrompts
 
 
 def build_prompts(vocab_size: int, first_id: int, reps: int, seed: int = 0) -> Prompts:
@@ -73,6 +77,7 @@ def build_prompts(vocab_size: int, first_id: int, reps: int, seed: int = 0) -> P
         single=[fresh(SINGLE_PROMPT) for _ in range(reps)],
         gsp=gsp,
         warmup=fresh(COLD_LEN),
+        mixed=build_mixed_prompts(vocab_size, first_id, seed),
     )
 
 
@@ -109,6 +114,8 @@ class EngineRun:
         self.singles: list[RequestResult] = []
         self.gsp: list[RequestResult] = []
         self.gsp_wall = 0.0
+        self.pause: PauseSample | None = None
+        self.mixed_load: MixedSample | None = None
 
     async def warmup(self, prompts: Prompts) -> None:
         # Lazy initialisation, first-shape compilation and allocator growth stay out of the numbers.
@@ -137,6 +144,14 @@ class EngineRun:
     async def shared_prefix(self, prompts: list[list[int]]) -> None:
         self.gsp, self.gsp_wall = await _bounded(self.client, self.http, prompts, GSP_SHAPE.output_len, GSP_CONCURRENCY)
 
+    async def long_among_decodes(self, prompts: MixedPrompts) -> None:
+        """Its rows stay n/a where the engine refuses the workload (an 8000-token prompt): its other rows stand."""
+        try:
+            self.pause = await decode_pause(self.client, self.http, prompts)
+            self.mixed_load = await mixed_throughput(self.client, prompts)
+        except Exception as exc:  # noqa: BLE001 - one workload's failure is a note, not the engine's row
+            print(f"[{self.client.name}] long prompts among decoding streams: {type(exc).__name__}: {exc}", flush=True)
+
     def metrics(self, prompts: Prompts) -> dict[str, Any]:
         gsp_cached = [r.cached_tokens for r in self.gsp]
         gsp_hit = (
@@ -159,6 +174,10 @@ class EngineRun:
             "gsp_out_tok_s": sum(len(r.output_ids) for r in self.gsp) / self.gsp_wall,
             "gsp_mean_ttft_ms": 1000.0 * statistics.mean(r.ttft_s for r in self.gsp),
             "gsp_cache_hit_rate": gsp_hit,
+            "decode_pause_ms": self.pause.longest_gap_ms if self.pause else None,
+            "pause_long_ttft_ms": self.pause.long_ttft_ms if self.pause else None,
+            "mixed_out_tok_s": self.mixed_load.out_tok_s if self.mixed_load else None,
+            "mixed_decode_gap_ms": self.mixed_load.longest_gap_ms if self.mixed_load else None,
             "raw_ttft_ms": {
                 "cold": [1000 * s for s in self.cold],
                 "warm": [1000 * s for s in self.warm],
@@ -218,6 +237,7 @@ async def measure(
             await each(order, EngineRun.concurrent, prompts.concurrent[i])
             await each(order, EngineRun.single, prompts.single[i])
         await each(names, EngineRun.shared_prefix, prompts.gsp)
+        await each(names, EngineRun.long_among_decodes, prompts.mixed)
     return {name: failed.get(name) or run.metrics(prompts) for name, run in runs.items()}
 
 

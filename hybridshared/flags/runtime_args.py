@@ -29,6 +29,11 @@ PROG = "python -m runtime"
 DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
 NATIVE_DECODE_MODES = ("auto", "on", "off")  # --native-decode (runtime/engine/native_decode.py)
 DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (runtime/engine/compiled_extend.py)
+# On CPU, while requests decode, a step computes at most this many tokens (decode rows included): an 8000-token
+# prompt arriving then pauses a decoding stream for one such step, not for its whole prefill
+# (benchmarks/mixed_batching.py; docs/performance.md, "Mixed batching"). Elsewhere no cap but
+# chunked_prefill_size (a GPU computes a long chunk in milliseconds).
+DEFAULT_CPU_DECODING_STEP_TOKENS = 256
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -145,6 +150,13 @@ class RuntimeArgs:
     )
     chunked_prefill_size: int | None = flag(
         "--chunked-prefill-size", type=int, help="Max prompt tokens per prefill step; -1 disables."
+    )
+    # The runtime mixes by default (--disable-mixed-chunk turns it off): SGLang's switch is accepted as is.
+    enable_mixed_chunk: bool = flag(
+        "--enable-mixed-chunk",
+        default=False,
+        help="Decode rows ride in prefill steps (one forward for both): the runtime's default.",
+        engine=None,
     )
     schedule_policy: str = flag("--schedule-policy", default="fcfs", help="fcfs or lpm.")  # checked in parse_args
     log_level: str = flag("--log-level", default="info", type=str.lower, choices=LOG_LEVELS, engine=None)
@@ -354,6 +366,22 @@ class RuntimeArgs:
         "torch_compile says which path runs).",
         group=OWN,
     )
+    disable_mixed_chunk: bool = flag(
+        "--disable-mixed-chunk",
+        default=False,
+        help="Prefill and decode steps alternate instead of running in one forward.",
+        group=OWN,
+        engine="enable_mixed_chunk",
+        to_engine=operator.not_,
+    )
+    decoding_step_tokens: int | None = flag(
+        "--decoding-step-tokens",
+        type=human_readable_int,
+        help=f"While requests decode, the most tokens one step computes, decode rows included: a long prompt "
+        f"pauses a decoding stream for one such step (CPU: {DEFAULT_CPU_DECODING_STEP_TOKENS}; other devices and "
+        f"-1: --chunked-prefill-size alone).",
+        group=OWN,
+    )
     native_decode: str = flag(
         "--native-decode",
         default="auto",
@@ -441,6 +469,10 @@ def _check_values(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> No
         )
     if ns.chunked_prefill_size is not None and (ns.chunked_prefill_size == 0 or ns.chunked_prefill_size < -1):
         parser.error(f"--chunked-prefill-size {ns.chunked_prefill_size}: use a positive number, or -1 to disable")
+    if ns.decoding_step_tokens is not None and (ns.decoding_step_tokens == 0 or ns.decoding_step_tokens < -1):
+        parser.error(f"--decoding-step-tokens {ns.decoding_step_tokens}: use a positive number, or -1 for no cap")
+    if ns.enable_mixed_chunk and ns.disable_mixed_chunk:
+        parser.error("--enable-mixed-chunk and --disable-mixed-chunk: give one")
     if ns.port < 0 or ns.port > 65535:
         parser.error(f"--port {ns.port}: must be in 0..65535")
     if not 0 <= ns.disaggregation_bootstrap_port <= 65535:

@@ -7,7 +7,7 @@ at the indices it is given; it never allocates cache memory itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, Literal, Protocol, TypeVar
 
 import torch
@@ -63,11 +63,69 @@ class ForwardBatch:
     # layers also write the conv window and recurrent state after that many of the sequence's new tokens into the
     # destination slot (the prefix cache's checkpoints), so a prompt need not be split where states are wanted.
     state_checkpoints: list[list[tuple[int, int]]] | None = None
+    # extend only: the last `decode_rows` sequences are decoding requests riding along (a mixed step), one new
+    # token each after their cached ones; recurrent layers advance their states with the decode kernels.
+    decode_rows: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
         return len(self.extend_lens)
+
+    def prompt_chunks(self) -> ForwardBatch:
+        """A mixed step's sequences before its decode rows, as an extend batch of their own."""
+        n = self.batch_size - self.decode_rows
+        tokens = sum(self.extend_lens[:n])
+        return replace(
+            self,
+            input_ids=self.input_ids[:tokens],
+            positions=self.positions[:tokens],
+            extend_lens=self.extend_lens[:n],
+            prefix_lens=self.prefix_lens[:n],
+            kv_locs=self.kv_locs[:n],
+            out_locs=self.out_locs[:tokens],
+            state_slots=self.state_slots[:n],
+            state_checkpoints=self.state_checkpoints[:n] if self.state_checkpoints else None,
+            decode_rows=0,
+        )
+
+    def sequences(self) -> list[ForwardBatch]:
+        """Each sequence of an extend batch (its decode rows included) as an extend batch of its own."""
+        out: list[ForwardBatch] = []
+        start = 0
+        for i, length in enumerate(self.extend_lens):
+            end = start + length
+            out.append(
+                replace(
+                    self,
+                    input_ids=self.input_ids[start:end],
+                    positions=self.positions[start:end],
+                    extend_lens=[length],
+                    prefix_lens=[self.prefix_lens[i]],
+                    kv_locs=[self.kv_locs[i]],
+                    out_locs=self.out_locs[start:end],
+                    state_slots=self.state_slots[i : i + 1],
+                    state_checkpoints=[self.state_checkpoints[i]] if self.state_checkpoints else None,
+                    decode_rows=0,
+                )
+            )
+            start = end
+        return out
+
+    def decode_part(self) -> ForwardBatch:
+        """A mixed step's decode rows as a decode batch of their own."""
+        n = self.batch_size - self.decode_rows
+        tokens = sum(self.extend_lens[:n])
+        return ForwardBatch(
+            mode="decode",
+            input_ids=self.input_ids[tokens:],
+            positions=self.positions[tokens:],
+            extend_lens=self.extend_lens[n:],
+            prefix_lens=self.prefix_lens[n:],
+            kv_locs=self.kv_locs[n:],
+            out_locs=self.out_locs[tokens:],
+            state_slots=self.state_slots[n:],
+        )
 
 
 R = TypeVar("R")
@@ -101,6 +159,9 @@ class ScheduledBatch(Generic[R]):
     # The forward the runner built for it (the drafter reads the prefill's hidden states off it).
     forward: ForwardBatch | None = None
     started: float = 0.0  # perf_counter when a decode step or verify round was scheduled (throughput gauge)
+    # A mixed step (an extend): its last `decode_rows` requests are decoding, one token each after the prompt
+    # chunks of the others (Scheduler.schedule).
+    decode_rows: int = 0
 
     @property
     def batch_size(self) -> int:

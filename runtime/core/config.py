@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from hybridshared.flags.fields import engine_values
 from hybridshared.flags.runtime_args import (
+    DEFAULT_CPU_DECODING_STEP_TOKENS,
     DEFAULT_TORCH_COMPILE_MAX_BS,
     DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
     RuntimeArgs,
@@ -37,6 +38,12 @@ class EngineArgs:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
     chunked_prefill_size: int = 8192  # -1 or 0: no chunking
+    # Decode rows ride in prefill steps, one forward for both (SGLang's --enable-mixed-chunk); False: the two kinds
+    # of step alternate.
+    enable_mixed_chunk: bool = True
+    # While requests decode, the most tokens a step computes (decode rows included); None: the device's default
+    # (DEFAULT_CPU_DECODING_STEP_TOKENS on CPU, no cap elsewhere); <= 0: no cap but chunked_prefill_size.
+    decoding_step_tokens: int | None = None
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     state_snapshot_on_match: bool = True
     state_copy_on_write: bool = True

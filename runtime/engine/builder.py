@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.core.batch import ModelLayout
-from runtime.core.config import EngineArgs
+from runtime.core.config import DEFAULT_CPU_DECODING_STEP_TOKENS, EngineArgs
 from runtime.core.spec_config import SpecConfig, SpecConfigError
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_dtype, size_and_allocate
@@ -194,11 +194,20 @@ def _scheduler(
             checkpoint_interval=args.mamba_track_interval if checkpointing(cache, pools) else 0,
             in_forward_checkpoints=supports_state_checkpoints(model),
             random_seed=args.random_seed,
+            mixed_chunk=args.enable_mixed_chunk,
+            decoding_step_tokens=decoding_step_tokens(args),
         ),
         eos_token_ids=tuple(model.eos_token_ids),
         tokenizer=tokenizer,
         device=args.device,
     )
+
+
+def decoding_step_tokens(args: EngineArgs) -> int:
+    """The cap on a step's tokens while requests decode (EngineArgs.decoding_step_tokens resolved; 0: none)."""
+    if args.decoding_step_tokens is not None:
+        return max(args.decoding_step_tokens, 0)
+    return DEFAULT_CPU_DECODING_STEP_TOKENS if torch.device(args.device).type == "cpu" else 0
 
 
 def _attach_elastic(pool: ElasticPool, args: EngineArgs, pools: Pools, cache: CacheManager) -> None:
@@ -307,6 +316,8 @@ def _log_started(parts: EngineParts) -> None:
         f"max_running_requests={plan.max_running_requests}, "
         f"context_len={pools.context_len}, available_cpu_mem={_available_mem_gb():.2f} GB"
     )
+    sched = parts.scheduler
+    logger.info("Mixed chunk: %s, decoding_step_tokens=%d", sched.mixing, sched.config.decoding_step_tokens)
     logger.info(
         "Tree cache initialized: source=%s impl=%s hybrid_swa=%s hybrid_ssm=%s hicache_attached=%s "
         "mamba_radix_cache_strategy=%s mamba_track_interval=%s state_snapshot_on_match=%s "

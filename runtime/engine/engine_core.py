@@ -124,6 +124,8 @@ class EngineCore:
             context_length=self.context_len,
             chunked_prefill_size=self.scheduler.config.chunked_prefill_size,
             max_prefill_tokens=self.max_prefill_tokens,
+            enable_mixed_chunk=self.scheduler.mixing,
+            decoding_step_tokens=self.scheduler.config.decoding_step_tokens,
         )
         if self.spec is not None:  # as SGLang's server_args after its speculative auto-choices
             c = self.spec.config

@@ -98,13 +98,25 @@ class ModelRunner:
             state_slots=_int64(batch.state_slots),
             all_logits=batch.all_logits,
             state_checkpoints=batch.checkpoints if any(batch.checkpoints) else None,
+            decode_rows=batch.decode_rows,
         )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         buffers = self.pools.buffers
-        if self.native_decode is not None and self.native_decode.handles(batch):
-            return self.native_decode(batch, buffers)
+        native = self.native_decode
+        if native is not None and batch.decode_rows:
+            # A mixed step whose prompt chunks (each a sequence of up to EXTEND_MAX_TOKENS) and decode rows the C
+            # step each takes: a C call per chunk, then one for the rows; each state still advances once. One
+            # torch forward of both kinds of row cost 2.6-3.1x as much (peer model, 4 decoding requests:
+            # benchmarks/mixed_step_cost.py's 256-token steps 705-748 vs 273-282 ms at load ~10; one step of fresh
+            # 128- and 124-token chunks beside the rows, timed 7 times, 166 vs 53 ms at load 1.4).
+            n = batch.batch_size - batch.decode_rows
+            parts = [*batch.sequences()[:n], batch.decode_part()]
+            if all(native.handles(part) for part in parts):
+                return torch.cat([native(part, buffers) for part in parts])
+        if native is not None and native.handles(batch):
+            return native(batch, buffers)
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
             return self.compiled_decode(batch, buffers)
         if self.compiled_extend is not None and self.compiled_extend.handles(batch):

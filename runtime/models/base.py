@@ -13,6 +13,17 @@ from runtime.models.layers.attention import AttentionMetadata
 from runtime.models.layers.packing import SequencePacking
 
 
+@dataclass(frozen=True)
+class DecodeTail:
+    """A mixed step's decode rows (ForwardBatch.decode_rows): the forward's tokens from `first_token` on, one per
+    decoding sequence. Recurrent layers run them through their decode step (`HybridLayer.recur`): padded into
+    the prompt chunks' [B, Lmax] layout, each would cost a whole chunk's scan."""
+
+    first_token: int
+    state_slots: torch.Tensor  # [decode_rows]
+    logit_index: torch.Tensor  # every sequence's last new token: the chunks' last tokens, then each decode row
+
+
 @dataclass
 class StepContext:
     """Per-forward metadata, built once and shared by every layer."""
@@ -20,22 +31,26 @@ class StepContext:
     batch: ForwardBatch | None  # None in the compiled paths (runtime/engine/compiled_decode.py, compiled_extend.py)
     buffers: PoolBuffers
     attn: AttentionMetadata
-    packing: SequencePacking | None  # None in decode mode
+    packing: SequencePacking | None  # None in decode mode; a mixed step's: its prompt chunks only
     state_slots: torch.Tensor
     out_locs: torch.Tensor
     positions: torch.Tensor
+    decode_tail: DecodeTail | None = None  # a mixed step's decode rows
 
     @classmethod
     def build(cls, batch: ForwardBatch, buffers: PoolBuffers, device: torch.device) -> StepContext:
         decode = batch.mode == "decode"
+        tail = None if decode or not batch.decode_rows else _decode_tail(batch, device)
+        chunks = batch if tail is None else batch.prompt_chunks()
         return cls(
             batch=batch,
             buffers=buffers,
             attn=AttentionMetadata.build(batch, device),
-            packing=None if decode else SequencePacking.build(batch, device),
+            packing=None if decode else SequencePacking.build(chunks, device),
             state_slots=upload(batch.state_slots, device),
             out_locs=upload(batch.out_locs, device),
             positions=upload(batch.positions, device),
+            decode_tail=tail,
         )
 
     def logit_rows(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -44,7 +59,19 @@ class StepContext:
         for all logits."""
         if self.packing is None or (self.batch is not None and self.batch.all_logits):
             return hidden
+        if self.decode_tail is not None:
+            return hidden[self.decode_tail.logit_index]
         return hidden[self.packing.last_index]
+
+
+def _decode_tail(batch: ForwardBatch, device: torch.device) -> DecodeTail:
+    n = batch.batch_size - batch.decode_rows
+    if any(length != 1 for length in batch.extend_lens[n:]):
+        raise ValueError(f"ForwardBatch: decode rows of {batch.extend_lens[n:]} tokens; a decode row is one token")
+    first = sum(batch.extend_lens[:n])
+    last = torch.tensor(batch.extend_lens[:n], dtype=torch.int64).cumsum(0) - 1
+    index = torch.cat([last, torch.arange(first, first + batch.decode_rows)])
+    return DecodeTail(first, upload(batch.state_slots[n:], device), upload(index, device))
 
 
 class HybridModel(nn.Module):

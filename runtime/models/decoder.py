@@ -84,9 +84,14 @@ class HybridLayer(nn.Module):
         self.ordinal = ordinal
 
     def recur(self, mixer: nn.Module, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """A recurrent mixer over this layer's conv and SSM state."""
-        o = self.ordinal
-        return mixer(h, ctx.buffers.conv[o], ctx.buffers.ssm[o], ctx.packing, ctx.state_slots)
+        """A recurrent mixer over this layer's conv and SSM state. A mixed step's decode rows (the last rows of
+        `h`) take the mixer's decode step, the prompt chunks its extend: each state advances once."""
+        conv, ssm = ctx.buffers.conv[self.ordinal], ctx.buffers.ssm[self.ordinal]
+        tail = ctx.decode_tail
+        if tail is None:
+            return mixer(h, conv, ssm, ctx.packing, ctx.state_slots)
+        chunks = mixer(h[: tail.first_token], conv, ssm, ctx.packing, ctx.state_slots)
+        return torch.cat([chunks, mixer(h[tail.first_token :], conv, ssm, None, tail.state_slots)])
 
     def attend(self, mixer: nn.Module, h: torch.Tensor, cos_sin: CosSin, ctx: StepContext) -> torch.Tensor:
         """An attention mixer over this layer's KV pool."""

@@ -1,10 +1,12 @@
 """A step's batch and the memory it takes: the KV slots its new tokens are written to, each sequence's KV to attend
 over, its state slot and the checkpoint slots the forward fills (`ScheduledBatch`). The scheduler decides which
-requests run and how many tokens each computes; this builds their batch.
+requests run and how many tokens each computes; this builds their batch (a mixed step's too, and splits its
+logits back into its two parts: `split_mixed`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -76,3 +78,39 @@ class BatchBuilder:
             checkpoints=[[] for _ in reqs],
             started=time.perf_counter(),
         )
+
+    def mixed(self, chunks: list[tuple[Req, int]], reqs: list[Req]) -> ScheduledBatch[Req]:
+        """One forward of the prefill step of `chunks` and one decode row per request of `reqs` after them (an
+        extend of one token after its cached ones, its last output token): SGLang's mixed chunk."""
+        batch = self.prefill(chunks)
+        decode = self.decode(reqs)
+        batch.reqs += decode.reqs
+        batch.tokens += decode.tokens
+        batch.starts += decode.starts
+        batch.out_locs += decode.out_locs
+        batch.kv_locs += decode.kv_locs
+        batch.state_slots += decode.state_slots
+        batch.checkpoints += decode.checkpoints
+        batch.decode_rows = len(reqs)
+        batch.started = decode.started
+        return batch
+
+
+def split_mixed(
+    batch: ScheduledBatch[Req], logits: torch.Tensor
+) -> tuple[ScheduledBatch[Req], torch.Tensor, torch.Tensor]:
+    """A mixed step's prefill part (a batch of its first requests), that part's logits, and one logits row per
+    decode row (the batch's last `decode_rows` requests; their rows come last in either layout)."""
+    n = batch.batch_size - batch.decode_rows
+    prefill = dataclasses.replace(
+        batch,
+        reqs=batch.reqs[:n],
+        tokens=batch.tokens[:n],
+        starts=batch.starts[:n],
+        kv_locs=batch.kv_locs[:n],
+        state_slots=batch.state_slots[:n],
+        checkpoints=batch.checkpoints[:n],
+        decode_rows=0,
+    )
+    rows = logits.shape[0] - batch.decode_rows  # [B, vocab], or [T, vocab] with all_logits
+    return prefill, logits[:rows], logits[rows:]

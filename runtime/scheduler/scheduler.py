@@ -1,9 +1,13 @@
 """The scheduler: `schedule()` decides a step's batch, `postprocess()` takes its logits (nano-vllm style, with
 continuous batching); the engine runs the model in between (`EngineCore.step`: schedule → run → postprocess).
 
-A step is either a prefill step (prompt chunks of several requests in one forward, at most
-`chunked_prefill_size` tokens) or a decode step (one token for every running request in one forward).
-When both kinds of work exist they alternate, so a long prompt never stalls the others' decoding.
+A step is a prefill step (prompt chunks of several requests in one forward, at most `chunked_prefill_size`
+tokens), a decode step (one token for every running request in one forward), or, when both kinds of work exist,
+a mixed step (SGLang's mixed chunk): the prompt chunks and one decode row per decoding request in ONE forward
+(`BatchBuilder.mixed`), each request's KV and state advanced once. While requests decode, a step computes at
+most `decoding_step_tokens` tokens, decode rows included, so a long prompt arriving pauses no stream for longer
+than one such step. With `mixed_chunk` off (or speculative decoding, whose decode steps are verify rounds) the two
+kinds alternate instead, under the same cap.
 
 With the prefix cache on, the state after every multiple of `mamba_track_interval` prompt tokens (extra_buffer)
 and at the branch point (where the tree's KV for the prompt ends without a state; both strategies) goes into
@@ -30,7 +34,7 @@ from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.kvcache.cache_manager import Admission, CacheManager
 from runtime.scheduler import logprobs as lp
-from runtime.scheduler.batches import BatchBuilder
+from runtime.scheduler.batches import BatchBuilder, split_mixed
 from runtime.scheduler.checkpoints import CheckpointPlanner
 from runtime.scheduler.fork import ForkHolds
 from runtime.scheduler.grammar import mask_isolated
@@ -87,6 +91,12 @@ class SchedulerConfig:
     # A waiting request waits for a request in prefill that is about to cache at least this many more tokens of
     # its prompt than the tree has now (prefix_sharing.py). 0: never.
     in_batch_prefix_min_tokens: int = DEFAULT_MIN_TOKENS
+    # Decode rows ride in the prefill steps (one forward for both); False: prefill and decode steps alternate.
+    mixed_chunk: bool = True
+    # While any request decodes, a step computes at most this many tokens (decode rows of a mixed step included;
+    # at least one prompt token): the longest pause of a decoding stream is one such step. <= 0: no cap beyond
+    # chunked_prefill_size.
+    decoding_step_tokens: int = 0
 
 
 class Scheduler:
@@ -164,9 +174,7 @@ class Scheduler:
 
     def abort(self, rid: str, message: str = "Aborted by the client.", status_code: int = 499) -> bool:
         """Free everything the request holds and finish it as aborted. False when the rid is unknown."""
-        err_type = {499: "ClientDisconnect", 503: "ServiceUnavailable"}.get(
-            status_code, "InternalServerError"
-        )
+        err_type = {499: "ClientDisconnect", 503: "ServiceUnavailable"}.get(status_code, "InternalServerError")
         held = self.forks.remove(rid)
         if held is not None:
             self.counters.num_requests_aborted += 1
@@ -208,11 +216,13 @@ class Scheduler:
     # -- schedule ------------------------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch[Req] | None:
-        """This step's batch, its memory taken: a prefill (chunks of several prompts), or a decode step (one token
-        for every running request; a verify round with speculative decoding). None when there is nothing to do.
-        When both kinds of work exist they alternate."""
-        prefill = self._schedule_prefill()
+        """This step's batch, its memory taken: a prefill (chunks of several prompts), a decode step (one token
+        for every running request; a verify round with speculative decoding), or a mixed step (both in one
+        forward). None when there is nothing to do. Without mixing, prefill and decode steps alternate."""
         decode = [r for r in self.running if not r.in_prefill]
+        prefill = self._schedule_prefill(self._prefill_budget(len(decode)))
+        if prefill and decode and self.mixing:
+            return self.batches.mixed(prefill, decode)
         if prefill and (not decode or not self._last_was_prefill):
             self._last_was_prefill = True
             return self.batches.prefill(prefill)
@@ -223,9 +233,25 @@ class Scheduler:
             return self.batches.decode(decode)
         return None
 
-    def _schedule_prefill(self) -> list[tuple[Req, int]]:
-        """(request, tokens to compute) for this prefill step: unfinished prefills first, then admissions."""
-        budget = self.config.chunked_prefill_size if self.config.chunked_prefill_size > 0 else 1 << 62
+    @property
+    def mixing(self) -> bool:
+        """Whether decode rows ride in prefill steps (a verify round cannot: it is a forward of its own)."""
+        return self.config.mixed_chunk and self.spec is None
+
+    def _prefill_budget(self, decoding: int) -> int:
+        """Prompt tokens this step may compute while `decoding` requests decode (SGLang's PrefillAdder: a mixed
+        step's decode rows come out of the chunk's tokens)."""
+        cfg = self.config
+        budget = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else 1 << 62
+        if decoding and cfg.decoding_step_tokens > 0:
+            budget = min(budget, cfg.decoding_step_tokens)
+        if decoding and self.mixing:
+            budget -= decoding
+        return max(budget, 1)  # a prompt still advances when the decode rows alone fill the cap
+
+    def _schedule_prefill(self, budget: int) -> list[tuple[Req, int]]:
+        """(request, tokens to compute) for this step's prompt chunks, at most `budget` tokens: unfinished
+        prefills first, then admissions."""
         batch: list[tuple[Req, int]] = []
         for req in self.running:
             if req.in_prefill and budget > 0:
@@ -304,13 +330,21 @@ class Scheduler:
             assert self.spec is not None
             self.spec.finish_round(self, batch, logits)
         elif batch.mode == "decode":
-            for req in batch.reqs:
-                assert req.mem is not None
-                req.mem.kv_len += 1
-            self._sample_and_emit(batch.reqs, logits)
-            self.record_decode(time.perf_counter() - batch.started, len(batch.reqs))
+            self._finish_decode(batch.reqs, logits, batch.started)
+        elif batch.decode_rows:
+            prefill, prefill_logits, decode_logits = split_mixed(batch, logits)
+            self._finish_decode(batch.reqs[prefill.batch_size :], decode_logits, batch.started)
+            self._finish_prefill(prefill, prefill_logits)
         else:
             self._finish_prefill(batch, logits)
+
+    def _finish_decode(self, reqs: list[Req], logits: torch.Tensor, started: float) -> None:
+        """Decoding requests computed one token each: their KV grows by it, their next token is sampled."""
+        for req in reqs:
+            assert req.mem is not None
+            req.mem.kv_len += 1
+        self._sample_and_emit(reqs, logits)
+        self.record_decode(time.perf_counter() - started, len(reqs))
 
     def abandon(self, batch: ScheduledBatch[Req]) -> None:
         """The batch's forward raised: give back what the step took beyond the requests' own memory (its

@@ -55,13 +55,14 @@ def _group(shared: int, n: int) -> list[GenerateRequest]:
 
 
 def _count_prefill_tokens(core: EngineCore) -> list[int]:
-    """Tokens of every extend forward the model runs (the real model, observed, not replaced)."""
+    """Prompt tokens of every extend forward the model runs (the real model, observed, not replaced; a mixed
+    step's decode rows are not prompt tokens)."""
     counts: list[int] = []
     run = core.runner.forward
 
     def counting(fb: ForwardBatch) -> object:
         if fb.mode == "extend":
-            counts.append(int(fb.input_ids.numel()))
+            counts.append(int(fb.input_ids.numel()) - fb.decode_rows)
         return run(fb)
 
     core.runner.forward = counting  # type: ignore[method-assign]

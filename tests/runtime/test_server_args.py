@@ -25,9 +25,7 @@ def run_runtime(*argv: str, timeout: float = 120.0) -> subprocess.CompletedProce
 
 
 def test_sglang_names_and_defaults() -> None:
-    args = parse_args(
-        ["--model", "/m", "--page-size", "4", "--max-total-tokens", "32k", "--context-length", "8Ki"]
-    )
+    args = parse_args(["--model", "/m", "--page-size", "4", "--max-total-tokens", "32k", "--context-length", "8Ki"])
     assert args.model_path == "/m"
     assert args.page_size == 4
     assert args.max_total_tokens == 32000
@@ -87,6 +85,8 @@ def test_unknown_flag_is_an_argparse_error() -> None:
         ),
         (["--mem-fraction-static", "1.5"], "must be in (0, 1)"),
         (["--chunked-prefill-size", "0"], "--chunked-prefill-size 0"),
+        (["--decoding-step-tokens", "0"], "--decoding-step-tokens 0: use a positive number, or -1"),
+        (["--enable-mixed-chunk", "--disable-mixed-chunk"], "--enable-mixed-chunk and --disable-mixed-chunk"),
         (["--max-total-tokens", "lots"], "invalid integer 'lots'"),
     ],
 )
@@ -140,7 +140,7 @@ def test_every_engine_flag_reaches_engine_args() -> None:
             "--max-running-requests", "7", "--max-total-tokens", "4k", "--chunked-prefill-size", "-1",
             "--schedule-policy", "lpm", "--disable-state-snapshot-on-match", "--disable-state-copy-on-write",
             "--disable-dual-lru-eviction", "--random-seed", "3", "--log-mamba-state-stats",
-            "--context-length", "2048"]  # fmt: skip
+            "--context-length", "2048", "--disable-mixed-chunk", "--decoding-step-tokens", "1k"]  # fmt: skip
     ea = _engine_args(parse_args(argv), "cpu")
     assert (ea.model_path, ea.tokenizer_path, ea.dtype, ea.device) == ("/m", "/t", "float16", "cpu")
     assert (ea.page_size, ea.disable_radix_cache, ea.mem_fraction_static, ea.memory_budget_gib) == (
@@ -155,3 +155,4 @@ def test_every_engine_flag_reaches_engine_args() -> None:
     assert (ea.schedule_policy, ea.random_seed, ea.context_length) == ("lpm", 3, 2048)
     assert not (ea.state_snapshot_on_match or ea.state_copy_on_write or ea.dual_lru_eviction)
     assert ea.log_mamba_state_stats
+    assert (ea.enable_mixed_chunk, ea.decoding_step_tokens) == (False, 1000)
