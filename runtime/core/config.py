@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from hybridshared.flags.fields import engine_values
 from hybridshared.flags.runtime_args import (
-    DEFAULT_CPU_DECODING_STEP_TOKENS,
     DEFAULT_TORCH_COMPILE_MAX_BS,
     DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
     RuntimeArgs,

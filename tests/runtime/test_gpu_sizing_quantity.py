@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridctl.config.init_project import InitOptions, init_project
 from hybridctl.doctor.run import DoctorOptions, run_doctor
 from hybridctl.host.facts import GpuFacts, HostFacts
+from hybridctl.init.init_project import InitOptions, init_project
 from hybridctl.planner.builtin_sizing import builtin_device_bytes
 from hybridctl.planner.plan_request import PlanRequest, load_config, run_plan
-from hybridctl.planner.units import GIB
+from hybridshared.units import GIB
 from runtime.core.config import EngineArgs
 from runtime.engine.pool_setup import device_memory_bytes
 
