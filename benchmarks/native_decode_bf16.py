@@ -1,0 +1,196 @@
+"""Native decode on a ~0.8B Qwen3-Next-shaped model: fp32 weights vs bf16 weights read in place, against the floor.
+
+Builds (once, into --dir) a bf16 checkpoint with random weights: 16 layers (3 Gated DeltaNet : 1 gated attention),
+hidden 1024, 16 experts top-2 + a shared expert, vocabulary 32000 (~0.77B parameters, ~0.21B active per token).
+Loads it twice: fp32 (the bf16 values widened, what `--dtype float32` serves) and bf16 (read in place by the C
+kernels, runtime/native/dot_gemm.h). Times the native step (runtime/engine/native_decode.py: one C call per step)
+at batch 1 and 8 with `--kv-len` cached tokens per sequence, the two dtypes interleaved block by block in ONE
+process (a shared host drifts: trust the ratios), and reports tok/s per dtype.
+
+The floor: the bytes a batch-1 step must read (every matrix outside the experts, top-k experts per MoE layer, the
+lm_head, one embedding row) over the host's read bandwidth, measured here as a torch sum over a 1 GiB buffer with
+the same thread count (best of 7). Each tok/s is also given as a fraction of its dtype's batch-1 floor.
+
+    python benchmarks/native_decode_bf16.py [--dir DIR] [--threads 2] [--blocks 7] [--steps 20] [--kv-len 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.core.buffers import allocate_pool_buffers
+from runtime.engine.denormals import flush_denormals_on_this_thread
+from runtime.engine.native_decode import NativeDecode, decode_weights
+from runtime.models.base import HybridModel
+from runtime.models.loader import load_model
+from runtime.native.hybrid_decode import set_threads
+
+BATCHES = (1, 8)
+CONFIG = {
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "linear_num_key_heads": 8,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "num_experts": 16,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 768,
+    "shared_expert_intermediate_size": 768,
+    "max_position_embeddings": 4096,
+}
+
+
+def build_checkpoint(out: Path) -> Path:
+    """The bf16 checkpoint in `out` (written once; the seed fixes the weights)."""
+    if (out / "config.json").is_file():
+        return out
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3NextConfig(**CONFIG, eos_token_id=None)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            hf = transformers.Qwen3NextForCausalLM(cfg)
+        hf = hf.to_empty(device="cpu")
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(1, 16).log())
+            elif name.endswith(("dt_bias", "linear_attn.norm.weight")):
+                p.fill_(1.0)  # the gated norm's weight is a plain scale, not an offset from 1
+            else:
+                p.normal_(0.0, 0.02)
+    hf.save_pretrained(out)
+    return out
+
+
+def step_bytes(model: HybridModel) -> int:
+    """The weight bytes a batch-1 step reads: every matrix but the experts and the embedding, top-k experts per
+    MoE layer, one embedding row."""
+    w = decode_weights(model)
+    total = w.lm_head.nbytes + w.embed[0].nbytes
+    for lw in w.layers:
+        m, f = lw.mixer, lw.ffn
+        for name in ("qkv", "z", "b", "a", "out", "q", "k", "v", "o"):
+            t = getattr(m, name, None)
+            total += t.nbytes if t is not None else 0
+        for t in (f.router, f.mlp_gate, f.mlp_up, f.mlp_down, f.shared_gate):
+            total += t.nbytes if t is not None else 0
+        if f.experts and f.gate_up is not None and f.down is not None:
+            total += f.top_k * (f.gate_up[0].nbytes + f.down[0].nbytes)
+    return total
+
+
+def read_bandwidth(threads: int) -> float:
+    """Bytes per second a sum over 1 GiB reads with `threads` torch threads (best of 7)."""
+    torch.set_num_threads(threads)
+    buf = torch.ones(1 << 28)
+    buf.sum()
+    best = min(_timed(buf.sum) for _ in range(7))
+    return buf.nbytes / best
+
+
+def _timed(fn: object) -> float:
+    t0 = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t0
+
+
+def _batch(batch: int, kv_len: int, vocab: int) -> ForwardBatch:
+    """B sequences of `kv_len` tokens on disjoint KV slots, state slot i each, random next tokens."""
+    stride = kv_len + 1
+    kv_locs = [torch.arange(i * stride, i * stride + kv_len) for i in range(batch)]
+    return ForwardBatch(
+        mode="decode",
+        input_ids=torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(batch)),
+        positions=torch.full((batch,), kv_len - 1),
+        extend_lens=[1] * batch,
+        prefix_lens=[kv_len - 1] * batch,
+        kv_locs=kv_locs,
+        out_locs=torch.tensor([int(loc[-1]) for loc in kv_locs]),
+        state_slots=torch.arange(batch),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, help="checkpoint directory (built there on first use; default: a temp dir)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--blocks", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--kv-len", type=int, default=100)
+    a = ap.parse_args()
+    flush_denormals_on_this_thread()  # as the engine thread does
+    print(f"load average {os.getloadavg()}; torch {torch.__version__}; threads {a.threads}")
+    bandwidth = read_bandwidth(a.threads)
+    print(f"read bandwidth ({a.threads} threads, torch sum over 1 GiB): {bandwidth / 1e9:.1f} GB/s")
+    path = build_checkpoint(a.dir or Path(tempfile.mkdtemp()) / "qwen3-next-0.8b")
+    models = {"fp32": load_model(path, dtype=torch.float32), "bf16": load_model(path, dtype=torch.bfloat16)}
+    params = sum(p.numel() for p in models["bf16"].parameters())
+    print(f"model: {params / 1e9:.2f}B parameters")
+    floors = {}
+    for name, model in models.items():
+        nbytes = step_bytes(model)
+        floors[name] = bandwidth / nbytes
+        print(f"{name}: a batch-1 step reads {nbytes / 1e9:.3f} GB of weights: floor {floors[name]:.1f} tok/s")
+    layout = models["fp32"].layout()
+    buffers: PoolBuffers = allocate_pool_buffers(
+        layout,
+        max(BATCHES) * (a.kv_len + 1),
+        max(BATCHES),
+        kv_dtype=torch.float32,
+        conv_dtype=torch.float32,
+        ssm_dtype=torch.float32,
+        device=torch.device("cpu"),
+        zeroed=True,
+    )
+    paths = {}
+    for name, model in models.items():
+        native = NativeDecode(model)
+        native.threads = None  # the count is set here, per call
+        paths[name] = native
+    vocab = layout.vocab_size
+    for batch in BATCHES:
+        fb = _batch(batch, a.kv_len, vocab)
+        ms: dict[str, list[float]] = {name: [] for name in paths}
+        with torch.inference_mode():
+            for native in paths.values():
+                set_threads(native.library, a.threads)
+                native(fb, buffers)  # settle
+            for _ in range(a.blocks):
+                for name, native in paths.items():
+                    set_threads(native.library, a.threads)
+                    t0 = time.perf_counter()
+                    for _ in range(a.steps):
+                        native(fb, buffers)
+                    ms[name].append((time.perf_counter() - t0) / a.steps * 1e3)
+        parts = []
+        for name in paths:
+            step = statistics.median(ms[name])
+            tok_s = batch * 1e3 / step
+            parts.append(f"{name} {step:.2f} ms/step {tok_s:.1f} tok/s ({tok_s / floors[name]:.0%} of its b1 floor)")
+        ratio = statistics.median(ms["fp32"]) / statistics.median(ms["bf16"])
+        print(f"batch {batch}: " + " | ".join(parts) + f" | bf16/fp32 speed {ratio:.2f}x")
+    print(f"load average {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
