@@ -21,7 +21,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,7 +36,7 @@ from runtime.models.loader import load_model
 from runtime.native.hybrid_decode import set_threads
 
 BATCHES = (1, 8)
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "vocab_size": 32000,
     "hidden_size": 1024,
     "intermediate_size": 3072,
@@ -108,9 +110,9 @@ def read_bandwidth(threads: int) -> float:
     return buf.nbytes / best
 
 
-def _timed(fn: object) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
-    fn()  # type: ignore[operator]
+    fn()
     return time.perf_counter() - t0
 
 

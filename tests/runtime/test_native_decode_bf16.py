@@ -54,7 +54,7 @@ def pair(model: HybridModel) -> tuple[HybridModel, HybridModel]:  # noqa: F811 -
 def _matrices(lm: HybridModel) -> list[torch.Tensor]:
     """Every weight matrix the step reads (the kernel's HDMat fields)."""
     w = decode_weights(lm)
-    out = [w.embed, w.lm_head]
+    out: list[torch.Tensor | None] = [w.embed, w.lm_head]
     for lw in w.layers:
         m, f = lw.mixer, lw.ffn
         out += [getattr(m, n) for n in ("qkv", "z", "b", "a", "out", "q", "k", "v", "o") if hasattr(m, n)]
