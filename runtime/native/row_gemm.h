@@ -1,8 +1,9 @@
 /* Row-major GEMV/GEMM for the decode kernels (header-only; hybrid_decode.c), fp32 or bf16 weights (HDMat) on fp32
  * activations: `gemm` (dot_gemm.h) streams each weight row once for all B rows of a batch, `gemm_rows` takes
- * wide_gemm.h's broadcast form instead from HD_WIDE_ROWS rows on, and a GemmSet runs several
- * projections of one phase as ONE region of parallel.h's pool, split in 4-row blocks so
- * every row is computed by the same code in the same order whichever thread runs it (bit-identical to one thread).
+ * wide_gemm.h's broadcast form instead from HD_WIDE_ROWS rows on, and a GemmSet runs several projections of one
+ * phase as ONE region of parallel.h's pool, split in 4-row blocks so every row is computed by the same code in the
+ * same order whichever thread runs it (bit-identical to one thread). `dot` is the step's fp32 vector dot product
+ * (norms, attention scores, the recurrence).
  */
 #ifndef HYBRIDCTL_ROW_GEMM_H
 #define HYBRIDCTL_ROW_GEMM_H
@@ -17,7 +18,7 @@
 #include <immintrin.h>
 #endif
 
-/* ---- dot products and the batched GEMV ---- */
+/* ---- fp32 dot products ---- */
 
 #ifdef __AVX2__
 static inline float hsum256(__m256 v) {
