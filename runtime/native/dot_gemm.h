@@ -75,7 +75,6 @@ static inline void dg_tail(const HDMat w, int64_t row, int64_t k0, int64_t K, co
 /* 16 lanes: one zmm with AVX-512, two ymm (lanes 0..7, 8..15) with AVX2. */
 #ifdef DG_AVX512
 typedef __m512 dg_v16;
-#define DG_RB 4 /* batch rows per pass over a 4-row block: 16 accumulators of the 32 registers */
 static inline dg_v16 dg_zero(void) { return _mm512_setzero_ps(); }
 static inline dg_v16 dg_fma(dg_v16 a, dg_v16 b, dg_v16 c) { return _mm512_fmadd_ps(a, b, c); }
 static inline dg_v16 dg_load_x(const float *x) { return _mm512_loadu_ps(x); }
@@ -95,7 +94,6 @@ static inline void dg_store(float *p, dg_v16 a) { _mm512_storeu_ps(p, a); }
 typedef struct {
     __m256 lo, hi;
 } dg_v16;
-#define DG_RB 1 /* 8 accumulators of the 16 registers */
 static inline dg_v16 dg_zero(void) { return (dg_v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 static inline dg_v16 dg_fma(dg_v16 a, dg_v16 b, dg_v16 c) {
     return (dg_v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
@@ -122,36 +120,36 @@ static inline __m128 dg_sum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/* Rows w_n .. w_n+3 (row stride K) times batch rows x_b .. x_b+RB-1: Y[b + r, n + i]. */
+/* Rows n .. n+RW-1 (row stride K; RW 1, 2 or 4) times batch rows b .. b+RB-1: Y[b + r, n + i]. RW and RB are
+ * constants at every call (the loops unroll into RW x RB accumulators). */
 static inline __attribute__((always_inline)) void dg_block(const HDMat W, const float *bias, int64_t n, int64_t K,
                                                            const float *X, int64_t ldx, int64_t b, float *Y,
-                                                           int64_t ldy, const int RB, const int bf16) {
+                                                           int64_t ldy, const int RW, const int RB, const int bf16) {
     const int64_t K16 = K & ~(int64_t)15;
     const void *w = W.data;
-    const int64_t r0 = n * K, r1 = r0 + K, r2 = r1 + K, r3 = r2 + K;
-    dg_v16 a[4][DG_RB];
-    for (int r = 0; r < RB; r++) a[0][r] = a[1][r] = a[2][r] = a[3][r] = dg_zero();
+    dg_v16 a[4][4];
+    for (int i = 0; i < RW; i++)
+        for (int r = 0; r < RB; r++) a[i][r] = dg_zero();
     for (int64_t k = 0; k < K16; k += 16) {
-        const dg_v16 w0 = dg_load_w(w, r0 + k, bf16), w1 = dg_load_w(w, r1 + k, bf16);
-        const dg_v16 w2 = dg_load_w(w, r2 + k, bf16), w3 = dg_load_w(w, r3 + k, bf16);
+        dg_v16 wv[4];
+        for (int i = 0; i < RW; i++) wv[i] = dg_load_w(w, (n + i) * K + k, bf16);
         for (int r = 0; r < RB; r++) {
             const dg_v16 xv = dg_load_x(X + (b + r) * ldx + k);
-            a[0][r] = dg_fma(w0, xv, a[0][r]);
-            a[1][r] = dg_fma(w1, xv, a[1][r]);
-            a[2][r] = dg_fma(w2, xv, a[2][r]);
-            a[3][r] = dg_fma(w3, xv, a[3][r]);
+            for (int i = 0; i < RW; i++) a[i][r] = dg_fma(wv[i], xv, a[i][r]);
         }
     }
     for (int r = 0; r < RB; r++) {
         float *y = Y + (b + r) * ldy + n;
         if (K16 == K) {
-            __m128 v = dg_sum4(dg_fold(a[0][r]), dg_fold(a[1][r]), dg_fold(a[2][r]), dg_fold(a[3][r]));
-            if (bias) v = _mm_add_ps(v, _mm_loadu_ps(bias + n));
-            _mm_storeu_ps(y, v);
+            const __m256 s0 = dg_fold(a[0][r]), s1 = RW > 1 ? dg_fold(a[1][r]) : s0;
+            const __m128 v = RW == 4 ? dg_sum4(s0, s1, dg_fold(a[2][r]), dg_fold(a[3][r])) : dg_sum4(s0, s1, s0, s1);
+            float sums[4];
+            _mm_storeu_ps(sums, v);
+            for (int i = 0; i < RW; i++) y[i] = sums[i] + (bias ? bias[n + i] : 0.0f);
             continue;
         }
         const float *x = X + (b + r) * ldx;
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < RW; i++) {
             float lanes[16];
             dg_store(lanes, a[i][r]);
             dg_tail(W, n + i, K16, K, x, lanes);
@@ -160,7 +158,9 @@ static inline __attribute__((always_inline)) void dg_block(const HDMat W, const 
     }
 }
 
-/* Rows n .. N-1 in blocks of 4 (the last 1..3 rows by the plain form), every batch row. */
+/* Rows n .. N-1 in blocks of 4 (the last 1..3 rows by the plain form), every batch row. How a block is tiled never
+ * changes a row's chains, only how many batch rows share each weight load and widening: 4 x 4 with AVX-512's 32
+ * registers; with AVX2's 16, 1 row x 4 batch rows (8 accumulators) where 4 remain, else 4 rows x 1. */
 static inline __attribute__((always_inline)) int64_t dg_rows(const HDMat W, const float *bias, int64_t N, int64_t K,
                                                              const float *X, int64_t ldx, int64_t B, float *Y,
                                                              int64_t ldy, const int bf16) {
@@ -174,8 +174,13 @@ static inline __attribute__((always_inline)) int64_t dg_rows(const HDMat W, cons
             for (int64_t at = 0; at < 4 * K * esize; at += 64) _mm_prefetch(ahead + at, HD_HINT);
         }
         int64_t b = 0;
-        for (; b + DG_RB <= B; b += DG_RB) dg_block(W, bias, n, K, X, ldx, b, Y, ldy, DG_RB, bf16);
-        for (; b < B; b++) dg_block(W, bias, n, K, X, ldx, b, Y, ldy, 1, bf16);
+#ifdef DG_AVX512
+        for (; b + 4 <= B; b += 4) dg_block(W, bias, n, K, X, ldx, b, Y, ldy, 4, 4, bf16);
+#else
+        for (; b + 4 <= B; b += 4)
+            for (int64_t i = 0; i < 4; i++) dg_block(W, bias, n + i, K, X, ldx, b, Y, ldy, 1, 4, bf16);
+#endif
+        for (; b < B; b++) dg_block(W, bias, n, K, X, ldx, b, Y, ldy, 4, 1, bf16);
     }
     return n;
 }
