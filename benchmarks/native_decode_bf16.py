@@ -8,8 +8,9 @@ at batch 1 and 8 with `--kv-len` cached tokens per sequence, the two dtypes inte
 process (a shared host drifts: trust the ratios), and reports tok/s per dtype.
 
 The floor: the bytes a batch-1 step must read (every matrix outside the experts, top-k experts per MoE layer, the
-lm_head, one embedding row) over the host's read bandwidth, measured here as a torch sum over a 1 GiB buffer with
-the same thread count (best of 7). Each tok/s is also given as a fraction of its dtype's batch-1 floor.
+lm_head, one embedding row) over the host's read bandwidth, measured as a torch sum over a 1 GiB buffer with the
+same thread count, sampled before every block (the median of the samples). Each tok/s is also given as a fraction
+of its dtype's batch-1 floor.
 
     python benchmarks/native_decode_bf16.py [--dir DIR] [--threads 2] [--blocks 7] [--steps 20] [--kv-len 100]
 """
@@ -101,13 +102,22 @@ def step_bytes(model: HybridModel) -> int:
     return total
 
 
-def read_bandwidth(threads: int) -> float:
-    """Bytes per second a sum over 1 GiB reads with `threads` torch threads (best of 7)."""
-    torch.set_num_threads(threads)
-    buf = torch.ones(1 << 28)
-    buf.sum()
-    best = min(_timed(buf.sum) for _ in range(7))
-    return buf.nbytes / best
+class ReadBandwidth:
+    """The host's read bandwidth: a torch sum over a 1 GiB buffer with the step's thread count, sampled between the
+    timed blocks (best of 3 per sample) so that it sees the same load as the steps it is compared with."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.buf = torch.ones(1 << 28)
+        self.samples: list[float] = []
+
+    def sample(self) -> None:
+        torch.set_num_threads(self.threads)
+        self.buf.sum()
+        self.samples.append(self.buf.nbytes / min(_timed(self.buf.sum) for _ in range(3)))
+
+    def median(self) -> float:
+        return statistics.median(self.samples)
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -142,17 +152,14 @@ def main() -> None:
     a = ap.parse_args()
     flush_denormals_on_this_thread()  # as the engine thread does
     print(f"load average {os.getloadavg()}; torch {torch.__version__}; threads {a.threads}")
-    bandwidth = read_bandwidth(a.threads)
-    print(f"read bandwidth ({a.threads} threads, torch sum over 1 GiB): {bandwidth / 1e9:.1f} GB/s")
+    bandwidth = ReadBandwidth(a.threads)
     path = build_checkpoint(a.dir or Path(tempfile.mkdtemp()) / "qwen3-next-0.8b")
     models = {"fp32": load_model(path, dtype=torch.float32), "bf16": load_model(path, dtype=torch.bfloat16)}
     params = sum(p.numel() for p in models["bf16"].parameters())
     print(f"model: {params / 1e9:.2f}B parameters")
-    floors = {}
-    for name, model in models.items():
-        nbytes = step_bytes(model)
-        floors[name] = bandwidth / nbytes
-        print(f"{name}: a batch-1 step reads {nbytes / 1e9:.3f} GB of weights: floor {floors[name]:.1f} tok/s")
+    nbytes = {name: step_bytes(model) for name, model in models.items()}
+    for name, n in nbytes.items():
+        print(f"{name}: a batch-1 step reads {n / 1e9:.3f} GB of weights")
     layout = models["fp32"].layout()
     buffers: PoolBuffers = allocate_pool_buffers(
         layout,
@@ -178,17 +185,19 @@ def main() -> None:
                 set_threads(native.library, a.threads)
                 native(fb, buffers)  # settle
             for _ in range(a.blocks):
+                bandwidth.sample()
                 for name, native in paths.items():
                     set_threads(native.library, a.threads)
                     t0 = time.perf_counter()
                     for _ in range(a.steps):
                         native(fb, buffers)
                     ms[name].append((time.perf_counter() - t0) / a.steps * 1e3)
-        parts = []
+        bw = bandwidth.median()
+        parts = [f"read bandwidth {bw / 1e9:.1f} GB/s"]
         for name in paths:
             step = statistics.median(ms[name])
-            tok_s = batch * 1e3 / step
-            parts.append(f"{name} {step:.2f} ms/step {tok_s:.1f} tok/s ({tok_s / floors[name]:.0%} of its b1 floor)")
+            tok_s, floor = batch * 1e3 / step, bw / nbytes[name]
+            parts.append(f"{name} {step:.2f} ms/step {tok_s:.1f} tok/s ({tok_s / floor:.0%} of b1 floor {floor:.1f})")
         ratio = statistics.median(ms["fp32"]) / statistics.median(ms["bf16"])
         print(f"batch {batch}: " + " | ".join(parts) + f" | bf16/fp32 speed {ratio:.2f}x")
     print(f"load average {os.getloadavg()}")
