@@ -8,7 +8,12 @@
  * ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then + bias[n]. The AVX-512 path holds the 16 lanes in one
  * register, the AVX2 + FMA path in two, the plain-C path in an array (fmaf): all three give the same bits
  * (tests/runtime/test_native_gemm.py builds each), and a row's result never depends on the rows around it or the
- * thread that computes it.
+ * thread that computes it. Which path a library takes is fixed when build.py compiles it for the host it runs on
+ * (-march=native; the cache key carries the CPU's flags), so a CPU without AVX-512 builds the AVX2 path.
+ *
+ * Not AVX-512 BF16's vdpbf16ps: it rounds X to bf16 too (the activations stay fp32 here, and the bits equal the
+ * fp32 kernel's), and a batch-1 step waits on DRAM, not on the widening: from L2 this kernel reads bf16 weights
+ * at about twice one core's share of the development host's DRAM bandwidth.
  */
 #ifndef HYBRIDCTL_DOT_GEMM_H
 #define HYBRIDCTL_DOT_GEMM_H
