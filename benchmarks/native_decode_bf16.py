@@ -8,10 +8,10 @@ at batch 1 and 8 with `--kv-len` cached tokens per sequence, the two dtypes inte
 process (a shared host drifts: trust the ratios), and reports tok/s per dtype.
 
 The floor: the bytes a batch-1 step must read (every matrix outside the experts, top-k experts per MoE layer, the
-lm_head, one embedding row) over the host's read bandwidth, measured as a torch sum over a 1 GiB buffer with the
-same thread count, sampled before every block. Each tok/s is also given as a fraction of its dtype's batch-1 floor,
-twice: block medians against the median bandwidth, and the best single step against the best bandwidth sample
-(on a shared host the least disturbed of each; the two agree on a quiet one).
+lm_head, one embedding row) over the host's read bandwidth, measured by benchmarks/read_bandwidth.c (vector loads
+and adds over a 1 GiB buffer, the same thread count), sampled before every block. Each tok/s is also given as a
+fraction of its dtype's batch-1 floor, twice: block medians against the median bandwidth, and the best single step
+against the best bandwidth sample (on a shared host the least disturbed of each; the two agree on a quiet one).
 
     python benchmarks/native_decode_bf16.py [--dir DIR] [--threads 2] [--blocks 7] [--steps 20] [--kv-len 100]
 """
@@ -19,6 +19,7 @@ twice: block medians against the median bandwidth, and the best single step agai
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import tempfile
@@ -35,6 +36,7 @@ from runtime.engine.denormals import flush_denormals_on_this_thread
 from runtime.engine.native_decode import NativeDecode, decode_weights
 from runtime.models.base import HybridModel
 from runtime.models.loader import load_model
+from runtime.native.build import load
 from runtime.native.hybrid_decode import set_threads
 
 BATCHES = (1, 8)
@@ -104,18 +106,26 @@ def step_bytes(model: HybridModel) -> int:
 
 
 class ReadBandwidth:
-    """The host's read bandwidth: a torch sum over a 1 GiB buffer with the step's thread count, sampled between the
-    timed blocks (best of 3 per sample) so that it sees the same load as the steps it is compared with."""
+    """The host's read bandwidth: benchmarks/read_bandwidth.c (built like the runtime's kernels) sums a 1 GiB
+    buffer on `threads` threads of a pool like the native step's, sampled between the timed blocks (best of 3 per
+    sample) so that it sees the same load as the steps it is compared with."""
 
     def __init__(self, threads: int) -> None:
-        self.threads = threads
-        self.buf = torch.ones(1 << 28)
+        self.lib = load("read_bandwidth", Path(__file__).with_name("read_bandwidth.c")).lib
+        self.lib.rb_set_threads.argtypes = [ctypes.c_int]
+        self.lib.rb_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        self.lib.rb_set_threads(threads)
+        self.buf = torch.ones(1 << 28)  # torch's allocations are 64-byte aligned
+        self.blocks = self.buf.numel() // 4096
+        self.sink = torch.zeros(self.blocks)
         self.samples: list[float] = []
 
+    def _read(self) -> None:
+        self.lib.rb_read(self.buf.data_ptr(), self.blocks, self.sink.data_ptr())
+
     def sample(self) -> None:
-        torch.set_num_threads(self.threads)
-        self.buf.sum()
-        self.samples.append(self.buf.nbytes / min(_timed(self.buf.sum) for _ in range(3)))
+        self._read()
+        self.samples.append(self.buf.nbytes / min(_timed(self._read) for _ in range(3)))
 
     def median(self) -> float:
         return statistics.median(self.samples)
