@@ -9,8 +9,9 @@ one sequence as rows of one chain, the recurrent state advanced token by token; 
 them to the torch path), before the compiled paths: where both are on, native wins the decode step and the short
 extends (it needs no warm-up).
 
-Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 weights and fp32 pools;
-elsewhere `why_not` says why and the torch path runs.
+Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 or bf16 weights (each weight
+matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly what it
+computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere `why_not` says why and the torch path runs.
 
 Threads: the C step splits its weight rows over a pool of its own (runtime/native/parallel.h) of as many threads as
 the process's torch thread count (`--num-threads`) and the cores it may run on allow; RUNTIME_NATIVE_DECODE_THREADS
@@ -44,6 +45,7 @@ from runtime.native.build import NativeUnavailable
 from runtime.native.hybrid_decode import (
     ATTENTION_KIND,
     LINEAR_KIND,
+    WEIGHT_DTYPES,
     AttentionWeights,
     DecodeWeights,
     DeltaNetWeights,
@@ -202,8 +204,9 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
     params = list(model.parameters())
     if any(p.device.type != "cpu" for p in params):
         raise Unsupported("the model is not on the CPU")
-    if any(p.dtype != torch.float32 for p in params):
-        raise Unsupported("the weights are not fp32")
+    odd = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype not in WEIGHT_DTYPES})
+    if odd:
+        raise Unsupported(f"the weights are {', '.join(odd)}: the native step reads fp32 or bf16")
     config = model.config
     eps = float(config.rms_norm_eps)
     body = model.body

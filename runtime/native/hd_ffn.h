@@ -15,7 +15,7 @@
 
 /* A SwiGLU's input side for `cnt` rows: h = silu(gate x) * up x, [cnt, inter]. */
 typedef struct {
-    const float *gate, *up; /* [inter, H] each */
+    HDMat gate, up; /* [inter, H] each */
     int64_t inter, cnt;
     const float *x; /* [cnt, H] */
     float *g, *u, *h; /* [cnt, inter] each */
@@ -24,7 +24,7 @@ typedef struct {
 /* Its output side: rows [r0, r1) of down [H, inter] applied to h; an expert's rows are added into the tokens it
  * serves, times their routing weights. */
 typedef struct {
-    const float *down;
+    HDMat down;
     const int64_t *tok; /* [cnt] the batch row of each of h's rows (NULL: row r is batch row r) */
     const float *tokw; /* [cnt] routing weights (NULL: the shared expert / dense MLP) */
 } DownJob;
@@ -62,8 +62,8 @@ static void ffn_up_blocks(void *ctx, int64_t begin, int64_t end) {
         const int64_t i0 = (lo - f->first[j] + w - 1) / w, i1 = (hi - f->first[j] + w - 1) / w;
         if (i0 >= i1) continue;
         const int64_t r0 = i0 * 4, r1 = min64(i1 * 4, q->inter), I = q->inter;
-        gemm_rows(q->gate + r0 * f->H, NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->g + r0, I);
-        gemm_rows(q->up + r0 * f->H, NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->u + r0, I);
+        gemm_rows(hd_mat_at(q->gate, r0 * f->H), NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->g + r0, I);
+        gemm_rows(hd_mat_at(q->up, r0 * f->H), NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->u + r0, I);
         for (int64_t r = 0; r < q->cnt; r++)
             for (int64_t i = r0; i < r1; i++) q->h[r * I + i] = siluf_(q->g[r * I + i]) * q->u[r * I + i];
     }
@@ -76,7 +76,7 @@ static void ffn_down_blocks(void *ctx, int64_t begin, int64_t end) {
     const int64_t H = f->H, r0 = begin * 4, r1 = min64(end * 4, H);
     if (f->mode == FFN_DENSE) {
         const UpJob *q = &f->up[0];
-        gemm_rows(f->down[0].down + r0 * q->inter, NULL, r1 - r0, q->inter, q->h, q->inter, q->cnt, f->out + r0, H);
+        gemm_rows(hd_mat_at(f->down[0].down, r0 * q->inter), NULL, r1 - r0, q->inter, q->h, q->inter, q->cnt, f->out + r0, H);
         return;
     }
     if (f->mode == FFN_CLEAR)
@@ -85,7 +85,7 @@ static void ffn_down_blocks(void *ctx, int64_t begin, int64_t end) {
         const UpJob *q = &f->up[j];
         const DownJob *d = &f->down[j];
         float *eo = f->eo + f->eo_off[j] * H;
-        gemm_rows(d->down + r0 * q->inter, NULL, r1 - r0, q->inter, q->h, q->inter, q->cnt, eo + r0, H);
+        gemm_rows(hd_mat_at(d->down, r0 * q->inter), NULL, r1 - r0, q->inter, q->h, q->inter, q->cnt, eo + r0, H);
         for (int64_t r = 0; r < q->cnt; r++) {
             const int64_t b = d->tok ? d->tok[r] : r;
             float *dst = f->out + b * H;
@@ -103,14 +103,14 @@ static void ffn_down_blocks(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
-static void ffn_add(FfnCtx *f, const float *gate, const float *up, const float *down, int64_t inter, int64_t cnt,
+static void ffn_add(FfnCtx *f, const HDMat gate, const HDMat up, const HDMat down, int64_t inter, int64_t cnt,
                     const float *x, float *buf, const int64_t *tok, const float *tokw) {
     const int j = f->n++;
     f->up[j] = (UpJob){gate, up, inter, cnt, x, buf, buf + cnt * inter, buf + 2 * cnt * inter};
     f->down[j] = (DownJob){down, tok, tokw};
     f->first[j + 1] = f->first[j] + (inter + 3) / 4 * ffn_block_units(&f->up[j]);
-    f->bytes_up += 2 * inter * f->H * (int64_t)sizeof(float);
-    f->bytes_down += inter * f->H * (int64_t)sizeof(float);
+    f->bytes_up += inter * f->H * (hd_elem_size(gate) + hd_elem_size(up));
+    f->bytes_down += inter * f->H * hd_elem_size(down);
 }
 
 static void ffn_run(FfnCtx *f) {
@@ -198,12 +198,12 @@ static void moe(const HDModel *m, const HDLayer *L, const HDStep *s, const float
             f.mode = FFN_ADD;
         }
         f.eo_off[f.n] = at;
-        ffn_add(&f, L->exp_gate_up + e * 2 * I * H, L->exp_gate_up + e * 2 * I * H + I * H, L->exp_down + e * H * I, I,
-                cnt, gathered + at * H, bufs + 3 * at * I, tok + at, tokw + at);
+        ffn_add(&f, hd_mat_at(L->exp_gate_up, e * 2 * I * H), hd_mat_at(L->exp_gate_up, e * 2 * I * H + I * H),
+                hd_mat_at(L->exp_down, e * H * I), I, cnt, gathered + at * H, bufs + 3 * at * I, tok + at, tokw + at);
         at += cnt;
     }
     if (L->mlp_inter > 0) {
-        if (L->shared_gate) {
+        if (L->shared_gate.data) {
             gemm_rows(L->shared_gate, NULL, 1, H, xn, H, B, sg, 1);
             f.shared_gate = sg;
         }

@@ -16,40 +16,40 @@ typedef struct {
     const float *post_norm; /* [H] 1 + w */
     /* gated DeltaNet */
     int64_t nk, nv, dk, dv, kernel;
-    const float *w_qkv; /* [2*nk*dk + nv*dv, H] rows q | k | v */
-    const float *w_z; /* [nv*dv, H] */
-    const float *w_b; /* [nv, H] */
-    const float *w_a; /* [nv, H] */
+    HDMat w_qkv; /* [2*nk*dk + nv*dv, H] rows q | k | v */
+    HDMat w_z; /* [nv*dv, H] */
+    HDMat w_b; /* [nv, H] */
+    HDMat w_a; /* [nv, H] */
     const float *conv_w; /* [conv_dim, kernel] */
     const float *conv_b; /* [conv_dim] or NULL */
     const float *neg_a; /* [nv] -exp(A_log) */
     const float *dt_bias; /* [nv] */
     const float *gnorm_w; /* [dv] */
-    const float *w_out; /* [H, nv*dv] */
+    HDMat w_out; /* [H, nv*dv] */
     /* gated attention */
     int64_t nh, nkv, hd, rot_dim, out_gate;
-    const float *wq, *wk, *wv, *wo; /* [nh*hd*(1+out_gate), H], [nkv*hd, H] x2, [H, nh*hd] */
+    HDMat wq, wk, wv, wo; /* [nh*hd*(1+out_gate), H], [nkv*hd, H] x2, [H, nh*hd] */
     const float *bq, *bk, *bv, *bo; /* biases or NULL */
     const float *q_norm, *k_norm; /* [hd] 1 + w, or NULL */
     const float *inv_freq; /* [rot_dim / 2] */
     double attn_scale;
     /* feed-forward: a sparse MoE (n_exp > 0) with an optional shared expert, or a dense SwiGLU MLP */
     int64_t n_exp, top_k, exp_inter, norm_topk;
-    const float *router; /* [E, H] */
-    const float *exp_gate_up; /* [E, 2*I, H] */
-    const float *exp_down; /* [E, H, I] */
+    HDMat router; /* [E, H] */
+    HDMat exp_gate_up; /* [E, 2*I, H] */
+    HDMat exp_down; /* [E, H, I] */
     int64_t mlp_inter; /* the dense MLP's or the shared expert's intermediate size; 0: none */
-    const float *mlp_gate, *mlp_up, *mlp_down; /* [I, H], [I, H], [H, I] */
-    const float *shared_gate; /* [1, H] or NULL */
+    HDMat mlp_gate, mlp_up, mlp_down; /* [I, H], [I, H], [H, I] */
+    HDMat shared_gate; /* [1, H]; data NULL: none */
 } HDLayer;
 
 typedef struct {
     int64_t hidden, vocab, n_layers;
     double eps;
     double embed_scale;
-    const float *embed; /* [V, H] */
+    HDMat embed; /* [V, H] */
     const float *final_norm; /* [H] 1 + w */
-    const float *lm_head; /* [V, H] */
+    HDMat lm_head; /* [V, H] */
     const HDLayer *layers;
 } HDModel;
 
@@ -107,16 +107,16 @@ static inline float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x))
 static inline void hd_prefetch_ffn(const HDLayer *L, int64_t H, int64_t i, int64_t n) {
 #if defined(__x86_64__) || defined(__i386__)
     const int64_t E = L->n_exp, I = L->exp_inter, M = L->mlp_inter;
-    const float *base[5] = {L->exp_gate_up, L->exp_down, L->mlp_gate, L->mlp_up, L->mlp_down};
-    const int64_t len[5] = {E > 0 ? E * 2 * I * H : 0, E > 0 ? E * H * I : 0, M * H, M * H, H * M};
-    int64_t total = 0;
-    for (int r = 0; r < 5; r++) total += base[r] ? len[r] : 0;
+    const HDMat mat[5] = {L->exp_gate_up, L->exp_down, L->mlp_gate, L->mlp_up, L->mlp_down};
+    const int64_t elems[5] = {E > 0 ? E * 2 * I * H : 0, E > 0 ? E * H * I : 0, M * H, M * H, H * M};
+    int64_t len[5], total = 0; /* bytes */
+    for (int r = 0; r < 5; r++) total += len[r] = mat[r].data ? elems[r] * hd_elem_size(mat[r]) : 0;
     const int64_t lo = total * i / n, hi = total * (i + 1) / n;
     int64_t at = 0;
     for (int r = 0; r < 5; r++) {
-        if (!base[r] || len[r] == 0) continue;
+        if (len[r] == 0) continue;
         const int64_t a = lo > at ? lo - at : 0, b = hi < at + len[r] ? hi - at : len[r];
-        for (int64_t f = a; f < b; f += 16) _mm_prefetch((const char *)(base[r] + f), _MM_HINT_T1);
+        for (int64_t f = a; f < b; f += 64) _mm_prefetch((const char *)mat[r].data + f, _MM_HINT_T1);
         at += len[r];
     }
 #else

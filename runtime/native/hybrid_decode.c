@@ -5,9 +5,11 @@
  * tokens and the new ones up to itself). Called once per step through ctypes (runtime/native/hybrid_decode.py),
  * so a step is one call instead of ~800 dispatched torch ops (an extend's ~1000).
  *
- * Semantics follow the torch modules (runtime/models/layers/): every weight is fp32, read in place from the
- * model's own parameters (row-major [out, in]); the pools are the engine's fp32 buffers, written in place at the
- * step's slots. Every pointer, dtype, shape and contiguity is validated by the Python side before the call; this
+ * Semantics follow the torch modules (runtime/models/layers/): every weight matrix (projections, experts, router,
+ * embedding, lm_head) is read in place from the model's own parameters (row-major [out, in]), fp32 or bf16 (HDMat:
+ * a bf16 weight is widened to fp32 in a register, dot_gemm.h); norms, biases and the other small vectors are fp32;
+ * activations, sums and the recurrent state are fp32. The pools are the engine's fp32 buffers, written in place at
+ * the step's slots. Every pointer, dtype, shape and contiguity is validated by the Python side before the call; this
  * file checks only that the indices it is given lie inside the pools (returning an error code, never writing
  * out of bounds).
  *
@@ -95,8 +97,11 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     float *xn = x + B * H, *delta = xn + B * H, *work = delta + B * H, *scores = work + scratch;
     GemmSet g = {0};
     for (int64_t b = 0; b < B; b++) {
-        const float *row = m->embed + s->ids[b] * H;
-        for (int64_t i = 0; i < H; i++) x[b * H + i] = m->embed_scale != 1.0 ? row[i] * (float)m->embed_scale : row[i];
+        const int64_t row = s->ids[b] * H;
+        for (int64_t i = 0; i < H; i++) {
+            const float e = hd_mat_get(m->embed, row + i);
+            x[b * H + i] = m->embed_scale != 1.0 ? e * (float)m->embed_scale : e;
+        }
     }
     for (int64_t l = 0; l < m->n_layers; l++) {
         const HDLayer *L = &m->layers[l];

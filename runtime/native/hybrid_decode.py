@@ -1,8 +1,9 @@
 """The Qwen3-Next family's decode step in C (hybrid_decode.c), called through ctypes: tensors and pointers only.
 
 `DecodeWeights` names every tensor the C side reads (the model's own parameter storage, plus a few parameter-only
-derived tensors); `HybridDecodeKernel` checks each one (fp32, CPU, contiguous, the shape the C code assumes)
-once, lays out the C structs once, and per step fills only the step's fields. A wrong pointer would be a segfault
+derived tensors); `HybridDecodeKernel` checks each one (CPU, contiguous, the shape the C code assumes; weight
+matrices fp32 or bf16, read in place in either; small vectors fp32) once, lays out the C structs once, and per
+step fills only the step's fields. A wrong pointer would be a segfault
 that kills the server, so everything the C code dereferences is checked here first; the C code itself checks
 only that the indices it is given lie inside the pools.
 """
@@ -35,6 +36,16 @@ _I = ctypes.POINTER(ctypes.c_int64)
 _I64, _D = ctypes.c_int64, ctypes.c_double
 
 
+class _Mat(ctypes.Structure):
+    """A weight matrix (HDMat in dot_gemm.h): its storage and dtype code."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", _I64)]  # noqa: RUF012 - ctypes' declared layout
+
+
+# The weight dtypes the kernel reads in place (dot_gemm.h widens bf16 in registers), with their C codes.
+WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [  # noqa: RUF012 - ctypes' declared layout, in hybrid_decode.c's HDLayer order
         ("kind", _I64),
@@ -46,25 +57,25 @@ class _Layer(ctypes.Structure):
         ("dk", _I64),
         ("dv", _I64),
         ("kernel", _I64),
-        ("w_qkv", _F),
-        ("w_z", _F),
-        ("w_b", _F),
-        ("w_a", _F),
+        ("w_qkv", _Mat),
+        ("w_z", _Mat),
+        ("w_b", _Mat),
+        ("w_a", _Mat),
         ("conv_w", _F),
         ("conv_b", _F),
         ("neg_a", _F),
         ("dt_bias", _F),
         ("gnorm_w", _F),
-        ("w_out", _F),
+        ("w_out", _Mat),
         ("nh", _I64),
         ("nkv", _I64),
         ("hd", _I64),
         ("rot_dim", _I64),
         ("out_gate", _I64),
-        ("wq", _F),
-        ("wk", _F),
-        ("wv", _F),
-        ("wo", _F),
+        ("wq", _Mat),
+        ("wk", _Mat),
+        ("wv", _Mat),
+        ("wo", _Mat),
         ("bq", _F),
         ("bk", _F),
         ("bv", _F),
@@ -77,14 +88,14 @@ class _Layer(ctypes.Structure):
         ("top_k", _I64),
         ("exp_inter", _I64),
         ("norm_topk", _I64),
-        ("router", _F),
-        ("exp_gate_up", _F),
-        ("exp_down", _F),
+        ("router", _Mat),
+        ("exp_gate_up", _Mat),
+        ("exp_down", _Mat),
         ("mlp_inter", _I64),
-        ("mlp_gate", _F),
-        ("mlp_up", _F),
-        ("mlp_down", _F),
-        ("shared_gate", _F),
+        ("mlp_gate", _Mat),
+        ("mlp_up", _Mat),
+        ("mlp_down", _Mat),
+        ("shared_gate", _Mat),
     ]
 
 
@@ -95,9 +106,9 @@ class _Model(ctypes.Structure):
         ("n_layers", _I64),
         ("eps", _D),
         ("embed_scale", _D),
-        ("embed", _F),
+        ("embed", _Mat),
         ("final_norm", _F),
-        ("lm_head", _F),
+        ("lm_head", _Mat),
         ("layers", ctypes.POINTER(_Layer)),
     ]
 
@@ -265,9 +276,9 @@ class HybridDecodeKernel:
             n_layers=len(weights.layers),
             eps=weights.eps,
             embed_scale=weights.embed_scale,
-            embed=self._ptr(weights.embed, (weights.vocab, h), "embed"),
+            embed=self._mat(weights.embed, (weights.vocab, h), "embed"),
             final_norm=self._ptr(weights.final_norm, (h,), "final norm"),
-            lm_head=self._ptr(weights.lm_head, (weights.vocab, h), "lm_head"),
+            lm_head=self._mat(weights.lm_head, (weights.vocab, h), "lm_head"),
             layers=ctypes.cast(layers, ctypes.POINTER(_Layer)),
         )
         self._fn = self.library.lib.hd_decode
@@ -280,15 +291,32 @@ class HybridDecodeKernel:
         self._tables: list[ctypes.Array[ctypes._Pointer[ctypes.c_float]]] = []
 
     def _ptr(self, t: torch.Tensor | None, shape: tuple[int, ...], name: str) -> ctypes._Pointer[ctypes.c_float] | None:
+        """A small fp32 vector (a norm, a bias, the conv taps): a bf16 one is widened into a kept fp32 copy
+        (kilobytes), so the step's elementwise arithmetic stays fp32 whatever the weights' dtype."""
         if t is None:
             return None
-        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
-            raise WeightError(
-                f"{name}: need a contiguous fp32 CPU tensor of shape {list(shape)}, got {t.dtype} {list(t.shape)} "
-                f"on {t.device} (contiguous: {t.is_contiguous()})"
-            )
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        self._check(t, shape, name, (torch.float32,))
         self._kept.append(t)
         return ctypes.cast(t.data_ptr(), _F)
+
+    def _mat(self, t: torch.Tensor | None, shape: tuple[int, ...], name: str) -> _Mat:
+        """A weight matrix, read in place in its own dtype (fp32 or bf16: no copy); an absent one has NULL data."""
+        if t is None:
+            return _Mat(None, 0)
+        self._check(t, shape, name, tuple(WEIGHT_DTYPES))
+        self._kept.append(t)
+        return _Mat(t.data_ptr(), WEIGHT_DTYPES[t.dtype])
+
+    @staticmethod
+    def _check(t: torch.Tensor, shape: tuple[int, ...], name: str, dtypes: tuple[torch.dtype, ...]) -> None:
+        if t.dtype not in dtypes or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
+            wanted = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise WeightError(
+                f"{name}: need a contiguous {wanted} CPU tensor of shape {list(shape)}, got {t.dtype} "
+                f"{list(t.shape)} on {t.device} (contiguous: {t.is_contiguous()})"
+            )
 
     def _fill_layer(self, c: _Layer, lw: LayerWeights, h: int, name: str) -> None:
         c.kind, c.ordinal = lw.kind, lw.ordinal
@@ -301,16 +329,16 @@ class HybridDecodeKernel:
             key, value = m.num_k_heads * m.k_head_dim, m.num_v_heads * m.v_head_dim
             conv_dim = 2 * key + value
             c.nk, c.nv, c.dk, c.dv, c.kernel = m.num_k_heads, m.num_v_heads, m.k_head_dim, m.v_head_dim, m.kernel
-            c.w_qkv = self._ptr(m.qkv, (conv_dim, h), f"{name} qkv projection")
-            c.w_z = self._ptr(m.z, (value, h), f"{name} z projection")
-            c.w_b = self._ptr(m.b, (m.num_v_heads, h), f"{name} b projection")
-            c.w_a = self._ptr(m.a, (m.num_v_heads, h), f"{name} a projection")
+            c.w_qkv = self._mat(m.qkv, (conv_dim, h), f"{name} qkv projection")
+            c.w_z = self._mat(m.z, (value, h), f"{name} z projection")
+            c.w_b = self._mat(m.b, (m.num_v_heads, h), f"{name} b projection")
+            c.w_a = self._mat(m.a, (m.num_v_heads, h), f"{name} a projection")
             c.conv_w = self._ptr(m.conv, (conv_dim, m.kernel), f"{name} conv weight")
             c.conv_b = self._ptr(m.conv_bias, (conv_dim,), f"{name} conv bias")
             c.neg_a = self._ptr(m.neg_a, (m.num_v_heads,), f"{name} decay rate")
             c.dt_bias = self._ptr(m.dt_bias, (m.num_v_heads,), f"{name} dt_bias")
             c.gnorm_w = self._ptr(m.norm, (m.v_head_dim,), f"{name} gated norm")
-            c.w_out = self._ptr(m.out, (h, value), f"{name} out projection")
+            c.w_out = self._mat(m.out, (h, value), f"{name} out projection")
         else:
             if lw.kind != ATTENTION_KIND or m.heads % m.kv_heads or m.rotary_dim % 2 or m.rotary_dim > m.head_dim:
                 raise WeightError(f"{name}: attention heads/rotary dims the kernel does not handle")
@@ -318,10 +346,10 @@ class HybridDecodeKernel:
             kvw = m.kv_heads * m.head_dim
             c.nh, c.nkv, c.hd, c.rot_dim, c.out_gate = m.heads, m.kv_heads, m.head_dim, m.rotary_dim, m.output_gate
             c.attn_scale = m.scale
-            c.wq = self._ptr(m.q, (qw, h), f"{name} q_proj")
-            c.wk = self._ptr(m.k, (kvw, h), f"{name} k_proj")
-            c.wv = self._ptr(m.v, (kvw, h), f"{name} v_proj")
-            c.wo = self._ptr(m.o, (h, m.heads * m.head_dim), f"{name} o_proj")
+            c.wq = self._mat(m.q, (qw, h), f"{name} q_proj")
+            c.wk = self._mat(m.k, (kvw, h), f"{name} k_proj")
+            c.wv = self._mat(m.v, (kvw, h), f"{name} v_proj")
+            c.wo = self._mat(m.o, (h, m.heads * m.head_dim), f"{name} o_proj")
             if m.biases is not None:
                 bq, bk, bv, bo = m.biases
                 c.bq = self._ptr(bq, (qw,), f"{name} q bias")
@@ -337,17 +365,17 @@ class HybridDecodeKernel:
                 raise WeightError(f"{name}: a MoE block without router or expert weights, or top_k out of range")
             inter = f.down.shape[-1]
             c.n_exp, c.top_k, c.exp_inter, c.norm_topk = f.experts, f.top_k, inter, f.norm_topk_prob
-            c.router = self._ptr(f.router, (f.experts, h), f"{name} router")
-            c.exp_gate_up = self._ptr(f.gate_up, (f.experts, 2 * inter, h), f"{name} experts gate_up")
-            c.exp_down = self._ptr(f.down, (f.experts, h, inter), f"{name} experts down")
-            c.shared_gate = self._ptr(f.shared_gate, (1, h), f"{name} shared expert gate")
+            c.router = self._mat(f.router, (f.experts, h), f"{name} router")
+            c.exp_gate_up = self._mat(f.gate_up, (f.experts, 2 * inter, h), f"{name} experts gate_up")
+            c.exp_down = self._mat(f.down, (f.experts, h, inter), f"{name} experts down")
+            c.shared_gate = self._mat(f.shared_gate, (1, h), f"{name} shared expert gate")
         if f.mlp_down is not None:
             inter = f.mlp_down.shape[-1]
             c.mlp_inter = inter
-            c.mlp_gate = self._ptr(f.mlp_gate, (inter, h), f"{name} mlp gate")
-            c.mlp_up = self._ptr(f.mlp_up, (inter, h), f"{name} mlp up")
-            c.mlp_down = self._ptr(f.mlp_down, (h, inter), f"{name} mlp down")
-            if c.mlp_gate is None or c.mlp_up is None:
+            c.mlp_gate = self._mat(f.mlp_gate, (inter, h), f"{name} mlp gate")
+            c.mlp_up = self._mat(f.mlp_up, (inter, h), f"{name} mlp up")
+            c.mlp_down = self._mat(f.mlp_down, (h, inter), f"{name} mlp down")
+            if not c.mlp_gate.data or not c.mlp_up.data:
                 raise WeightError(f"{name}: a SwiGLU MLP without gate or up weights")
         elif f.experts == 0:
             raise WeightError(f"{name}: neither a MoE block nor an MLP")
@@ -522,6 +550,7 @@ __all__ = [
     "HybridDecodeKernel",
     "LayerWeights",
     "NativeUnavailable",
+    "WEIGHT_DTYPES",
     "WeightError",
     "load_library",
     "set_min_part_bytes",

@@ -1,7 +1,7 @@
 /* The GEMM of many batch rows (an extend's tokens, a busy expert's tokens) for row_gemm.h: broadcast form over a
  * panel of X transposed on the fly, Xt[k][16] (16 batch rows, in L1), times 6 weight rows broadcast one element at
  * a time: a 6x16 register tile (12 accumulators, 8 loads per 12 FMAs; no horizontal sums). The dot form of
- * row_gemm.h loads every X vector once per weight row and ends each row in horizontal sums: fine for a decode's
+ * dot_gemm.h loads every X vector once per weight row and ends each row in horizontal sums: fine for a decode's
  * 1..8 rows, where the weights stream from DRAM, but its loads bound it once the rows are many.
  *
  * Every output is the chain acc = fma(W[n, k], X[b, k], acc) over k = 0, 1, ..., K-1 from 0 (then + bias[n]),
@@ -10,6 +10,8 @@
  */
 #ifndef HYBRIDCTL_WIDE_GEMM_H
 #define HYBRIDCTL_WIDE_GEMM_H
+
+#include "dot_gemm.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -116,30 +118,58 @@ static inline __attribute__((always_inline)) void wg_tile(const float *restrict 
         for (int64_t j = 0; j < bw; j++) Y[(b0 + j) * ldy + n0 + i] = t[i * WG_NR + j];
 }
 
+/* A bf16 matrix's rows n0 .. n0+m-1, columns k0 .. k0+kc-1, widened into wb [m][kc] (exact), the next block's rows
+ * (`ahead`, or NULL) prefetched meanwhile: the tiles then run the fp32 chains on them, the same bits as on fp32
+ * weights rounded to bf16. */
+static inline void wg_widen(const uint16_t *W, int64_t K, int64_t n0, int64_t m, int64_t k0, int64_t kc,
+                            const uint16_t *ahead, float *wb) {
+    for (int64_t i = 0; i < m; i++) {
+        const uint16_t *src = W + (n0 + i) * K + k0;
+#ifdef WG_AVX
+        if (ahead)
+            for (int64_t k = 0; k < kc; k += 32) _mm_prefetch((const char *)(ahead + i * K + k), _MM_HINT_T0);
+#else
+        (void)ahead;
+#endif
+        for (int64_t k = 0; k < kc; k++) wb[i * kc + k] = hd_bf16_to_f32(src[k]);
+    }
+}
+
 /* Y[b, n] = W[n, :] . X[b, :] (+ bias[n]) for b < B, n < N, as the chains above: tiles of 12 weight rows, each
  * across the panel's batch rows (two 6 x 16 tiles per 16 rows, one 12 x 8 for a last 1..8), the first of them
- * prefetching the next 12 rows. */
-static __attribute__((noinline)) void gemm_wide(const float *restrict W, const float *restrict bias, int64_t N, int64_t K,
-                             const float *X, int64_t ldx, int64_t B, float *Y, int64_t ldy) {
+ * prefetching the next 12 rows. A bf16 W's 12 rows of a chunk are widened first (wg_widen). */
+static __attribute__((noinline)) void gemm_wide(const HDMat W, const float *restrict bias, int64_t N, int64_t K,
+                                                const float *X, int64_t ldx, int64_t B, float *Y, int64_t ldy) {
     float Xt[WG_KC * WG_BC];
+    float wb[12 * WG_KC];
+    const int bf16 = W.dtype == HD_BF16;
     for (int64_t b0 = 0; b0 < B; b0 += WG_BC) {
         const int64_t bc = B - b0 < WG_BC ? B - b0 : WG_BC, ld = (bc + 7) & ~(int64_t)7;
         for (int64_t k0 = 0; k0 < K; k0 += WG_KC) {
             const int64_t kc = K - k0 < WG_KC ? K - k0 : WG_KC;
             wg_pack(X, ldx, b0, bc, k0, kc, Xt, ld);
             for (int64_t n0 = 0; n0 < N; n0 += 12) {
-                const int64_t m0 = N - n0 < 6 ? N - n0 : 6, m1 = N - n0 - 6 < 6 ? N - n0 - 6 : 6;
-                const float *ahead = n0 + 24 <= N ? W + (n0 + 12) * K + k0 : NULL;
+                const int64_t m = N - n0 < 12 ? N - n0 : 12, m0 = m < 6 ? m : 6, m1 = m - 6;
+                /* The tiles' view: rows of Wt (stride Kt) from row nt, columns from kt, outputs from Yt. */
+                const float *Wt = (const float *)W.data, *ahead = NULL;
+                int64_t Kt = K, nt = n0, kt = k0;
+                float *Yt = Y;
+                if (bf16) {
+                    const uint16_t *w16 = (const uint16_t *)W.data;
+                    wg_widen(w16, K, n0, m, k0, kc, n0 + 24 <= N ? w16 + (n0 + 12) * K + k0 : NULL, wb);
+                    Wt = wb, Kt = kc, nt = 0, kt = 0, Yt = Y + n0;
+                } else if (n0 + 24 <= N) {
+                    ahead = Wt + (n0 + 12) * K + k0;
+                }
                 for (int64_t j = 0; j < bc; j += WG_NR) {
                     const int64_t bw = bc - j < WG_NR ? bc - j : WG_NR;
                     const float *a0 = j == 0 ? ahead : NULL, *a1 = j == 0 && ahead ? ahead + 6 * K : NULL;
                     if (bw > 8) {
-                        wg_tile(W, K, n0, m0, Xt + j, ld, k0, kc, k0 == 0, a0, Y, ldy, b0 + j, bw, 6, 2);
+                        wg_tile(Wt, Kt, nt, m0, Xt + j, ld, kt, kc, k0 == 0, a0, Yt, ldy, b0 + j, bw, 6, 2);
                         if (m1 > 0)
-                            wg_tile(W, K, n0 + 6, m1, Xt + j, ld, k0, kc, k0 == 0, a1, Y, ldy, b0 + j, bw, 6, 2);
+                            wg_tile(Wt, Kt, nt + 6, m1, Xt + j, ld, kt, kc, k0 == 0, a1, Yt, ldy, b0 + j, bw, 6, 2);
                     } else {
-                        wg_tile(W, K, n0, N - n0 < 12 ? N - n0 : 12, Xt + j, ld, k0, kc, k0 == 0, a0, Y, ldy,
-                                b0 + j, bw, 12, 1);
+                        wg_tile(Wt, Kt, nt, m, Xt + j, ld, kt, kc, k0 == 0, a0, Yt, ldy, b0 + j, bw, 12, 1);
                     }
                 }
             }

@@ -1,8 +1,9 @@
-"""The native step's GEMMs (runtime/native/row_gemm.h: the dot form `gemm`; wide_gemm.h: the broadcast form
-`gemm_wide`, which `gemm_rows` takes from HD_WIDE_ROWS batch rows on), driven through a probe library built from
-tests/runtime/native_gemm_probe.c exactly as the runtime builds its kernels: each form against a float64
-reference, the dispatch on B (a decode batch keeps the dot form bit for bit), and the broadcast form's promise that
-a row's result never depends on the tile it falls in, the split of the rows or the thread count."""
+"""The native step's GEMMs (runtime/native/dot_gemm.h: the dot form `gemm`; wide_gemm.h: the broadcast form
+`gemm_wide`, which row_gemm.h's `gemm_rows` takes from HD_WIDE_ROWS batch rows on), driven through a probe library
+built from tests/runtime/native_gemm_probe.c exactly as the runtime builds its kernels: each form against a float64
+reference, the dispatch on B (a decode batch keeps the dot form bit for bit), each form's promise that a row's
+result never depends on the tile it falls in, the split of the rows or the thread count; bf16 weights giving the
+same bits as fp32 weights rounded to bf16; and the AVX-512, AVX2 and plain-C builds giving the same bits."""
 
 from __future__ import annotations
 
@@ -28,10 +29,14 @@ pytestmark = pytest.mark.skipif(build.find_compiler() is None, reason="needs a C
 SHAPES = [(1, 8, 12), (13, 24, 12), (37, 200, 17), (50, 264, 33), (24, 520, 48), (7, 300, 70), (130, 256, 64)]
 
 
+F32, BF16 = 0, 1  # dot_gemm.h's HD_F32, HD_BF16
+_V = ctypes.c_void_p
+
+
 def _load(tmp_path: Path, name: str, flags: tuple[str, ...] = build.DEFAULT_FLAGS) -> ctypes.CDLL:
     lib = build.load(f"{name}_{tmp_path.name}", PROBE, flags).lib
-    lib.probe_gemm.argtypes = [ctypes.c_int, _F, _F, _I64, _I64, _F, _I64, _I64, _F, _I64]
-    lib.probe_gemm_set.argtypes = [_F, _I64, _F, _F, _I64, _I64, _F, _I64, _F, _F]
+    lib.probe_gemm.argtypes = [ctypes.c_int, _I64, _V, _F, _I64, _I64, _F, _I64, _I64, _F, _I64]
+    lib.probe_gemm_set.argtypes = [_I64, _V, _I64, _V, _F, _I64, _I64, _F, _I64, _F, _F]
     lib.probe_set_min_part_bytes.argtypes = [_I64]
     return lib
 
@@ -52,6 +57,17 @@ def _ptr(a: np.ndarray | None) -> ctypes._Pointer[ctypes.c_float] | None:
     return None if a is None else a.ctypes.data_as(_F)
 
 
+def _to_bf16(w: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 bit patterns (uint16), rounded to nearest even as torch rounds (finite inputs)."""
+    u = w.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _widen(h: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns -> the fp32 values they stand for (exact)."""
+    return (h.astype(np.uint32) << 16).view(np.float32)
+
+
 def _inputs(n: int, k: int, b: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k)).astype(np.float32)
@@ -62,10 +78,12 @@ def _inputs(n: int, k: int, b: int, seed: int) -> tuple[np.ndarray, np.ndarray, 
 
 
 def _run(lib: ctypes.CDLL, form: int, w: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """Y of one form; `w` fp32, or uint16 for bf16 weights."""
     n, k = w.shape
     b, ldx = x.shape
     y = np.full((b, n + 5), np.nan, dtype=np.float32)  # ldy = N + 5: the columns past N stay untouched
-    lib.probe_gemm(form, _ptr(w), _ptr(bias), n, k, _ptr(x), ldx, b, _ptr(y), n + 5)
+    dtype = BF16 if w.dtype == np.uint16 else F32
+    lib.probe_gemm(form, dtype, w.ctypes.data, _ptr(bias), n, k, _ptr(x), ldx, b, _ptr(y), n + 5)
     assert np.isnan(y[:, n:]).all()
     return y[:, :n]
 
@@ -108,12 +126,17 @@ def test_broadcast_form_rows_do_not_depend_on_the_split(probe: ctypes.CDLL, n: i
     assert np.array_equal(_run(probe, 1, w, x[1:].copy(), bias), whole[1:])
 
 
-@pytest.mark.parametrize("b", [3, 12, 48])
-def test_projections_through_the_pool_are_bit_identical_under_1_2_3_threads(probe: ctypes.CDLL, b: int) -> None:
+@pytest.mark.parametrize("b", [3, 8, 12, 48])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_projections_through_the_pool_are_bit_identical_under_1_2_3_threads(
+    probe: ctypes.CDLL, b: int, bf16: bool
+) -> None:
     k, n0, n1 = 256, 100, 52
     rng = np.random.default_rng(b)
     w0 = rng.standard_normal((n0, k)).astype(np.float32)
     w1 = rng.standard_normal((n1, k)).astype(np.float32)
+    if bf16:
+        w0, w1 = _to_bf16(w0), _to_bf16(w1)
     bias1 = rng.standard_normal(n1).astype(np.float32)
     x = rng.standard_normal((b, k)).astype(np.float32)
     probe.probe_set_min_part_bytes(1)  # split to the 4-row block
@@ -121,7 +144,10 @@ def test_projections_through_the_pool_are_bit_identical_under_1_2_3_threads(prob
     for threads in (1, 2, 3):
         probe.probe_set_threads(threads)
         y0, y1 = np.zeros((b, n0), np.float32), np.zeros((b, n1), np.float32)
-        probe.probe_gemm_set(_ptr(w0), n0, _ptr(w1), _ptr(bias1), n1, k, _ptr(x), b, _ptr(y0), _ptr(y1))
+        dtype = BF16 if bf16 else F32
+        probe.probe_gemm_set(
+            dtype, w0.ctypes.data, n0, w1.ctypes.data, _ptr(bias1), n1, k, _ptr(x), b, _ptr(y0), _ptr(y1)
+        )
         results.append((y0, y1))
     probe.probe_set_threads(1)
     probe.probe_set_min_part_bytes(32768)
@@ -131,11 +157,47 @@ def test_projections_through_the_pool_are_bit_identical_under_1_2_3_threads(prob
     assert np.array_equal(results[0][0], _run(probe, 2, w0, x, None))
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX2 path is x86's")
-def test_plain_c_form_computes_the_same_chains_as_the_avx2_one(probe: ctypes.CDLL, tmp_path: Path) -> None:
-    flags = tuple(f for f in build.DEFAULT_FLAGS if f != "-march=native") + ("-mno-avx2", "-mno-fma")
-    plain = _load(tmp_path, "gemm_probe_plain", flags)
-    for n, k, b in SHAPES:
+# Decode shapes for the dot form: B of a decode batch (1..8, past the 4-row batch blocks), K on and off the 16 lanes.
+DOT_SHAPES = [(1, 16, 1), (4, 16, 2), (13, 24, 1), (37, 200, 5), (50, 264, 8), (24, 1040, 3), (7, 300, 7)]
+
+
+@pytest.mark.parametrize(("n", "k", "b"), DOT_SHAPES + SHAPES)
+@pytest.mark.parametrize("form", [0, 1, 2])
+def test_bf16_weights_give_the_bits_of_fp32_weights_rounded_to_bf16(
+    probe: ctypes.CDLL, form: int, n: int, k: int, b: int
+) -> None:
+    """The kernels widen a bf16 weight exactly and then run the fp32 chains: equal bits, not just close. A kernel
+    that read a bf16 matrix with the wrong element size, row stride or lane order would be off by far more."""
+    w, x, bias = _inputs(n, k, b, seed=n + 17 * k + b)
+    half = _to_bf16(w)
+    assert np.array_equal(_run(probe, form, half, x, bias), _run(probe, form, _widen(half), x, bias))
+    assert not np.array_equal(_widen(half), w)  # the rounding is real: fp32 weights would give other sums
+
+
+def _isa_builds(tmp_path: Path) -> dict[str, ctypes.CDLL]:
+    """The probe built for this host (-march=native), without AVX-512 (the AVX2 + FMA path), and for plain x86-64
+    without AVX2 or FMA (the plain-C path): the three code paths a user's CPU may take."""
+    base = tuple(f for f in build.DEFAULT_FLAGS if f != "-march=native")
+    return {
+        "native": _load(tmp_path, "gemm_probe_native"),
+        "avx2": _load(tmp_path, "gemm_probe_avx2", (*base, "-march=x86-64-v3")),
+        "plain": _load(tmp_path, "gemm_probe_plain", (*base, "-mno-avx2", "-mno-fma")),
+    }
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX2 and AVX-512 paths are x86's")
+@pytest.mark.parametrize("form", [0, 1])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_plain_c_avx2_and_avx512_paths_give_the_same_bits(tmp_path: Path, form: int, bf16: bool) -> None:
+    """Every path computes the same chains (fmaf is one rounding per product-add, as a vector FMA), so a CPU
+    without AVX-512, or without AVX2, gets the bits this host gets."""
+    builds = _isa_builds(tmp_path)
+    assert builds["avx2"].probe_isa() == 1 and builds["plain"].probe_isa() == 0
+    if "avx512f" in build._cpu_signature().split():  # noqa: SLF001 - the flags -march=native builds for
+        assert builds["native"].probe_isa() == 2
+    for n, k, b in DOT_SHAPES + SHAPES:
         w, x, bias = _inputs(n, k, b, seed=11)
-        # fmaf is one rounding per product-add, as the AVX2 tile's FMA: the same bits, not just close.
-        assert np.array_equal(_run(plain, 1, w, x, bias), _run(probe, 1, w, x, bias)), (n, k, b)
+        weights = _to_bf16(w) if bf16 else w
+        results = {name: _run(lib, form, weights, x, bias) for name, lib in builds.items()}
+        for name in ("avx2", "plain"):
+            assert np.array_equal(results[name], results["native"]), (name, n, k, b)
