@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridshared.flags.runtime_args import DEFAULT_CPU_DECODING_STEP_TOKENS
 from runtime.core.batch import ModelLayout
-from runtime.core.config import DEFAULT_CPU_DECODING_STEP_TOKENS, EngineArgs
+from runtime.core.config import EngineArgs
 from runtime.core.spec_config import SpecConfig, SpecConfigError
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_dtype, size_and_allocate
