@@ -2,8 +2,9 @@
 
 `size_builtin_pools` is what runtime/engine/pool_setup.py runs (the runtime imports this torch-free module; the
 control plane never imports the runtime). `plan_builtin` gives `plan`, `init` and `doctor` the same numbers from
-the config alone, by computing the runtime's inputs the way it does: activations (and so the KV cache and the conv
-window) in float32 on CPU and bfloat16 on a GPU, weights held at that dtype, `auto` meaning extra_buffer, no
+the config alone, by computing the runtime's inputs the way it does: weights and activations (and so the KV cache
+and the conv window) in the dtype `runtime_dtype` picks (`--dtype auto`: a bfloat16 checkpoint stays bfloat16, any
+other is float32 on CPU; bfloat16 on a GPU), `auto` meaning extra_buffer, no
 overlap schedule, one state slot per draft token under speculative decoding, and on CPU a memory budget of
 memory.memory_budget_gib (default 4 GiB) instead of a device's memory.
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hybridctl.model.dtypes import dtype_bytes
+from hybridctl.model.dtypes import canonical_dtype, dtype_bytes
 from hybridctl.planner.pool_sizing import PoolInputs, PoolPlan, PoolSizingError, resolve_strategy, size_pools
 from hybridctl.planner.units import GIB
 
@@ -46,9 +47,40 @@ class BuiltinPools:
     capped_to_need: str = ""
 
 
-def activation_dtype(on_gpu: bool) -> str:
-    """The runtime computes in float32 on CPU (exact; bf16 matmuls are slow there) and bfloat16 on a GPU."""
-    return "bfloat16" if on_gpu else "float32"
+def runtime_dtype(requested: str | None, stored: str | None, *, on_gpu: bool) -> str:
+    """THE dtype the runtime holds the weights in and computes in (the KV cache and the conv window follow it; the
+    SSM state has its own, --mamba-ssm-dtype). `requested` is --dtype (None or "auto": derive it), `stored` the
+    checkpoint's (`checkpoint_dtype`).
+
+    auto on CPU keeps a bfloat16 checkpoint in bfloat16, as SGLang and vLLM keep it on their devices: half the
+    bytes a decode step reads, and prefill GEMMs on the CPU's bf16 matrix units (oneDNN). Any other checkpoint
+    (float32; float16, whose CPU GEMMs have no matrix-unit path on most hosts; unknown) is held in float32, which
+    is exact. On a GPU auto is bfloat16."""
+    if requested not in (None, "auto"):
+        return canonical_dtype(requested)
+    if on_gpu:
+        return "bfloat16"
+    return "bfloat16" if stored == "bfloat16" else "float32"
+
+
+def checkpoint_dtype(config_json: str | Path) -> str | None:
+    """The dtype config.json says the weights are stored in (`torch_dtype`, transformers 5's `dtype`; a
+    multimodal checkpoint's text_config first), canonical; None when it says none or the file is unreadable."""
+    try:
+        cfg = json.loads(Path(config_json).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    for part in (cfg.get("text_config"), cfg):
+        if isinstance(part, dict):
+            name = part.get("torch_dtype") or part.get("dtype")
+            if isinstance(name, str):
+                try:
+                    return canonical_dtype(name)
+                except ValueError:
+                    return None
+    return None
 
 
 def runtime_strategy(
@@ -170,18 +202,15 @@ def cap_to_need(
     ), ", ".join(cut)
 
 
-def _stored_dtype_bytes(config_json: str) -> int:
-    try:
-        cfg = json.loads(Path(config_json).read_text(encoding="utf-8"))
-        text = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
-        return dtype_bytes(str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"))
-    except (OSError, ValueError, AttributeError):
-        return 2
-
-
 def _extra_int(cfg: HybridConfig, flag: str) -> int | None:
     value = cfg.config.extra_engine_args.get(flag, cfg.config.extra_engine_args.get(flag.replace("-", "_")))
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def configured_dtype(cfg: HybridConfig) -> str | None:
+    """--dtype from [extra_engine_args], else None (auto)."""
+    value = cfg.config.extra_engine_args.get("dtype")
+    return value if isinstance(value, str) else None
 
 
 def configured_context_len(cfg: HybridConfig) -> int | None:
@@ -190,18 +219,22 @@ def configured_context_len(cfg: HybridConfig) -> int | None:
 
 
 def builtin_model_spec(cfg: HybridConfig, model: str | Path, *, tp: int = 1, on_gpu: bool = False) -> ModelSpec:
-    """The model as the bundled runtime holds it: KV cache and conv window at the activation dtype, the SSM
-    state at settings.json mamba.state_dtype, the weights at the activation dtype (runtime/engine/pool_setup.py)."""
+    """The model as the bundled runtime holds it: weights, KV cache and conv window at `runtime_dtype`, the SSM
+    state at settings.json mamba.state_dtype (runtime/engine/pool_setup.py)."""
     from dataclasses import replace
 
     from hybridctl.model.spec import load_model_spec
 
-    act = activation_dtype(on_gpu)
-    spec = load_model_spec(model, tp=tp, ssm_dtype=cfg.settings.mamba.state_dtype, kv_dtype=act)
+    spec = load_model_spec(model, tp=tp, ssm_dtype=cfg.settings.mamba.state_dtype)
+    stored = checkpoint_dtype(spec.source)
+    act = runtime_dtype(configured_dtype(cfg), stored, on_gpu=on_gpu)
+    if act != spec.kv_dtype:
+        spec = load_model_spec(model, tp=tp, ssm_dtype=cfg.settings.mamba.state_dtype, kv_dtype=act)
     act_b, ssm_b = dtype_bytes(act), dtype_bytes(spec.ssm_dtype)
     conv = math.prod(spec.conv_state_shape) * act_b
     ssm = math.prod(spec.ssm_state_shape) * ssm_b
-    weights = spec.weights_bytes * act_b // _stored_dtype_bytes(spec.source)
+    # Header bytes are at the stored dtype; a checkpoint that names none is taken as bfloat16, as most are.
+    weights = spec.weights_bytes * act_b // dtype_bytes(stored or "bfloat16")
     return replace(
         spec,
         conv_dtype=act,
@@ -241,8 +274,8 @@ def plan_builtin(
     from hybridctl.planner.plan import Plan
 
     on_gpu = gpu_mem_bytes is not None
-    act = activation_dtype(on_gpu)
     spec = builtin_model_spec(cfg, model, tp=tp, on_gpu=on_gpu)
+    act = spec.kv_dtype
     state, weights = spec.mamba_state_bytes_per_request, spec.weights_bytes_per_rank
     mem, cache, specu = cfg.config.memory, cfg.config.cache, cfg.config.speculative
     device = builtin_device_bytes(cfg, gpu_mem_bytes)

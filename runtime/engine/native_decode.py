@@ -9,8 +9,9 @@ one sequence as rows of one chain, the recurrent state advanced token by token; 
 them to the torch path), before the compiled paths: where both are on, native wins the decode step and the short
 extends (it needs no warm-up).
 
-Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 weights and fp32 pools;
-elsewhere `why_not` says why and the torch path runs.
+Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with weights in a dtype the C step
+reads (`native_reads`: fp32) and fp32 pools; elsewhere the status line says why and the torch path runs (a bf16
+checkpoint under `--dtype auto` decodes there).
 
 Threads: the C step splits its weight rows over a pool of its own (runtime/native/parallel.h) of as many threads as
 the process's torch thread count (`--num-threads`) and the cores it may run on allow; RUNTIME_NATIVE_DECODE_THREADS
@@ -82,6 +83,19 @@ def extends_from_env() -> bool:
             f"{EXTEND_ENV}={raw!r}: expected 1 (native short extends, the default) or 0 (torch), or unset it"
         )
     return raw != "0"
+
+
+# The weight dtypes the C step reads (runtime/native/hybrid_decode.c). THE dtype gate of the native path: a model
+# held in any other dtype decodes on the torch path.
+NATIVE_WEIGHT_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32})
+
+
+_SHORT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def native_reads(weight_dtype: torch.dtype) -> bool:
+    """Whether the native step can read weights held in `weight_dtype` (`HybridModel.weight_dtype`)."""
+    return weight_dtype in NATIVE_WEIGHT_DTYPES
 
 
 class Unsupported(Exception):
@@ -202,8 +216,10 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
     params = list(model.parameters())
     if any(p.device.type != "cpu" for p in params):
         raise Unsupported("the model is not on the CPU")
-    if any(p.dtype != torch.float32 for p in params):
-        raise Unsupported("the weights are not fp32")
+    if not native_reads(model.weight_dtype):
+        readable = " or ".join(sorted(_SHORT_NAMES.get(d, str(d)) for d in NATIVE_WEIGHT_DTYPES))
+        held = _SHORT_NAMES.get(model.weight_dtype, str(model.weight_dtype))
+        raise Unsupported(f"the weights are {held}; the C step reads {readable} weights")
     config = model.config
     eps = float(config.rms_norm_eps)
     body = model.body

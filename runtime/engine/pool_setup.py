@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from hybridctl.model.spec import ModelSpec, load_model_spec
-from hybridctl.planner.builtin_sizing import runtime_device_bytes, size_builtin_pools
+from hybridctl.planner.builtin_sizing import checkpoint_dtype, runtime_device_bytes, runtime_dtype, size_builtin_pools
 from hybridctl.planner.pool_sizing import PoolPlan, PoolSizingError
 from runtime.core.batch import ModelLayout, PoolBuffers
 from runtime.core.buffers import allocate_pool_buffers, pool_buffer_bytes
@@ -78,7 +79,7 @@ def _canonical_allocation(args: EngineArgs) -> bool:
     return args.enable_torch_compile and args.device == "cpu" and not args.enable_elastic_memory_pool
 
 
-def resolve_torch_dtype(name: str | None, device: str) -> torch.dtype:
+def resolve_torch_dtype(name: str) -> torch.dtype:
     table = {
         "float32": torch.float32,
         "float": torch.float32,
@@ -86,12 +87,20 @@ def resolve_torch_dtype(name: str | None, device: str) -> torch.dtype:
         "float16": torch.float16,
         "half": torch.float16,
     }
-    if name in (None, "auto"):
-        # CPU: float32 (exact, and bf16 matmuls are slow there); GPU: bfloat16 as SGLang.
-        return torch.float32 if device == "cpu" else torch.bfloat16
     if name not in table:
         raise EngineStartupError(f"dtype {name!r} is not supported; use auto, float32, bfloat16 or float16.")
     return table[name]
+
+
+def model_dtype(args: EngineArgs) -> torch.dtype:
+    """The weights' and activations' dtype: --dtype, `auto` resolved from the checkpoint by the planner's rule
+    (`runtime_dtype`: the one rule `plan` and the runtime share)."""
+    stored = checkpoint_dtype(Path(args.model_path) / "config.json")
+    try:
+        name = runtime_dtype(args.dtype, stored, on_gpu=args.device != "cpu")
+    except ValueError:
+        name = str(args.dtype)  # an unknown name: refused below with the names that work
+    return resolve_torch_dtype(name)
 
 
 def device_memory_bytes(args: EngineArgs, weight_bytes: int) -> int:
@@ -109,10 +118,10 @@ def size_and_allocate(
 ) -> Pools:
     """`draft_tokens`: tokens per speculative verify (0: off); sizes the sandbox as SGLang's scratch."""
     kv_dtype = conv_dtype = dtype
-    ssm_dtype = resolve_torch_dtype(args.mamba_ssm_dtype or "float32", args.device)
+    ssm_dtype = resolve_torch_dtype(args.mamba_ssm_dtype or "float32")
     spec = load_model_spec(args.model_path, ssm_dtype=args.mamba_ssm_dtype, kv_dtype=_DTYPE_NAMES[kv_dtype])
     if spec.ssm_dtype != _DTYPE_NAMES[ssm_dtype]:
-        ssm_dtype = resolve_torch_dtype(spec.ssm_dtype, args.device)  # the model config's mamba_ssm_dtype
+        ssm_dtype = resolve_torch_dtype(spec.ssm_dtype)  # the model config's mamba_ssm_dtype
     _check_shapes(spec, layout)
     context_len = args.context_length or spec.context_len
     n_linear = len(layout.linear_layer_ids)
