@@ -32,6 +32,10 @@ from runtime.models.base import HybridModel
 from tests.runtime.simple_runner import SimpleRunner
 from tests.runtime.test_engine_support import greedy, make_core, perturb_weights, run_to_completion
 from tests.runtime.test_model_reference import ARCHS, _prompt
+from tests.runtime.test_native_decode import _qwen3_5_dense
+
+# Every registered family: test_model_reference's models and the dense Qwen3.5 variant.
+BUILDERS = {name: build for name, (build, _) in ARCHS.items()} | {"qwen3_5_dense": _qwen3_5_dense}
 
 REPO = Path(__file__).resolve().parents[2]
 NEW_TOKENS = 128
@@ -48,7 +52,7 @@ def _one_torch_thread() -> Iterator[None]:
 def _reference(arch: str) -> Any:  # a transformers PreTrainedModel (save_pretrained, generate)
     """transformers' model of `arch` with randomized weights (the same draw as test_model_reference), in bf16."""
     torch.manual_seed(0)
-    hf = ARCHS[arch][0]().eval()
+    hf = BUILDERS[arch]().eval()
     perturb_weights(hf, 1)
     return hf.to(torch.bfloat16)
 
@@ -121,7 +125,7 @@ def _near_tie(logits: torch.Tensor, a: int, b: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
 def test_bf16_greedy_agrees_with_transformers_bf16(arch: str, tmp_path: Path) -> None:
     hf = _reference(arch)
     hf.save_pretrained(tmp_path)
@@ -159,7 +163,7 @@ def _bf16_runner(model: HybridModel) -> SimpleRunner:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
 def test_bf16_engine_paths_agree(arch: str, tmp_path: Path) -> None:
     """Prefix cache (checkpoints inside chunks), chunked prefill, batching and speculative decoding (NGRAM and a
     self-draft) on a bf16 checkpoint: every request completes, and its greedy tokens equal the plain engine's
