@@ -204,3 +204,42 @@ def test_bf16_engine_paths_agree(arch: str, tmp_path: Path) -> None:
                 runner.add(0)
                 logits = runner.extend({0: prompt + want[:first]})[-1]
                 assert _near_tie(logits, tokens[first], want[first]), f"{arch} {name}: {rid} parted at {first}"
+
+
+_RESIDENT_PROBE = """
+import json, re, sys
+import runtime  # the server's malloc settings (runtime/__init__.py)
+import torch
+from runtime.models import load_model
+
+
+def anon_mib():
+    return int(re.search(r"RssAnon:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
+
+
+before = anon_mib()
+model = load_model(sys.argv[1], dtype=getattr(torch, sys.argv[2]))
+weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+print(json.dumps({"grew": anon_mib() - before, "weights": weights}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
+def test_resident_memory_follows_the_weights(tmp_path: Path) -> None:
+    """Loading holds the weights once, in their dtype: no fp32 copy, no stacked-expert temporaries left resident
+    (a MoE model of ~70 MB in bf16; what the load leaves beyond the weights is a few MiB)."""
+    from benchmarks.peers.peer_model import build_real_model
+
+    shape = {"layers": 4, "hidden": 512, "experts": 8, "vocab": 8000, "expert_intermediate": 512}
+    model = build_real_model(tmp_path / "model", **shape)
+    grown = {}
+    for dtype in ("bfloat16", "float32"):
+        run = subprocess.run(
+            [sys.executable, "-c", _RESIDENT_PROBE, str(model), dtype], capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        grown[dtype] = json.loads(run.stdout.splitlines()[-1])
+    assert grown["float32"]["weights"] > 1.95 * grown["bfloat16"]["weights"] > 100
+    for dtype, mib in grown.items():
+        assert mib["grew"] <= mib["weights"] + 24, f"{dtype}: {mib}"
