@@ -75,7 +75,7 @@ def real_model_config(
     }
 
 
-def build_real_model(out: Path, force: bool = False, **shape: object) -> Path:
+def build_real_model(out: Path, *, force: bool = False, **shape: object) -> Path:
     """The real-size peer model (`real_model_config(**shape)`) in `out`; takes a minute and ~2 GB of memory at
     the default shape."""
     from runtime.demo_model import build_demo_model
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.demo_model import run_build
 
     if args.size == "real":
-        return run_build(lambda: build_real_model(args.out, args.force, dtype=args.dtype or "bfloat16"), args.out)
+        return run_build(lambda: build_real_model(args.out, force=args.force, dtype=args.dtype or "bfloat16"), args.out)
     return run_build(lambda: build_peer_model(args.out, args.force, args.dtype or "float32"), args.out)
 
 
