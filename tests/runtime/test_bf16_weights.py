@@ -230,8 +230,7 @@ def test_resident_memory_follows_the_weights(tmp_path: Path) -> None:
     (a MoE model of ~70 MB in bf16; what the load leaves beyond the weights is a few MiB)."""
     from benchmarks.peers.peer_model import build_real_model
 
-    shape = {"layers": 4, "hidden": 512, "experts": 8, "vocab": 8000, "expert_intermediate": 512}
-    model = build_real_model(tmp_path / "model", **shape)
+    model = build_real_model(tmp_path / "model", layers=4, hidden=512, experts=8, vocab=8000, expert_intermediate=512)
     grown = {}
     for dtype in ("bfloat16", "float32"):
         run = subprocess.run(
