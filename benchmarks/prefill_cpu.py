@@ -7,6 +7,7 @@ sleep and woken: each parallel region costs two with OMP_WAIT_POLICY=PASSIVE). `
 self CPU per op (and input shapes), the minimum over the runs: the run least disturbed by other processes.
 
     python benchmarks/prefill_cpu.py --model DIR [--threads 2] [--repeats 5] [--tokens 2048] [--profile]
+        [--dtype auto|float32|bfloat16] [--memory-budget-gib 0.5]
 
 To compare with an older runtime: `git archive <rev> runtime | tar -x -C /tmp/old` then run this script with
 `PYTHONPATH=/tmp/old`.
@@ -61,12 +62,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--profile", action="store_true", help="per-op self CPU, min over the runs")
     ap.add_argument("--top", type=int, default=30, help="ops listed by --profile")
-    ap.add_argument("--dtype", default="auto", help="the engine's --dtype (auto: the model's, fp32 here)")
+    ap.add_argument("--dtype", default="auto", help="the engine's --dtype (auto: bfloat16 for a bf16 checkpoint)")
+    ap.add_argument("--memory-budget-gib", type=float, default=0.5, help="the engine's budget (weights included)")
     a = ap.parse_args()
     import torch  # after `runtime` (imported above), whose __init__ sets OpenMP's wait policy and malloc tuning
 
     torch.set_num_threads(a.threads)
-    core = EngineCore(EngineArgs(model_path=a.model, memory_budget_gib=0.5, dtype=a.dtype))
+    core = EngineCore(EngineArgs(model_path=a.model, memory_budget_gib=a.memory_budget_gib, dtype=a.dtype))
     rng = random.Random(0)
 
     def prompt(n: int) -> list[int]:

@@ -14,7 +14,7 @@ prints cProfile's top functions (CPU time) of a decode-only run
 (8 x 128 from 8-token prompts).
 
     python benchmarks/runtime_throughput.py [--model DIR] [--threads 2] [--repeats 3] [--step-cpu B] [--profile]
-        [--torch-compile]
+        [--torch-compile] [--dtype auto|float32|bfloat16] [--native-decode auto|on|off] [--memory-budget-gib 0.5]
 """
 
 from __future__ import annotations
@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--step-cpu", type=int, metavar="B", help="CPU ms per decode step at batch B instead")
     ap.add_argument("--profile", action="store_true", help="cProfile an 8 x 128 decode run instead")
     ap.add_argument("--torch-compile", action="store_true", help="--enable-torch-compile (compiles at start)")
+    ap.add_argument("--dtype", default="auto", help="the engine's --dtype (auto: bfloat16 for a bf16 checkpoint)")
+    ap.add_argument("--native-decode", default="auto", choices=("auto", "on", "off"), help="the engine's flag")
     a = ap.parse_args()
     # torch loads after `runtime` (imported above), whose __init__ sets OpenMP's wait policy as in the server.
     import torch
@@ -110,7 +112,13 @@ def main() -> None:
     rng = random.Random(0)
     t0 = time.perf_counter()
     core = EngineCore(
-        EngineArgs(model_path=model, memory_budget_gib=a.memory_budget_gib, enable_torch_compile=a.torch_compile)
+        EngineArgs(
+            model_path=model,
+            memory_budget_gib=a.memory_budget_gib,
+            enable_torch_compile=a.torch_compile,
+            dtype=a.dtype,
+            native_decode=a.native_decode,
+        )
     )
     print(f"engine start {time.perf_counter() - t0:.1f} s (torch compile {'on' if a.torch_compile else 'off'})")
 

@@ -95,11 +95,15 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     std = float(config["initializer_range"])
     hidden, vocab = num("hidden_size"), num("vocab_size")
 
+    # Drawn in fp32 and rounded tensor by tensor to the config's dtype: a bfloat16 checkpoint holds the same
+    # draws as the float32 one, and a large one never exists in fp32 as a whole.
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[str(config.get("dtype", "float32"))]
+
     def normal(*shape: int, scale: float = std) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * scale
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype)
 
     def uniform(lo: float, hi: float, *shape: int) -> torch.Tensor:
-        return torch.rand(*shape, generator=gen) * (hi - lo) + lo
+        return (torch.rand(*shape, generator=gen) * (hi - lo) + lo).to(dtype)
 
     heads, kv_heads, head_dim = num("num_attention_heads"), num("num_key_value_heads"), num("head_dim")
     nk, nv = num("linear_num_key_heads"), num("linear_num_value_heads")
@@ -119,9 +123,9 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
             w[f"{a}.in_proj_qkvz.weight"] = normal(2 * nk * dk + 2 * nv * dv, hidden)
             w[f"{a}.in_proj_ba.weight"] = normal(2 * nv, hidden)
             w[f"{a}.conv1d.weight"] = uniform(-1 / math.sqrt(kernel), 1 / math.sqrt(kernel), conv_dim, 1, kernel)
-            w[f"{a}.dt_bias"] = torch.ones(nv)
+            w[f"{a}.dt_bias"] = torch.ones(nv, dtype=dtype)
             w[f"{a}.A_log"] = uniform(0.01, 16, nv).log()
-            w[f"{a}.norm.weight"] = torch.ones(dv)
+            w[f"{a}.norm.weight"] = torch.ones(dv, dtype=dtype)
             w[f"{a}.out_proj.weight"] = normal(hidden, nv * dv)
         else:
             a = f"{p}.self_attn"

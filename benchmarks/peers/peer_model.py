@@ -7,7 +7,11 @@ shapes, so the parameter count and every other shape stay the demo's (8 layers, 
 top-2 + shared expert). It is written by runtime.demo_model's own builder (same tokenizer, same seeded weights
 procedure), only with this config.
 
-    python benchmarks/peers/peer_model.py --out DIR [--force]
+`build_real_model` writes a Qwen3-Next-shaped model of a realistic size by the same procedure (default shape:
+16 layers, hidden 1024, 16 experts top-2, vocabulary 32k: ~0.76B parameters, ~0.2B active per token), saved in
+bfloat16 as real checkpoints are. `--dtype bfloat16` writes the tiny peer model in bfloat16 too.
+
+    python benchmarks/peers/peer_model.py --out DIR [--force] [--size tiny|real] [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -24,10 +28,59 @@ HEAD_OVERRIDES = {
 }
 
 
-def build_peer_model(out: Path, force: bool = False) -> Path:
+def build_peer_model(out: Path, force: bool = False, dtype: str = "float32") -> Path:
     from runtime.demo_model import DEMO_CONFIG, build_demo_model
 
-    return build_demo_model(out, force=force, config={**DEMO_CONFIG, **HEAD_OVERRIDES})
+    return build_demo_model(out, force=force, config={**DEMO_CONFIG, **HEAD_OVERRIDES, "dtype": dtype})
+
+
+def real_model_config(
+    *,
+    layers: int = 16,
+    hidden: int = 1024,
+    experts: int = 16,
+    top_k: int = 2,
+    vocab: int = 32000,
+    expert_intermediate: int = 768,
+    shared_intermediate: int = 512,
+    full_attention_every: int = 4,
+    dtype: str = "bfloat16",
+) -> dict[str, object]:
+    """A Qwen3-Next config of the given shape. Head shapes follow Qwen3-Next-80B-A3B at half its hidden size
+    (head dims 128; 8 query and 2 KV heads, 4 key and 8 value heads in the Gated DeltaNet layers, as many
+    attention heads as hidden / 128), the 3 : 1 linear : full layer pattern."""
+    from runtime.demo_model import DEMO_CONFIG
+
+    kinds = ["full_attention" if (i + 1) % full_attention_every == 0 else "linear_attention" for i in range(layers)]
+    heads = max(1, hidden // 128)
+    return {
+        **DEMO_CONFIG,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": expert_intermediate,
+        "num_hidden_layers": layers,
+        "layer_types": kinds,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 4),
+        "head_dim": 128,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": max(1, heads // 2),
+        "linear_num_value_heads": heads,
+        "num_experts": experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": expert_intermediate,
+        "shared_expert_intermediate_size": shared_intermediate,
+        "dtype": dtype,
+    }
+
+
+def build_real_model(out: Path, *, force: bool = False, **shape: object) -> Path:
+    """The real-size peer model (`real_model_config(**shape)`) in `out`; takes a minute and ~2 GB of memory at
+    the default shape."""
+    from runtime.demo_model import build_demo_model
+
+    return build_demo_model(out, force=force, config=real_model_config(**shape))  # type: ignore[arg-type]
 
 
 def peer_model_dir(model: Path | None) -> Path:
@@ -45,11 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--size", choices=("tiny", "real"), default="tiny")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 tiny, bfloat16 real")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from runtime.demo_model import run_build
 
-    return run_build(lambda: build_peer_model(args.out, args.force), args.out)
+    if args.size == "real":
+        return run_build(lambda: build_real_model(args.out, force=args.force, dtype=args.dtype or "bfloat16"), args.out)
+    return run_build(lambda: build_peer_model(args.out, args.force, args.dtype or "float32"), args.out)
 
 
 if __name__ == "__main__":

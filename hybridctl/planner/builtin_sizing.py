@@ -1,7 +1,7 @@
 """The bundled runtime's pools for a config, as it will size them at start-up: `plan_builtin` gives `plan`, `init`
 and `doctor` the numbers of hybridshared/sizing/runtime_pools.py's `size_builtin_pools` (THE function the
-runtime calls) from the config alone, computing the runtime's inputs the way it does (weights held at the
-activation dtype; memory.memory_budget_gib on CPU).
+runtime calls) from the config alone, computing the runtime's inputs the way it does (weights held at `runtime_dtype`, the KV cache and conv window
+at `pool_dtype`; memory.memory_budget_gib on CPU).
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from hybridshared.model.dtypes import dtype_bytes
 from hybridshared.sizing.runtime_pools import (
     BuiltinPools,
     RuntimePoolInputs,
-    activation_dtype,
+    checkpoint_dtype,
+    pool_dtype,
     runtime_device_bytes,
+    runtime_dtype,
     runtime_state_bytes,
     size_builtin_pools,
 )
@@ -29,27 +31,30 @@ if TYPE_CHECKING:
     from hybridshared.model.spec import ModelSpec
 
 
-def _stored_dtype_bytes(config_json: str) -> int:
-    try:
-        cfg = json.loads(Path(config_json).read_text(encoding="utf-8"))
-        text = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
-        return dtype_bytes(str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"))
-    except (OSError, ValueError, AttributeError):
-        return 2
+def configured_dtype(cfg: HybridConfig) -> str | None:
+    """--dtype from [extra_engine_args], else None (auto)."""
+    value = cfg.config.extra_engine_args.get("dtype")
+    return value if isinstance(value, str) else None
 
 
 def builtin_model_spec(cfg: HybridConfig, model: str | Path, *, tp: int = 1, on_gpu: bool = False) -> ModelSpec:
-    """The model as the bundled runtime holds it: KV cache and conv window at the activation dtype, the SSM
-    state at settings.json mamba.state_dtype, the weights at the activation dtype (runtime/engine/pool_setup.py)."""
-    act = activation_dtype(on_gpu)
-    spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=cfg.settings.mamba.state_dtype, kv_dtype=act)
+    """The model as the bundled runtime holds it: weights at `runtime_dtype`, KV cache and conv window at
+    `pool_dtype`, the SSM state at settings.json mamba.state_dtype (runtime/engine/pool_setup.py)."""
+    ssm_dtype = cfg.settings.mamba.state_dtype
+    spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype)
+    stored = checkpoint_dtype(spec.source)
+    act = runtime_dtype(configured_dtype(cfg), stored, on_gpu=on_gpu)
+    pools = pool_dtype(act, on_gpu=on_gpu)
+    if pools != spec.kv_dtype:
+        spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype, kv_dtype=pools)
     conv, ssm, per_request = runtime_state_bytes(
-        spec.conv_state_shape, spec.ssm_state_shape, spec.num_linear_layers, act=act, ssm=spec.ssm_dtype
+        spec.conv_state_shape, spec.ssm_state_shape, spec.num_linear_layers, act=pools, ssm=spec.ssm_dtype
     )
-    weights = spec.weights_bytes * dtype_bytes(act) // _stored_dtype_bytes(spec.source)
+    # Header bytes are at the stored dtype; a checkpoint that names none is taken as bfloat16, as most are.
+    weights = spec.weights_bytes * dtype_bytes(act) // dtype_bytes(stored or "bfloat16")
     return replace(
         spec,
-        conv_dtype=act,
+        conv_dtype=pools,
         conv_state_bytes=conv,
         ssm_state_bytes=ssm,
         mamba_state_bytes_per_request=per_request,

@@ -14,10 +14,12 @@ runtime also leaves the pools untouched until written: runtime/core/buffers.py.)
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from hybridshared.model.dtypes import dtype_bytes
+from hybridshared.model.dtypes import canonical_dtype, dtype_bytes
 from hybridshared.sizing.pool_sizing import PoolInputs, PoolPlan, PoolSizingError, resolve_strategy, size_pools
 from hybridshared.units import GIB
 
@@ -78,9 +80,48 @@ def runtime_state_bytes(
     return conv, temporal, num_linear_layers * (conv + temporal)
 
 
-def activation_dtype(on_gpu: bool) -> str:
-    """The runtime computes in float32 on CPU (exact; bf16 matmuls are slow there) and bfloat16 on a GPU."""
-    return "bfloat16" if on_gpu else "float32"
+def runtime_dtype(requested: str | None, stored: str | None, *, on_gpu: bool) -> str:
+    """THE dtype the runtime holds the weights in and computes in (the SSM state has its own, --mamba-ssm-dtype;
+    the KV cache and the conv window `pool_dtype`). `requested` is --dtype (None or "auto": derive it), `stored`
+    the checkpoint's (`checkpoint_dtype`).
+
+    auto on CPU keeps a bfloat16 checkpoint in bfloat16, as SGLang and vLLM keep it on their devices: half the
+    bytes a decode step reads, and prefill GEMMs on the CPU's bf16 matrix units (oneDNN). Any other checkpoint
+    (float32; float16, whose CPU GEMMs have no matrix-unit path on most hosts; unknown) is held in float32, which
+    is exact. On a GPU auto is bfloat16."""
+    if requested not in (None, "auto"):
+        return canonical_dtype(requested)
+    if on_gpu:
+        return "bfloat16"
+    return "bfloat16" if stored == "bfloat16" else "float32"
+
+
+def pool_dtype(compute: str, *, on_gpu: bool) -> str:
+    """The KV cache's and the conv window's dtype: float32 on CPU whatever the weights are held in, `compute` on a
+    GPU. On CPU the native decode step reads and writes fp32 pools beside bf16 weights, and the torch path converts
+    at the pool's boundary (every pool write and read casts), so both paths share one cache; the bytes are the
+    price, small next to a CPU's memory (a quarter of the layers hold KV in the hybrid families)."""
+    return compute if on_gpu else "float32"
+
+
+def checkpoint_dtype(config_json: str | Path) -> str | None:
+    """The dtype config.json says the weights are stored in (`torch_dtype`, transformers 5's `dtype`; a
+    multimodal checkpoint's text_config first), canonical; None when it says none or the file is unreadable."""
+    try:
+        cfg = json.loads(Path(config_json).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    for part in (cfg.get("text_config"), cfg):
+        if isinstance(part, dict):
+            name = part.get("torch_dtype") or part.get("dtype")
+            if isinstance(name, str):
+                try:
+                    return canonical_dtype(name)
+                except ValueError:
+                    return None
+    return None
 
 
 def runtime_strategy(

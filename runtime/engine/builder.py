@@ -19,7 +19,7 @@ from runtime.core.batch import ModelLayout
 from runtime.core.config import EngineArgs
 from runtime.core.spec_config import SpecConfig, SpecConfigError
 from runtime.engine.model_runner import ModelRunner
-from runtime.engine.pool_setup import EngineStartupError, Pools, resolve_torch_dtype, size_and_allocate
+from runtime.engine.pool_setup import EngineStartupError, Pools, model_dtype, size_and_allocate
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
@@ -63,7 +63,7 @@ def build_engine(args: EngineArgs) -> EngineParts:
     spec_config = _spec_config(args)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = resolve_torch_dtype(args.dtype, args.device)
+    dtype = model_dtype(args)
     model, weight_bytes = _load_model(args, dtype)
     tokenizer = load_tokenizer(args.tokenizer_path or args.model_path)
     layout = model.layout()

@@ -86,6 +86,13 @@ def extends_from_env() -> bool:
     return raw != "0"
 
 
+def native_reads(weight_dtype: torch.dtype) -> bool:
+    """THE dtype gate of the native path: whether the C step reads weights held in `weight_dtype`
+    (`HybridModel.weight_dtype`; `WEIGHT_DTYPES`, fp32 and bf16). A model held in any other dtype decodes on the
+    torch path."""
+    return weight_dtype in WEIGHT_DTYPES
+
+
 class Unsupported(Exception):
     """The model (or an option) is outside what the native kernel computes; the message says what."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -24,7 +25,10 @@ from hybridshared.model.spec import ModelSpec, load_model_spec
 from hybridshared.sizing.pool_sizing import PoolPlan, PoolSizingError
 from hybridshared.sizing.runtime_pools import (
     RuntimePoolInputs,
+    checkpoint_dtype,
+    pool_dtype,
     runtime_device_bytes,
+    runtime_dtype,
     runtime_state_bytes,
     size_builtin_pools,
 )
@@ -82,7 +86,7 @@ def _canonical_allocation(args: EngineArgs) -> bool:
     return args.enable_torch_compile and args.device == "cpu" and not args.enable_elastic_memory_pool
 
 
-def resolve_torch_dtype(name: str | None, device: str) -> torch.dtype:
+def resolve_torch_dtype(name: str) -> torch.dtype:
     table = {
         "float32": torch.float32,
         "float": torch.float32,
@@ -90,12 +94,20 @@ def resolve_torch_dtype(name: str | None, device: str) -> torch.dtype:
         "float16": torch.float16,
         "half": torch.float16,
     }
-    if name in (None, "auto"):
-        # CPU: float32 (exact, and bf16 matmuls are slow there); GPU: bfloat16 as SGLang.
-        return torch.float32 if device == "cpu" else torch.bfloat16
     if name not in table:
         raise EngineStartupError(f"dtype {name!r} is not supported; use auto, float32, bfloat16 or float16.")
     return table[name]
+
+
+def model_dtype(args: EngineArgs) -> torch.dtype:
+    """The weights' and activations' dtype: --dtype, `auto` resolved from the checkpoint by the planner's rule
+    (`runtime_dtype`: the one rule `plan` and the runtime share)."""
+    stored = checkpoint_dtype(Path(args.model_path) / "config.json")
+    try:
+        name = runtime_dtype(args.dtype, stored, on_gpu=args.device != "cpu")
+    except ValueError:
+        name = str(args.dtype)  # an unknown name: refused below with the names that work
+    return resolve_torch_dtype(name)
 
 
 def device_memory_bytes(args: EngineArgs, weight_bytes: int) -> int:
@@ -135,11 +147,11 @@ def size_and_allocate(
     args: EngineArgs, layout: ModelLayout, weight_bytes: int, dtype: torch.dtype, draft_tokens: int = 0
 ) -> Pools:
     """`draft_tokens`: tokens per speculative verify (0: off); sizes the sandbox as SGLang's scratch."""
-    kv_dtype = conv_dtype = dtype
-    ssm_dtype = resolve_torch_dtype(args.mamba_ssm_dtype or "float32", args.device)
+    kv_dtype = conv_dtype = resolve_torch_dtype(pool_dtype(_DTYPE_NAMES[dtype], on_gpu=args.device != "cpu"))
+    ssm_dtype = resolve_torch_dtype(args.mamba_ssm_dtype or "float32")
     spec = load_model_spec(args.model_path, ssm_dtype=args.mamba_ssm_dtype, kv_dtype=_DTYPE_NAMES[kv_dtype])
     if spec.ssm_dtype != _DTYPE_NAMES[ssm_dtype]:
-        ssm_dtype = resolve_torch_dtype(spec.ssm_dtype, args.device)  # the model config's mamba_ssm_dtype
+        ssm_dtype = resolve_torch_dtype(spec.ssm_dtype)  # the model config's mamba_ssm_dtype
     _check_shapes(spec, layout)
     conv, ssm, per_request = runtime_state_bytes(
         spec.conv_state_shape,

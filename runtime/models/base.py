@@ -106,6 +106,15 @@ class HybridModel(nn.Module):
                 param.data = param.data.float()
         return self
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the weights are held in: that of most of the parameters' elements (`cast` keeps a few small
+        ones fp32). What a kernel outside torch checks before it reads them (runtime/engine/native_decode.py)."""
+        counts: dict[torch.dtype, int] = {}
+        for param in self.parameters():
+            counts[param.dtype] = counts.get(param.dtype, 0) + param.numel()
+        return max(counts, key=lambda dtype: counts[dtype])
+
     def checkpoint_sources(self) -> dict[str, list[str]]:
         """Parameters assembled from several checkpoint tensors: param name → tensor names, concatenated
         on dim 0 in that order and reshaped to the parameter's shape. Other parameters use their own name."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -123,9 +124,21 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
             if callable(hook):
                 hook()
     model.eos_token_ids = _eos_ids(model_path, cfg)
+    _return_freed_heap()
     # Serving only: no forward should record an autograd graph, whether or not its caller is in inference mode
     # (the kernels write into preallocated outputs, which autograd refuses).
     return model.eval().requires_grad_(False)
+
+
+def _return_freed_heap() -> None:
+    """Give the heap's free pages back to the OS once the weights are in place. The runtime keeps freed heap
+    memory for the next forward (runtime/__init__.py: no trimming below 1 GiB), so the checkpoint tensors the
+    load read and dropped would otherwise stay resident next to the weights for good. glibc only."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return  # not glibc: its allocator returns memory by its own rules
+    trim(0)
 
 
 @contextmanager
@@ -223,22 +236,45 @@ def _fill_parameters(
         params = dict(model.named_parameters())
         with torch.no_grad():
             for name, tensors in plan.items():
-                param = params[name]
-                parts = [read(t) for t in tensors]
-                value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-                if value.numel() != param.numel() or (len(parts) == 1 and value.shape != param.shape):
-                    stored, path = names[tensors[0]]
-                    raise ModelLoadError(
-                        f"{path}: tensor '{stored}' has shape {tuple(parts[0].shape)}, but "
-                        f"parameter '{name}' needs {tuple(param.shape)}. The checkpoint does not match its "
-                        "config.json; fix config.json or re-export the model."
-                    )
-                param.copy_(value.view(param.shape).to(param.dtype))  # fp32 where `cast` kept it
+                _fill(params[name], name, tensors, read, names)
             for name in names:
                 if name.startswith(extra_prefixes):
                     model.extra_weights[name] = read(name).to(dtype=dtype, device=device)
     finally:
         reader.handles.clear()
+
+
+def _fill(
+    param: torch.Tensor,
+    name: str,
+    tensors: list[str],
+    read: Callable[[str], torch.Tensor],
+    names: dict[str, tuple[str, Path]],
+) -> None:
+    """Copy the checkpoint tensors `tensors` into `param`, one at a time, converted to its dtype by the copy: a
+    stacked parameter (a MoE layer's experts) never exists twice, and no converted temporary is made, so the
+    load leaves no freed temporaries of a layer's size behind in the heap."""
+    flat = param.view(-1)
+    offset = 0
+    for tensor in tensors:
+        value = read(tensor)
+        end = offset + value.numel()
+        if end > flat.numel() or (len(tensors) == 1 and value.shape != param.shape):
+            stored, path = names[tensors[0]]
+            raise ModelLoadError(
+                f"{path}: tensor '{stored}' has shape {tuple(read(tensors[0]).shape)}, but parameter '{name}' "
+                f"needs {tuple(param.shape)}. The checkpoint does not match its config.json; fix config.json or "
+                "re-export the model."
+            )
+        flat[offset:end].copy_(value.reshape(-1))  # to fp32 where `cast` kept the parameter fp32
+        offset = end
+    if offset != flat.numel():
+        stored, path = names[tensors[0]]
+        raise ModelLoadError(
+            f"{path}: tensor '{stored}' and the {len(tensors) - 1} stacked with it hold {offset} values, but "
+            f"parameter '{name}' needs {tuple(param.shape)}. The checkpoint does not match its config.json; fix "
+            "config.json or re-export the model."
+        )
 
 
 class _Reader:
