@@ -9,7 +9,9 @@ procedure), only with this config.
 
 `build_real_model` writes a Qwen3-Next-shaped model of a realistic size by the same procedure (default shape:
 16 layers, hidden 1024, 16 experts top-2, vocabulary 32k: ~0.76B parameters, ~0.2B active per token), saved in
-bfloat16 as real checkpoints are. `--dtype bfloat16` writes the tiny peer model in bfloat16 too.
+bfloat16 as real checkpoints are. `build_real_mamba_model` writes the real preset's Mamba2 hybrid, Nemotron-H-shaped
+(28 layers: Mamba2 and MLP layers in turn, attention every 7th; hidden 2048; ~0.93B parameters, dense), with the
+Qwen3-Next real model's tokenizer. `--dtype bfloat16` writes the tiny peer model in bfloat16 too.
 
     python benchmarks/peers/peer_model.py --out DIR [--force] [--size tiny|real] [--dtype float32|bfloat16]
 """
@@ -81,6 +83,75 @@ def build_real_model(out: Path, *, force: bool = False, **shape: object) -> Path
     from runtime.demo_model import build_demo_model
 
     return build_demo_model(out, force=force, config=real_model_config(**shape))  # type: ignore[arg-type]
+
+
+def real_mamba_config(
+    *,
+    layers: int = 28,
+    hidden: int = 2048,
+    vocab: int = 32000,
+    intermediate: int = 8192,
+    attention_every: int = 7,
+    dtype: str = "bfloat16",
+) -> dict[str, object]:
+    """A Nemotron-H config of the given shape (the Mamba2 hybrid of the real preset): Mamba2 and MLP layers in
+    turn with an attention layer every `attention_every` layers, Nemotron-H's head shapes (Mamba2 heads of 64,
+    state 128, 8 groups; attention heads of 128 with 4 KV heads). The default is ~0.95B parameters, dense."""
+    pattern = "".join("*" if (i + 1) % attention_every == 0 else ("M" if i % 2 == 0 else "-") for i in range(layers))
+    heads = hidden // 128
+    return {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "hybrid_override_pattern": pattern,
+        "layers_block_type": None,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "ssm_state_size": 128,
+        "mamba_num_heads": 2 * hidden // 64,
+        "mamba_head_dim": 64,
+        "n_groups": 8,
+        "conv_kernel": 4,
+        "expand": 2,
+        "chunk_size": 128,
+        "max_position_embeddings": 16384,
+        "tie_word_embeddings": False,
+        "dtype": dtype,
+    }
+
+
+def build_real_mamba_model(out: Path, tokenizer_from: Path, force: bool = False, **shape: object) -> Path:
+    """The real preset's Mamba2 hybrid (`real_mamba_config(**shape)`) with random weights, in `out`; its tokenizer
+    (and vocabulary) is the one of `tokenizer_from`, the Qwen3-Next real model, so both read the same prompts."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    if (out / "model.safetensors").is_file() and not force:
+        return out
+    config = real_mamba_config(**shape)  # type: ignore[arg-type]
+    source = json.loads((tokenizer_from / "config.json").read_text())
+    config |= {
+        "vocab_size": source["vocab_size"],
+        "eos_token_id": source.get("eos_token_id"),
+        "bos_token_id": source.get("bos_token_id"),
+        "pad_token_id": source.get("pad_token_id"),
+    }
+    torch.manual_seed(0)
+    dtype = getattr(torch, str(config["dtype"]))
+    model = NemotronHForCausalLM(NemotronHConfig(**config)).to(dtype)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, max_shard_size="100GB")  # one safetensors file: every engine's converter reads it
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    return out
 
 
 def peer_model_dir(model: Path | None) -> Path:

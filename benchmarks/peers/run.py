@@ -189,7 +189,9 @@ def real_models() -> dict[str, Path]:
     checkpoints built once under .work/ (peer_model.py)."""
     from peer_model import build_real_mamba_model, build_real_model
 
-    qwen = build_real_model(engines.WORK / "real-qwen3-next")
+    qwen = engines.WORK / "real-qwen3-next"
+    if not (qwen / "model.safetensors").is_file():
+        build_real_model(qwen, force=True)
     mamba = build_real_mamba_model(engines.WORK / "real-nemotron-h", tokenizer_from=qwen)
     return {"qwen3-next-0.8b": qwen, "nemotron-h-0.9b": mamba}
 
