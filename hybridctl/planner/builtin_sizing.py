@@ -1,12 +1,10 @@
 """The bundled runtime's pools for a config, as it will size them at start-up: `plan_builtin` gives `plan`, `init`
 and `doctor` the numbers of hybridshared/sizing/runtime_pools.py's `size_builtin_pools` (THE function the
-runtime calls) from the config alone, computing the runtime's inputs the way it does (weights held at `runtime_dtype`, the KV cache and conv window
-at `pool_dtype`; memory.memory_budget_gib on CPU).
-"""
+runtime calls) from the config alone, computing the runtime's inputs the way it does: weights held at
+`runtime_dtype`, the KV cache and the conv window at `pool_dtype`, memory.memory_budget_gib on CPU."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
