@@ -31,8 +31,8 @@ NATIVE_DECODE_MODES = ("auto", "on", "off")  # --native-decode (runtime/engine/n
 DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (runtime/engine/compiled_extend.py)
 # On CPU, while requests decode, a step computes at most this many tokens (decode rows included): an 8000-token
 # prompt arriving then pauses a decoding stream for one such step, not for its whole prefill
-# (benchmarks/mixed_batching.py; docs/performance.md, "Mixed batching"). Elsewhere no cap but
-# chunked_prefill_size (a GPU computes a long chunk in milliseconds).
+# (benchmarks/mixed_batching.py; docs/performance.md, "Long prompts among decoding streams"). Elsewhere no cap
+# but chunked_prefill_size (a GPU computes a long chunk in milliseconds).
 DEFAULT_CPU_DECODING_STEP_TOKENS = 256
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")

@@ -13,7 +13,7 @@ Why this is safe next to a serving engine:
   the GIL, so a forward runs either the eager model or a complete, warmed compiled forward.
 
 The cost: tracing is Python and holds the GIL, and inductor's C++ builds take a core, so eager steps served while it
-compiles are slower (docs/performance.md, "Compiled start-up").
+compiles are slower (docs/performance.md, "Runtime hot path").
 """
 
 from __future__ import annotations

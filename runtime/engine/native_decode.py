@@ -17,7 +17,7 @@ Threads: the C step splits its weight rows over a pool of its own (runtime/nativ
 the process's torch thread count (`--num-threads`) and the cores it may run on allow; RUNTIME_NATIVE_DECODE_THREADS
 sets another count. Fixed, not chosen per step as the torch paths' counts are: the pool's parts are claimed one at
 a time, so a worker that is descheduled on a busy host costs at most the part it holds (the caller runs the rest),
-and served A/Bs on the shared 2-core host (docs/performance.md, "Two-thread native decode") had two
+and served A/Bs on the shared 2-core host (docs/performance.md, "Runtime hot path") had two
 fixed threads at or ahead of both one thread and a per-step DecodeThreadChooser at every load tried, while the
 chooser flapped on the step's noise. The result does not depend on the count (bit-identical rows;
 tests/runtime/test_native_decode_threads.py).
@@ -64,14 +64,14 @@ logger = logging.getLogger("runtime.engine")
 MODES = ("auto", "on", "off")
 THREADS_ENV = "RUNTIME_NATIVE_DECODE_THREADS"  # pins the native step's thread count ("1", "2", ...)
 # The longest single-sequence extend the C step takes as one chain of rows (a warm request's new tokens after a
-# cached prefix, a multi-turn follow-up, a short prompt). Measured on the peer model (docs/performance.md, "Native
-# extends"): 1.5-2.2x torch's extend at 48-512 new tokens after 2000 cached ones,
+# cached prefix, a multi-turn follow-up, a short prompt). Measured on the peer model (docs/performance.md, "Runtime
+# hot path"): 1.5-2.2x torch's extend at 48-512 new tokens after 2000 cached ones,
 # 1.8-1.9x for fresh prompts of 128-512. It wins past 512 too (1.3x at 1024 after 2000, up to 1.7x for a fresh
 # 2048); those stay torch prefills until a chain that long is checked against transformers (the docs say why).
 EXTEND_MAX_TOKENS = 512
 # "0": leave those extends to the torch path. On by default: its attention (query rows as
 # vector lanes) and GEMMs made the warm request's 48-token extend ~1.5x faster than torch's GEMMs and SDPA around
-# the short-extend kernels (docs/performance.md, "Native extends").
+# the short-extend kernels (docs/performance.md, "Runtime hot path").
 EXTEND_ENV = "RUNTIME_NATIVE_EXTEND"
 
 

@@ -62,7 +62,7 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 }
 
 /* The batch size from which gemm_rows takes gemm_wide: a decode batch (B <= 8) keeps the dot form (the weights
- * stream from DRAM there and the two forms ran alike at 8..12 rows; docs/performance.md, "Native extend GEMMs");
+ * stream from DRAM there and the two forms ran alike at 8..12 rows; docs/performance.md, "Runtime hot path");
  * an extend's projections (its new tokens) and its busy experts take the register tile. Which form a call takes
  * depends only on B, never on the thread or the split, so every row is computed the same way under any threads. */
 #ifndef HD_WIDE_ROWS
