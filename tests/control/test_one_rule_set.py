@@ -159,6 +159,18 @@ REFUSALS = [
         "BUILTIN_REFUSES",
         "builtin",
     ),  # fmt: skip
+    (
+        "step-token cap of 0",
+        "{model}\n[extra_engine_args]\ndecoding-step-tokens = 0",
+        "BUILTIN_REFUSES",
+        "builtin",
+    ),  # fmt: skip
+    (
+        "mixed chunk on and off",
+        "{model}\n[extra_engine_args]\nenable-mixed-chunk = true\ndisable-mixed-chunk = true",
+        "BUILTIN_REFUSES",
+        "builtin",
+    ),  # fmt: skip
     ("runtime type check", "{model}\n[extra_engine_args]\nnum-threads = 0", "BUILTIN_REFUSES", "builtin"),
     (
         "speculative algorithm the runtime lacks",
@@ -187,6 +199,8 @@ REFUSAL_SITES = {
         "--disaggregation-bootstrap-port": "schema: pd.bootstrap_port is 1..65535",
         "is an SGLang flag the bundled runtime does not implement": "unknown extra flag",
         "--max-request-body-bytes": "runtime value out of range",
+        "--decoding-step-tokens {ns.decoding_step_tokens}": "step-token cap of 0",
+        "--enable-mixed-chunk and --disable-mixed-chunk": "mixed chunk on and off",
         "--api-key and --api-key-env": "unreachable: launch never passes --api-key (a literal key is LITERAL_SECRET)",
         "give the NAME of an environment variable": "schema: api.api_key_env is a variable name",
         "that environment variable is unset or empty": "unreachable: the environment at launch, not the files",
