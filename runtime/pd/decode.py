@@ -53,16 +53,14 @@ class DecodeClient(EngineClient):
         self.transfers_failed = 0
 
     def add_request(self, req: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
-        if req.bootstrap_room is None or req.sampling.max_new_tokens == 0:
+        if not req.disaggregated:
             self.inner.add_request(req, on_output)  # warm-up, health probes and plain use: served whole
             return
         if not req.bootstrap_host or req.bootstrap_port is None:
             raise ValueError("bootstrap_room needs bootstrap_host and bootstrap_port (the prefill server's)")
         with self._lock:
             self._fetching.add(req.rid)
-        threading.Thread(
-            target=self._run, args=(req, on_output), name=f"pd-fetch-{req.rid}", daemon=True
-        ).start()
+        threading.Thread(target=self._run, args=(req, on_output), name=f"pd-fetch-{req.rid}", daemon=True).start()
 
     def abort(self, rid: str) -> None:
         with self._lock:
@@ -151,9 +149,7 @@ class DecodeClient(EngineClient):
             logger.warning("request %s: PD transfer attempt %d/%d failed (%s)", req.rid, attempt,
                            FETCH_ATTEMPTS, last)  # fmt: skip
             time.sleep(0.2 * attempt)
-        raise TransferError(
-            f"{last} (after {FETCH_ATTEMPTS} attempts to {req.bootstrap_host}:{req.bootstrap_port})"
-        )
+        raise TransferError(f"{last} (after {FETCH_ATTEMPTS} attempts to {req.bootstrap_host}:{req.bootstrap_port})")
 
     def _fetch_once(self, req: GenerateRequest) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
         address = (str(req.bootstrap_host), int(req.bootstrap_port or 0))

@@ -77,7 +77,7 @@ class PrefillClient(EngineClient):
 
     def add_request(self, req: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
         room = req.bootstrap_room
-        if room is None or req.sampling.max_new_tokens == 0:
+        if room is None or not req.disaggregated:
             self.inner.add_request(req, on_output)  # warm-up, health probes and plain use: served whole
             return
         with self._lock:

@@ -146,7 +146,7 @@ class Scheduler:
             self._finish(req, _abort(f"Request rejected: {type(exc).__name__}: {exc}", 400, "BadRequestError"))
 
     def _admit_to_queue(self, req: Req, g: GenerateRequest) -> None:
-        problem = g.sampling.validate() or self._check_length(req)
+        problem = self._check_length(req)  # the sampling values were checked when built (SamplingParams)
         if problem is None and self.spec is not None and g.sampling.has_penalties:  # verify samples without them
             problem = "penalties, min_new_tokens and logit_bias are not implemented with speculative decoding"
         if problem:
