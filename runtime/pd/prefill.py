@@ -63,7 +63,7 @@ class PrefillClient(EngineClient):
         self._rooms: dict[int, Room] = {}
         self._room_of: dict[str, int] = {}  # rid -> room, while the prefill runs
         self._lock = threading.Condition()
-        inner.core.scheduler.on_release = self._on_release  # engine thread: before the memory is freed
+        inner.core.before_release(self._on_release)
         self._server = _BootstrapServer((host, bootstrap_port), self)
         self._thread = threading.Thread(target=self._server.serve_forever, name="pd-bootstrap", daemon=True)
         self._thread.start()

@@ -184,3 +184,15 @@ def test_a_sampling_parameter_crosses_at_most_five_files(field: str) -> None:
     files = {path for path, tree in MODULES.items() if field in code_path(tree)} | docs_rows(field)
     assert CHECK_HOME in files and any(f.startswith("docs/") for f in files), sorted(files)
     assert len(files) <= MAX_FILES, f"{field} crosses {len(files)} files: {sorted(files)}"
+
+
+def test_pd_reaches_the_engine_through_its_public_operations() -> None:
+    """PD (runtime/pd) stages and injects through EngineCore.before_release / admit_transferred, never
+    through the scheduler inside it."""
+    reach_ins = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted((ROOT / "runtime" / "pd").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ("scheduler", "on_release")
+    ]
+    assert not reach_ins, reach_ins
