@@ -156,6 +156,16 @@ class SamplingParams:
         )
 
 
+def prompt_problem(ids: Sequence[int], context_len: int) -> str | None:
+    """Why a prompt cannot be served by an engine of `context_len` tokens, else None: the server refuses it with
+    this before it queues, the scheduler for a request that came in-process."""
+    if not ids:
+        return "The prompt is empty: it tokenizes to 0 tokens; send at least one token."
+    if len(ids) >= context_len:
+        return f"The input ({len(ids)} tokens) is longer than the model's context length ({context_len} tokens)."
+    return None
+
+
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: continuation seeds far apart from the client's
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from runtime.core.requests import GenerateRequest, SamplingError, SamplingParams, short_repr
+from runtime.core.requests import GenerateRequest, SamplingError, SamplingParams, prompt_problem, short_repr
 
 # SGLang 0.5.23's sampling-parameter fields, in its order (api/v1/api_types.py _FIELDS_SamplingParams).
 SGLANG_SAMPLING_FIELDS = (
@@ -400,15 +400,12 @@ def prepare_request(
     context_len: int,
     max_tokens_name: str = "max_new_tokens",
 ) -> PreparedRequest:
-    if not ids:
-        raise RequestValueError("The prompt is empty: it tokenizes to 0 tokens; send at least one token.")
+    problem = prompt_problem(ids, context_len)
+    if problem is not None:
+        raise RequestValueError(problem)
     if min(ids) < 0 or max(ids) >= vocab_size:  # min/max in C; the list of offenders only for the message
         bad = [t for t in ids if not 0 <= t < vocab_size]
         raise RequestValueError(f"input_ids has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-    if len(ids) >= context_len:
-        raise RequestValueError(
-            f"The input ({len(ids)} tokens) is longer than the model's context length ({context_len} tokens)."
-        )
     sampling = copy.copy(ps.sampling)  # checked when parsed; a batch shares one ParsedSampling
     sampling.logit_bias = dict(sampling.logit_bias)
     problem = sampling.vocab_problem(vocab_size)

@@ -196,3 +196,19 @@ def test_pd_reaches_the_engine_through_its_public_operations() -> None:
         if isinstance(node, ast.Attribute) and node.attr in ("scheduler", "on_release")
     ]
     assert not reach_ins, reach_ins
+
+
+def test_the_prompt_is_checked_by_one_function() -> None:
+    """The server (before it queues) and the scheduler (for an in-process request) refuse a prompt through
+    core.requests.prompt_problem: its messages are written nowhere else."""
+    phrases = ("prompt is empty", "is longer than the model's context length")
+    written = {
+        path
+        for path, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and any(p in node.value for p in phrases)
+        and "bytes of text" not in node.value  # limits.py's guard on the raw text, before tokenizing
+    }
+    assert written == {CHECK_HOME}, sorted(written)
