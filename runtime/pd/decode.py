@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
-from runtime.engine.api import EngineClient
+from runtime.core.requests import GenerateRequest, RequestOutput
 from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.pd.engine_ops import inject
 from runtime.pd.protocol import (
@@ -30,6 +29,7 @@ from runtime.pd.protocol import (
     send_json,
     unpack_payload,
 )
+from runtime.pd.role import RoleClient
 
 logger = logging.getLogger("runtime.pd")
 
@@ -40,11 +40,13 @@ ADMIT_WAIT_S = 600.0
 _ADMIT_POLL_S = 0.01
 
 
-class DecodeClient(EngineClient):
+class DecodeClient(RoleClient):
     """The engine client of a `--disaggregation-mode decode` server."""
 
+    mode = "decode"
+
     def __init__(self, inner: ThreadedEngineClient, layout: dict[str, Any]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.layout = layout
         self._cancelled: set[str] = set()
         self._fetching: set[str] = set()
@@ -68,18 +70,6 @@ class DecodeClient(EngineClient):
                 self._cancelled.add(rid)
                 return
         self.inner.abort(rid)
-
-    def flush_cache(self) -> bool:
-        return bool(self.inner.flush_cache())
-
-    def failure(self) -> str | None:
-        return self.inner.failure()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    def resolved_args(self) -> dict[str, Any]:
-        return {**self.inner.resolved_args(), "disaggregation_mode": "decode"}
 
     def shutdown(self) -> None:
         with self._lock:

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
-from runtime.engine.api import EngineClient
+from runtime.core.requests import GenerateRequest, RequestOutput
 from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.pd.engine_ops import stage
 from runtime.pd.protocol import Staged, TransferError, recv_json, send_json
+from runtime.pd.role import RoleClient
 from runtime.scheduler.request import Req
 
 logger = logging.getLogger("runtime.pd")
@@ -53,11 +53,13 @@ class TransferCounters:
     bytes_sent: int = 0
 
 
-class PrefillClient(EngineClient):
+class PrefillClient(RoleClient):
     """The engine client of a `--disaggregation-mode prefill` server, plus its bootstrap server."""
 
+    mode = "prefill"
+
     def __init__(self, inner: ThreadedEngineClient, host: str, bootstrap_port: int, layout: dict[str, Any]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.layout = layout
         self.counters = TransferCounters()
         self._rooms: dict[int, Room] = {}
@@ -96,21 +98,6 @@ class PrefillClient(EngineClient):
             on_output(out)
 
         self.inner.add_request(first_only, relay)
-
-    def abort(self, rid: str) -> None:
-        self.inner.abort(rid)
-
-    def flush_cache(self) -> bool:
-        return bool(self.inner.flush_cache())
-
-    def failure(self) -> str | None:
-        return self.inner.failure()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    def resolved_args(self) -> dict[str, Any]:
-        return {**self.inner.resolved_args(), "disaggregation_mode": "prefill"}
 
     def shutdown(self) -> None:
         self._server.shutdown()
