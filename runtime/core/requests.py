@@ -4,12 +4,41 @@ server pass between them. No torch here: the server's request parsing imports th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
+
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what a 64-bit generator seed can hold (torch takes both signs)
+
+
+def short_repr(v: Any, limit: int = 80) -> str:
+    """A value's repr for an error message, cut: a client's megabyte of JSON never comes back in the error."""
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class SamplingError(ValueError):
+    """A sampling parameter the engine cannot sample with; the message names the field as the client sent it."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    try:
+        return _is_number(value) and math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 @dataclass
 class SamplingParams:
+    """The sampling parameters of one request, checked when built: the only range checks of these fields.
+
+    Every way in builds one (the HTTP parsers, fan-out, in-process callers), so the scheduler and the
+    sampler take the values as given."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: whole vocabulary
@@ -25,45 +54,95 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0  # EOS and stop token ids are masked until this many tokens are out
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    # Field -> the name the client sent it as (/generate's `sampling_seed`, OpenAI's `max_tokens`), so an
+    # error names what was sent. Not stored.
+    spelled: InitVar[Mapping[str, str] | None] = None
 
-    def validate(self) -> str | None:
-        """A one-line reason when the values cannot be sampled with, else None."""
-        for name in ("temperature", "top_p", "min_p"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value):
-                return f"{name} must be a finite number, got {value!r}"
-        if self.seed is not None and not -(1 << 63) <= self.seed < 1 << 64:
-            return f"seed must fit in 64 bits, got {self.seed}"
+    def __post_init__(self, spelled: Mapping[str, str] | None) -> None:
+        problem = self._problem(spelled or {})
+        if problem is not None:
+            raise SamplingError(problem)
+
+    def _problem(self, spelled: Mapping[str, str]) -> str | None:
+        """A one-line reason when the values cannot be sampled with (SGLang 0.5.23's ranges), else None."""
+
+        def name(key: str) -> str:
+            return spelled.get(key, key)
+
+        for key in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            value = getattr(self, key)
+            if not _is_finite(value):
+                return f"{name(key)} must be a finite number, got {short_repr(value)}"
+        for key in ("top_k", "max_new_tokens", "min_new_tokens"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool):
+                return f"{name(key)} must be an integer, got {short_repr(value)}"
         if self.temperature < 0:
-            return f"temperature must be >= 0, got {self.temperature}"
+            return f"{name('temperature')} must be >= 0, got {self.temperature}"
         if not 0 < self.top_p <= 1:
-            return f"top_p must be in (0, 1], got {self.top_p}"
+            return f"{name('top_p')} must be in (0, 1], got {self.top_p}"
         if self.top_k == 0 or self.top_k < -1:
-            return f"top_k must be -1 (disabled) or >= 1, got {self.top_k}"
+            return f"{name('top_k')} must be -1 (disabled) or >= 1, got {short_repr(self.top_k)}"
         if not 0 <= self.min_p <= 1:
-            return f"min_p must be in [0, 1], got {self.min_p}"
+            return f"{name('min_p')} must be in [0, 1], got {self.min_p}"
         if self.max_new_tokens < 0:
-            return f"max_new_tokens must be >= 0, got {self.max_new_tokens}"
-        return self._validate_penalties()
+            return f"{name('max_new_tokens')} must be >= 0, got {short_repr(self.max_new_tokens)}"
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]
+        ):
+            return (
+                f"{name('seed')} must fit in 64 bits ({SEED_RANGE[0]} to {SEED_RANGE[1]}), got {short_repr(self.seed)}"
+            )
+        return self._penalty_problem(name)
 
-    def _validate_penalties(self) -> str | None:
-        """SGLang 0.5.23's ranges (SamplingParams.verify)."""
-        for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value):
-                return f"{name} must be a finite number, got {value!r}"
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            return f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            return f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            return f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {self.repetition_penalty}"
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            return f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], got {self.min_new_tokens}"
+    def _penalty_problem(self, name: Callable[[str], str]) -> str | None:
+        if not -2 <= self.frequency_penalty <= 2:
+            return f"{name('frequency_penalty')} must be in [-2, 2], got {self.frequency_penalty:g}"
+        if not -2 <= self.presence_penalty <= 2:
+            return f"{name('presence_penalty')} must be in [-2, 2], got {self.presence_penalty:g}"
+        if not 0 < self.repetition_penalty <= 2:
+            return f"{name('repetition_penalty')} must be in (0, 2], got {self.repetition_penalty:g}"
+        if self.min_new_tokens < 0:
+            return f"{name('min_new_tokens')} must be >= 0, got {short_repr(self.min_new_tokens)}"
+        if self.min_new_tokens > self.max_new_tokens:
+            return (
+                f"{name('min_new_tokens')} must be in [0, {name('max_new_tokens')}({self.max_new_tokens})], "
+                f"got {short_repr(self.min_new_tokens)}"
+            )
         for value in self.logit_bias.values():
-            if not isinstance(value, int | float) or not math.isfinite(value):
-                return f"logit_bias values must be finite numbers, got {value!r}"
+            if not _is_finite(value):
+                return f"{name('logit_bias')} values must be finite numbers, got {short_repr(value)}"
         return None
+
+    def vocab_problem(self, vocab_size: int) -> str | None:
+        """The check that needs the model's vocabulary (the server's, when it prepares the request)."""
+        outside = [t for t in self.logit_bias if not 0 <= t < vocab_size]
+        if outside:
+            return f"logit_bias must have keys in [0, {vocab_size - 1}], got {outside[0]}"
+        return None
+
+    def stop_ids(self, eos_ids: Sequence[int]) -> list[int]:
+        """The tokens that finish the request (unless ignore_eos) and that min_new_tokens holds back: EOS and
+        the request's stop_token_ids."""
+        return [*eos_ids, *self.stop_token_ids]
+
+    def held_stop_prefix(self, text: str) -> int:
+        """Length of the longest end of `text` that is the start of (or is) a stop string; 0 when none: what
+        a stream holds back until the next token shows whether the request stops there."""
+        held = 0
+        for stop in self.stop:
+            for k in range(min(len(stop), len(text)), held, -1):
+                if text.endswith(stop[:k]):
+                    held = k
+                    break
+        return held
+
+    def for_continuation(self, j: int) -> SamplingParams:
+        """Continuation j's parameters when a prompt is sampled n times: a seeded request gives each its own
+        seed derived from the client's, so the n samples differ and the same request reproduces them."""
+        if self.seed is None:
+            return replace(self)
+        return replace(self, seed=continuation_seed(self.seed, j))
 
     @property
     def has_penalties(self) -> bool:
@@ -75,6 +154,30 @@ class SamplingParams:
             or self.min_new_tokens
             or self.logit_bias
         )
+
+
+def prompt_problem(ids: Sequence[int], context_len: int) -> str | None:
+    """Why a prompt cannot be served by an engine of `context_len` tokens, else None: the server refuses it with
+    this before it queues, the scheduler for a request that came in-process."""
+    if not ids:
+        return "The prompt is empty: it tokenizes to 0 tokens; send at least one token."
+    if len(ids) >= context_len:
+        return f"The input ({len(ids)} tokens) is longer than the model's context length ({context_len} tokens)."
+    return None
+
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: continuation seeds far apart from the client's
+
+
+def continuation_seed(seed: int, j: int) -> int:
+    """Continuation j's seed: the client's own for j == 0 (n == 1 samples as before), a mixed one after."""
+    if j == 0:
+        return seed
+    z = (seed + j * _GOLDEN) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return (z ^ (z >> 31)) >> 1  # 63 bits: a valid torch seed of either sign convention
 
 
 @dataclass
@@ -96,6 +199,12 @@ class GenerateRequest:
     # n > 1: the rid of the first continuation of the same prompt. The scheduler forks this request off it
     # after its prefill (shared KV, a copy of the recurrent state) instead of prefilling the prompt again.
     fork_of: str | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        """Served by PD (prefill on one server, decode on another): it names a transfer room and wants
+        tokens; a warm-up or health probe (no tokens) with a room is served whole where it lands."""
+        return self.bootstrap_room is not None and self.sampling.max_new_tokens > 0
 
 
 @dataclass

@@ -40,7 +40,7 @@ logger = logging.getLogger("runtime.engine")
 DEFAULT_MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # an engine (EngineCore is one) is itself, not its parts' values
 class EngineParts:
     args: EngineArgs  # the device resolved
     dtype: torch.dtype

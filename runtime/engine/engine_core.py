@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
+import torch
+
 from runtime.core.config import EngineArgs
-from runtime.core.requests import EngineStats
-from runtime.engine.builder import build_engine
+from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
+from runtime.engine.builder import EngineParts, build_engine
+from runtime.kvcache.cache_manager import Admission
+from runtime.scheduler.request import Req
+from runtime.scheduler.scheduler import Transferred
 
 logger = logging.getLogger("runtime.engine")
 
@@ -23,24 +28,17 @@ logger = logging.getLogger("runtime.engine")
 IDLE_PREFAULT_BYTES = 16 << 20
 
 
-class EngineCore:
+class EngineCore(EngineParts):
+    """The parts build_engine makes (EngineParts: declared there, once) and the operations that run them."""
+
     def __init__(self, args: EngineArgs) -> None:
         """Build the engine in start-up order (runtime/engine/builder.py); refuses with EngineStartupError."""
         parts = build_engine(args)
-        self.args = parts.args
-        self.dtype = parts.dtype
-        self.model = parts.model
-        self.weight_bytes = parts.weight_bytes
-        self.tokenizer = parts.tokenizer
-        self.pools = parts.pools
-        self.elastic = parts.elastic
-        self.context_len = parts.pools.context_len
-        self.cache = parts.cache
-        self.scheduler = parts.scheduler
-        self.spec = parts.spec
-        self.runner = parts.runner
-        self.max_prefill_tokens = parts.max_prefill_tokens
-        self.background_compile = parts.background_compile
+        super().__init__(**{f.name: getattr(parts, f.name) for f in fields(EngineParts)})
+
+    @property
+    def context_len(self) -> int:
+        return self.pools.context_len
 
     def step(self) -> bool:
         """One engine step: schedule → run → postprocess. False when there was nothing to do."""
@@ -71,6 +69,23 @@ class EngineCore:
     def idle_prefault_slots(self) -> int:
         """How many free state slots on_idle keeps faulted in."""
         return max(1, IDLE_PREFAULT_BYTES // max(1, self.cache.state_pool.slot_bytes))
+
+    # -- PD disaggregation (runtime/pd): the engine's two operations for a transfer, on the engine thread -------
+
+    def before_release(self, hook: Callable[[Req], None]) -> None:
+        """Call `hook(req)` just before a request's memory goes back to the pools: the prefill side copies the
+        prompt's KV and state out there. One hook; a second call replaces it."""
+        self.scheduler.on_release = hook
+
+    def admit_transferred(
+        self,
+        g: GenerateRequest,
+        on_output: Callable[[RequestOutput], None],
+        transferred: Transferred,
+        write: Callable[[int, torch.Tensor], None],
+    ) -> Admission:
+        """Admit a request whose prompt another engine computed (Scheduler.admit_transferred)."""
+        return self.scheduler.admit_transferred(g, on_output, transferred, write)
 
     def check_invariants(self) -> None:
         """Pool accounting (free + cached + in-use == total, nothing in two places); raises AssertionError."""

@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
-from runtime.engine.api import EngineClient
+from runtime.core.requests import GenerateRequest, RequestOutput
 from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.pd.engine_ops import inject
 from runtime.pd.protocol import (
@@ -30,6 +29,7 @@ from runtime.pd.protocol import (
     send_json,
     unpack_payload,
 )
+from runtime.pd.role import RoleClient
 
 logger = logging.getLogger("runtime.pd")
 
@@ -40,11 +40,13 @@ ADMIT_WAIT_S = 600.0
 _ADMIT_POLL_S = 0.01
 
 
-class DecodeClient(EngineClient):
+class DecodeClient(RoleClient):
     """The engine client of a `--disaggregation-mode decode` server."""
 
+    mode = "decode"
+
     def __init__(self, inner: ThreadedEngineClient, layout: dict[str, Any]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.layout = layout
         self._cancelled: set[str] = set()
         self._fetching: set[str] = set()
@@ -53,16 +55,14 @@ class DecodeClient(EngineClient):
         self.transfers_failed = 0
 
     def add_request(self, req: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
-        if req.bootstrap_room is None or req.sampling.max_new_tokens == 0:
+        if not req.disaggregated:
             self.inner.add_request(req, on_output)  # warm-up, health probes and plain use: served whole
             return
         if not req.bootstrap_host or req.bootstrap_port is None:
             raise ValueError("bootstrap_room needs bootstrap_host and bootstrap_port (the prefill server's)")
         with self._lock:
             self._fetching.add(req.rid)
-        threading.Thread(
-            target=self._run, args=(req, on_output), name=f"pd-fetch-{req.rid}", daemon=True
-        ).start()
+        threading.Thread(target=self._run, args=(req, on_output), name=f"pd-fetch-{req.rid}", daemon=True).start()
 
     def abort(self, rid: str) -> None:
         with self._lock:
@@ -70,18 +70,6 @@ class DecodeClient(EngineClient):
                 self._cancelled.add(rid)
                 return
         self.inner.abort(rid)
-
-    def flush_cache(self) -> bool:
-        return bool(self.inner.flush_cache())
-
-    def failure(self) -> str | None:
-        return self.inner.failure()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    def resolved_args(self) -> dict[str, Any]:
-        return {**self.inner.resolved_args(), "disaggregation_mode": "decode"}
 
     def shutdown(self) -> None:
         with self._lock:
@@ -151,9 +139,7 @@ class DecodeClient(EngineClient):
             logger.warning("request %s: PD transfer attempt %d/%d failed (%s)", req.rid, attempt,
                            FETCH_ATTEMPTS, last)  # fmt: skip
             time.sleep(0.2 * attempt)
-        raise TransferError(
-            f"{last} (after {FETCH_ATTEMPTS} attempts to {req.bootstrap_host}:{req.bootstrap_port})"
-        )
+        raise TransferError(f"{last} (after {FETCH_ATTEMPTS} attempts to {req.bootstrap_host}:{req.bootstrap_port})")
 
     def _fetch_once(self, req: GenerateRequest) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
         address = (str(req.bootstrap_host), int(req.bootstrap_port or 0))

@@ -77,7 +77,7 @@ def inject(
         first_logprob=float(first_logprob) if first_logprob is not None else None,
         cached_tokens=int(head.get("cached_tokens", 0)),
     )
-    admission = core.scheduler.admit_transferred(g, on_output, transferred, write)
+    admission = core.admit_transferred(g, on_output, transferred, write)
     if admission.ok:
         return None
     if admission.message:

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
-from runtime.engine.api import EngineClient
+from runtime.core.requests import GenerateRequest, RequestOutput
 from runtime.engine.engine_thread import ThreadedEngineClient
 from runtime.pd.engine_ops import stage
 from runtime.pd.protocol import Staged, TransferError, recv_json, send_json
+from runtime.pd.role import RoleClient
 from runtime.scheduler.request import Req
 
 logger = logging.getLogger("runtime.pd")
@@ -53,17 +53,19 @@ class TransferCounters:
     bytes_sent: int = 0
 
 
-class PrefillClient(EngineClient):
+class PrefillClient(RoleClient):
     """The engine client of a `--disaggregation-mode prefill` server, plus its bootstrap server."""
 
+    mode = "prefill"
+
     def __init__(self, inner: ThreadedEngineClient, host: str, bootstrap_port: int, layout: dict[str, Any]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.layout = layout
         self.counters = TransferCounters()
         self._rooms: dict[int, Room] = {}
         self._room_of: dict[str, int] = {}  # rid -> room, while the prefill runs
         self._lock = threading.Condition()
-        inner.core.scheduler.on_release = self._on_release  # engine thread: before the memory is freed
+        inner.core.before_release(self._on_release)
         self._server = _BootstrapServer((host, bootstrap_port), self)
         self._thread = threading.Thread(target=self._server.serve_forever, name="pd-bootstrap", daemon=True)
         self._thread.start()
@@ -77,7 +79,7 @@ class PrefillClient(EngineClient):
 
     def add_request(self, req: GenerateRequest, on_output: Callable[[RequestOutput], None]) -> None:
         room = req.bootstrap_room
-        if room is None or req.sampling.max_new_tokens == 0:
+        if room is None or not req.disaggregated:
             self.inner.add_request(req, on_output)  # warm-up, health probes and plain use: served whole
             return
         with self._lock:
@@ -96,21 +98,6 @@ class PrefillClient(EngineClient):
             on_output(out)
 
         self.inner.add_request(first_only, relay)
-
-    def abort(self, rid: str) -> None:
-        self.inner.abort(rid)
-
-    def flush_cache(self) -> bool:
-        return bool(self.inner.flush_cache())
-
-    def failure(self) -> str | None:
-        return self.inner.failure()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    def resolved_args(self) -> dict[str, Any]:
-        return {**self.inner.resolved_args(), "disaggregation_mode": "prefill"}
 
     def shutdown(self) -> None:
         self._server.shutdown()

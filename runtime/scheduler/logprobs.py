@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from runtime.core.requests import SamplingParams
 from runtime.scheduler.request import Req
+from runtime.scheduler.sampling import output_temperature
 
 TopRow = list[tuple[float | None, int]]
 
@@ -37,12 +37,6 @@ def _rows(logprobs: torch.Tensor, tokens: list[int], top_n: int) -> tuple[list[f
             for vs, ixs in zip(values.tolist(), ids.tolist(), strict=True)
         ]
     return [_finite(v) for v in picked], tops
-
-
-def output_temperature(p: SamplingParams) -> float:
-    from runtime.scheduler.sampling import is_greedy
-
-    return 1.0 if is_greedy(p) else p.temperature
 
 
 def record_output(req: Req, rows: torch.Tensor, tokens: list[int]) -> None:

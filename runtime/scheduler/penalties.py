@@ -64,5 +64,5 @@ def apply_penalties(
     for i in rows:
         p = params[i]
         # As SGLang's min_new_tokens penalizer: EOS and stop ids, with or without ignore_eos.
-        out[i] = penalize_row(out[i], p, outputs[i], [*eos_ids, *p.stop_token_ids])
+        out[i] = penalize_row(out[i], p, outputs[i], p.stop_ids(eos_ids))
     return out

@@ -13,6 +13,11 @@ def is_greedy(p: SamplingParams) -> bool:
     return p.temperature == 0.0 or p.top_k == 1
 
 
+def output_temperature(p: SamplingParams) -> float:
+    """The temperature a row's output logprobs are computed at: SGLang treats greedy as temperature 1."""
+    return 1.0 if is_greedy(p) else p.temperature
+
+
 def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
     """One token from one row of logits ([vocab], float32)."""
     return int(sample_row_tensor(logits, p, generator))

@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 
 from runtime.core.batch import ForwardBatch, ScheduledBatch
-from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
+from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput, prompt_problem
 from runtime.kvcache.cache_manager import Admission, CacheManager
 from runtime.scheduler import logprobs as lp
 from runtime.scheduler.batches import BatchBuilder, split_mixed
@@ -146,7 +146,9 @@ class Scheduler:
             self._finish(req, _abort(f"Request rejected: {type(exc).__name__}: {exc}", 400, "BadRequestError"))
 
     def _admit_to_queue(self, req: Req, g: GenerateRequest) -> None:
-        problem = g.sampling.validate() or self._check_length(req)
+        # The sampling values were checked when built (SamplingParams); the prompt is checked here for a request
+        # that came in-process (the server checked it with the same function).
+        problem = prompt_problem(req.prompt_ids, self.config.context_len)
         if problem is None and self.spec is not None and g.sampling.has_penalties:  # verify samples without them
             problem = "penalties, min_new_tokens and logit_bias are not implemented with speculative decoding"
         if problem:
@@ -161,16 +163,6 @@ class Scheduler:
             return  # (with prompt logprobs asked for, the prompt is still run: SGLang's scoring requests)
         if not self.forks.hold(req, g.fork_of if self.spec is None else None, self.waiting + self.running):
             self.waiting.append(req)
-
-    def _check_length(self, req: Req) -> str | None:
-        if not req.prompt_ids:
-            return "the prompt is empty: send at least one input token"
-        if len(req.prompt_ids) >= self.config.context_len:
-            return (
-                f"The input ({len(req.prompt_ids)} tokens) is longer than the model's context length "
-                f"({self.config.context_len} tokens)."
-            )
-        return None
 
     def abort(self, rid: str, message: str = "Aborted by the client.", status_code: int = 499) -> bool:
         """Free everything the request holds and finish it as aborted. False when the rid is unknown."""

@@ -25,7 +25,7 @@ def finish_reason_after(
         for s in p.stop:
             if s and s in tail:
                 return {"type": "stop", "matched": s}
-    if not p.ignore_eos and (token in p.stop_token_ids or token in eos_ids):
+    if not p.ignore_eos and token in p.stop_ids(eos_ids):
         return {"type": "stop", "matched": token}
     if len(req.output_ids) >= req.max_new_tokens:
         return {"type": "length", "length": len(req.output_ids)}

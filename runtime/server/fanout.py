@@ -13,21 +13,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
-from runtime.core.requests import SamplingParams
 from runtime.server.generate_request import PreparedRequest, RequestValueError
-
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: continuation seeds far apart from the client's
-
-
-def continuation_seed(seed: int, j: int) -> int:
-    """Continuation j's seed: the client's own for j == 0 (n == 1 samples as before), a mixed one after."""
-    if j == 0:
-        return seed
-    z = (seed + j * _GOLDEN) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return (z ^ (z >> 31)) >> 1  # 63 bits: a valid torch seed of either sign convention
 
 
 def fan_out(per_prompt: list[PreparedRequest]) -> list[PreparedRequest]:
@@ -41,9 +27,7 @@ def fan_out(per_prompt: list[PreparedRequest]) -> list[PreparedRequest]:
     for i, prepared in enumerate(per_prompt):
         first_rid = ""
         for j in range(n):
-            sampling = SamplingParams(**vars(prepared.request.sampling))
-            if sampling.seed is not None:
-                sampling.seed = continuation_seed(sampling.seed, j)
+            sampling = prepared.request.sampling.for_continuation(j)
             rid = uuid.uuid4().hex  # as SGLang's regenerate_rid: every sample gets its own id
             request = replace(prepared.request, rid=rid, sampling=sampling, fork_of=first_rid if j else None)
             first_rid = first_rid or rid

@@ -161,5 +161,5 @@ def _chunk_due(state: RequestState, sent: int) -> bool:
     unsent = len(state.output_ids) - sent
     interval = state.prepared.stream_interval
     due = unsent > 0 and (interval == 1 or unsent >= interval or sent == 0)
-    # ... and not while the text ends in what may become a stop string (its check_match_stop_str_prefix).
-    return due and (not state.prepared.request.sampling.stop or state.stream_text() == state.text())
+    # ... and not while the text ends in what may become a stop string.
+    return due and not state.holds_stop_prefix()

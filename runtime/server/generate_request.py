@@ -7,13 +7,13 @@ implement are accepted only at their neutral value; anything else is refused by 
 
 from __future__ import annotations
 
-import math
+import copy
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from runtime.core.requests import GenerateRequest, SamplingParams
+from runtime.core.requests import GenerateRequest, SamplingError, SamplingParams, prompt_problem, short_repr
 
 # SGLang 0.5.23's sampling-parameter fields, in its order (api/v1/api_types.py _FIELDS_SamplingParams).
 SGLANG_SAMPLING_FIELDS = (
@@ -65,27 +65,16 @@ def _invalid(key: str, v: Any, expected: str) -> ContractError:
     return ContractError(f"{key}: invalid type: {_unexpected(v)}, expected {expected}")
 
 
-def short_repr(v: Any, limit: int = 80) -> str:
-    """A value's repr for an error message, cut: a client's megabyte of JSON never comes back in the error."""
-    text = repr(v)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what a 64-bit generator seed can hold (torch takes both signs)
-
-
-def _number(key: str, v: Any) -> float | None:
+def _number(key: str, v: Any) -> float | int | None:
+    """A JSON number as a float; its range (finite included) is SamplingParams' to check."""
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise _invalid(key, v, "f32")
     try:
-        number = float(v)
-    except OverflowError:  # an integer too large for a float
-        raise RequestValueError(f"{key} must be a finite number, got an integer of {len(str(v))} digits") from None
-    if not math.isfinite(number):
-        raise RequestValueError(f"{key} must be a finite number, got {v}")
-    return number
+        return float(v)
+    except OverflowError:  # an integer too large for a float: SamplingParams refuses it as not finite
+        return v
 
 
 def _integer(key: str, v: Any) -> int | None:
@@ -198,42 +187,29 @@ def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> P
                 f"{label}={short_repr(raw[key])} is not implemented by the bundled runtime "
                 f"(accepted: {', '.join(repr(a) for a in allowed if a is not None) or 'null'})"
             )
-    p = SamplingParams()
-    temperature = _number(name("temperature"), raw.get("temperature"))
-    if temperature is not None:
-        if temperature < 0:
-            raise RequestValueError(f"{name('temperature')} must be >= 0, got {temperature}")
-        p.temperature = temperature
-    top_p = _number(name("top_p"), raw.get("top_p"))
-    if top_p is not None:
-        if not 0 < top_p <= 1:
-            raise RequestValueError(f"{name('top_p')} must be in (0, 1], got {top_p}")
-        p.top_p = top_p
-    top_k = _integer(name("top_k"), raw.get("top_k"))
-    if top_k is not None:
-        if top_k == 0 or top_k < -1:
-            raise RequestValueError(f"{name('top_k')} must be -1 (disabled) or >= 1, got {short_repr(top_k)}")
-        p.top_k = -1 if top_k >= 1 << 30 else top_k  # SGLang's TOP_K_ALL means "whole vocabulary"
-    min_p = _number(name("min_p"), raw.get("min_p"))
-    if min_p is not None:
-        if not 0 <= min_p <= 1:
-            raise RequestValueError(f"{name('min_p')} must be in [0, 1], got {min_p}")
-        p.min_p = min_p
-    max_new = _integer(name("max_new_tokens"), raw.get("max_new_tokens"))
-    if max_new is not None:
-        if max_new < 0:
-            raise RequestValueError(f"{name('max_new_tokens')} must be >= 0, got {short_repr(max_new)}")
-        p.max_new_tokens = max_new
-    p.stop = _strings(name("stop"), raw.get("stop"))
-    p.stop_token_ids = _token_ids(name("stop_token_ids"), raw.get("stop_token_ids"))
-    p.ignore_eos = bool(_boolean(name("ignore_eos"), raw.get("ignore_eos")))
-    p.seed = _integer(name("sampling_seed"), raw.get("sampling_seed"))
-    if p.seed is not None and not SEED_RANGE[0] <= p.seed <= SEED_RANGE[1]:
-        raise RequestValueError(
-            f"{name('sampling_seed')} must fit in 64 bits ({SEED_RANGE[0]} to {SEED_RANGE[1]}), "
-            f"got {short_repr(p.seed)}"
-        )
-    parse_penalties(raw, p, name)
+    values: dict[str, Any] = {
+        "temperature": _number(name("temperature"), raw.get("temperature")),
+        "top_p": _number(name("top_p"), raw.get("top_p")),
+        "top_k": _integer(name("top_k"), raw.get("top_k")),
+        "min_p": _number(name("min_p"), raw.get("min_p")),
+        "max_new_tokens": _integer(name("max_new_tokens"), raw.get("max_new_tokens")),
+        "stop": _strings(name("stop"), raw.get("stop")),
+        "stop_token_ids": _token_ids(name("stop_token_ids"), raw.get("stop_token_ids")),
+        "ignore_eos": bool(_boolean(name("ignore_eos"), raw.get("ignore_eos"))),
+        "seed": _integer(name("sampling_seed"), raw.get("sampling_seed")),
+        "frequency_penalty": _number(name("frequency_penalty"), raw.get("frequency_penalty")),
+        "presence_penalty": _number(name("presence_penalty"), raw.get("presence_penalty")),
+        "repetition_penalty": _number(name("repetition_penalty"), raw.get("repetition_penalty")),
+        "min_new_tokens": _integer(name("min_new_tokens"), raw.get("min_new_tokens")),
+        "logit_bias": _logit_bias(raw.get("logit_bias"), name),
+    }
+    if values["top_k"] is not None and values["top_k"] >= 1 << 30:
+        values["top_k"] = -1  # SGLang's TOP_K_ALL means "whole vocabulary"
+    given = {key: value for key, value in values.items() if value is not None}
+    try:
+        p = SamplingParams(**given, spelled={**spelled, "seed": name("sampling_seed")})
+    except SamplingError as exc:
+        raise RequestValueError(str(exc)) from None
     n = _integer(name("n"), raw.get("n"))
     if n is not None and not 1 <= n <= MAX_N:
         raise RequestValueError(f"{name('n')} must be in [1, {MAX_N}], got {short_repr(n)}")
@@ -241,9 +217,6 @@ def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> P
     _boolean(name("spaces_between_special_tokens"), raw.get("spaces_between_special_tokens"))
     skip = _boolean(name("skip_special_tokens"), raw.get("skip_special_tokens"))
     no_trim = _boolean(name("no_stop_trim"), raw.get("no_stop_trim"))
-    problem = p.validate()  # the engine's own check (it also guards clients that skip this parser)
-    if problem is not None:
-        raise RequestValueError(problem)
     return ParsedSampling(
         sampling=p,
         max_new_tokens_given="max_new_tokens" in raw and raw["max_new_tokens"] is not None,
@@ -259,36 +232,14 @@ def parse_sampling_params(raw: Any, names: Mapping[str, str] | None = None) -> P
 MAX_N = 128  # continuations per prompt: SGLang sets no limit, but a request must not fill the engine by itself
 
 
-def parse_penalties(raw: dict[str, Any], p: SamplingParams, name: Callable[[str], str]) -> None:
-    """SGLang's penalties, min_new_tokens and logit_bias with its ranges (SamplingParams.verify); errors name
-    the field as the client spelled it (`name`). logit_bias keys are checked against the vocabulary later."""
-    for key, low, high, low_open in (
-        ("frequency_penalty", -2.0, 2.0, False),
-        ("presence_penalty", -2.0, 2.0, False),
-        ("repetition_penalty", 0.0, 2.0, True),
-    ):
-        value = _number(name(key), raw.get(key))
-        if value is None:
-            continue
-        if not (low < value if low_open else low <= value) or value > high:
-            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-            raise RequestValueError(f"{name(key)} must be in {bounds}, got {value:g}")
-        setattr(p, key, value)
-    min_new = _integer(name("min_new_tokens"), raw.get("min_new_tokens"))
-    if min_new is not None:
-        if min_new < 0:
-            raise RequestValueError(f"{name('min_new_tokens')} must be >= 0, got {short_repr(min_new)}")
-        if min_new > p.max_new_tokens:
-            raise RequestValueError(
-                f"{name('min_new_tokens')} must be in [0, {name('max_new_tokens')}({p.max_new_tokens})], "
-                f"got {short_repr(min_new)}"
-            )
-        p.min_new_tokens = min_new
-    bias = raw.get("logit_bias")
+def _logit_bias(bias: Any, name: Callable[[str], str]) -> dict[int, float | int] | None:
+    """SGLang's logit_bias: token id (an integer as a string) -> bias. Its keys are checked against the
+    vocabulary in prepare_request, its values' range by SamplingParams."""
     if bias is None:
-        return
+        return None
     if not isinstance(bias, dict):
         raise _invalid(name("logit_bias"), bias, "a map of token id to bias")
+    out: dict[int, float | int] = {}
     for key, value in bias.items():
         try:
             token = int(key)
@@ -298,7 +249,8 @@ def parse_penalties(raw: dict[str, Any], p: SamplingParams, name: Callable[[str]
             ) from None
         number = _number(f"{name('logit_bias')}[{key}]", value)
         if number is not None:
-            p.logit_bias[token] = number  # "1" and "01" are one token: the last value wins, as in SGLang
+            out[token] = number  # "1" and "01" are one token: the last value wins, as in SGLang
+    return out
 
 
 @dataclass
@@ -448,20 +400,17 @@ def prepare_request(
     context_len: int,
     max_tokens_name: str = "max_new_tokens",
 ) -> PreparedRequest:
-    if not ids:
-        raise RequestValueError("The prompt is empty: it tokenizes to 0 tokens; send at least one token.")
+    problem = prompt_problem(ids, context_len)
+    if problem is not None:
+        raise RequestValueError(problem)
     if min(ids) < 0 or max(ids) >= vocab_size:  # min/max in C; the list of offenders only for the message
         bad = [t for t in ids if not 0 <= t < vocab_size]
         raise RequestValueError(f"input_ids has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-    if len(ids) >= context_len:
-        raise RequestValueError(
-            f"The input ({len(ids)} tokens) is longer than the model's context length ({context_len} tokens)."
-        )
-    sampling = SamplingParams(**vars(ps.sampling))
+    sampling = copy.copy(ps.sampling)  # checked when parsed; a batch shares one ParsedSampling
     sampling.logit_bias = dict(sampling.logit_bias)
-    outside = [t for t in sampling.logit_bias if not 0 <= t < vocab_size]
-    if outside:
-        raise RequestValueError(f"logit_bias must have keys in [0, {vocab_size - 1}], got {outside[0]}")
+    problem = sampling.vocab_problem(vocab_size)
+    if problem is not None:
+        raise RequestValueError(problem)
     budget = context_len - len(ids)
     if sampling.max_new_tokens > budget:
         if ps.max_new_tokens_given:
@@ -473,7 +422,7 @@ def prepare_request(
                 "completion to fit within the limit."
             )
         sampling.max_new_tokens = budget
-    # As SGLang when the context budget clips max_new_tokens below it (parse_penalties checked the rest).
+    # As SGLang when the context budget clips max_new_tokens below it (SamplingParams checked the rest).
     sampling.min_new_tokens = min(sampling.min_new_tokens, sampling.max_new_tokens)
     request = GenerateRequest(rid=rid, input_ids=ids, sampling=sampling, stream=stream)
     return PreparedRequest(

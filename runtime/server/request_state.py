@@ -98,7 +98,12 @@ class RequestState:
         text = self.text()
         if self.finished:
             return text
-        return text[: len(text) - held_stop_prefix(text, self.prepared.request.sampling.stop)]
+        return text[: len(text) - self.prepared.request.sampling.held_stop_prefix(text)]
+
+    def holds_stop_prefix(self) -> bool:
+        """Whether the text ends in what may still become a stop string (SGLang's check_match_stop_str_prefix):
+        a stream chunk waits for the next token."""
+        return not self.finished and self.prepared.request.sampling.held_stop_prefix(self.text()) > 0
 
     @property
     def e2e_latency(self) -> float:
@@ -149,14 +154,3 @@ class RequestState:
         if with_index:
             out["index"] = self.prepared.index
         return out
-
-
-def held_stop_prefix(text: str, stops: list[str]) -> int:
-    """Length of the longest end of `text` that is the start of (or is) a stop string; 0 when none."""
-    held = 0
-    for stop in stops:
-        for k in range(min(len(stop), len(text)), held, -1):
-            if text.endswith(stop[:k]):
-                held = k
-                break
-    return held

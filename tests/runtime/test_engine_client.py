@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.core.config import EngineArgs
-from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
+from runtime.core.requests import GenerateRequest, RequestOutput, SamplingError, SamplingParams
 from runtime.engine.api import EngineClient
 from runtime.engine.engine_thread import ThreadedEngineClient, start_engine
 from runtime.engine.pool_setup import EngineStartupError
@@ -64,9 +64,7 @@ def test_startup_logs_describe_what_was_allocated(model_dir: Path, caplog: pytes
         )
         assert m and int(m.group(1)) == s.max_mamba_cache_size == 40
         assert float(m.group(2)) == round(s.conv_state_bytes / (1 << 30), 2)
-        m = re.search(
-            r"KV Cache is allocated\. dtype: torch\.float32, #tokens: (\d+), K size: ([\d.]+) GB", text
-        )
+        m = re.search(r"KV Cache is allocated\. dtype: torch\.float32, #tokens: (\d+), K size: ([\d.]+) GB", text)
         assert m and int(m.group(1)) == s.max_total_num_tokens == 4096
         m = re.search(
             r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
@@ -99,9 +97,7 @@ def test_state_stats_are_logged_when_asked(model_dir: Path, caplog: pytest.LogCa
     assert len(lines) == 1, f"{len(lines)} state-stats lines for one short request (one per step?)"
 
 
-def test_tree_cache_line_says_when_the_radix_cache_is_off(
-    model_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_tree_cache_line_says_when_the_radix_cache_is_off(model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="runtime")
     client = _start(model_dir, disable_radix_cache=True)
     try:
@@ -219,15 +215,17 @@ def test_a_request_failing_in_sampling_or_admission_fails_alone(model_dir: Path)
         solo = Waiter()
         client.add_request(GenerateRequest("solo", [5, 6, 7], greedy(12)), solo)
         assert solo.done.wait(60)
-        # A direct engine client (no HTTP parser in front) sends values the sampler cannot use.
-        for i, params in enumerate(
-            [SamplingParams(temperature=0.5, seed=2**64), SamplingParams(temperature=float("nan"), max_new_tokens=4)]
-        ):
-            w = Waiter()
-            client.add_request(GenerateRequest(f"refused{i}", [1, 2], params), w)
-            assert w.done.wait(60), "a refused request never finished (engine loop dead?)"
-            reason = w.outputs[-1].finish_reason or {}
-            assert reason.get("type") == "abort" and reason.get("status_code") == 400, reason
+        # A direct engine client (no HTTP parser in front) cannot build values the sampler cannot use.
+        with pytest.raises(SamplingError, match="seed"):
+            SamplingParams(temperature=0.5, seed=2**64)
+        with pytest.raises(SamplingError, match="temperature"):
+            SamplingParams(temperature=float("nan"), max_new_tokens=4)
+        # Nor a prompt the engine cannot hold: refused alone, with a 400.
+        w = Waiter()
+        client.add_request(GenerateRequest("refused", [], greedy(4)), w)
+        assert w.done.wait(60), "a refused request never finished (engine loop dead?)"
+        reason = w.outputs[-1].finish_reason or {}
+        assert reason.get("type") == "abort" and reason.get("status_code") == 400, reason
         # A request whose sampling starts failing mid-run, in the same decode batch as a greedy neighbour.
         neighbour, bad = Waiter(), Waiter()
         bad_params = SamplingParams(temperature=0.7, max_new_tokens=12)

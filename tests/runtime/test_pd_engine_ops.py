@@ -43,7 +43,7 @@ def test_staged_prefill_injected_into_decode_continues_token_identically(
     decode = make_core(model_dir, page_size=decode_page, mamba_track_interval=8)
     reference = make_core(model_dir, disable_radix_cache=True, chunked_prefill_size=-1)
     staged: dict[str, Staged] = {}
-    prefill.scheduler.on_release = lambda req: staged.__setitem__(req.rid, stage(prefill, req))
+    prefill.before_release(lambda req: staged.__setitem__(req.rid, stage(prefill, req)))
     got: dict[str, list[int]] = {}
     want: dict[str, list[int]] = {}
     for i, ids in enumerate(prompts):

@@ -13,11 +13,9 @@ import re
 import pytest
 import torch
 
-from runtime.core.requests import SamplingParams
+from runtime.core.requests import SamplingParams, continuation_seed
 from runtime.scheduler.penalties import apply_penalties, penalize_row
-from runtime.server.fanout import continuation_seed
 from runtime.server.generate_request import RequestValueError, parse_sampling_params, prepare_request
-from runtime.server.request_state import held_stop_prefix
 
 LOGITS = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])
 
@@ -98,6 +96,10 @@ def test_min_new_tokens_is_clipped_with_max_new_tokens_by_the_context() -> None:
     parsed = parse_sampling_params({"min_new_tokens": 50})
     req = prepare_request(0, [1] * 90, parsed, "r", False, vocab_size=10, context_len=100).request
     assert req.sampling.max_new_tokens == 10 and req.sampling.min_new_tokens == 10
+
+
+def held_stop_prefix(text: str, stops: list[str]) -> int:
+    return SamplingParams(stop=stops).held_stop_prefix(text)
 
 
 def test_held_stop_prefix() -> None:

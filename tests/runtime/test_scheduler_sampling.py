@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from runtime.core.requests import GenerateRequest, SamplingParams
+from runtime.core.requests import GenerateRequest, SamplingError, SamplingParams
 from runtime.engine.engine_core import EngineCore
 from runtime.scheduler.request import Req
 from runtime.scheduler.sampling import sample, sample_row
@@ -89,9 +90,7 @@ def test_stop_strings_use_the_tokenizer(core: EngineCore) -> None:
 
 
 def test_length_and_logprobs(core: EngineCore) -> None:
-    got = run_to_completion(
-        core, [GenerateRequest("x", [1, 2], greedy(4), return_logprob=True)], together=True
-    )
+    got = run_to_completion(core, [GenerateRequest("x", [1, 2], greedy(4), return_logprob=True)], together=True)
     final = got.final("x")
     assert final.finish_reason == {"type": "length", "length": 4}
     assert final.completion_tokens == 4 and final.prompt_tokens == 2
@@ -103,11 +102,32 @@ def test_bad_requests_fail_alone_with_a_reason(core: EngineCore) -> None:
     got = Collected()
     core.scheduler.add_request(GenerateRequest("empty", [], greedy(2)), got.callback())
     core.scheduler.add_request(GenerateRequest("long", [1] * 5000, greedy(2)), got.callback())
-    core.scheduler.add_request(GenerateRequest("neg", [1], SamplingParams(temperature=-1)), got.callback())
-    for rid, words in (("empty", "empty"), ("long", "context length"), ("neg", "temperature")):
+    for rid, words in (("empty", "empty"), ("long", "context length")):
         reason = got.final(rid).finish_reason
         assert reason is not None and reason["type"] == "abort" and words in reason["message"]
     assert not core.scheduler.has_work
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"temperature": -1}, "temperature must be >= 0"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"top_p": 0}, "top_p must be in (0, 1]"),
+        ({"top_k": 0}, "top_k must be -1 (disabled) or >= 1"),
+        ({"top_k": 1.5}, "top_k must be an integer"),
+        ({"min_p": 2}, "min_p must be in [0, 1]"),
+        ({"max_new_tokens": -1}, "max_new_tokens must be >= 0"),
+        ({"seed": 2**64}, "seed must fit in 64 bits"),
+        ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens must be in [0, max_new_tokens(4)]"),
+        ({"logit_bias": {1: float("inf")}}, "logit_bias values must be finite numbers"),
+    ],
+)
+def test_sampling_params_out_of_range_cannot_be_built(values: dict[str, Any], fragment: str) -> None:
+    """In-process callers (no HTTP parser in front) meet the same one check: a request the sampler cannot
+    use never reaches the scheduler."""
+    with pytest.raises(SamplingError, match="^" + re.escape(fragment)):
+        SamplingParams(**values)
 
 
 def test_streaming_outputs_are_incremental(core: EngineCore) -> None:
