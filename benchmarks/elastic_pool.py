@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hybridshared.model.spec import load_model_spec
+from hybridshared.model.shape import load_model_shape
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.engine.denormals import flush_denormals_on_this_thread
@@ -94,7 +94,7 @@ def main() -> None:
         from runtime.demo_model import build_demo_model
 
         model = str(build_demo_model(Path(tempfile.mkdtemp()) / "demo"))
-    spec = load_model_spec(model, ssm_dtype="float32", kv_dtype="float32")
+    spec = load_model_shape(model, ssm_dtype="float32", kv_dtype="float32")
     state_bytes = spec.mamba_state_bytes_per_request
     kv_bytes = spec.kv_bytes_per_token
     budget = int(args.pool_mib * (1 << 20))

@@ -13,7 +13,7 @@ from pathlib import Path
 from hybridshared.flags.runtime_args import RuntimeArgs
 from hybridshared.sizing.pool_sizing import PoolSizingError, resolve_strategy
 from hybridshared.sizing.runtime_pools import DEFAULT_MAMBA_TRACK_INTERVAL
-from runtime.core.spec_config import SpecConfigError, resolve_spec_config
+from runtime.core.speculative_config import SpecConfigError, resolve_spec_config
 
 
 class PreflightError(ValueError):

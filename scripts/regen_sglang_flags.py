@@ -120,12 +120,12 @@ def release_facts(version: str) -> dict[str, object]:
 
 def _hybrid(arch: str) -> bool:
     """One of the hybrid architectures hybridctl plans (the facts are about those)."""
-    from hybridshared.model.errors import ModelSpecError
+    from hybridshared.model.errors import ModelShapeError
     from hybridshared.model.families import detect_family
 
     try:
         detect_family({"architectures": [arch]}, "")
-    except ModelSpecError:
+    except ModelShapeError:
         return False
     return True
 

@@ -21,16 +21,16 @@ from hybridctl.cli.output import fail, print_json
 
 if TYPE_CHECKING:
     from hybridctl.planner.plan import Plan
-    from hybridshared.model.spec import ModelSpec
+    from hybridshared.model.shape import ModelShape
 
 
-def _kv_layout(spec: ModelSpec) -> str:
+def _kv_layout(spec: ModelShape) -> str:
     if spec.attention_kind == "mla":
         return f"MLA latent {spec.kv_lora_rank} + rope {spec.qk_rope_head_dim}, on every GPU"
     return f"{spec.num_kv_heads_per_rank} of {spec.num_kv_heads} KV heads per GPU"
 
 
-def render_plan(spec: ModelSpec, plan: Plan) -> None:
+def render_plan(spec: ModelShape, plan: Plan) -> None:
     """A table of the inputs and the resulting pools, then the verdict in words."""
     from rich.console import Console
     from rich.markup import escape
@@ -182,7 +182,7 @@ def plan(
 
     from hybridctl.config.findings import ConfigError
     from hybridctl.planner.plan_request import PlanRequest, PlanRequestError, run_plan
-    from hybridshared.model.errors import ModelSpecError
+    from hybridshared.model.errors import ModelShapeError
     from hybridshared.sizing.pool_sizing import PoolSizingError
 
     config, settings = files.config, files.settings  # None: ./config.toml if present
@@ -213,7 +213,7 @@ def plan(
         spec, result = run_plan(req)
     except PoolSizingError as exc:
         _does_not_fit(exc, as_json)
-    except (PlanRequestError, ModelSpecError, ConfigError) as exc:
+    except (PlanRequestError, ModelShapeError, ConfigError) as exc:
         raise fail(str(exc)) from None
     ignored = _ignored_options(result.engine, sglang_version, disable_overlap_schedule)
     if as_json:

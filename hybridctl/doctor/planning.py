@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.bundled import load_model_spec_or_bundled
-from hybridctl.planner.builtin_sizing import builtin_model_spec, plan_builtin
+from hybridctl.model.bundled import load_model_shape_or_bundled
+from hybridctl.planner.builtin_sizing import builtin_model_shape, plan_builtin
 from hybridctl.planner.plan import Plan, make_plan
 from hybridctl.planner.plan_request import recorded_gpu_mem_bytes
-from hybridshared.model.errors import ModelSpecError
-from hybridshared.model.spec import ModelSpec
+from hybridshared.model.errors import ModelShapeError
+from hybridshared.model.shape import ModelShape
 
 
 @dataclass(frozen=True)
 class PlanContext:
-    spec: ModelSpec
+    spec: ModelShape
     engine: str  # sglang | builtin
     gpu_mem_bytes: int
 
@@ -33,13 +33,13 @@ class PlanContext:
             return plan_builtin(cfg, self.spec.source, gpu_mem_bytes=gpu, tp=cfg.config.server.tp_size)[1]
         return make_plan(cfg, self.spec_for(cfg), gpu_mem_bytes=self.gpu_mem_bytes, **overrides)
 
-    def spec_for(self, cfg: HybridConfig) -> ModelSpec:
+    def spec_for(self, cfg: HybridConfig) -> ModelShape:
         """The model at `cfg`'s state dtype and TP size (a remedy may change either)."""
         dtype, tp = cfg.settings.mamba.state_dtype, cfg.config.server.tp_size
         if (dtype, tp) == (self.spec.ssm_dtype, self.spec.tp):
             return self.spec
 
-        return load_model_spec_or_bundled(self.spec.source, tp=tp, ssm_dtype=dtype, kv_dtype=self.spec.kv_dtype)
+        return load_model_shape_or_bundled(self.spec.source, tp=tp, ssm_dtype=dtype, kv_dtype=self.spec.kv_dtype)
 
 
 def load_plan_context(cfg: HybridConfig, engine: str, gpu_mem_bytes: int | None) -> tuple[PlanContext | None, str]:
@@ -53,10 +53,10 @@ def load_plan_context(cfg: HybridConfig, engine: str, gpu_mem_bytes: int | None)
     try:
         if engine == "builtin":  # the model as the runtime holds it (activation dtype: float32 on CPU)
             tp = cfg.config.server.tp_size
-            spec = builtin_model_spec(cfg, path, tp=tp, on_gpu=gpu_mem_bytes is not None)
+            spec = builtin_model_shape(cfg, path, tp=tp, on_gpu=gpu_mem_bytes is not None)
             return PlanContext(spec, engine, gpu_mem_bytes or 0), ""
-        spec = load_model_spec_or_bundled(path, tp=cfg.config.server.tp_size, ssm_dtype=cfg.settings.mamba.state_dtype)
-    except ModelSpecError as exc:
+        spec = load_model_shape_or_bundled(path, tp=cfg.config.server.tp_size, ssm_dtype=cfg.settings.mamba.state_dtype)
+    except ModelShapeError as exc:
         return None, str(exc)
     if gpu_mem_bytes is None:
         return None, "no GPU found and no --gpu-mem-gib given: cannot size SGLang's pools"

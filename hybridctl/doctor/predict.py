@@ -23,14 +23,14 @@ from hybridctl.doctor.remedies import (
 )
 from hybridctl.host.facts import SglangFacts
 from hybridctl.launch.translate import engine_findings
-from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.model.bundled import load_model_shape_or_bundled
 from hybridctl.planner.plan import Plan
 from hybridctl.rules.cross_file import check_rules
-from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.errors import ModelShapeError
 from hybridshared.sizing.pool_sizing import PoolSizingError
 
 if TYPE_CHECKING:
-    from hybridshared.model.spec import ModelSpec
+    from hybridshared.model.shape import ModelShape
 
 
 @dataclass
@@ -155,13 +155,13 @@ def predict_pd_peer(cfg: HybridConfig, peer: HybridConfig, peer_name: str) -> li
         mode_fix = 'Set pd.mamba_state_transfer_mode = "atomic" on both.'
         evidence = "pd.mamba_state_transfer_mode"
         out.append(DoctorFinding("PD_STATE_MISMATCH", "error", cause, mode_fix, (), "peer", None, evidence))
-    sides: list[ModelSpec | None] = []
+    sides: list[ModelShape | None] = []
     for c in (cfg, peer):
         try:
-            sides.append(load_model_spec_or_bundled(
+            sides.append(load_model_shape_or_bundled(
                 c.config.server.model_path, tp=c.config.server.tp_size, ssm_dtype=c.settings.mamba.state_dtype
             ))  # fmt: skip
-        except ModelSpecError:
+        except ModelShapeError:
             sides.append(None)
     mine, theirs = sides
     if mine is not None and theirs is not None:

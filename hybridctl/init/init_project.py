@@ -32,8 +32,8 @@ from hybridctl.init.init_checks import (
     refuse_remote_model_on_builtin,
     validate_as_written,
 )
-from hybridctl.model.bundled import load_model_spec_or_bundled
-from hybridctl.planner.builtin_sizing import builtin_device_bytes, builtin_model_spec, plan_builtin
+from hybridctl.model.bundled import load_model_shape_or_bundled
+from hybridctl.planner.builtin_sizing import builtin_device_bytes, builtin_model_shape, plan_builtin
 from hybridctl.planner.plan import make_plan
 from hybridctl.planner.recommend import recommend
 from hybridshared import paths
@@ -41,7 +41,7 @@ from hybridshared.units import GIB
 
 if TYPE_CHECKING:  # the planner imports config/ at load time; init imports the planner only when it runs
     from hybridctl.planner.recommend import Recommendation
-    from hybridshared.model.spec import ModelSpec
+    from hybridshared.model.shape import ModelShape
 
 CONFIG_FILE = "config.toml"
 SETTINGS_FILE = "settings.json"
@@ -153,10 +153,10 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
         _save_workload(cfg, opts, result)
         if builtin:
             # The bundled runtime's own sizing: on the GPU when there is one, else in its CPU memory budget.
-            spec = builtin_model_spec(cfg, model_dir, tp=opts.tp, on_gpu=gpu_mem is not None)
+            spec = builtin_model_shape(cfg, model_dir, tp=opts.tp, on_gpu=gpu_mem is not None)
             budget: int | None = builtin_device_bytes(cfg, gpu_mem)
         else:
-            spec = load_model_spec_or_bundled(model_dir, tp=opts.tp)
+            spec = load_model_shape_or_bundled(model_dir, tp=opts.tp)
             budget = gpu_mem
         if budget is None:
             result.plan_skipped = (
@@ -195,11 +195,11 @@ def _choose_values(cfg: HybridConfig, opts: InitOptions, result: InitResult, mod
                 "the default split holds one request at a time (doctor: MAMBA_POOL_ALLOC): sized for 2"
             )
         result.plan = plan.to_dict()
-    except ValueError as exc:  # ModelSpecError, PoolSizingError: their messages name the file/key and the fix
+    except ValueError as exc:  # ModelShapeError, PoolSizingError: their messages name the file/key and the fix
         raise InitError(str(exc)) from None
 
 
-def _doctor_state_pool_error(cfg: HybridConfig, spec: ModelSpec, engine: str, gpu_mem: int | None) -> str | None:
+def _doctor_state_pool_error(cfg: HybridConfig, spec: ModelShape, engine: str, gpu_mem: int | None) -> str | None:
     """Doctor's MAMBA_POOL_ALLOC judgment of the pools just planned (its one rule, not a copy), as an error's cause."""
 
     prediction = predict_state_pool(cfg, PlanContext(spec, engine, gpu_mem or 0))

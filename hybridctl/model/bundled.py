@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from hybridctl.templates import templates_dir
 from hybridshared import paths
-from hybridshared.model.spec import ModelSpec, load_model_spec
+from hybridshared.model.shape import ModelShape, load_model_shape
 
 # Trailing name parts that change neither layer layout nor cache shapes: tuning, quantization, context variants.
 _SUFFIXES = frozenset(
@@ -124,8 +124,8 @@ class BundledStandIns:
         return known_names_hint()
 
 
-def load_model_spec_or_bundled(
+def load_model_shape_or_bundled(
     path: str | Path, *, tp: int = 1, ssm_dtype: str | None = None, kv_dtype: str = "bfloat16"
-) -> ModelSpec:
-    """`load_model_spec`, reading the bundled config.json for a checkpoint this host does not hold."""
-    return load_model_spec(path, tp=tp, ssm_dtype=ssm_dtype, kv_dtype=kv_dtype, stand_ins=BundledStandIns())
+) -> ModelShape:
+    """`load_model_shape`, reading the bundled config.json for a checkpoint this host does not hold."""
+    return load_model_shape(path, tp=tp, ssm_dtype=ssm_dtype, kv_dtype=kv_dtype, stand_ins=BundledStandIns())

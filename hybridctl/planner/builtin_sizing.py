@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.model.bundled import load_model_shape_or_bundled
 from hybridctl.planner.plan import Plan, configured_context_len, extra_int
 from hybridshared.model.dtypes import dtype_bytes
 from hybridshared.sizing.runtime_pools import (
@@ -26,7 +26,7 @@ from hybridshared.units import GIB
 
 if TYPE_CHECKING:
     from hybridctl.config.schema import HybridConfig
-    from hybridshared.model.spec import ModelSpec
+    from hybridshared.model.shape import ModelShape
 
 
 def configured_dtype(cfg: HybridConfig) -> str | None:
@@ -35,16 +35,16 @@ def configured_dtype(cfg: HybridConfig) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def builtin_model_spec(cfg: HybridConfig, model: str | Path, *, tp: int = 1, on_gpu: bool = False) -> ModelSpec:
+def builtin_model_shape(cfg: HybridConfig, model: str | Path, *, tp: int = 1, on_gpu: bool = False) -> ModelShape:
     """The model as the bundled runtime holds it: weights at `runtime_dtype`, KV cache and conv window at
     `pool_dtype`, the SSM state at settings.json mamba.state_dtype (runtime/engine/pool_setup.py)."""
     ssm_dtype = cfg.settings.mamba.state_dtype
-    spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype)
+    spec = load_model_shape_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype)
     stored = checkpoint_dtype(spec.source)
     act = runtime_dtype(configured_dtype(cfg), stored, on_gpu=on_gpu)
     pools = pool_dtype(act, on_gpu=on_gpu)
     if pools != spec.kv_dtype:
-        spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype, kv_dtype=pools)
+        spec = load_model_shape_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype, kv_dtype=pools)
     conv, ssm, per_request = runtime_state_bytes(
         spec.conv_state_shape, spec.ssm_state_shape, spec.num_linear_layers, act=pools, ssm=spec.ssm_dtype
     )
@@ -67,8 +67,8 @@ def builtin_device_bytes(cfg: HybridConfig, gpu_mem_bytes: int | None) -> int:
     return runtime_device_bytes(cfg.config.memory.memory_budget_gib, gpu_mem_bytes)
 
 
-def builtin_pool_inputs(cfg: HybridConfig, spec: ModelSpec, gpu_mem_bytes: int | None) -> RuntimePoolInputs:
-    """What the runtime launched from `cfg` will size its pools from (`spec`: `builtin_model_spec`'s)."""
+def builtin_pool_inputs(cfg: HybridConfig, spec: ModelShape, gpu_mem_bytes: int | None) -> RuntimePoolInputs:
+    """What the runtime launched from `cfg` will size its pools from (`spec`: `builtin_model_shape`'s)."""
     mem, cache, specu = cfg.config.memory, cfg.config.cache, cfg.config.speculative
     return RuntimePoolInputs(
         device_bytes=builtin_device_bytes(cfg, gpu_mem_bytes),
@@ -92,18 +92,18 @@ def builtin_pool_inputs(cfg: HybridConfig, spec: ModelSpec, gpu_mem_bytes: int |
 
 def plan_builtin(
     cfg: HybridConfig, model: str, *, gpu_mem_bytes: int | None = None, tp: int = 1
-) -> tuple[ModelSpec, Plan]:
+) -> tuple[ModelShape, Plan]:
     """The bundled runtime's pools for `cfg` serving `model`, as it will size them at start-up.
 
     `gpu_mem_bytes`: plan for the runtime on a GPU of that size (bfloat16); None: on CPU, in
     memory.memory_budget_gib."""
     on_gpu = gpu_mem_bytes is not None
-    spec = builtin_model_spec(cfg, model, tp=tp, on_gpu=on_gpu)
+    spec = builtin_model_shape(cfg, model, tp=tp, on_gpu=on_gpu)
     pools = size_builtin_pools(builtin_pool_inputs(cfg, spec, gpu_mem_bytes))
     return spec, _render(spec, pools, gpu_mem_bytes)
 
 
-def _render(spec: ModelSpec, pools: BuiltinPools, gpu_mem_bytes: int | None) -> Plan:
+def _render(spec: ModelShape, pools: BuiltinPools, gpu_mem_bytes: int | None) -> Plan:
     """The sized pools as a `Plan` (what plan, init and doctor show), read from the inputs the formula took."""
     i = pools.inputs
     budget = "derived" if gpu_mem_bytes is not None else f"bundled runtime on CPU: {i.device_bytes / GIB:g} GiB budget"

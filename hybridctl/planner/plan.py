@@ -8,7 +8,7 @@ from typing import Any
 from hybridctl.config.schema import HybridConfig
 from hybridctl.planner.memory import pool_bytes_for
 from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION, release_facts
-from hybridshared.model.spec import ModelSpec
+from hybridshared.model.shape import ModelShape
 from hybridshared.sizing.pool_sizing import (
     PoolInputs,
     PoolPlan,
@@ -130,7 +130,7 @@ def _count(n: float) -> str:
 
 def make_plan(
     cfg: HybridConfig,
-    spec: ModelSpec,
+    spec: ModelShape,
     *,
     gpu_mem_bytes: int | None = None,
     pool_bytes: int | None = None,
@@ -210,7 +210,7 @@ def _draft_tokens(cfg: HybridConfig) -> int:
 
 def _strategy(
     cfg: HybridConfig,
-    spec: ModelSpec,
+    spec: ModelShape,
     release: ReleaseSizing,
     strategy: str | None,
     sglang_version: str | None,
@@ -236,7 +236,7 @@ def _strategy(
 
 
 def _pool_budget(
-    spec: ModelSpec, *, pool_bytes: int | None, gpu_mem_bytes: int | None, fraction: float
+    spec: ModelShape, *, pool_bytes: int | None, gpu_mem_bytes: int | None, fraction: float
 ) -> tuple[int, str]:
     """(bytes both pools share per GPU, "given" | "derived"): --pool-bytes as given, else GPU memory x fraction
     minus the weights."""
@@ -250,7 +250,7 @@ def _pool_budget(
     raise ValueError("make_plan needs gpu_mem_bytes (per GPU) or pool_bytes")
 
 
-def _model_fields(spec: ModelSpec) -> dict[str, Any]:
+def _model_fields(spec: ModelShape) -> dict[str, Any]:
     """What the plan takes from the model as it is."""
     return {
         "family": spec.family,

@@ -1,4 +1,4 @@
-"""What `hybridctl plan` asks for (files + flags) -> the ModelSpec and the Plan, with every input resolved.
+"""What `hybridctl plan` asks for (files + flags) -> the ModelShape and the Plan, with every input resolved.
 
 Precedence for each value: flag > config.toml / settings.json > SGLang's default. Config files are optional.
 """
@@ -11,13 +11,13 @@ from pathlib import Path
 from hybridctl.config.loader import load_hybrid_config, settings_path_for
 from hybridctl.config.schema import HybridConfig
 from hybridctl.host.nvml import gpu_free_bytes, gpu_memory_bytes
-from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.model.bundled import load_model_shape_or_bundled
 from hybridctl.planner.builtin_sizing import plan_builtin
 from hybridctl.planner.plan import Plan, make_plan
 from hybridshared import paths
 from hybridshared.flags.engine_flags import DEFAULT_SGLANG_VERSION
 from hybridshared.flags.sglang_version import VersionError, resolve_release
-from hybridshared.model.spec import ModelSpec
+from hybridshared.model.shape import ModelShape
 from hybridshared.sizing.pool_sizing import GIB, PoolSizingError
 
 
@@ -130,9 +130,9 @@ def plan_engine(cfg: HybridConfig, req: PlanRequest) -> str:
     return engine_for_planning(req.engine or cfg.config.server.engine, req.auto_engine, sized_for_a_gpu)
 
 
-def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpec, Plan]:
+def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelShape, Plan]:
     """Resolve every input and plan with the sizing of the engine that would serve: SGLang's, or the bundled
-    runtime's own. Raises PlanRequestError, ModelSpecError, ConfigError, PoolSizingError."""
+    runtime's own. Raises PlanRequestError, ModelShapeError, ConfigError, PoolSizingError."""
     cfg, _ = load_config(req)
     model = req.model or cfg.config.server.model_path
     if not model:
@@ -167,7 +167,7 @@ def run_plan(req: PlanRequest, *, detect_gpu_mem: bool = True) -> tuple[ModelSpe
             "(--gpu-mem-gib). Drop it, or pass --engine builtin."
         )
     ssm_dtype = req.mamba_ssm_dtype or cfg.settings.mamba.state_dtype
-    spec = load_model_spec_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype)
+    spec = load_model_shape_or_bundled(model, tp=tp, ssm_dtype=ssm_dtype)
 
     if req.pool_bytes is not None and req.pool_gib is not None:
         raise PlanRequestError("Give --pool-bytes or --pool-gib, not both.")

@@ -17,7 +17,7 @@ from hybridctl.planner.memory import (
     pool_bytes_for,
     vlm_mem_fraction_factor,
 )
-from hybridshared.model.spec import ModelSpec
+from hybridshared.model.shape import ModelShape
 from hybridshared.sizing.pool_sizing import (
     GIB,
     PoolInputs,
@@ -71,7 +71,7 @@ class Recommendation:
         return asdict(self)
 
 
-def _fits(spec: ModelSpec, pool: int, ratio: float, strategy: StrategyResolution, context_len: int) -> PoolPlan:
+def _fits(spec: ModelShape, pool: int, ratio: float, strategy: StrategyResolution, context_len: int) -> PoolPlan:
     return size_pools(
         PoolInputs(
             pool_bytes=pool,
@@ -86,7 +86,7 @@ def _fits(spec: ModelSpec, pool: int, ratio: float, strategy: StrategyResolution
 
 
 def recommend(
-    spec: ModelSpec,
+    spec: ModelShape,
     *,
     gpu_mem_bytes: int,
     tp: int,
@@ -103,7 +103,7 @@ def recommend(
     Raises PoolSizingError (from pool_sizing) when the weights alone do not fit; the message suggests --tp.
     """
     if tp != spec.tp:
-        raise ValueError(f"recommend: tp={tp} but the ModelSpec was loaded for tp={spec.tp}; load it with tp={tp}")
+        raise ValueError(f"recommend: tp={tp} but the ModelShape was loaded for tp={spec.tp}; load it with tp={tp}")
     context_len = spec.context_len if context_len is None else context_len
     if (concurrency is not None and concurrency < 1) or context_len < 1:
         raise ValueError("recommend: concurrency and context_len must be >= 1")
@@ -153,7 +153,7 @@ def _strategy(builtin: bool) -> tuple[StrategyResolution, int, Recommended]:
 
 
 def _mem_fraction(
-    spec: ModelSpec, gpu_mem_bytes: int, tp: int, tier: GpuTier, concurrency: int | None, builtin: bool
+    spec: ModelShape, gpu_mem_bytes: int, tp: int, tier: GpuTier, concurrency: int | None, builtin: bool
 ) -> Recommended:
     """mem_fraction_static: SGLang's automatic value (scaled down for a vision encoder); fixed for the runtime."""
     if builtin:
@@ -181,7 +181,7 @@ def _mem_fraction(
 
 
 def _ratio_for_concurrency(
-    spec: ModelSpec, pool: int, resolved: StrategyResolution, slots: int, concurrency: int, context_len: int
+    spec: ModelShape, pool: int, resolved: StrategyResolution, slots: int, concurrency: int, context_len: int
 ) -> tuple[Recommended, Recommended, PoolPlan]:
     """The smallest ratio whose state pool holds `concurrency` requests (capped at _MAX_RATIO), and the cap."""
     per_req = spec.mamba_state_bytes_per_request
@@ -226,7 +226,7 @@ def _ratio_for_concurrency(
 
 
 def _keep_default_ratio(
-    spec: ModelSpec, pool: int, resolved: StrategyResolution, context_len: int
+    spec: ModelShape, pool: int, resolved: StrategyResolution, context_len: int
 ) -> tuple[Recommended, Recommended, PoolPlan]:
     """No concurrency target: SGLang's default split, and the request cap it yields."""
     plan = _fits(spec, pool, DEFAULT_MAMBA_FULL_MEMORY_RATIO, resolved, context_len)

@@ -43,11 +43,11 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 TOOL_CALL_PARSERS = ("qwen25", "qwen", "hermes", "qwen3_coder", "kimi_k2")  # tool_calls.py checks it has these
 REASONING_PARSERS = ("qwen3", "qwen3-thinking", "deepseek-r1", "nemotron_3", "kimi", "kimi_k2")  # and reasoning.py
-SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "NEXTN")  # runtime/core/spec_config.py resolves them
+SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "NEXTN")  # runtime/core/speculative_config.py resolves them
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 GRAMMAR_BACKENDS = ("llguidance", "none")  # SGLang also has xgrammar (its default) and outlines
 
-SPEC = "speculative decoding (runtime/spec)"
+SPEC = "speculative decoding (runtime/speculative)"
 PD = "prefill/decode disaggregation (runtime/pd)"
 OWN = "bundled-runtime flags (no SGLang equivalent)"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-class ModelSpecError(ValueError):
+class ModelShapeError(ValueError):
     """A config.json that is missing, unreadable, not a supported hybrid, or inconsistent.
 
     The message names the file, the key and what to do about it.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.errors import ModelShapeError
 from hybridshared.model.geometry import ConfigReader, Geometry, common_attention, layer_ids, layer_kind
 from hybridshared.model.state_shapes import StateShape, kda_state_shape, mamba2_state_shape
 
@@ -59,14 +59,14 @@ _DEFAULT_ARCH: dict[str, str] = {
 
 
 def detect_family(cfg: dict[str, Any], source: str) -> tuple[str, str, str]:
-    """(family, model_type, architecture) or a ModelSpecError naming the file and the model_type."""
+    """(family, model_type, architecture) or a ModelShapeError naming the file and the model_type."""
     model_type = str(cfg.get("model_type") or "")
     archs = cfg.get("architectures") or []
     arch = str(archs[0]) if isinstance(archs, list) and archs else ""
     family = _MODEL_TYPE_FAMILY.get(model_type) or _ARCH_FAMILY.get(arch)
     if family is None:
         shown = model_type or "(none)"
-        raise ModelSpecError(
+        raise ModelShapeError(
             f"{source}: model_type {shown!r} (architecture {arch or '(none)'!r}) is not a supported hybrid "
             f"model. hybridctl plans hybrid attention + linear-attention/Mamba models: model_type one of "
             f"{', '.join(sorted(_MODEL_TYPE_FAMILY))}. Point the model path "
@@ -87,7 +87,7 @@ def read_geometry(cfg: dict[str, Any], source: str) -> Geometry:
     }[family]
     geom = reader(cfg, source, family, model_type, arch)
     if not geom.linear_layer_ids:
-        raise ModelSpecError(
+        raise ModelShapeError(
             f"{source}: model_type {model_type!r} declares no linear-attention/Mamba layers, so it is not a "
             f"hybrid model; serve it as a plain transformer (hybridctl's planner has nothing to size)."
         )

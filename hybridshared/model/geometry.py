@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.errors import ModelShapeError
 from hybridshared.model.state_shapes import StateShape
 
 
@@ -40,7 +40,7 @@ class Geometry:
 
 
 class ConfigReader:
-    """Key access that turns a missing or mistyped key into a ModelSpecError naming file and key."""
+    """Key access that turns a missing or mistyped key into a ModelShapeError naming file and key."""
 
     def __init__(self, cfg: dict[str, Any], source: str, family: str, prefix: str = "") -> None:
         self.cfg = cfg
@@ -60,19 +60,19 @@ class ConfigReader:
         if value is None:
             value = default
         if value is None:
-            raise ModelSpecError(
+            raise ModelShapeError(
                 f"{self.source}: key '{self.prefix}{key}' is missing; a {self.family} config "
                 f"needs it to size the caches. Add it from the model's published config.json."
             )
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ModelSpecError(
+            raise ModelShapeError(
                 f"{self.source}: key '{self.prefix}{key}' must be a non-negative integer, got {value!r}. "
                 f"Fix the value in config.json."
             )
         return value
 
-    def fail(self, key: str, problem: str) -> ModelSpecError:
-        return ModelSpecError(f"{self.source}: key '{self.prefix}{key}' {problem}")
+    def fail(self, key: str, problem: str) -> ModelShapeError:
+        return ModelShapeError(f"{self.source}: key '{self.prefix}{key}' {problem}")
 
 
 def common_attention(r: ConfigReader) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridshared.model.dtypes import dtype_bytes
-from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.errors import ModelShapeError
 from hybridshared.model.geometry import Geometry
 
 # A header larger than this is not a real safetensors header (real ones are a few MB at most).
@@ -33,24 +33,24 @@ def safetensors_payload_bytes(path: Path) -> int:
         with path.open("rb") as fh:
             raw_len = fh.read(8)
             if len(raw_len) != 8:
-                raise ModelSpecError(f"{path}: too short to be a safetensors file (no 8-byte header length).")
+                raise ModelShapeError(f"{path}: too short to be a safetensors file (no 8-byte header length).")
             (header_len,) = struct.unpack("<Q", raw_len)
             if header_len > _MAX_HEADER_BYTES:
-                raise ModelSpecError(
+                raise ModelShapeError(
                     f"{path}: header length {header_len} is implausible; the file is not safetensors or is "
                     f"corrupt. Re-download it."
                 )
             header_raw = fh.read(header_len)
     except OSError as exc:
-        raise ModelSpecError(f"{path}: cannot read ({exc.strerror}).") from None
+        raise ModelShapeError(f"{path}: cannot read ({exc.strerror}).") from None
     if len(header_raw) != header_len:
-        raise ModelSpecError(f"{path}: header is truncated; the file is incomplete. Re-download it.")
+        raise ModelShapeError(f"{path}: header is truncated; the file is incomplete. Re-download it.")
     try:
         header = json.loads(header_raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ModelSpecError(f"{path}: header is not valid JSON; the file is corrupt. Re-download it.") from None
+        raise ModelShapeError(f"{path}: header is not valid JSON; the file is corrupt. Re-download it.") from None
     if not isinstance(header, dict):
-        raise ModelSpecError(f"{path}: header is not a JSON object; the file is corrupt. Re-download it.")
+        raise ModelShapeError(f"{path}: header is not a JSON object; the file is corrupt. Re-download it.")
     total = 0
     for name, info in header.items():
         if name == "__metadata__":
@@ -59,7 +59,7 @@ def safetensors_payload_bytes(path: Path) -> int:
             begin, end = info["data_offsets"]
             total += int(end) - int(begin)
         except (KeyError, TypeError, ValueError):
-            raise ModelSpecError(
+            raise ModelShapeError(
                 f"{path}: tensor {name!r} has no valid data_offsets; the file is corrupt. Re-download it."
             ) from None
     return total

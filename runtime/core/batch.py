@@ -152,7 +152,7 @@ class ScheduledBatch(Generic[R]):
     state_slots: list[int]
     checkpoints: list[list[tuple[int, int]]]
     all_logits: bool = False
-    # A speculative verify round (runtime/spec/worker.py): each request's drafts, and the scratch slots
+    # A speculative verify round (runtime/speculative/worker.py): each request's drafts, and the scratch slots
     # [B, D] its per-position states go to. None: an ordinary prefill or decode step.
     drafts: list[list[int]] | None = None
     scratch_slots: torch.Tensor | None = None

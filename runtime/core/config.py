@@ -50,7 +50,7 @@ class EngineArgs:
     random_seed: int = 0
     log_mamba_state_stats: bool = False
     context_length: int | None = None  # None: the model's max_position_embeddings
-    # Speculative decoding (runtime/spec): None algorithm turns it off.
+    # Speculative decoding (runtime/speculative): None algorithm turns it off.
     speculative_algorithm: str | None = None  # NGRAM | STANDALONE | NEXTN | EAGLE
     speculative_num_steps: int | None = None
     speculative_num_draft_tokens: int | None = None

@@ -17,7 +17,7 @@ import torch
 from hybridshared.flags.runtime_args import DEFAULT_CPU_DECODING_STEP_TOKENS
 from runtime.core.batch import ModelLayout
 from runtime.core.config import EngineArgs
-from runtime.core.spec_config import SpecConfig, SpecConfigError
+from runtime.core.speculative_config import SpecConfig, SpecConfigError
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.pool_setup import EngineStartupError, Pools, model_dtype, size_and_allocate
 from runtime.kvcache.cache_manager import CacheManager
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from runtime.engine.compiled_extend import CompiledExtend
     from runtime.kvcache.elastic_pool import ElasticPool
     from runtime.models.base import HybridModel
-    from runtime.spec.worker import SpecDecoder
+    from runtime.speculative.worker import SpecDecoder
 
 logger = logging.getLogger("runtime.engine")
 
@@ -122,7 +122,7 @@ def _spec_config(args: EngineArgs) -> SpecConfig | None:
     """The resolved speculative options (None: off); bad ones refuse to start, naming the key to change."""
     if args.speculative_algorithm in (None, "", "none", "NONE"):
         return None
-    from runtime.spec.setup import spec_config_from_args
+    from runtime.speculative.setup import spec_config_from_args
 
     try:
         return spec_config_from_args(args)
@@ -225,7 +225,7 @@ def _attach_elastic(pool: ElasticPool, args: EngineArgs, pools: Pools, cache: Ca
 def _spec_decoder(
     spec_config: SpecConfig, args: EngineArgs, model: HybridModel, pools: Pools, cache: CacheManager, dtype: torch.dtype
 ) -> SpecDecoder:
-    from runtime.spec.setup import build_spec_decoder
+    from runtime.speculative.setup import build_spec_decoder
 
     try:
         return build_spec_decoder(
@@ -293,7 +293,7 @@ def _compiled_extend(
     if args.torch_compile_max_extend_tokens <= 0:
         return None
     if spec_on:
-        # The drafters read the target's hidden states from its eager forwards (runtime/spec).
+        # The drafters read the target's hidden states from its eager forwards (runtime/speculative).
         logger.info("Torch compile: extends stay eager with speculative decoding.")
         return None
     from runtime.engine.compiled_extend import CompiledExtend

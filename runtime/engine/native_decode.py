@@ -206,7 +206,8 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         raise Unsupported(f"{type(model).__name__} scales its logits")
     hooked = _hooked_module(model)
     if hooked:
-        # E.g. the MTP drafter's capture of the last layer's output (runtime/spec/mtp.py): the C step runs no hook.
+        # E.g. the MTP drafter's capture of the last layer's output (runtime/speculative/mtp.py): the C step
+        # runs no hook.
         raise Unsupported(f"a forward hook on {hooked} needs the torch forward (speculative decoding's capture)")
     params = list(model.parameters())
     if any(p.device.type != "cpu" for p in params):

@@ -6,7 +6,7 @@ the compiled graphs take the buffers' shapes as constants, so flag sets whose po
 their graphs in inductor's on-disk cache instead of compiling cold per pool size. The extra slots are
 `torch.empty` pages never handed out, so never written and never resident (benchmarks/resident_memory.py).
 
-Bytes per request and per token come from `hybridshared.model.spec.load_model_spec` (shapes) at the dtypes the
+Bytes per request and per token come from `hybridshared.model.shape.load_model_shape` (shapes) at the dtypes the
 runtime really allocates (`runtime_state_bytes`, as `plan` computes them), and are checked against the allocated
 tensors. One deviation from SGLang: the conv
 window is kept in the activation dtype, not bfloat16, so a prompt computed in chunks is bit-identical to one
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hybridshared.model.spec import ModelSpec, load_model_spec
+from hybridshared.model.shape import ModelShape, load_model_shape
 from hybridshared.sizing.pool_sizing import PoolPlan, PoolSizingError
 from hybridshared.sizing.runtime_pools import (
     RuntimePoolInputs,
@@ -50,13 +50,13 @@ class EngineStartupError(RuntimeError):
 class Pools:
     buffers: PoolBuffers
     plan: PoolPlan
-    spec: ModelSpec
+    spec: ModelShape
     strategy: str  # resolved: no_buffer | extra_buffer
     num_state_slots: int  # usable slots (the pool's padding slot excluded)
     num_token_slots: int
     context_len: int
     inputs: RuntimePoolInputs  # what the sizing formula took (device memory, budget, the options)
-    # Speculative decoding's per-draft scratch states (runtime/spec/sandbox.py): buffer slots
+    # Speculative decoding's per-draft scratch states (runtime/speculative/sandbox.py): buffer slots
     # [sandbox_first_slot, sandbox_first_slot + sandbox_slots), after the pool's K + 1.
     sandbox_first_slot: int = 0
     sandbox_slots: int = 0
@@ -121,7 +121,7 @@ def device_memory_bytes(args: EngineArgs, weight_bytes: int) -> int:
 
 
 def pool_inputs(
-    args: EngineArgs, spec: ModelSpec, weight_bytes: int, device_bytes: int, draft_tokens: int
+    args: EngineArgs, spec: ModelShape, weight_bytes: int, device_bytes: int, draft_tokens: int
 ) -> RuntimePoolInputs:
     """What this engine sizes its pools from: its options, the model's shapes at the dtypes it holds them."""
     return RuntimePoolInputs(
@@ -149,7 +149,7 @@ def size_and_allocate(
     """`draft_tokens`: tokens per speculative verify (0: off); sizes the sandbox as SGLang's scratch."""
     kv_dtype = conv_dtype = resolve_torch_dtype(pool_dtype(_DTYPE_NAMES[dtype], on_gpu=args.device != "cpu"))
     ssm_dtype = resolve_torch_dtype(args.mamba_ssm_dtype or "float32")
-    spec = load_model_spec(args.model_path, ssm_dtype=args.mamba_ssm_dtype, kv_dtype=_DTYPE_NAMES[kv_dtype])
+    spec = load_model_shape(args.model_path, ssm_dtype=args.mamba_ssm_dtype, kv_dtype=_DTYPE_NAMES[kv_dtype])
     if spec.ssm_dtype != _DTYPE_NAMES[ssm_dtype]:
         ssm_dtype = resolve_torch_dtype(spec.ssm_dtype)  # the model config's mamba_ssm_dtype
     _check_shapes(spec, layout)
@@ -239,7 +239,7 @@ def _allocate(
         raise EngineStartupError(
             f"internal: allocated pool bytes {actual} differ from the plan "
             f"({plan.mamba_pool_bytes} state + {plan.kv_pool_bytes} KV); the model layout and "
-            f"hybridshared.model.spec disagree about {args.model_path}/config.json."
+            f"hybridshared.model.shape disagree about {args.model_path}/config.json."
         )
     _log_pools(buffers, plan, kv_dtype, sandbox_slots)
     if (token_slots, state_slots) != (plan.max_total_num_tokens, plan.mamba_pool_slots + sandbox_slots):
@@ -254,12 +254,12 @@ def _allocate(
     return buffers, token_slots, state_slots
 
 
-def _check_shapes(spec: ModelSpec, layout: ModelLayout) -> None:
+def _check_shapes(spec: ModelShape, layout: ModelLayout) -> None:
     ours = (layout.attn_layer_ids, layout.linear_layer_ids, layout.conv_state_shape, layout.ssm_state_shape)
     theirs = (spec.attn_layer_ids, spec.linear_layer_ids, spec.conv_state_shape, spec.ssm_state_shape)
     if tuple(map(tuple, ours)) != tuple(map(tuple, theirs)):
         raise EngineStartupError(
-            f"internal: the model's layout {ours} differs from hybridshared.model.spec's {theirs} for "
+            f"internal: the model's layout {ours} differs from hybridshared.model.shape's {theirs} for "
             f"{spec.source}; pool sizes would be wrong."
         )
 

@@ -25,7 +25,7 @@ class BatchBuilder:
 
     def extend(self, items: list[tuple[Req, list[int]]], *, all_logits: bool = False) -> ScheduledBatch[Req]:
         """An extend batch that appends `tokens` after each request's cached ones, taking KV slots for them
-        (a prefill chunk here; a verify round's last token and drafts in runtime/spec)."""
+        (a prefill chunk here; a verify round's last token and drafts in runtime/speculative)."""
         out_locs: list[int] = []
         kv_locs: list[torch.Tensor] = []
         starts: list[int] = []

@@ -48,7 +48,7 @@ from runtime.scheduler.stopping import Detokenizer, finish_reason_after
 
 
 class SpecRounds(Protocol):
-    """What the scheduler asks of a speculative decoder (runtime/spec/worker.py SpecDecoder), which sits above
+    """What the scheduler asks of a speculative decoder (runtime/speculative/worker.py SpecDecoder), which sits above
     it: spec imports the scheduler, never the reverse."""
 
     @property
@@ -123,7 +123,7 @@ class Scheduler:
         self._generator = self.new_generator(config.random_seed)
         self.counters = EngineStats()
         self.decode_rate = DecodeRate()
-        # Speculative decoding (runtime/spec/worker.py SpecDecoder), set by the engine; None: plain decode.
+        # Speculative decoding (runtime/speculative/worker.py SpecDecoder), set by the engine; None: plain decode.
         self.spec: SpecRounds | None = None
         # PD prefill (runtime/pd/prefill.py): sees a request's memory just before it goes back to the pools.
         self.on_release: Callable[[Req], None] | None = None
@@ -306,7 +306,7 @@ class Scheduler:
 
     def extend_batch(self, items: list[tuple[Req, list[int]]], *, all_logits: bool = False) -> ScheduledBatch[Req]:
         """An extend batch that appends `tokens` after each request's cached ones, taking KV slots for them
-        (a prefill chunk here; a verify round's last token and drafts in runtime/spec)."""
+        (a prefill chunk here; a verify round's last token and drafts in runtime/speculative)."""
         return self.batches.extend(items, all_logits=all_logits)
 
     def decode_batch(self, reqs: list[Req]) -> ScheduledBatch[Req]:

@@ -24,8 +24,8 @@ import numpy
 import pytest
 from sglang_source import SKIP_REASON, SRT, TEMPLATES, exec_lifted, lift
 
-from hybridctl.model.bundled import load_model_spec_or_bundled
-from hybridshared.model.errors import ModelSpecError
+from hybridctl.model.bundled import load_model_shape_or_bundled
+from hybridshared.model.errors import ModelShapeError
 
 pytestmark = pytest.mark.skipif(not (SRT / "configs" / "mamba_utils.py").is_file(), reason=SKIP_REASON)
 
@@ -167,10 +167,10 @@ def test_state_bytes_and_layers_match_sglang(mamba_utils: dict[str, Any], name: 
     path = TEMPLATES / name
     cfg = json.loads(path.read_text())
     try:
-        ours = load_model_spec_or_bundled(path, tp=tp, ssm_dtype=ssm)
-    except ModelSpecError:
+        ours = load_model_shape_or_bundled(path, tp=tp, ssm_dtype=ssm)
+    except ModelShapeError:
         ours = None
-    family = load_model_spec_or_bundled(path).family
+    family = load_model_shape_or_bundled(path).family
     obj = _sglang_params(mamba_utils, cfg, family, tp)
     _SSM_ENV.value = ssm  # --mamba-ssm-dtype sets SGLANG_MAMBA_SSM_DTYPE (arg_groups/serving_hook.py:439)
     try:
@@ -194,7 +194,7 @@ def test_qwen3_next_done_when_numbers(mamba_utils: dict[str, Any]) -> None:
     cfg = json.loads(path.read_text())
     for tp, mib in ((1, 73.7), (4, 18.4)):
         sglang = _sglang_params(mamba_utils, cfg, "qwen3_next", tp).mamba2_cache_params.mamba_cache_per_req
-        ours = load_model_spec_or_bundled(path, tp=tp, ssm_dtype="float32").mamba_state_bytes_per_request
+        ours = load_model_shape_or_bundled(path, tp=tp, ssm_dtype="float32").mamba_state_bytes_per_request
         assert ours == sglang
         assert round(ours / 2**20, 1) == mib
 
@@ -281,6 +281,6 @@ def _sglang_cell(ns: dict[str, Any], cfg: dict[str, Any], family: str, tp: int, 
 )
 def test_kv_bytes_per_token_match_sglang(cell_size: dict[str, Any], name: str, tp: int) -> None:
     path = TEMPLATES / name
-    ours = load_model_spec_or_bundled(path, tp=tp, kv_dtype="bfloat16")
+    ours = load_model_shape_or_bundled(path, tp=tp, kv_dtype="bfloat16")
     theirs = _sglang_cell(cell_size, json.loads(path.read_text()), ours.family, tp, ours.num_attn_layers)
     assert ours.kv_bytes_per_token == theirs

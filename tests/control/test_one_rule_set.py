@@ -217,7 +217,7 @@ REFUSAL_SITES = {
         "--engine-process with --disaggregation-mode": "engine process with PD on builtin",
         "str(exc)": "no_buffer with pages",
     },
-    "runtime/core/spec_config.py": {
+    "runtime/core/speculative_config.py": {
         "--speculative-algorithm {algorithm}": "speculative algorithm the runtime lacks",
         "Speculative decoding state rollback error": "sandbox off under speculation",
         "--speculative-eagle-topk": "draft tree on builtin",

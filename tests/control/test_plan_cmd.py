@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from hybridctl.cli import app
 from hybridctl.config.schema import HybridConfig
 from hybridctl.host.nvml import gpu_memory_bytes
-from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.model.bundled import load_model_shape_or_bundled
 from hybridctl.planner.plan import make_plan
 from hybridshared.sizing.pool_sizing import GIB
 
@@ -33,7 +33,7 @@ def _plan_json(*args: str) -> dict:
 def test_json_matches_make_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no ./config.toml: defaults
     got = _plan_json("--model", QWEN3_NEXT, "--tp", "4", "--gpu-mem-gib", "80")
-    want = make_plan(HybridConfig(), load_model_spec_or_bundled(QWEN3_NEXT, tp=4), gpu_mem_bytes=80 * GIB).to_dict()
+    want = make_plan(HybridConfig(), load_model_shape_or_bundled(QWEN3_NEXT, tp=4), gpu_mem_bytes=80 * GIB).to_dict()
     assert {k: got[k] for k in want} == want
     assert got["model"]["family"] == "qwen3_next" and got["model"]["num_kv_heads_per_rank"] == 1
 

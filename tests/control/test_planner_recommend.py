@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.model.bundled import load_model_shape_or_bundled
 from hybridctl.planner.memory import (
     auto_mem_fraction_static,
     gpu_tier,
@@ -47,7 +47,7 @@ def test_prefill_graph_is_off_for_kda_and_flat_for_mla() -> None:
     mla = round((81920 - (512 + 8192 * 1.5 + 128 + 256 * 2 + 1536)) / 81920, 3)
     assert auto_mem_fraction_static(80 * GIB, tp=1, mla=True) == mla
     kimi = recommend(
-        load_model_spec_or_bundled(TEMPLATES / "kimi-linear-48b-a3b.json", tp=2), gpu_mem_bytes=80 * GIB, tp=2
+        load_model_shape_or_bundled(TEMPLATES / "kimi-linear-48b-a3b.json", tp=2), gpu_mem_bytes=80 * GIB, tp=2
     )
     assert kimi.values["mem_fraction_static"] == auto_mem_fraction_static(80 * GIB, tp=2, prefill_graph=False)
 
@@ -69,7 +69,7 @@ def test_pool_bytes_and_weights_that_do_not_fit() -> None:
 
 
 def test_make_plan_is_size_pools_with_the_resolved_inputs() -> None:
-    spec = load_model_spec_or_bundled(QWEN3_NEXT, tp=4)
+    spec = load_model_shape_or_bundled(QWEN3_NEXT, tp=4)
     plan = make_plan(HybridConfig(), spec, gpu_mem_bytes=80 * GIB)
     assert (plan.strategy, plan.overlap_schedule, plan.pool_source) == ("extra_buffer", True, "derived")
     assert plan.pool_bytes == int(80 * GIB * 0.85 - spec.weights_bytes_per_rank)
@@ -100,7 +100,7 @@ def test_make_plan_is_size_pools_with_the_resolved_inputs() -> None:
 
 
 def test_make_plan_reads_the_config_and_flags_win() -> None:
-    spec = load_model_spec_or_bundled(NEMOTRON)
+    spec = load_model_shape_or_bundled(NEMOTRON)
     cfg = HybridConfig()
     cfg.config.memory.mamba_full_memory_ratio = 2.0
     cfg.config.speculative.speculative_algorithm = "NEXTN"
@@ -118,7 +118,7 @@ def test_make_plan_reads_the_config_and_flags_win() -> None:
 
 
 def test_recommend_hits_the_concurrency_target_and_init_can_apply_it() -> None:
-    spec = load_model_spec_or_bundled(NEMOTRON)
+    spec = load_model_shape_or_bundled(NEMOTRON)
     rec = recommend(spec, gpu_mem_bytes=80 * GIB, tp=1, context_len=8192, concurrency=64)
     assert rec.values["max_running_requests"] == 64
     assert rec.pools.max_running_requests >= 64
@@ -137,14 +137,14 @@ def test_recommend_hits_the_concurrency_target_and_init_can_apply_it() -> None:
 
 
 def test_recommend_without_target_keeps_sglang_default_ratio() -> None:
-    rec = recommend(load_model_spec_or_bundled(NEMOTRON), gpu_mem_bytes=80 * GIB, tp=1)
+    rec = recommend(load_model_shape_or_bundled(NEMOTRON), gpu_mem_bytes=80 * GIB, tp=1)
     assert rec.values["mamba_full_memory_ratio"] == 0.9
     assert rec.values["max_running_requests"] == rec.pools.max_running_requests
 
 
 def test_recommend_says_when_the_target_cannot_fit() -> None:
     rec = recommend(
-        load_model_spec_or_bundled(NEMOTRON), gpu_mem_bytes=24 * GIB, tp=1, context_len=8192, concurrency=5000
+        load_model_shape_or_bundled(NEMOTRON), gpu_mem_bytes=24 * GIB, tp=1, context_len=8192, concurrency=5000
     )
     assert rec.values["max_running_requests"] < 5000
     assert "do not fit" in rec.reasons["mamba_full_memory_ratio"]
@@ -152,7 +152,7 @@ def test_recommend_says_when_the_target_cannot_fit() -> None:
 
 
 def test_recommend_errors() -> None:
-    spec = load_model_spec_or_bundled(QWEN3_NEXT)
+    spec = load_model_shape_or_bundled(QWEN3_NEXT)
     with pytest.raises(PoolSizingError, match="Shard the model"):
         recommend(spec, gpu_mem_bytes=80 * GIB, tp=1, context_len=8192, concurrency=16)
     with pytest.raises(ValueError, match="loaded for tp=1"):
@@ -161,7 +161,7 @@ def test_recommend_errors() -> None:
 
 def test_recommend_for_the_bundled_runtime() -> None:
     """The runtime checkpoints with extra_buffer and has no overlap schedule: 4 slots per request."""
-    spec = load_model_spec_or_bundled(NEMOTRON)
+    spec = load_model_shape_or_bundled(NEMOTRON)
     rec = recommend(spec, gpu_mem_bytes=64 * GIB, tp=1, context_len=4096, concurrency=4, engine="builtin")
     assert rec.values["mamba_radix_cache_strategy"] == "extra_buffer"
     assert rec.values["mem_fraction_static"] == 0.85
@@ -170,7 +170,7 @@ def test_recommend_for_the_bundled_runtime() -> None:
 
 def test_vision_encoder_lowers_the_fraction() -> None:
     """memory_hook.py:432-462: Qwen3.5's ViT (num_hidden_layers unset -> 24, hidden 1152): x 0.9248."""
-    spec = load_model_spec_or_bundled(TEMPLATES / "qwen3.5-35b-a3b.json")
+    spec = load_model_shape_or_bundled(TEMPLATES / "qwen3.5-35b-a3b.json")
     assert (spec.vit_num_layers, spec.vit_hidden_size) == (24, 1152)
     factor = 0.95 * (1 - 0.1 * (24 * 1152**2 / (24 * 1024**2) - 1))
     assert vlm_mem_fraction_factor(24, 1152) == pytest.approx(factor)
@@ -178,4 +178,4 @@ def test_vision_encoder_lowers_the_fraction() -> None:
     text_only = auto_mem_fraction_static(141 * GIB, tp=1)
     assert rec.values["mem_fraction_static"] == math.floor(text_only * factor * 1000) / 1000
     assert "vision encoder" in rec.reasons["mem_fraction_static"]
-    assert load_model_spec_or_bundled(NEMOTRON).vit_num_layers is None
+    assert load_model_shape_or_bundled(NEMOTRON).vit_num_layers is None

@@ -21,7 +21,7 @@ from sglang_releases import release_srt
 from sglang_source import TEMPLATES, exec_lifted, lift
 
 from hybridctl.config.schema import HybridConfig
-from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.model.bundled import load_model_shape_or_bundled
 from hybridctl.planner.plan import make_plan
 from hybridshared.sizing.pool_sizing import GIB, PoolInputs, PoolSizingError, size_pools
 from hybridshared.sizing.release_sizing import release_sizing
@@ -192,7 +192,7 @@ def test_plan_for_a_release_equals_its_own_sizing(release: tuple[str, Any], tp: 
     version, ref = release
     if version == "0.5.6" and kw.get("speculative_num_draft_tokens"):
         pytest.skip("0.5.6 re-sizes the KV pool for speculative headroom, which hybridctl does not model")
-    spec = load_model_spec_or_bundled(TEMPLATES / "qwen3-next-80b-a3b.json", tp=tp, ssm_dtype="float32")
+    spec = load_model_shape_or_bundled(TEMPLATES / "qwen3-next-80b-a3b.json", tp=tp, ssm_dtype="float32")
     inp = PoolInputs(
         pool_bytes=pool, mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,
         kv_bytes_per_token=spec.kv_bytes_per_token, context_len=spec.context_len, **kw,

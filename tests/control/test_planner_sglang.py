@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sglang_source import SKIP_REASON, SRT, TEMPLATES, exec_lifted, lift
 
-from hybridctl.model.bundled import load_model_spec_or_bundled
+from hybridctl.model.bundled import load_model_shape_or_bundled
 from hybridctl.planner.memory import prefill_graph_sizes, vlm_mem_fraction_factor
 from hybridshared.sizing.pool_sizing import GIB, PoolInputs, PoolSizingError, size_pools
 
@@ -167,7 +167,7 @@ def test_size_pools_matches_sglang(reference: Reference, inp: PoolInputs) -> Non
 
 
 def _qwen3_next(tp: int, pool_bytes: int, **kw: Any) -> PoolInputs:
-    spec = load_model_spec_or_bundled(TEMPLATES / "qwen3-next-80b-a3b.json", tp=tp, ssm_dtype="float32")
+    spec = load_model_shape_or_bundled(TEMPLATES / "qwen3-next-80b-a3b.json", tp=tp, ssm_dtype="float32")
     return PoolInputs(
         pool_bytes=pool_bytes,
         mamba_state_bytes_per_request=spec.mamba_state_bytes_per_request,

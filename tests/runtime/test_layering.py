@@ -15,8 +15,8 @@ RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 # A package may import its own modules and those of packages with a LOWER rank, never an equal or higher one.
 # core: shared types (no layer above leaks down); native: the C kernels' build and loading (nothing of ours);
 # kvcache / models: memory and model code, each on core (and native) only;
-# scheduler: batching and the prefix cache's use; spec: speculative decoding, composed by the engine; engine: the
-# engine loop and its thread; pd / server: what drives an engine. preflight: the torch-free option checks.
+# scheduler: batching and the prefix cache's use; speculative: speculative decoding, composed by the engine;
+# engine: the engine loop and its thread; pd / server: what drives an engine. preflight: the torch-free option checks.
 RANKS: dict[str, int] = {
     "core": 0,
     "native": 0,
@@ -24,7 +24,7 @@ RANKS: dict[str, int] = {
     "models": 1,
     "preflight": 2,
     "scheduler": 2,
-    "spec": 3,
+    "speculative": 3,
     "engine": 4,
     "pd": 5,
     "server": 6,

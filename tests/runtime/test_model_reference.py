@@ -324,9 +324,9 @@ def test_layout_agrees_with_the_control_plane_spec(
     checkpoint: tuple[str, Path, torch.nn.Module], model: HybridModel
 ) -> None:
     # The engine refuses to start when these disagree: pools are sized by the spec, allocated by the layout.
-    from hybridshared.model.spec import load_model_spec
+    from hybridshared.model.shape import load_model_shape
 
-    spec = load_model_spec(checkpoint[1])
+    spec = load_model_shape(checkpoint[1])
     layout = model.layout()
     assert (layout.attn_layer_ids, layout.linear_layer_ids) == (spec.attn_layer_ids, spec.linear_layer_ids)
     assert tuple(layout.conv_state_shape) == tuple(spec.conv_state_shape)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from runtime.core.requests import GenerateRequest, SamplingParams
 from runtime.engine.engine_core import EngineCore
 from runtime.engine.pool_setup import EngineStartupError
-from runtime.spec.ngram import NgramDrafter
+from runtime.speculative.ngram import NgramDrafter
 from tests.runtime.test_engine_support import (
     FAMILIES,
     TINY_BUILDERS,
@@ -285,7 +285,7 @@ def test_draft_tokens_other_than_steps_plus_one_are_adjusted_as_sglang(
 def test_launch_offers_the_algorithms_the_runtime_implements() -> None:
     """Every algorithm `hybridctl launch` may pass resolves to one the engine builds a drafter for."""
     from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
-    from runtime.core.spec_config import resolve_spec_config
+    from runtime.core.speculative_config import resolve_spec_config
 
     offered = RUNTIME_FLAGS["--speculative-algorithm"].choices
     assert offered

@@ -16,7 +16,7 @@ from runtime.core.batch import ForwardBatch, PoolBuffers
 from runtime.core.buffers import allocate_pool_buffers
 from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
-from runtime.spec.mtp import MtpDrafter
+from runtime.speculative.mtp import MtpDrafter
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, make_core, one_torch_thread
 from tests.runtime.test_engine_support import run_to_completion as run
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.core.requests import GenerateRequest
-from runtime.spec.mtp import MtpDrafter
+from runtime.speculative.mtp import MtpDrafter
 from tests.runtime.test_engine_support import build_tiny_qwen3_next, greedy, make_core, one_torch_thread
 from tests.runtime.test_engine_support import run_to_completion as run
 from tests.runtime.test_spec_mtp import reference_drafts, with_mtp_weights

@@ -1,4 +1,4 @@
-"""`load_model_spec`: a HF config.json (file or model dir) -> ModelSpec, the numbers every planner needs.
+"""`load_model_shape`: a HF config.json (file or model dir) -> ModelShape, the numbers every planner needs.
 
 Per-rank numbers follow SGLang 0.5.23: recurrent state per request from configs/mamba_utils.py, KV bytes
 per token from model_executor/pool_configurator.py (`DefaultPoolConfigurator._compute_cell_size`), KV heads
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from hybridshared import paths
 from hybridshared.model.dtypes import SSM_DTYPES, canonical_dtype, dtype_bytes
-from hybridshared.model.errors import ModelSpecError
+from hybridshared.model.errors import ModelShapeError
 from hybridshared.model.families import read_geometry
 from hybridshared.model.state_shapes import state_bytes_per_request
 from hybridshared.model.weights import weight_bytes
@@ -34,7 +34,7 @@ CONV_DTYPE = "bfloat16"
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelShape:
     """One hybrid model at one tensor-parallel degree. All *_per_rank / bytes numbers are per GPU."""
 
     source: str  # the config.json read
@@ -101,7 +101,7 @@ def _config_path(path: str | Path, stand_ins: StandIns | None) -> tuple[Path, Pa
     if paths.is_dir(p):
         cfg = p / "config.json"
         if not paths.is_file(cfg):
-            raise ModelSpecError(
+            raise ModelShapeError(
                 f"{p}: no config.json in this directory. Point the model path (server.model_path in "
                 f"config.toml; --model of plan and init) at a HF model directory or its config.json."
             )
@@ -112,7 +112,7 @@ def _config_path(path: str | Path, stand_ins: StandIns | None) -> tuple[Path, Pa
     if stand_in is not None:  # a config for a server that holds the model: its geometry from the bundled copy
         return stand_in, None, str(path)
     known = f"; {stand_ins.hint()}" if stand_ins is not None else ""
-    raise ModelSpecError(
+    raise ModelShapeError(
         f"{p}: no such file or directory, and not a checkpoint hybridctl bundles a config.json for. Point the "
         f"model path (server.model_path in config.toml; --model of plan and init) at a HF model directory or its "
         f"config.json{known}."
@@ -123,11 +123,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ModelSpecError(f"{path}: cannot read ({exc.strerror}).") from None
+        raise ModelShapeError(f"{path}: cannot read ({exc.strerror}).") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelSpecError(f"{path}: not valid JSON ({exc}). Fix or re-download config.json.") from None
+        raise ModelShapeError(f"{path}: not valid JSON ({exc}). Fix or re-download config.json.") from None
     if not isinstance(data, dict):
-        raise ModelSpecError(f"{path}: the top level must be a JSON object, as in every HF config.json.")
+        raise ModelShapeError(f"{path}: the top level must be a JSON object, as in every HF config.json.")
     return data
 
 
@@ -136,11 +136,11 @@ def _resolve_ssm_dtype(flag: str | None, from_config: str | None, source: Path) 
     if flag is not None:
         name = canonical_dtype(flag) if flag.lower() in {"fp32", "bf16", "fp16", *SSM_DTYPES} else flag
         if name not in SSM_DTYPES:
-            raise ModelSpecError(f"--mamba-ssm-dtype {flag!r} is not supported; use one of {', '.join(SSM_DTYPES)}.")
+            raise ModelShapeError(f"--mamba-ssm-dtype {flag!r} is not supported; use one of {', '.join(SSM_DTYPES)}.")
         return name, "flag"
     if from_config is not None:
         if from_config not in SSM_DTYPES:
-            raise ModelSpecError(
+            raise ModelShapeError(
                 f"{source}: key 'mamba_ssm_dtype' is {from_config!r}; SGLang accepts {', '.join(SSM_DTYPES)} "
                 f"(and would silently fall back to float32). Fix the value or drop the key."
             )
@@ -148,24 +148,24 @@ def _resolve_ssm_dtype(flag: str | None, from_config: str | None, source: Path) 
     return "float32", "default"
 
 
-def load_model_spec(
+def load_model_shape(
     path: str | Path,
     *,
     tp: int = 1,
     ssm_dtype: str | None = None,
     kv_dtype: str = "bfloat16",
     stand_ins: StandIns | None = None,
-) -> ModelSpec:
+) -> ModelShape:
     """Read config.json (a file, or a model dir holding one) of a supported hybrid model; `stand_ins` answer for
     a path this host does not hold."""
     if tp < 1:
-        raise ModelSpecError(f"tensor-parallel size must be >= 1, got {tp}.")
+        raise ModelShapeError(f"tensor-parallel size must be >= 1, got {tp}.")
     cfg_path, model_dir, stand_in_for = _config_path(path, stand_ins)
     geom = read_geometry(_read_json(cfg_path), str(cfg_path))
     try:
         shape = geom.state_shape(tp)
     except ValueError as exc:
-        raise ModelSpecError(
+        raise ModelShapeError(
             f"{cfg_path}: cannot shard this model {tp} ways: {exc}. Pick a tensor-parallel size that divides "
             "it (server.tp_size; --tp of plan and init)."
         ) from None
@@ -174,7 +174,7 @@ def load_model_spec(
     try:
         kv_b = dtype_bytes(kv_dtype)
     except ValueError as exc:
-        raise ModelSpecError(f"KV cache dtype: {exc}.") from None
+        raise ModelShapeError(f"KV cache dtype: {exc}.") from None
     kv_heads_rank = max(1, geom.num_kv_heads // tp)
     n_attn = len(geom.attn_layer_ids)
     if geom.attention_kind == "mla":
@@ -185,7 +185,7 @@ def load_model_spec(
     else:
         kv_per_token = kv_heads_rank * (geom.head_dim + geom.v_head_dim) * n_attn * kv_b
     weights = weight_bytes(model_dir, geom)
-    return ModelSpec(
+    return ModelShape(
         source=str(cfg_path),
         family=geom.family,
         model_type=geom.model_type,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hybridshared.flags.runtime_args import SPEC_ALGORITHMS
 
-logger = logging.getLogger("runtime.spec")
+logger = logging.getLogger("runtime.speculative")
 
 # SGLang's default steps when --speculative-num-steps is not given (server_args auto-choice for a chain).
 DEFAULT_NUM_STEPS = 3

@@ -10,14 +10,14 @@ from torch import nn
 
 from runtime.core.batch import PoolBuffers
 from runtime.core.config import EngineArgs
-from runtime.core.spec_config import SpecConfig, SpecConfigError, resolve_spec_config
+from runtime.core.speculative_config import SpecConfig, SpecConfigError, resolve_spec_config
 from runtime.kvcache.cache_manager import CacheManager
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints
-from runtime.spec.drafter import Drafter
-from runtime.spec.sandbox import StateSandbox, install_sandbox
-from runtime.spec.worker import SpecDecoder
+from runtime.speculative.drafter import Drafter
+from runtime.speculative.sandbox import StateSandbox, install_sandbox
+from runtime.speculative.worker import SpecDecoder
 
-logger = logging.getLogger("runtime.spec")
+logger = logging.getLogger("runtime.speculative")
 
 
 def spec_config_from_args(args: EngineArgs) -> SpecConfig | None:
@@ -86,11 +86,11 @@ def _drafter(
     cache: CacheManager | None,
 ) -> Drafter:
     if config.algorithm == "NGRAM":
-        from runtime.spec.ngram import NgramDrafter
+        from runtime.speculative.ngram import NgramDrafter
 
         return NgramDrafter(config.num_drafts)
     if config.algorithm == "STANDALONE":
-        from runtime.spec.standalone import StandaloneDrafter
+        from runtime.speculative.standalone import StandaloneDrafter
 
         assert config.draft_model_path is not None
         drafter = StandaloneDrafter(
@@ -113,7 +113,7 @@ def _drafter(
             pool_bytes / (1 << 30),
         )
         return drafter
-    from runtime.spec.mtp import MtpDrafter, mtp_target
+    from runtime.speculative.mtp import MtpDrafter, mtp_target
 
     target = mtp_target(model)
     assert cache is not None, "MTP drafting reads the target's KV token slots"

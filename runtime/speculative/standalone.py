@@ -28,7 +28,7 @@ from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 if TYPE_CHECKING:
     from runtime.scheduler.request import Req
 
-logger = logging.getLogger("runtime.spec")
+logger = logging.getLogger("runtime.speculative")
 
 
 @dataclass

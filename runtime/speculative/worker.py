@@ -4,7 +4,7 @@ The scheduler asks `SpecDecoder.plan_round` for the batch in place of a plain de
 runner runs it, and the scheduler's postprocess hands the logits to `finish_round`. Per request of kv_len L (its last
 emitted token not yet run): the verify forward extends positions L..L+k with [last token, d1..dk] and returns
 logits for all of them; full attention writes their K/V, linear layers write the state after each position
-into the sandbox (runtime/spec/sandbox.py).
+into the sandbox (runtime/speculative/sandbox.py).
 Then, per request, the accepted drafts and the bonus token are emitted one by one (stopping early at EOS, a
 stop string or the length limit), the state after the last kept position is copied into the request's slot,
 and the KV pages of rejected positions go back to the request's reservation.
@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.core.batch import ForwardBatch, ScheduledBatch
-from runtime.core.spec_config import SpecConfig
+from runtime.core.speculative_config import SpecConfig
 from runtime.scheduler.grammar import ConstrainedRound, accept_drafts_constrained
 from runtime.scheduler.logprobs import record_output
-from runtime.spec.drafter import Drafter
-from runtime.spec.sandbox import StateSandbox
-from runtime.spec.verify import RoundResult, accept_drafts
+from runtime.speculative.drafter import Drafter
+from runtime.speculative.sandbox import StateSandbox
+from runtime.speculative.verify import RoundResult, accept_drafts
 
 if TYPE_CHECKING:
     from runtime.scheduler.request import Req
     from runtime.scheduler.scheduler import Scheduler
 
-logger = logging.getLogger("runtime.spec")
+logger = logging.getLogger("runtime.speculative")
 
 RECENT_ROUNDS = 64  # the /metrics gauge averages the last rounds, as SGLang's per-interval gauge does
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
-from runtime.core.spec_config import SpecConfigError
+from runtime.core.speculative_config import SpecConfigError
 from runtime.models.base import StepContext
 from runtime.models.layers.norm import ZeroCenteredRMSNorm
 from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
