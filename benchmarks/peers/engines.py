@@ -191,12 +191,15 @@ def vllm_launch(model_dir: Path, threads: int, port: int) -> Launch:
         "--dtype",
         "bfloat16",
         "--max-model-len",
-        "4096",
+        str(CONTEXT_LEN),  # as every engine: the long-prompt workload sends 8000 tokens
         "--enable-prefix-caching",
         "--max-num-batched-tokens",
         "256",
+        # "None" = a checkpoint at every scheduler block: the densest retention vLLM offers, valid for any model
+        # (a number must be a multiple of the scheduler block size, which vLLM derives per model: 640 tokens for
+        # the real-size Qwen3-Next, so a fixed 256 refuses to start there).
         "--prefix-cache-retention-interval",
-        "256",
+        "None",
         "--max-num-seqs",
         str(PARALLEL),
         "--enable-prompt-tokens-details",
@@ -210,7 +213,7 @@ def vllm_launch(model_dir: Path, threads: int, port: int) -> Launch:
     return Launch(
         cmd,
         VllmClient(f"http://127.0.0.1:{port}", SERVED_NAME),
-        "bf16, prefix caching (Mamba align mode), --prefix-cache-retention-interval 256, "
+        "bf16, prefix caching (Mamba align mode), --prefix-cache-retention-interval None (every block), "
         "--max-num-batched-tokens 256, KV 2 GiB",
         env,
         900.0,
