@@ -137,7 +137,7 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def _batch(batch: int, kv_len: int, vocab: int) -> ForwardBatch:
+def decode_batch(batch: int, kv_len: int, vocab: int) -> ForwardBatch:
     """B sequences of `kv_len` tokens on disjoint KV slots, state slot i each, random next tokens."""
     stride = kv_len + 1
     kv_locs = [torch.arange(i * stride, i * stride + kv_len) for i in range(batch)]
@@ -189,7 +189,7 @@ def main() -> None:
         paths[name] = native
     vocab = layout.vocab_size
     for batch in BATCHES:
-        fb = _batch(batch, a.kv_len, vocab)
+        fb = decode_batch(batch, a.kv_len, vocab)
         ms: dict[str, list[float]] = {name: [] for name in paths}
         best: dict[str, float] = dict.fromkeys(paths, float("inf"))
         with torch.inference_mode():

@@ -11,6 +11,7 @@ from runtime.core.batch import ForwardBatch, ModelLayout, PoolBuffers
 from runtime.core.device_path import upload
 from runtime.models.layers.attention import AttentionMetadata
 from runtime.models.layers.packing import SequencePacking
+from runtime.models.weight_arena import WeightArena
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class HybridModel(nn.Module):
 
     config: object
     eos_token_ids: tuple[int, ...] = ()
+    # The block the loader put the host parameters in (runtime/models/weight_arena.py); None when each is its own.
+    weight_arena: WeightArena | None = None
 
     def __init__(self) -> None:
         super().__init__()

@@ -16,6 +16,7 @@ from runtime.models.errors import ModelLoadError
 from runtime.models.hf_config import HFConfig
 from runtime.models.quantized import SCALE_SUFFIX, Fp8Blocks, checkpoint_quantization, is_fp8
 from runtime.models.registry import resolve
+from runtime.models.weight_arena import WeightArena
 
 # Non-parameter tensors some exporters write; they are recomputed, never read.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -96,8 +97,12 @@ def _eos_ids(model_path: Path, cfg: HFConfig) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> HybridModel:
-    """Build the model class for `model_path`'s config.json and fill every parameter from its safetensors."""
+def load_model(
+    model_path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu", huge_pages: bool = True
+) -> HybridModel:
+    """Build the model class for `model_path`'s config.json and fill every parameter from its safetensors.
+    `huge_pages`: host parameters live in one block backed by transparent huge pages where the kernel offers
+    them (runtime/models/weight_arena.py); off, each is its own allocation."""
     model_path = Path(model_path)
     cfg = read_config(model_path)
     entry = resolve(cfg)
@@ -116,7 +121,7 @@ def load_model(model_path: str | Path, *, dtype: torch.dtype = torch.float32, de
             ) from None
     # Cast while still on meta so real memory is allocated once, at the target dtype.
     with weights_fit(torch.device(device)):
-        model = _materialize(model.cast(dtype), torch.device(device))
+        model = _materialize(model.cast(dtype), torch.device(device), huge_pages)
         files = _tensor_files(model_path)
         _fill_parameters(model, files, dtype, torch.device(device), fp8)
         for module in model.modules():  # layers that re-lay their weights for serving once they hold real values
@@ -165,13 +170,26 @@ def weights_fit(device: torch.device) -> Iterator[None]:
         ) from None
 
 
-def _materialize(model: HybridModel, device: torch.device) -> HybridModel:
+def _materialize(model: HybridModel, device: torch.device, huge_pages: bool) -> HybridModel:
     """`model.to_empty(device)` without its Python `empty_like` reference, which imports torch's symbolic shapes
-    and sympy (~40 MB resident) for meta tensors; `torch.empty` of each shape is the same uninitialised memory."""
-    for module in model.modules():
-        for name, param in list(module.named_parameters(recurse=False)):
+    and sympy (~40 MB resident) for meta tensors; `torch.empty` of each shape is the same uninitialised memory.
+    On the host the parameters share one huge-page block (`huge_pages`), still untouched here."""
+    owned = [
+        (module, name, param) for module in model.modules() for name, param in module.named_parameters(recurse=False)
+    ]
+    arena = (
+        WeightArena([p.numel() * p.element_size() for _, _, p in owned])
+        if device.type == "cpu" and huge_pages
+        else None
+    )
+    model.weight_arena = arena
+    for index, (module, name, param) in enumerate(owned):
+        if arena is not None:
+            fresh = arena.tensor(index, param.shape, param.dtype)
+        else:
             fresh = torch.empty(param.shape, dtype=param.dtype, device=device)
-            setattr(module, name, torch.nn.Parameter(fresh, requires_grad=param.requires_grad))
+        setattr(module, name, torch.nn.Parameter(fresh, requires_grad=param.requires_grad))
+    for module in model.modules():
         for name, buf in list(module.named_buffers(recurse=False)):
             setattr(module, name, torch.empty(buf.shape, dtype=buf.dtype, device=device))
     return model
