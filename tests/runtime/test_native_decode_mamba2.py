@@ -51,8 +51,15 @@ ARCHS: dict[str, Callable[[], object]] = {
     # Four groups of heads of 8, state 12, a kernel-3 conv without bias (the general conv loop), projection biases,
     # and a dt floor of 0.3 that clamps part of the softplus outputs.
     "groups4_biased": lambda: _config(
-        hybrid_override_pattern="M*-MM-", mamba_head_dim=8, ssm_state_size=12, n_groups=4, conv_kernel=3,
-        use_conv_bias=False, use_bias=True, mamba_proj_bias=True, time_step_min=0.3,
+        hybrid_override_pattern="M*-MM-",
+        mamba_head_dim=8,
+        ssm_state_size=12,
+        n_groups=4,
+        conv_kernel=3,
+        use_conv_bias=False,
+        use_bias=True,
+        mamba_proj_bias=True,
+        time_step_min=0.3,
     ),  # fmt: skip
 }
 
@@ -133,7 +140,9 @@ def test_greedy_decode_matches_torch_over_many_steps(model: HybridModel) -> None
             assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), group
 
 
-def test_greedy_native_decode_matches_transformers_generate(checkpoint: tuple[Path, object], model: HybridModel) -> None:
+def test_greedy_native_decode_matches_transformers_generate(
+    checkpoint: tuple[Path, object], model: HybridModel
+) -> None:
     """Prefill through torch, then 40 native decode steps: the tokens transformers' fp32 generate picks."""
     prompt = _prompt(30, 3)
     with torch.no_grad():
