@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.engine.native_weights import Unsupported, attention_weights, zero_centred
 from runtime.models.base import HybridModel
 from runtime.models.decoder import FULL, LINEAR, DecoderLM
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
@@ -43,7 +44,6 @@ from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import SparseMoE
 from runtime.models.layers.norm import GatedRMSNorm, GroupedGatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm
-from runtime.models.layers.rotary_attention import RotaryAttention
 from runtime.native.build import NativeUnavailable
 from runtime.native.hybrid_decode import (
     ATTENTION_KIND,
@@ -96,20 +96,8 @@ def native_reads(weight_dtype: torch.dtype) -> bool:
     return weight_dtype in WEIGHT_DTYPES
 
 
-class Unsupported(Exception):
-    """The model (or an option) is outside what the native kernel computes; the message says what."""
-
-
 def _version(t: torch.Tensor) -> int:
     return 0 if t.is_inference() else t._version  # noqa: SLF001 - torch has no public accessor for it
-
-
-def _zero_centred(norm: nn.Module, name: str, eps: float) -> torch.Tensor:
-    if type(norm) is not ZeroCenteredRMSNorm:
-        raise Unsupported(f"{name} is {type(norm).__name__}, not a zero-centred RMSNorm")
-    if norm.eps != eps:
-        raise Unsupported(f"{name} has eps {norm.eps}, the model {eps}")
-    return norm.scale(norm.weight)
 
 
 def _deltanet(mixer: nn.Module, eps: float, name: str) -> DeltaNetWeights:
@@ -137,42 +125,6 @@ def _deltanet(mixer: nn.Module, eps: float, name: str) -> DeltaNetWeights:
         dt_bias=mixer.dt_bias,
         norm=mixer.norm.weight,
         out=mixer.out_proj.weight,
-    )
-
-
-def attention_weights(mixer: nn.Module, model: DecoderLM, eps: float, name: str) -> AttentionWeights:
-    """A RotaryAttention block's tensors; a model without RoPE (Nemotron-H) gets rotary dim 0."""
-    if type(mixer) is not RotaryAttention:
-        raise Unsupported(f"{name} is {type(mixer).__name__}")
-    if mixer.key_multiplier != 1.0:
-        raise Unsupported(f"{name} scales its keys")
-    rotary = model.rotary
-    if rotary is not None and rotary.head_dim != mixer.head_dim:
-        raise Unsupported(f"{name}: RoPE head dim {rotary.head_dim} != attention head dim {mixer.head_dim}")
-    norms = (mixer.q_norm, mixer.k_norm)
-    if (norms[0] is None) != (norms[1] is None):
-        raise Unsupported(f"{name} normalizes only one of q and k")
-    q_norm = _zero_centred(norms[0], f"{name} q_norm", eps) if norms[0] is not None else None
-    k_norm = _zero_centred(norms[1], f"{name} k_norm", eps) if norms[1] is not None else None
-    projections = (mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.o_proj)
-    biases = [p.bias for p in projections]
-    if any(b is None for b in biases) and any(b is not None for b in biases):
-        raise Unsupported(f"{name} has biases on only some projections")
-    return AttentionWeights(
-        heads=mixer.num_heads,
-        kv_heads=mixer.num_kv_heads,
-        head_dim=mixer.head_dim,
-        rotary_dim=rotary.rotary_dim if rotary is not None else 0,
-        output_gate=mixer.output_gate,
-        scale=float(mixer.scale),
-        q=mixer.q_proj.weight,
-        k=mixer.k_proj.weight,
-        v=mixer.v_proj.weight,
-        o=mixer.o_proj.weight,
-        inv_freq=rotary.inv_freq(torch.device("cpu")) if rotary is not None else None,
-        q_norm=q_norm,
-        k_norm=k_norm,
-        biases=None if biases[0] is None else (biases[0], biases[1], biases[2], biases[3]),
     )
 
 
@@ -245,8 +197,8 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
             LayerWeights(
                 kind=code,
                 ordinal=layer.ordinal,
-                in_norm=_zero_centred(layer.input_layernorm, f"{name} input norm", eps),
-                post_norm=_zero_centred(layer.post_attention_layernorm, f"{name} post norm", eps),
+                in_norm=zero_centred(layer.input_layernorm, f"{name} input norm", eps),
+                post_norm=zero_centred(layer.post_attention_layernorm, f"{name} post norm", eps),
                 mixer=mixer,
                 ffn=_feed_forward(layer.mlp, f"{name} mlp"),
             )
@@ -259,7 +211,7 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         vocab=model.vocab_size,
         eps=eps,
         embed=embed_module.weight,
-        final_norm=_zero_centred(getattr(body, body.norm_name), "final norm", eps),
+        final_norm=zero_centred(getattr(body, body.norm_name), "final norm", eps),
         lm_head=model.lm_head.weight,
         layers=layers,
         embed_scale=float(model.embedding_multiplier),

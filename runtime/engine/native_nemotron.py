@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runtime.engine.native_decode import Unsupported, attention_weights
+from runtime.engine.native_weights import Unsupported, attention_weights
 from runtime.models.decoder import FULL, LINEAR
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import Relu2MLP
