@@ -1,4 +1,4 @@
-"""Native decode (`--native-decode`, on by default where it applies): a Qwen3-Next-family decode step as ONE C call
+"""Native decode (`--native-decode`, on by default where it applies): a decode step as ONE C call
 (runtime/native/hybrid_decode.c) instead of ~800 dispatched torch ops.
 
 This module decides which models and batches go native and builds the kernel's weight table from the model's
@@ -9,9 +9,11 @@ one sequence as rows of one chain, the recurrent state advanced token by token; 
 them to the torch path), before the compiled paths: where both are on, native wins the decode step and the short
 extends (it needs no warm-up).
 
-Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) on CPU with fp32 or bf16 weights (each weight
-matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly what it
-computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere `why_not` says why and the torch path runs.
+Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) and NemotronHForCausalLM without MoE blocks
+(runtime/engine/native_nemotron.py; decode rows only, its extends stay torch's) on CPU with fp32 or bf16 weights
+(each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
+what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
+runs.
 
 Threads: the C step splits its weight rows over a pool of its own (runtime/native/parallel.h) of as many threads as
 the process's torch thread count (`--num-threads`) and the cores it may run on allow; RUNTIME_NATIVE_DECODE_THREADS
@@ -34,13 +36,14 @@ import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.engine.native_weights import Unsupported, attention_weights, zero_centred
 from runtime.models.base import HybridModel
 from runtime.models.decoder import FULL, LINEAR, DecoderLM
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
+from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import SparseMoE
-from runtime.models.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
-from runtime.models.layers.rotary_attention import RotaryAttention
+from runtime.models.layers.norm import GatedRMSNorm, GroupedGatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm
 from runtime.native.build import NativeUnavailable
 from runtime.native.hybrid_decode import (
     ATTENTION_KIND,
@@ -93,20 +96,8 @@ def native_reads(weight_dtype: torch.dtype) -> bool:
     return weight_dtype in WEIGHT_DTYPES
 
 
-class Unsupported(Exception):
-    """The model (or an option) is outside what the native kernel computes; the message says what."""
-
-
 def _version(t: torch.Tensor) -> int:
     return 0 if t.is_inference() else t._version  # noqa: SLF001 - torch has no public accessor for it
-
-
-def _zero_centred(norm: nn.Module, name: str, eps: float) -> torch.Tensor:
-    if type(norm) is not ZeroCenteredRMSNorm:
-        raise Unsupported(f"{name} is {type(norm).__name__}, not a zero-centred RMSNorm")
-    if norm.eps != eps:
-        raise Unsupported(f"{name} has eps {norm.eps}, the model {eps}")
-    return norm.scale(norm.weight)
 
 
 def _deltanet(mixer: nn.Module, eps: float, name: str) -> DeltaNetWeights:
@@ -137,41 +128,6 @@ def _deltanet(mixer: nn.Module, eps: float, name: str) -> DeltaNetWeights:
     )
 
 
-def _attention(mixer: nn.Module, model: DecoderLM, eps: float, name: str) -> AttentionWeights:
-    if type(mixer) is not RotaryAttention or model.rotary is None:
-        raise Unsupported(f"{name} is {type(mixer).__name__} (or the model has no RoPE)")
-    if mixer.key_multiplier != 1.0:
-        raise Unsupported(f"{name} scales its keys")
-    rotary = model.rotary
-    if rotary.head_dim != mixer.head_dim:
-        raise Unsupported(f"{name}: RoPE head dim {rotary.head_dim} != attention head dim {mixer.head_dim}")
-    norms = (mixer.q_norm, mixer.k_norm)
-    if (norms[0] is None) != (norms[1] is None):
-        raise Unsupported(f"{name} normalizes only one of q and k")
-    q_norm = _zero_centred(norms[0], f"{name} q_norm", eps) if norms[0] is not None else None
-    k_norm = _zero_centred(norms[1], f"{name} k_norm", eps) if norms[1] is not None else None
-    projections = (mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.o_proj)
-    biases = [p.bias for p in projections]
-    if any(b is None for b in biases) and any(b is not None for b in biases):
-        raise Unsupported(f"{name} has biases on only some projections")
-    return AttentionWeights(
-        heads=mixer.num_heads,
-        kv_heads=mixer.num_kv_heads,
-        head_dim=mixer.head_dim,
-        rotary_dim=rotary.rotary_dim,
-        output_gate=mixer.output_gate,
-        scale=float(mixer.scale),
-        q=mixer.q_proj.weight,
-        k=mixer.k_proj.weight,
-        v=mixer.v_proj.weight,
-        o=mixer.o_proj.weight,
-        inv_freq=rotary.inv_freq(torch.device("cpu")),
-        q_norm=q_norm,
-        k_norm=k_norm,
-        biases=None if biases[0] is None else (biases[0], biases[1], biases[2], biases[3]),
-    )
-
-
 def _feed_forward(mlp: nn.Module, name: str) -> FeedForwardWeights:
     if type(mlp) is GatedMLP:
         return FeedForwardWeights(
@@ -198,10 +154,11 @@ def _feed_forward(mlp: nn.Module, name: str) -> FeedForwardWeights:
 
 def decode_weights(model: HybridModel) -> DecodeWeights:
     """The kernel's view of `model`'s tensors; Unsupported naming the first thing the kernel does not compute."""
+    from runtime.models.nemotron_h import NemotronHForCausalLM
     from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
-    if type(model) is not Qwen3NextForCausalLM:
-        raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next-family model")
+    if type(model) not in (Qwen3NextForCausalLM, NemotronHForCausalLM):
+        raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next- or Nemotron-H-family model")
     if type(model).scale_logits is not DecoderLM.scale_logits:
         raise Unsupported(f"{type(model).__name__} scales its logits")
     hooked = _hooked_module(model)
@@ -215,6 +172,10 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
     odd = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype not in WEIGHT_DTYPES})
     if odd:
         raise Unsupported(f"the weights are {', '.join(odd)}: the native step reads fp32 or bf16")
+    if isinstance(model, NemotronHForCausalLM):
+        from runtime.engine.native_nemotron import nemotron_h_weights
+
+        return nemotron_h_weights(model)
     config = model.config
     eps = float(config.rms_norm_eps)
     body = model.body
@@ -228,7 +189,7 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
             mixer: DeltaNetWeights | AttentionWeights = _deltanet(layer.linear_attn, eps, name)
             code = LINEAR_KIND
         elif kind == FULL:
-            mixer = _attention(layer.self_attn, model, eps, name)
+            mixer = attention_weights(layer.self_attn, model, eps, name)
             code = ATTENTION_KIND
         else:
             raise Unsupported(f"{name} is of kind {kind!r}")
@@ -236,8 +197,8 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
             LayerWeights(
                 kind=code,
                 ordinal=layer.ordinal,
-                in_norm=_zero_centred(layer.input_layernorm, f"{name} input norm", eps),
-                post_norm=_zero_centred(layer.post_attention_layernorm, f"{name} post norm", eps),
+                in_norm=zero_centred(layer.input_layernorm, f"{name} input norm", eps),
+                post_norm=zero_centred(layer.post_attention_layernorm, f"{name} post norm", eps),
                 mixer=mixer,
                 ffn=_feed_forward(layer.mlp, f"{name} mlp"),
             )
@@ -250,7 +211,7 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         vocab=model.vocab_size,
         eps=eps,
         embed=embed_module.weight,
-        final_norm=_zero_centred(getattr(body, body.norm_name), "final norm", eps),
+        final_norm=zero_centred(getattr(body, body.norm_name), "final norm", eps),
         lm_head=model.lm_head.weight,
         layers=layers,
         embed_scale=float(model.embedding_multiplier),
@@ -296,6 +257,9 @@ class NativeDecode:
         self._sources = _derived_sources(model)
         self._key: tuple[tuple[int, int], ...] | None = None
         self.kernel = self._rebuild()
+        # A model the C step runs decode rows of only (Mamba2 layers): its extends stay torch's.
+        self.extends_model = self.kernel.weights.extends
+        self.extends = self.extends and self.extends_model
         self._pool_key: tuple[int, ...] | None = None
         self.steps = 0
 
@@ -377,14 +341,18 @@ def _int64(t: torch.Tensor) -> torch.Tensor:
 
 
 def _derived_sources(model: HybridModel) -> list[torch.Tensor]:
-    """The parameters the kernel's derived tensors come from (zero-centred norm weights, A_log) and the
-    embedding (its storage changes only when the whole model is re-cast or reloaded)."""
+    """The parameters the kernel's derived tensors come from (zero-centred norm weights, A_log; a bf16 model's
+    small vectors, which the kernel reads from fp32 copies) and the embedding (its storage changes only when the
+    whole model is re-cast or reloaded)."""
     sources: list[torch.Tensor] = []
     for module in model.modules():
-        if isinstance(module, ZeroCenteredRMSNorm):
+        if isinstance(module, ZeroCenteredRMSNorm | RMSNorm | GroupedGatedRMSNorm):
             sources.append(module.weight)
         elif isinstance(module, GatedDeltaNet):
             sources.append(module.A_log)
+        elif isinstance(module, Mamba2Mixer):
+            small = (module.A_log, module.dt_bias, module.D, module.conv1d.weight, module.conv1d.bias)
+            sources.extend(p for p in small if p is not None)
     sources.extend(p for name, p in model.named_parameters() if name.endswith("embed_tokens.weight"))
     return sources
 
@@ -404,5 +372,10 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
         return None, NativeStatus("off", exc.reason)
     lib = native.library
     detail = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "cached"
-    extends = "; short extends" if native.extends else f"; short extends off ({EXTEND_ENV}=0)"
+    if native.extends:
+        extends = "; short extends"
+    elif not native.extends_model:
+        extends = "; short extends off (Mamba2 layers: decode rows only)"
+    else:
+        extends = f"; short extends off ({EXTEND_ENV}=0)"
     return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}{extends}")

@@ -1,7 +1,7 @@
 /* The feed-forward of the native step (hybrid_decode.c): a sparse MoE with an optional gated shared expert, or a
- * dense SwiGLU MLP, for B rows. Each expert's tokens are gathered and its weights stream once for all of them; the
- * input side (gate, up, silu) and the output side (down, weighted sum into the rows) are one region each of
- * parallel.h's pool, split in 4-row blocks computed by the same code whichever thread runs them. */
+ * dense MLP (SwiGLU, or squared ReLU), for B rows. Each expert's tokens are gathered and its weights stream once
+ * for all of them; the input side (gate, up, activation) and the output side (down, weighted sum into the rows)
+ * are one region each of parallel.h's pool, split in 4-row blocks computed by the same code whichever thread runs them. */
 #ifndef HYBRIDCTL_HD_FFN_H
 #define HYBRIDCTL_HD_FFN_H
 
@@ -13,9 +13,10 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A SwiGLU's input side for `cnt` rows: h = silu(gate x) * up x, [cnt, inter]. */
+/* A SwiGLU's input side for `cnt` rows: h = silu(gate x) * up x, [cnt, inter]; with no gate (its data NULL), a
+ * squared ReLU's: h = relu(up x)^2. */
 typedef struct {
-    HDMat gate, up; /* [inter, H] each */
+    HDMat gate, up; /* [inter, H] each; gate.data NULL: squared ReLU */
     int64_t inter, cnt;
     const float *x; /* [cnt, H] */
     float *g, *u, *h; /* [cnt, inter] each */
@@ -62,8 +63,16 @@ static void ffn_up_blocks(void *ctx, int64_t begin, int64_t end) {
         const int64_t i0 = (lo - f->first[j] + w - 1) / w, i1 = (hi - f->first[j] + w - 1) / w;
         if (i0 >= i1) continue;
         const int64_t r0 = i0 * 4, r1 = min64(i1 * 4, q->inter), I = q->inter;
-        gemm_rows(hd_mat_at(q->gate, r0 * f->H), NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->g + r0, I);
         gemm_rows(hd_mat_at(q->up, r0 * f->H), NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->u + r0, I);
+        if (!q->gate.data) { /* squared ReLU (Nemotron-H's MLP): relu(up x)^2 */
+            for (int64_t r = 0; r < q->cnt; r++)
+                for (int64_t i = r0; i < r1; i++) {
+                    const float v = q->u[r * I + i] > 0.0f ? q->u[r * I + i] : 0.0f;
+                    q->h[r * I + i] = v * v;
+                }
+            continue;
+        }
+        gemm_rows(hd_mat_at(q->gate, r0 * f->H), NULL, r1 - r0, f->H, q->x, f->H, q->cnt, q->g + r0, I);
         for (int64_t r = 0; r < q->cnt; r++)
             for (int64_t i = r0; i < r1; i++) q->h[r * I + i] = siluf_(q->g[r * I + i]) * q->u[r * I + i];
     }
@@ -109,7 +118,7 @@ static void ffn_add(FfnCtx *f, const HDMat gate, const HDMat up, const HDMat dow
     f->up[j] = (UpJob){gate, up, inter, cnt, x, buf, buf + cnt * inter, buf + 2 * cnt * inter};
     f->down[j] = (DownJob){down, tok, tokw};
     f->first[j + 1] = f->first[j] + (inter + 3) / 4 * ffn_block_units(&f->up[j]);
-    f->bytes_up += inter * f->H * (hd_elem_size(gate) + hd_elem_size(up));
+    f->bytes_up += inter * f->H * ((gate.data ? hd_elem_size(gate) : 0) + hd_elem_size(up));
     f->bytes_down += inter * f->H * hd_elem_size(down);
 }
 
@@ -128,7 +137,8 @@ static int64_t ffn_scratch(const HDLayer *L, int64_t B, int64_t H) {
            3 * B * L->mlp_inter + 16;
 }
 
-static void swiglu_mlp(const HDLayer *L, int64_t H, const float *x, int64_t B, float *out, float *work) {
+/* The dense MLP: SwiGLU, or squared ReLU where the layer has no gate weights. */
+static void dense_mlp(const HDLayer *L, int64_t H, const float *x, int64_t B, float *out, float *work) {
     FfnCtx f = {.n = 0, .H = H, .B = B, .out = out, .mode = FFN_DENSE};
     ffn_add(&f, L->mlp_gate, L->mlp_up, L->mlp_down, L->mlp_inter, B, x, work, NULL, NULL);
     ffn_run(&f);

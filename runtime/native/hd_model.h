@@ -1,4 +1,4 @@
-/* The Qwen3-Next-family native step's shared pieces (runtime/native/hybrid_decode.c and its headers): the
+/* The native step's shared pieces (runtime/native/hybrid_decode.c and its headers): the
  * structs ctypes fills (runtime/native/hybrid_decode.py declares the same layouts), the error codes, and the
  * elementwise helpers every phase uses. */
 #ifndef HYBRIDCTL_HD_MODEL_H
@@ -10,10 +10,10 @@
 #include <stdint.h>
 
 typedef struct {
-    int64_t kind; /* 0: gated DeltaNet, 1: gated full attention */
+    int64_t kind; /* HD_DELTANET, HD_ATTENTION, HD_MAMBA2, or HD_NO_MIXER (a feed-forward-only layer) */
     int64_t ordinal; /* index into the pool lists of its kind */
-    const float *in_norm; /* [H] 1 + w */
-    const float *post_norm; /* [H] 1 + w */
+    const float *in_norm; /* [H] the mixer's input norm scale (Qwen3-Next: 1 + w) */
+    const float *post_norm; /* [H] the feed-forward's input norm scale */
     /* gated DeltaNet */
     int64_t nk, nv, dk, dv, kernel;
     HDMat w_qkv; /* [2*nk*dk + nv*dv, H] rows q | k | v */
@@ -33,7 +33,8 @@ typedef struct {
     const float *q_norm, *k_norm; /* [hd] 1 + w, or NULL */
     const float *inv_freq; /* [rot_dim / 2] */
     double attn_scale;
-    /* feed-forward: a sparse MoE (n_exp > 0) with an optional shared expert, or a dense SwiGLU MLP */
+    /* feed-forward: a sparse MoE (n_exp > 0) with an optional shared expert, a dense MLP (mlp_inter > 0: SwiGLU, or
+     * squared ReLU where mlp_gate has no data), or none (n_exp == mlp_inter == 0: a mixer-only layer) */
     int64_t n_exp, top_k, exp_inter, norm_topk;
     HDMat router; /* [E, H] */
     HDMat exp_gate_up; /* [E, 2*I, H] */
@@ -41,7 +42,16 @@ typedef struct {
     int64_t mlp_inter; /* the dense MLP's or the shared expert's intermediate size; 0: none */
     HDMat mlp_gate, mlp_up, mlp_down; /* [I, H], [I, H], [H, I] */
     HDMat shared_gate; /* [1, H]; data NULL: none */
+    /* Mamba2 (hd_mamba2.h; kernel, conv_w, conv_b, neg_a = -exp(A_log), dt_bias, gnorm_w [I] and w_out [H, I] as
+     * above): mh heads of mp channels, mg groups of B and C of mn state entries each; I = mh * mp */
+    int64_t mh, mp, mn, mg;
+    HDMat w_in; /* [I + (I + 2 * mg * mn) + mh, H] rows z | xBC | dt */
+    const float *b_in, *b_out; /* in_proj / out_proj biases or NULL */
+    const float *d_skip; /* [mh] */
+    double dt_min, dt_max;
 } HDLayer;
+
+enum { HD_DELTANET = 0, HD_ATTENTION = 1, HD_MAMBA2 = 2, HD_NO_MIXER = 3 };
 
 typedef struct {
     int64_t hidden, vocab, n_layers;
@@ -61,7 +71,7 @@ typedef struct {
     float *const *k_pool; /* per attention ordinal: [token_slots, nkv, hd] */
     float *const *v_pool;
     float *const *conv_pool; /* per linear ordinal: [state_slots, conv_dim, kernel - 1] */
-    float *const *ssm_pool; /* per linear ordinal: [state_slots, nv, dv, dk] */
+    float *const *ssm_pool; /* per linear ordinal: [state_slots, nv, dv, dk] (Mamba2: [state_slots, mh, mp, mn]) */
     int64_t token_slots, state_slots_count;
     float *logits; /* [B, V], or [1, V] with last_logits */
     /* An extend of ONE sequence (chain = 1): the B rows are its consecutive new tokens. They share state_slots[0]
@@ -91,7 +101,8 @@ enum {
     HD_BAD_STATE_SLOT = 3,
     HD_NO_MEMORY = 4,
     HD_EMPTY_KV = 5,
-    HD_BAD_CHECKPOINT = 6
+    HD_BAD_CHECKPOINT = 6,
+    HD_NO_CHAIN = 7
 };
 
 /* ---- elementwise pieces ---- */

@@ -1,9 +1,11 @@
-/* One decode step of the Qwen3-Next family (qwen3_next, qwen3_5, qwen3_5_moe) in plain C: embedding, every
- * layer (gated DeltaNet or gated full attention, then a sparse MoE with shared expert or a dense SwiGLU MLP),
- * final norm and lm_head, for B sequences of one new token each, or for one sequence's B new tokens (a short
- * extend: HDStep.chain; the DeltaNet rows then run in token order, hd_deltanet.h, and row b attends to the cached
- * tokens and the new ones up to itself). Called once per step through ctypes (runtime/native/hybrid_decode.py),
- * so a step is one call instead of ~800 dispatched torch ops (an extend's ~1000).
+/* One decode step of a hybrid LM in plain C: embedding, every layer (a mixer: gated DeltaNet, Mamba2 or full
+ * attention, then a feed-forward: a sparse MoE with shared expert or a dense SwiGLU / squared-ReLU MLP; either may
+ * be absent), final norm and lm_head, for B sequences of one new token each, or for one sequence's B new tokens (a
+ * short extend: HDStep.chain, DeltaNet and attention layers only; the DeltaNet rows then run in token order,
+ * hd_deltanet.h, and row b attends to the cached tokens and the new ones up to itself). The Qwen3-Next family
+ * (qwen3_next, qwen3_5, qwen3_5_moe) and Nemotron-H (Mamba2, attention without RoPE and squared-ReLU MLP layers,
+ * hd_mamba2.h) are what runtime/engine/native_decode.py builds for it. Called once per step through ctypes
+ * (runtime/native/hybrid_decode.py), so a step is one call instead of ~800 dispatched torch ops (an extend's ~1000).
  *
  * Semantics follow the torch modules (runtime/models/layers/): every weight matrix (projections, experts, router,
  * embedding, lm_head) is read in place from the model's own parameters (row-major [out, in]), fp32 or bf16 (HDMat:
@@ -27,6 +29,7 @@
 #include "hd_attention.h"
 #include "hd_deltanet.h"
 #include "hd_ffn.h"
+#include "hd_mamba2.h"
 #include "hd_model.h"
 #include "parallel.h"
 #include "row_gemm.h"
@@ -40,7 +43,10 @@
 
 /* Floats of scratch one layer needs for B sequences. */
 static int64_t layer_scratch(const HDLayer *L, int64_t B, int64_t H) {
-    const int64_t mixer = L->kind == 0 ? deltanet_scratch(L, B) : attention_scratch(L, B);
+    const int64_t mixer = L->kind == HD_DELTANET  ? deltanet_scratch(L, B)
+                          : L->kind == HD_MAMBA2   ? mamba2_scratch(L, B)
+                          : L->kind == HD_ATTENTION ? attention_scratch(L, B)
+                                                    : 0;
     return max64(mixer, ffn_scratch(L, B, H)) + 16;
 }
 
@@ -71,6 +77,9 @@ int hd_threads(void) { return hp_threads(); }
 
 int hd_decode(const HDModel *m, const HDStep *s) {
     const int64_t B = s->batch, H = m->hidden;
+    if (s->chain)
+        for (int64_t l = 0; l < m->n_layers; l++)
+            if (m->layers[l].kind == HD_MAMBA2) return HD_NO_CHAIN;
     int64_t max_kv = 1;
     for (int64_t b = 0; b < B; b++) {
         if (s->ids[b] < 0 || s->ids[b] >= m->vocab) return HD_BAD_TOKEN;
@@ -105,17 +114,22 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     }
     for (int64_t l = 0; l < m->n_layers; l++) {
         const HDLayer *L = &m->layers[l];
-        for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->in_norm, H, m->eps, xn + b * H);
-        if (L->kind == 0)
-            deltanet(m, L, s, xn, delta, work, &g);
-        else
-            attention(m, L, s, xn, delta, work, scores, part, slots, &g);
-        for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
+        if (L->kind != HD_NO_MIXER) {
+            for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->in_norm, H, m->eps, xn + b * H);
+            if (L->kind == HD_DELTANET)
+                deltanet(m, L, s, xn, delta, work, &g);
+            else if (L->kind == HD_MAMBA2)
+                mamba2(m, L, s, xn, delta, work, &g);
+            else
+                attention(m, L, s, xn, delta, work, scores, part, slots, &g);
+            for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
+        }
+        if (L->n_exp == 0 && L->mlp_inter == 0) continue; /* a mixer-only layer */
         for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->post_norm, H, m->eps, xn + b * H);
         if (L->n_exp > 0)
             moe(m, L, s, xn, delta, work);
         else
-            swiglu_mlp(L, H, xn, B, delta, work);
+            dense_mlp(L, H, xn, B, delta, work);
         for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
     }
     /* An extend needs only its last token's logits: the lm_head is the largest projection. */

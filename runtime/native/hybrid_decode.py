@@ -1,4 +1,4 @@
-"""The Qwen3-Next family's decode step in C (hybrid_decode.c), called through ctypes: tensors and pointers only.
+"""A hybrid LM's decode step in C (hybrid_decode.c), called through ctypes: tensors and pointers only.
 
 `DecodeWeights` names every tensor the C side reads (the model's own parameter storage, plus a few parameter-only
 derived tensors); `HybridDecodeKernel` checks each one (CPU, contiguous, the shape the C code assumes; weight
@@ -19,9 +19,11 @@ from pathlib import Path
 import torch
 
 from runtime.native.build import NativeLibrary, NativeUnavailable, load
+from runtime.native.mamba2_weights import Mamba2Weights, fill_mamba2
 
 SOURCE = Path(__file__).with_name("hybrid_decode.c")
-LINEAR_KIND, ATTENTION_KIND = 0, 1
+# A layer's mixer (HDLayer.kind): LINEAR_KIND is the gated DeltaNet; NO_MIXER_KIND a feed-forward-only layer.
+LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND, NO_MIXER_KIND = 0, 1, 2, 3
 _ERRORS = {
     1: "a token id outside the vocabulary",
     2: "a KV token slot outside the KV pool",
@@ -29,6 +31,7 @@ _ERRORS = {
     4: "out of memory for the step's scratch",
     5: "a sequence with no KV tokens",
     6: "a state checkpoint outside the extend or the state pool",
+    7: "an extend over a Mamba2 layer (the C step runs Mamba2 decode rows only)",
 }
 
 _F = ctypes.POINTER(ctypes.c_float)
@@ -96,6 +99,16 @@ class _Layer(ctypes.Structure):
         ("mlp_up", _Mat),
         ("mlp_down", _Mat),
         ("shared_gate", _Mat),
+        ("mh", _I64),
+        ("mp", _I64),
+        ("mn", _I64),
+        ("mg", _I64),
+        ("w_in", _Mat),
+        ("b_in", _F),
+        ("b_out", _F),
+        ("d_skip", _F),
+        ("dt_min", _D),
+        ("dt_max", _D),
     ]
 
 
@@ -176,7 +189,7 @@ class AttentionWeights:
     k: torch.Tensor
     v: torch.Tensor
     o: torch.Tensor
-    inv_freq: torch.Tensor  # [rotary_dim // 2]
+    inv_freq: torch.Tensor | None  # [rotary_dim // 2]; None: no RoPE (rotary_dim 0)
     q_norm: torch.Tensor | None = None  # [head_dim], 1 + w
     k_norm: torch.Tensor | None = None
     biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # q, k, v, o
@@ -185,7 +198,7 @@ class AttentionWeights:
 @dataclass
 class FeedForwardWeights:
     """A sparse MoE (`experts` > 0: router, stacked expert weights, an optional shared SwiGLU and its gate) or
-    a dense SwiGLU MLP (`experts` == 0: the mlp_* tensors)."""
+    a dense MLP (`experts` == 0: the mlp_* tensors; SwiGLU, or squared ReLU when `mlp_gate` is None)."""
 
     experts: int = 0
     top_k: int = 0
@@ -201,12 +214,15 @@ class FeedForwardWeights:
 
 @dataclass
 class LayerWeights:
-    kind: int  # LINEAR_KIND or ATTENTION_KIND
+    """x += mixer(norm(x, in_norm)), then x += ffn(norm(x, post_norm)); a layer without a mixer (NO_MIXER_KIND,
+    mixer and in_norm None) or without a feed-forward (ffn and post_norm None) skips that half."""
+
+    kind: int  # LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND or NO_MIXER_KIND
     ordinal: int  # index into the pool lists of its kind
-    in_norm: torch.Tensor  # [H], 1 + w
-    post_norm: torch.Tensor  # [H], 1 + w
-    mixer: DeltaNetWeights | AttentionWeights
-    ffn: FeedForwardWeights
+    in_norm: torch.Tensor | None  # [H] the norm's scale (Qwen3-Next: 1 + w)
+    post_norm: torch.Tensor | None  # [H]
+    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | None
+    ffn: FeedForwardWeights | None
 
 
 @dataclass
@@ -222,6 +238,11 @@ class DecodeWeights:
     attention_layers: int = 0
     linear_layers: int = 0
     kept: list[torch.Tensor] = field(default_factory=list)  # every tensor the structs point into
+
+    @property
+    def extends(self) -> bool:
+        """Whether the C step runs an extend chain of this model (not over a Mamba2 layer: decode rows only)."""
+        return all(lw.kind != MAMBA2_KIND for lw in self.layers)
 
 
 def load_library() -> NativeLibrary:
@@ -320,10 +341,21 @@ class HybridDecodeKernel:
 
     def _fill_layer(self, c: _Layer, lw: LayerWeights, h: int, name: str) -> None:
         c.kind, c.ordinal = lw.kind, lw.ordinal
+        if (lw.mixer is None) != (lw.kind == NO_MIXER_KIND) or (lw.mixer is None) != (lw.in_norm is None):
+            raise WeightError(f"{name}: a mixer needs an input norm and a mixer kind, and only a mixer has them")
+        if (lw.ffn is None) != (lw.post_norm is None):
+            raise WeightError(f"{name}: a feed-forward needs its input norm, and only a feed-forward has one")
         c.in_norm = self._ptr(lw.in_norm, (h,), f"{name} input norm")
         c.post_norm = self._ptr(lw.post_norm, (h,), f"{name} post-attention norm")
         m = lw.mixer
-        if isinstance(m, DeltaNetWeights):
+        if isinstance(m, Mamba2Weights):
+            if lw.kind != MAMBA2_KIND:
+                raise WeightError(f"{name}: a Mamba2 mixer on a layer of kind {lw.kind}")
+            try:
+                fill_mamba2(c, m, h, name, self._mat, self._ptr)
+            except ValueError as exc:
+                raise WeightError(str(exc)) from exc
+        elif isinstance(m, DeltaNetWeights):
             if lw.kind != LINEAR_KIND or m.num_v_heads % m.num_k_heads:
                 raise WeightError(f"{name}: a DeltaNet mixer on a non-linear layer, or v heads not a multiple of k")
             key, value = m.num_k_heads * m.k_head_dim, m.num_v_heads * m.v_head_dim
@@ -339,7 +371,7 @@ class HybridDecodeKernel:
             c.dt_bias = self._ptr(m.dt_bias, (m.num_v_heads,), f"{name} dt_bias")
             c.gnorm_w = self._ptr(m.norm, (m.v_head_dim,), f"{name} gated norm")
             c.w_out = self._mat(m.out, (h, value), f"{name} out projection")
-        else:
+        elif m is not None:
             if lw.kind != ATTENTION_KIND or m.heads % m.kv_heads or m.rotary_dim % 2 or m.rotary_dim > m.head_dim:
                 raise WeightError(f"{name}: attention heads/rotary dims the kernel does not handle")
             qw = m.heads * m.head_dim * (2 if m.output_gate else 1)
@@ -360,6 +392,10 @@ class HybridDecodeKernel:
             c.k_norm = self._ptr(m.k_norm, (m.head_dim,), f"{name} k norm")
             c.inv_freq = self._ptr(m.inv_freq, (m.rotary_dim // 2,), f"{name} inv_freq")
         f = lw.ffn
+        if f is None:
+            if m is None:
+                raise WeightError(f"{name}: neither a mixer nor a feed-forward")
+            return
         if f.experts > 0:
             if f.router is None or f.gate_up is None or f.down is None or not 0 < f.top_k <= f.experts:
                 raise WeightError(f"{name}: a MoE block without router or expert weights, or top_k out of range")
@@ -375,8 +411,9 @@ class HybridDecodeKernel:
             c.mlp_gate = self._mat(f.mlp_gate, (inter, h), f"{name} mlp gate")
             c.mlp_up = self._mat(f.mlp_up, (inter, h), f"{name} mlp up")
             c.mlp_down = self._mat(f.mlp_down, (h, inter), f"{name} mlp down")
-            if not c.mlp_gate.data or not c.mlp_up.data:
-                raise WeightError(f"{name}: a SwiGLU MLP without gate or up weights")
+            # No gate: a squared-ReLU MLP (Nemotron-H); a MoE's shared expert is always a SwiGLU.
+            if not c.mlp_up.data or (not c.mlp_gate.data and f.experts > 0):
+                raise WeightError(f"{name}: an MLP without up weights, or a shared expert without a gate")
         elif f.experts == 0:
             raise WeightError(f"{name}: neither a MoE block nor an MLP")
 
@@ -395,13 +432,17 @@ class HybridDecodeKernel:
                     return f"the {name} pool is not a contiguous fp32 CPU tensor ({t.dtype}, {t.device})"
         for lw in w.layers:
             m = lw.mixer
-            if isinstance(m, DeltaNetWeights):
+            if isinstance(m, Mamba2Weights):
+                want_c, want_m = m.pool_shapes()
+                if tuple(conv[lw.ordinal].shape[1:]) != want_c or tuple(ssm[lw.ordinal].shape[1:]) != want_m:
+                    return f"state buffers of Mamba2 layer {lw.ordinal} are not {list(want_c)} / {list(want_m)}"
+            elif isinstance(m, DeltaNetWeights):
                 conv_dim = 2 * m.num_k_heads * m.k_head_dim + m.num_v_heads * m.v_head_dim
                 want_c = (conv_dim, m.kernel - 1)
                 want_s = (m.num_v_heads, m.v_head_dim, m.k_head_dim)
                 if tuple(conv[lw.ordinal].shape[1:]) != want_c or tuple(ssm[lw.ordinal].shape[1:]) != want_s:
                     return f"state buffers of linear layer {lw.ordinal} are not {list(want_c)} / {list(want_s)}"
-            else:
+            elif m is not None:
                 want = (m.kv_heads, m.head_dim)
                 if tuple(k[lw.ordinal].shape[1:]) != want or tuple(v[lw.ordinal].shape[1:]) != want:
                     return f"KV buffers of attention layer {lw.ordinal} are not [slots, {want[0]}, {want[1]}]"
@@ -543,12 +584,15 @@ def _check_index(t: torch.Tensor, n: int, name: str) -> None:
 __all__ = [
     "ATTENTION_KIND",
     "LINEAR_KIND",
+    "MAMBA2_KIND",
+    "NO_MIXER_KIND",
     "AttentionWeights",
     "DecodeWeights",
     "DeltaNetWeights",
     "FeedForwardWeights",
     "HybridDecodeKernel",
     "LayerWeights",
+    "Mamba2Weights",
     "NativeUnavailable",
     "WEIGHT_DTYPES",
     "WeightError",

@@ -1,6 +1,6 @@
 """The native decode inside the real engine and the real server: greedy tokens with `--native-decode` on equal the
-torch decode's (`off`) over random prompts, batched and alone, with the prefix cache on; the start-up log and
-/server_info say which decode path runs, and why not where it does not."""
+torch decode's (`off`) over random prompts, batched and alone, with the prefix cache on, for Qwen3-Next and
+Nemotron-H; the start-up log and /server_info say which decode path runs, and why not where it does not."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from runtime.engine.engine_core import EngineCore
 from runtime.engine.pool_setup import EngineStartupError
 from runtime.native.build import find_compiler
 from tests.runtime.conftest import start_runtime_server
+from tests.runtime.test_checkpoint_states import build_tiny_kimi_linear
 from tests.runtime.test_engine_support import (
     VOCAB,
     build_tiny_nemotron_h,
@@ -78,11 +79,41 @@ def test_greedy_tokens_identical_to_the_torch_decode(
         assert got.tokens(f"r{i}") == want.tokens(f"r{i}"), f"prompt {i} diverged"
 
 
+@pytest.fixture(scope="module")
+def nemotron_cores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, EngineCore]:
+    model_dir = build_tiny_nemotron_h(Path(tmp_path_factory.mktemp("nemotron_h")) / "model")
+    return {
+        "native": make_core(model_dir, chunked_prefill_size=7, mamba_track_interval=8),
+        "torch": make_core(model_dir, chunked_prefill_size=7, mamba_track_interval=8, native_decode="off"),
+    }
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompts=prompt_sets, max_new=st.integers(2, 10), together=st.booleans())
+def test_nemotron_h_greedy_tokens_identical_to_the_torch_decode(
+    nemotron_cores: dict[str, EngineCore], prompts: list[list[int]], max_new: int, together: bool
+) -> None:
+    """The Mamba2 hybrid's decode steps run in C (its extends, prefix-cache resumes included, stay torch's)."""
+    native = nemotron_cores["native"]
+    assert native.runner.native_decode is not None and native.stats().native_decode == "on"
+    before = native.runner.native_decode.steps
+
+    def reqs() -> list[GenerateRequest]:
+        return [GenerateRequest(f"r{i}", p, greedy(max_new)) for i, p in enumerate(prompts)]
+
+    want = run_to_completion(nemotron_cores["torch"], reqs(), together=together)
+    got = run_to_completion(native, reqs(), together=together)
+    for i in range(len(prompts)):
+        assert got.tokens(f"r{i}") == want.tokens(f"r{i}"), f"prompt {i} diverged"
+    assert native.runner.native_decode.steps - before >= max_new - 1
+
+
 def test_other_families_keep_the_torch_decode_and_on_refuses(tmp_path: Path) -> None:
-    model_dir = build_tiny_nemotron_h(tmp_path / "nemotron")
+    model_dir = build_tiny_kimi_linear(tmp_path / "kimi")
     core = make_core(model_dir)
     assert core.runner.native_decode is None
-    assert core.stats().native_decode.startswith("off: NemotronHForCausalLM is not a Qwen3-Next-family model")
+    detail = core.stats().native_decode
+    assert detail.startswith("off: KimiLinearForCausalLM is not a Qwen3-Next- or Nemotron-H-family model"), detail
     with pytest.raises(EngineStartupError, match="--native-decode on, but it cannot run"):
         make_core(model_dir, native_decode="on")
 

@@ -86,6 +86,14 @@ class Mamba2Mixer(nn.Module):
             self._mup = torch.cat(parts).to(device=like.device, dtype=like.dtype)
         return self._mup
 
+    def decay_rate(self) -> torch.Tensor:
+        """`-exp(A_log)` fp32 [heads], kept between calls and remade when A_log changes."""
+        return self._decay_rate(self.A_log)
+
+    def conv_taps(self) -> torch.Tensor:
+        """The depthwise conv weight as [conv_dim, kernel] (a view)."""
+        return self._taps(self.conv1d.weight)
+
     @property
     def conv_state_shape(self) -> tuple[int, int]:
         return (self.conv_dim, self.conv1d.kernel_size[0] - 1)

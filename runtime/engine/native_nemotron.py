@@ -1,0 +1,108 @@
+"""The native step's weight table for Nemotron-H (runtime/models/nemotron_h.py): single-mixer blocks, each
+`x + mixer(norm(x))`, laid out as the C step's layers (hybrid_decode.c): a Mamba2 block is a Mamba2 mixer with no
+feed-forward, an attention block (no RoPE) an attention mixer with none, an MLP block a squared-ReLU feed-forward
+with no mixer (its norm is the feed-forward's). MoE blocks (sigmoid routing over expert groups) are not in the C
+step: a model with one decodes on the torch path.
+
+Granite-4.0-H and Falcon-H1 share the Mamba2 mixer but add multipliers (muP on the embedding, residuals, logits,
+projection sections) and other gated norms; they are other model classes and keep the torch decode."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from runtime.engine.native_weights import Unsupported, attention_weights
+from runtime.models.decoder import FULL, LINEAR
+from runtime.models.layers.mamba2 import Mamba2Mixer
+from runtime.models.layers.mlp import Relu2MLP
+from runtime.models.layers.norm import GroupedGatedRMSNorm, RMSNorm
+from runtime.models.nemotron_h import NemotronHBlock, NemotronHForCausalLM
+from runtime.native.hybrid_decode import (
+    ATTENTION_KIND,
+    MAMBA2_KIND,
+    NO_MIXER_KIND,
+    DecodeWeights,
+    FeedForwardWeights,
+    LayerWeights,
+    Mamba2Weights,
+)
+
+
+def _norm(norm: nn.Module, name: str, eps: float) -> nn.Parameter:
+    """A plain RMSNorm's weight: the C norm multiplies by it in fp32, as `weight_in_fp32` does."""
+    if type(norm) is not RMSNorm or not norm.weight_in_fp32:
+        raise Unsupported(f"{name} is not an RMSNorm with its weight applied in fp32")
+    if norm.eps != eps:
+        raise Unsupported(f"{name} has eps {norm.eps}, the model {eps}")
+    return norm.weight
+
+
+def _mamba2(mixer: nn.Module, eps: float, name: str) -> Mamba2Weights:
+    if type(mixer) is not Mamba2Mixer:
+        raise Unsupported(f"{name} is {type(mixer).__name__}")
+    if mixer.in_multiplier != 1.0 or mixer.proj_multipliers is not None:
+        raise Unsupported(f"{name} scales its input or projection (muP multipliers)")
+    norm = mixer.norm
+    if mixer.gated_norm != "mamba2" or type(norm) is not GroupedGatedRMSNorm:
+        raise Unsupported(f"{name}'s output norm is not Mamba2's grouped gated RMSNorm")
+    if norm.group_size * mixer.n_groups != mixer.intermediate or norm.eps != eps:
+        raise Unsupported(f"{name}'s gated norm groups are not the B/C groups, or its eps is not the model's")
+    return Mamba2Weights(
+        heads=mixer.num_heads,
+        head_dim=mixer.head_dim,
+        state_size=mixer.state_size,
+        groups=mixer.n_groups,
+        kernel=mixer.conv1d.kernel_size[0],
+        in_proj=mixer.in_proj.weight,
+        conv=mixer.conv_taps(),
+        neg_a=mixer.decay_rate(),
+        dt_bias=mixer.dt_bias,
+        d_skip=mixer.D,
+        dt_limit=(mixer.dt_min, mixer.dt_max),
+        norm=norm.weight,
+        out=mixer.out_proj.weight,
+        in_bias=mixer.in_proj.bias,
+        conv_bias=mixer.conv1d.bias,
+        out_bias=mixer.out_proj.bias,
+    )
+
+
+def _block(block: nn.Module, model: NemotronHForCausalLM, eps: float, name: str) -> LayerWeights:
+    if not isinstance(block, NemotronHBlock):
+        raise Unsupported(f"{name} is {type(block).__name__}")
+    norm = _norm(block.norm, f"{name} norm", eps)
+    if block.kind == LINEAR:
+        mixer = _mamba2(block.mixer, eps, name)
+        return LayerWeights(MAMBA2_KIND, block.ordinal, norm, None, mixer, None)
+    if block.kind == FULL:
+        attention = attention_weights(block.mixer, model, eps, name)
+        return LayerWeights(ATTENTION_KIND, block.ordinal, norm, None, attention, None)
+    mlp = block.mixer
+    if type(mlp) is not Relu2MLP:
+        raise Unsupported(f"{name} is a {block.kind} block ({type(mlp).__name__}): the C step runs dense MLPs only")
+    if mlp.up_proj.bias is not None or mlp.down_proj.bias is not None:
+        raise Unsupported(f"{name}'s MLP has biases")
+    ffn = FeedForwardWeights(mlp_up=mlp.up_proj.weight, mlp_down=mlp.down_proj.weight)
+    return LayerWeights(NO_MIXER_KIND, block.ordinal, None, norm, None, ffn)
+
+
+def nemotron_h_weights(model: NemotronHForCausalLM) -> DecodeWeights:
+    """The kernel's view of a Nemotron-H model's tensors (the caller has checked device, dtype and hooks)."""
+    eps = float(model.config.layer_norm_epsilon)
+    body = model.body
+    layers = [_block(block, model, eps, f"layer {i}") for i, block in enumerate(body.layers)]
+    embed = getattr(body, body.embed_name)
+    if type(embed) is not nn.Embedding:
+        raise Unsupported(f"the embedding is {type(embed).__name__}")
+    return DecodeWeights(
+        hidden=embed.embedding_dim,
+        vocab=model.vocab_size,
+        eps=eps,
+        embed=embed.weight,
+        final_norm=_norm(getattr(body, body.norm_name), "final norm", eps),
+        lm_head=model.lm_head.weight,
+        layers=layers,
+        embed_scale=float(model.embedding_multiplier),
+        attention_layers=sum(1 for lw in layers if lw.kind == ATTENTION_KIND),
+        linear_layers=sum(1 for lw in layers if lw.kind == MAMBA2_KIND),
+    )

@@ -1,0 +1,223 @@
+"""The native decode step on Nemotron-H (runtime/native/hd_mamba2.h through runtime/engine/native_nemotron.py)
+against the torch decode of the same model: logits, and every K/V row, conv window and SSM state the step writes.
+Tiny random checkpoints (transformers' classes, weights perturbed so every norm and bias matters) through the
+runtime's own loader: Mamba2 with 2 and 4 groups, conv kernels 4 (with bias) and 3 (without), in/out projection
+biases, a dt floor that the softplus actually hits, attention without RoPE, squared-ReLU MLPs; batches in state
+slots of random order; fp32 and bf16 weights; 1 and 2 threads."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.core.batch import ForwardBatch
+from runtime.engine.native_decode import NativeDecode, Unsupported, decode_weights, native_decode_for
+from runtime.models import load_model
+from runtime.models.base import HybridModel
+from runtime.native.build import find_compiler
+from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
+from tests.runtime.simple_runner import SimpleRunner
+from tests.runtime.test_engine_support import one_torch_thread, perturb_weights
+from tests.runtime.test_native_decode import VOCAB, _assert_same_step, _clone, _decode_batch, _prompt
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def _config(**kw: object) -> object:
+    base: dict[str, object] = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4,
+        expand=2, chunk_size=16, hybrid_override_pattern="M-M*M-", layers_block_type=None,
+        max_position_embeddings=4096, eos_token_id=None,
+    )  # fmt: skip
+    base.update(kw)
+    return transformers.NemotronHConfig(**base)
+
+
+ARCHS: dict[str, Callable[[], object]] = {
+    "groups2": lambda: _config(),
+    # Four groups of heads of 8, state 12, a kernel-3 conv without bias (the general conv loop), projection biases,
+    # and a dt floor of 0.3 that clamps part of the softplus outputs.
+    "groups4_biased": lambda: _config(
+        hybrid_override_pattern="M*-MM-",
+        mamba_head_dim=8,
+        ssm_state_size=12,
+        n_groups=4,
+        conv_kernel=3,
+        use_conv_bias=False,
+        use_bias=True,
+        mamba_proj_bias=True,
+        time_step_min=0.3,
+    ),  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    torch.manual_seed(0)
+    hf = transformers.NemotronHForCausalLM(ARCHS[request.param]()).eval()
+    perturb_weights(hf, 1)
+    path: Path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return path, hf
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint: tuple[Path, object]) -> HybridModel:
+    return load_model(checkpoint[0])
+
+
+def _prefilled(model: HybridModel, lengths: list[int], seed: int = 0) -> tuple[SimpleRunner, list[int]]:
+    """A runner holding one prefilled sequence per length, in state slots of a random order (a seeded shuffle of
+    the free list); returns it and each sequence's next token."""
+    runner = SimpleRunner(model, num_state_slots=len(lengths) + 3)
+    random.Random(seed).shuffle(runner.free_state_slots)
+    nxt = []
+    for sid, n in enumerate(lengths):
+        runner.add(sid)
+        nxt.append(int(runner.extend({sid: _prompt(n, 100 + sid)})[-1].argmax()))
+    return runner, nxt
+
+
+def test_the_model_runs_natively_without_extends(model: HybridModel) -> None:
+    native, status = native_decode_for(model, "auto", "cpu")
+    assert native is not None and status.state == "on", status.detail
+    assert "short extends off (Mamba2 layers: decode rows only)" in status.detail
+    weights = decode_weights(model)
+    assert [lw.kind for lw in weights.layers].count(2) == weights.linear_layers > 0
+    runner, nxt = _prefilled(model, [6])
+    seq = runner.seqs[0]
+    locs = list(range(runner.next_token_slot, runner.next_token_slot + 3))
+    extend = ForwardBatch(
+        mode="extend", input_ids=torch.tensor([1, 2, 3]), positions=torch.arange(6, 9), extend_lens=[3],
+        prefix_lens=[6], kv_locs=[torch.tensor(seq.kv_locs + locs)], out_locs=torch.tensor(locs),
+        state_slots=torch.tensor([seq.slot]),
+    )  # fmt: skip
+    assert not native.handles(extend)  # the torch extend runs it
+    assert native.handles(_decode_batch(runner, {0: nxt[0]}))
+    b = runner.buffers
+    native.kernel.bind_pools(b.k, b.v, b.conv, b.ssm)
+    with pytest.raises(ValueError, match="an extend over a Mamba2 layer"):
+        native.kernel.extend(
+            extend.input_ids, extend.positions, extend.out_locs, seq.slot, extend.kv_locs[0].to(torch.int64)
+        )
+
+
+@pytest.mark.parametrize("lengths", [[1], [7], [40], [5, 33, 17], [9, 9, 64, 2, 30, 11, 4, 20]])
+def test_decode_step_matches_torch(model: HybridModel, lengths: list[int]) -> None:
+    runner, nxt = _prefilled(model, lengths, seed=len(lengths))
+    _assert_same_step(model, runner, _decode_batch(runner, dict(enumerate(nxt))))
+
+
+def test_greedy_decode_matches_torch_over_many_steps(model: HybridModel) -> None:
+    """Twenty steps of four sequences (slots in random order): the native and the torch runner pick the same
+    tokens, and their conv windows and states stay equal (each step's state feeds the next)."""
+    lengths = [3, 21, 50, 8]
+    torch_runner, nxt = _prefilled(model, lengths, seed=7)
+    native_runner, _ = _prefilled(model, lengths, seed=7)
+    native = NativeDecode(model)
+    want, got = dict(enumerate(nxt)), dict(enumerate(nxt))
+    for _ in range(20):
+        tb, nb = _decode_batch(torch_runner, want), _decode_batch(native_runner, got)
+        with torch.inference_mode():
+            want = dict(enumerate(model(tb, torch_runner.buffers).argmax(-1).tolist()))
+            got = dict(enumerate(native(nb, native_runner.buffers).argmax(-1).tolist()))
+        assert got == want
+    for group in ("conv", "ssm", "k"):
+        for a, b in zip(getattr(torch_runner.buffers, group), getattr(native_runner.buffers, group), strict=True):
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), group
+
+
+def test_greedy_native_decode_matches_transformers_generate(
+    checkpoint: tuple[Path, object], model: HybridModel
+) -> None:
+    """Prefill through torch, then 40 native decode steps: the tokens transformers' fp32 generate picks."""
+    prompt = _prompt(30, 3)
+    with torch.no_grad():
+        ref = checkpoint[1].generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)  # type: ignore[attr-defined]
+    expected = ref[0, len(prompt) :].tolist()
+    runner, _ = _prefilled(model, [])
+    runner.add(0)
+    native = NativeDecode(model)
+    got = [int(runner.extend({0: prompt})[-1].argmax())]
+    while len(got) < len(expected):
+        with torch.inference_mode():
+            got.append(int(native(_decode_batch(runner, {0: got[-1]}), runner.buffers)[0].argmax()))
+    assert got == expected
+
+
+def test_bf16_weights_give_the_bits_of_fp32_weights_rounded_to_bf16(model: HybridModel) -> None:
+    """Every parameter rounded to bf16, held as fp32 or as bf16 storage read in place: the same logits and pool
+    rows, bit for bit, over greedy steps of a batch; and their tokens are the torch decode's on the rounded ones."""
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.bfloat16().float())
+    half = copy.deepcopy(rounded)
+    for p in half.parameters():
+        p.data = p.data.bfloat16()
+    lengths = [4, 19, 44]
+    runner, nxt = _prefilled(rounded, lengths, seed=3)
+    torch_runner, _ = _prefilled(rounded, lengths, seed=3)
+    fp32_buffers, bf16_buffers = _clone(runner.buffers), _clone(runner.buffers)
+    native32, native16 = NativeDecode(rounded), NativeDecode(half)
+    tokens = dict(enumerate(nxt))
+    for _ in range(8):
+        batch, tb = _decode_batch(runner, tokens), _decode_batch(torch_runner, tokens)
+        with torch.inference_mode():
+            want = native32(batch, fp32_buffers)
+            got = native16(batch, bf16_buffers)
+            expected = rounded(tb, torch_runner.buffers)
+        assert torch.equal(got, want), f"logits differ by {float((got - want).abs().max())}"
+        assert float((got - expected).abs().max()) < 1e-4 * max(1.0, float(expected.abs().max()))
+        tokens = dict(enumerate(got.argmax(-1).tolist()))
+        assert tokens == dict(enumerate(expected.argmax(-1).tolist()))
+    for name in ("k", "v", "conv", "ssm"):
+        for a, b in zip(getattr(fp32_buffers, name), getattr(bf16_buffers, name), strict=True):
+            assert torch.equal(a, b), name
+
+
+def test_two_threads_give_the_bits_of_one(model: HybridModel) -> None:
+    native = NativeDecode(model)
+    native.threads = None  # the test sets the count
+    set_min_part_bytes(native.library, 1)  # split even the tiny projections down to 4-row blocks
+    results = []
+    try:
+        for count in (1, 2):
+            set_threads(native.library, count)
+            runner, nxt = _prefilled(model, [5, 33, 17, 9], seed=11)
+            tokens, out = dict(enumerate(nxt)), []
+            for _ in range(4):
+                with torch.inference_mode():
+                    logits = native(_decode_batch(runner, tokens), runner.buffers)
+                out.append(logits.clone())
+                tokens = dict(enumerate(logits.argmax(-1).tolist()))
+            b = runner.buffers
+            results.append(out + [t.clone() for group in (b.k, b.v, b.conv, b.ssm) for t in group])
+    finally:
+        set_min_part_bytes(native.library, 32768)
+        set_threads(native.library, 1)
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_moe_blocks_keep_the_torch_decode(tmp_path: Path) -> None:
+    cfg = _config(
+        hybrid_override_pattern="ME", n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32, n_group=1, topk_group=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.NemotronHForCausalLM(cfg).save_pretrained(tmp_path)
+    with pytest.raises(Unsupported, match="layer 1 is a moe block"):
+        decode_weights(load_model(tmp_path))
