@@ -7,13 +7,15 @@ model: benchmarks/peers/engines.py, peer_model.py), then runs the engine-agnosti
 benchmarks/peers/mixed_workload.py on each in turn, repetition by repetition, the order rotating, so a slow minute
 of a shared host lands on every configuration alike. Configurations:
 
-- mixed: the default (decode rows ride in every prefill step; a step computes at most --decoding-step-tokens
-  tokens while requests decode);
-- alternating: --disable-mixed-chunk (prefill and decode steps take turns, under the same cap);
+- mixed: the default (decode rows ride in every prefill step; while requests decode a step computes at most the
+  tokens that keep it within --decode-pause-target-ms, from measured step times: --decoding-step-tokens auto);
+- mixed-256: the same with a fixed cap of 256 tokens (--decoding-step-tokens 256);
+- alternating: --disable-mixed-chunk (prefill and decode steps take turns, under the default cap);
 - uncapped: --disable-mixed-chunk --decoding-step-tokens -1 (a prompt arriving while others decode is prefilled in
   chunks of --chunked-prefill-size, 8192, each followed by one decode step).
 
-    python benchmarks/mixed_batching.py [--model DIR] [--reps 3] [--threads 2] [--configs mixed,alternating,uncapped]
+    python benchmarks/mixed_batching.py [--model DIR] [--reps 3] [--threads 2]
+        [--configs mixed,mixed-256,alternating,uncapped]
         [--json OUT] [--runtime-arg=FLAG ...]
 
 Prints per configuration the median (and range) over the repetitions, with the load average before and after.
@@ -50,6 +52,7 @@ from peer_model import peer_model_dir  # noqa: E402
 
 CONFIGS = {
     "mixed": [],
+    "mixed-256": ["--decoding-step-tokens", "256"],
     "alternating": ["--disable-mixed-chunk"],
     "uncapped": ["--disable-mixed-chunk", "--decoding-step-tokens", "-1"],
 }

@@ -29,11 +29,25 @@ PROG = "python -m runtime"
 DEFAULT_TORCH_COMPILE_MAX_BS = 32  # SGLang's --torch-compile-max-bs default
 NATIVE_DECODE_MODES = ("auto", "on", "off")  # --native-decode (runtime/engine/native_decode.py)
 DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (runtime/engine/compiled_extend.py)
-# On CPU, while requests decode, a step computes at most this many tokens (decode rows included): an 8000-token
-# prompt arriving then pauses a decoding stream for one such step, not for its whole prefill
-# (benchmarks/mixed_batching.py; docs/performance.md, "Long prompts among decoding streams"). Elsewhere no cap
-# but chunked_prefill_size (a GPU computes a long chunk in milliseconds).
+# On CPU, while requests decode, a step computes at most the tokens that keep it within a pause target
+# (--decoding-step-tokens auto, the CPU default; runtime/scheduler/step_budget.py), so a long prompt arriving then
+# pauses a decoding stream for one such step, not for its whole prefill (benchmarks/mixed_batching.py). Until the
+# engine has timed a prefill, and with a fixed cap, this many. Elsewhere no cap but chunked_prefill_size (a GPU
+# computes a long chunk in milliseconds).
 DEFAULT_CPU_DECODING_STEP_TOKENS = 256
+AUTO = "auto"
+# The longest a decoding stream should stall for another request's prefill under --decoding-step-tokens auto: a
+# reader takes about 180 ms per token (250 words a minute, ~1.3 tokens a word), so a shorter stall is not seen in
+# a stream read as it arrives, and each step still spends most of its time on prompt tokens (a decode step of the
+# 0.76B Qwen3-Next is ~20 ms of it).
+DEFAULT_DECODE_PAUSE_TARGET_MS = 150.0
+# On CPU a prefill step admits another prompt only while the step stays within this many prompt tokens (SGLang's
+# --max-prefill-tokens; its default elsewhere). A CPU forward's cost grows linearly with its tokens from a few
+# dozen on, so batching prompts that arrive together saves nothing and makes every one of them wait for all:
+# prefilled one after another, the first answer comes after its own prompt (the peers harness's 4x4 shared-prefix
+# workload: mean TTFT -30%).
+DEFAULT_CPU_MAX_PREFILL_TOKENS = 128
+DEFAULT_MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -99,6 +113,11 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _step_tokens(value: str) -> int | str:
+    """--decoding-step-tokens: "auto" or a token count (checked in _check_values)."""
+    return AUTO if value.strip().lower() == AUTO else human_readable_int(value)
+
+
 def _engine_dtype(dtype: str) -> str:
     return {"half": "float16", "float": "float32"}.get(dtype, dtype)
 
@@ -157,6 +176,13 @@ class RuntimeArgs:
         default=False,
         help="Decode rows ride in prefill steps (one forward for both): the runtime's default.",
         engine=None,
+    )
+    max_prefill_tokens: int | None = flag(
+        "--max-prefill-tokens",
+        type=_positive_int,
+        help=f"A prefill step takes further prompts only while its prompt tokens stay within this (its first "
+        f"chunk is never cut by it; default {DEFAULT_CPU_MAX_PREFILL_TOKENS} on CPU, "
+        f"{DEFAULT_MAX_PREFILL_TOKENS} elsewhere).",
     )
     schedule_policy: str = flag("--schedule-policy", default="fcfs", help="fcfs or lpm.")  # checked in parse_args
     log_level: str = flag("--log-level", default="info", type=str.lower, choices=LOG_LEVELS, engine=None)
@@ -374,12 +400,22 @@ class RuntimeArgs:
         engine="enable_mixed_chunk",
         to_engine=operator.not_,
     )
-    decoding_step_tokens: int | None = flag(
+    decoding_step_tokens: int | str | None = flag(
         "--decoding-step-tokens",
-        type=human_readable_int,
-        help=f"While requests decode, the most tokens one step computes, decode rows included: a long prompt "
-        f"pauses a decoding stream for one such step (CPU: {DEFAULT_CPU_DECODING_STEP_TOKENS}; other devices and "
-        f"-1: --chunked-prefill-size alone).",
+        type=_step_tokens,
+        help="While requests decode, the most tokens one step computes, decode rows included: a long prompt "
+        "pauses a decoding stream for one such step. auto (the CPU default): the prompt tokens the engine "
+        "computes in --decode-pause-target-ms beside the decode rows, from its measured step times "
+        f"({DEFAULT_CPU_DECODING_STEP_TOKENS} until it has timed a prefill); other devices and -1: "
+        "--chunked-prefill-size alone.",
+        group=OWN,
+    )
+    decode_pause_target_ms: float = flag(
+        "--decode-pause-target-ms",
+        default=DEFAULT_DECODE_PAUSE_TARGET_MS,
+        type=_positive_float,
+        help=f"With --decoding-step-tokens auto: the longest a step should take while requests decode "
+        f"(default {DEFAULT_DECODE_PAUSE_TARGET_MS:g}).",
         group=OWN,
     )
     native_decode: str = flag(
@@ -469,8 +505,9 @@ def _check_values(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> No
         )
     if ns.chunked_prefill_size is not None and (ns.chunked_prefill_size == 0 or ns.chunked_prefill_size < -1):
         parser.error(f"--chunked-prefill-size {ns.chunked_prefill_size}: use a positive number, or -1 to disable")
-    if ns.decoding_step_tokens is not None and (ns.decoding_step_tokens == 0 or ns.decoding_step_tokens < -1):
-        parser.error(f"--decoding-step-tokens {ns.decoding_step_tokens}: use a positive number, or -1 for no cap")
+    steps = ns.decoding_step_tokens
+    if isinstance(steps, int) and (steps == 0 or steps < -1):
+        parser.error(f"--decoding-step-tokens {ns.decoding_step_tokens}: use a positive number, auto, or -1 for no cap")
     if ns.enable_mixed_chunk and ns.disable_mixed_chunk:
         parser.error("--enable-mixed-chunk and --disable-mixed-chunk: give one")
     if ns.port < 0 or ns.port > 65535:

@@ -158,7 +158,7 @@ class ScheduledBatch(Generic[R]):
     scratch_slots: torch.Tensor | None = None
     # The forward the runner built for it (the drafter reads the prefill's hidden states off it).
     forward: ForwardBatch | None = None
-    started: float = 0.0  # perf_counter when a decode step or verify round was scheduled (throughput gauge)
+    started: float = 0.0  # perf_counter when the step was scheduled (throughput gauge, step_budget.PauseBudget)
     # A mixed step (an extend): its last `decode_rows` requests are decoding, one token each after the prompt
     # chunks of the others (Scheduler.schedule).
     decode_rows: int = 0

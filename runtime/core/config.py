@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from hybridshared.flags.fields import engine_values
 from hybridshared.flags.runtime_args import (
+    DEFAULT_DECODE_PAUSE_TARGET_MS,
     DEFAULT_TORCH_COMPILE_MAX_BS,
     DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
     RuntimeArgs,
@@ -40,9 +41,14 @@ class EngineArgs:
     # Decode rows ride in prefill steps, one forward for both (SGLang's --enable-mixed-chunk); False: the two kinds
     # of step alternate.
     enable_mixed_chunk: bool = True
-    # While requests decode, the most tokens a step computes (decode rows included); None: the device's default
-    # (DEFAULT_CPU_DECODING_STEP_TOKENS on CPU, no cap elsewhere); <= 0: no cap but chunked_prefill_size.
-    decoding_step_tokens: int | None = None
+    # While requests decode, the most tokens a step computes (decode rows included); "auto": the tokens that keep a
+    # step within decode_pause_target_ms, from measured step times (runtime/scheduler/step_budget.py); None: the
+    # device's default ("auto" on CPU, no cap elsewhere); <= 0: no cap but chunked_prefill_size.
+    decoding_step_tokens: int | str | None = None
+    decode_pause_target_ms: float = DEFAULT_DECODE_PAUSE_TARGET_MS
+    # A prefill step takes further prompts only while it holds at most this many prompt tokens (SGLang's
+    # --max-prefill-tokens); None: the device's default (DEFAULT_CPU_MAX_PREFILL_TOKENS on CPU).
+    max_prefill_tokens: int | None = None
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     state_snapshot_on_match: bool = True
     state_copy_on_write: bool = True

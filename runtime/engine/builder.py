@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hybridshared.flags.runtime_args import DEFAULT_CPU_DECODING_STEP_TOKENS
+from hybridshared.flags.runtime_args import (
+    AUTO,
+    DEFAULT_CPU_DECODING_STEP_TOKENS,
+    DEFAULT_CPU_MAX_PREFILL_TOKENS,
+    DEFAULT_MAX_PREFILL_TOKENS,
+)
 from runtime.core.batch import ModelLayout
 from runtime.core.config import EngineArgs
 from runtime.core.speculative_config import SpecConfig, SpecConfigError
@@ -25,6 +30,7 @@ from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints
 from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from runtime.scheduler.step_budget import describe_step_cap
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -36,8 +42,6 @@ if TYPE_CHECKING:
     from runtime.speculative.worker import SpecDecoder
 
 logger = logging.getLogger("runtime.engine")
-
-DEFAULT_MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
 
 
 @dataclass(eq=False, repr=False)  # an engine (EngineCore is one) is itself, not its parts' values
@@ -53,7 +57,6 @@ class EngineParts:
     scheduler: Scheduler
     spec: SpecDecoder | None
     runner: ModelRunner
-    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
     background_compile: BackgroundCompile | None = None  # --torch-compile-in-background, while and after it runs
 
 
@@ -197,6 +200,8 @@ def _scheduler(
             random_seed=args.random_seed,
             mixed_chunk=args.enable_mixed_chunk,
             decoding_step_tokens=decoding_step_tokens(args),
+            decode_pause_target_s=args.decode_pause_target_ms / 1000 if pause_targeted(args) else 0.0,
+            max_prefill_tokens=max_prefill_tokens(args),
         ),
         eos_token_ids=tuple(model.eos_token_ids),
         tokenizer=tokenizer,
@@ -204,11 +209,29 @@ def _scheduler(
     )
 
 
+def _on_cpu(args: EngineArgs) -> bool:
+    return torch.device(args.device).type == "cpu"
+
+
+def pause_targeted(args: EngineArgs) -> bool:
+    """Whether the cap on a step's tokens while requests decode follows decode_pause_target_ms."""
+    steps = args.decoding_step_tokens
+    return steps == AUTO or (steps is None and _on_cpu(args))
+
+
 def decoding_step_tokens(args: EngineArgs) -> int:
-    """The cap on a step's tokens while requests decode (EngineArgs.decoding_step_tokens resolved; 0: none)."""
-    if args.decoding_step_tokens is not None:
-        return max(args.decoding_step_tokens, 0)
-    return DEFAULT_CPU_DECODING_STEP_TOKENS if torch.device(args.device).type == "cpu" else 0
+    """The cap on a step's tokens while requests decode (EngineArgs.decoding_step_tokens resolved; 0: none); with
+    a pause target, the cap until a prefill has been timed."""
+    steps = args.decoding_step_tokens
+    if isinstance(steps, int):
+        return max(steps, 0)
+    return DEFAULT_CPU_DECODING_STEP_TOKENS if pause_targeted(args) else 0
+
+
+def max_prefill_tokens(args: EngineArgs) -> int:
+    if args.max_prefill_tokens is not None:
+        return args.max_prefill_tokens
+    return DEFAULT_CPU_MAX_PREFILL_TOKENS if _on_cpu(args) else DEFAULT_MAX_PREFILL_TOKENS
 
 
 def _attach_elastic(pool: ElasticPool, args: EngineArgs, pools: Pools, cache: CacheManager) -> None:
@@ -313,12 +336,13 @@ def _log_started(parts: EngineParts) -> None:
     logger.info(
         f"max_total_num_tokens={plan.max_total_num_tokens}, "
         f"chunked_prefill_size={args.chunked_prefill_size if args.chunked_prefill_size > 0 else -1}, "
-        f"max_prefill_tokens={parts.max_prefill_tokens}, "
+        f"max_prefill_tokens={parts.scheduler.config.max_prefill_tokens}, "
         f"max_running_requests={plan.max_running_requests}, "
         f"context_len={pools.context_len}, available_cpu_mem={_available_mem_gb():.2f} GB"
     )
     sched = parts.scheduler
-    logger.info("Mixed chunk: %s, decoding_step_tokens=%d", sched.mixing, sched.config.decoding_step_tokens)
+    cap = describe_step_cap(sched.config.decoding_step_tokens, sched.config.decode_pause_target_s)
+    logger.info("Mixed chunk: %s, decoding_step_tokens=%s", sched.mixing, cap)
     logger.info(
         "Tree cache initialized: source=%s impl=%s hybrid_swa=%s hybrid_ssm=%s hicache_attached=%s "
         "mamba_radix_cache_strategy=%s mamba_track_interval=%s state_snapshot_on_match=%s "

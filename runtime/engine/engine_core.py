@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hybridshared.flags.runtime_args import AUTO
 from runtime.core.config import EngineArgs
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.engine.builder import EngineParts, build_engine
@@ -107,7 +108,7 @@ class EngineCore(EngineParts):
         s.context_len = self.context_len
         s.page_size = self.args.page_size
         s.chunked_prefill_size = self.scheduler.config.chunked_prefill_size
-        s.max_prefill_tokens = self.max_prefill_tokens
+        s.max_prefill_tokens = self.scheduler.config.max_prefill_tokens
         s.radix_cache_enabled = not self.args.disable_radix_cache
         s.mamba_radix_cache_strategy = self.pools.strategy
         s.mamba_track_interval = self.scheduler.config.checkpoint_interval
@@ -129,7 +130,7 @@ class EngineCore(EngineParts):
 
     def resolved_args(self) -> dict[str, Any]:
         out = asdict(self.args)
-        plan = self.pools.plan
+        plan, cfg = self.pools.plan, self.scheduler.config
         out.update(
             dtype=str(self.dtype).removeprefix("torch."),
             mamba_radix_cache_strategy=self.pools.strategy,
@@ -138,9 +139,10 @@ class EngineCore(EngineParts):
             max_total_tokens=plan.max_total_num_tokens,
             context_length=self.context_len,
             chunked_prefill_size=self.scheduler.config.chunked_prefill_size,
-            max_prefill_tokens=self.max_prefill_tokens,
+            max_prefill_tokens=self.scheduler.config.max_prefill_tokens,
             enable_mixed_chunk=self.scheduler.mixing,
-            decoding_step_tokens=self.scheduler.config.decoding_step_tokens,
+            decoding_step_tokens=AUTO if cfg.decode_pause_target_s > 0 else cfg.decoding_step_tokens,
+            decode_pause_target_ms=cfg.decode_pause_target_s * 1000 or self.args.decode_pause_target_ms,
         )
         if self.spec is not None:  # as SGLang's server_args after its speculative auto-choices
             c = self.spec.config

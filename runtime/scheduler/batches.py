@@ -61,6 +61,7 @@ class BatchBuilder:
         prompt_rows = any(lp.needs_prompt_rows(r, r.mem.kv_len, len(t)) for r, t in items if r.mem is not None)
         batch = self.extend(items, all_logits=prompt_rows)
         batch.checkpoints = [self.checkpoints.take_slots(req, len(tokens)) for req, tokens in items]
+        batch.started = time.perf_counter()  # step_budget.PauseBudget times prefills too
         return batch
 
     def decode(self, reqs: list[Req]) -> ScheduledBatch[Req]:

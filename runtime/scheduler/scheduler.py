@@ -5,9 +5,11 @@ A step is a prefill step (prompt chunks of several requests in one forward, at m
 tokens), a decode step (one token for every running request in one forward), or, when both kinds of work exist,
 a mixed step (SGLang's mixed chunk): the prompt chunks and one decode row per decoding request in ONE forward
 (`BatchBuilder.mixed`), each request's KV and state advanced once. While requests decode, a step computes at
-most `decoding_step_tokens` tokens, decode rows included, so a long prompt arriving pauses no stream for longer
-than one such step. With `mixed_chunk` off (or speculative decoding, whose decode steps are verify rounds) the two
-kinds alternate instead, under the same cap.
+most `decoding_step_tokens` tokens, decode rows included, or with a pause target as many as keep the step
+within it (`step_budget.py`), so a long prompt arriving pauses no stream for longer than one such step. A prefill
+step takes further prompts only while it stays within `max_prefill_tokens` prompt tokens, so prompts that arrive
+together finish one after another instead of all at the end of one long step. With `mixed_chunk` off (or
+speculative decoding, whose decode steps are verify rounds) the two kinds alternate instead, under the same cap.
 
 With the prefix cache on, the state after every multiple of `mamba_track_interval` prompt tokens (extra_buffer)
 and at the branch point (where the tree's KV for the prompt ends without a state; both strategies) goes into
@@ -44,6 +46,7 @@ from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
 from runtime.scheduler.sampling import greedy_tokens, sample_isolated, select_rows
 from runtime.scheduler.stats import DecodeRate, stats_snapshot
+from runtime.scheduler.step_budget import PauseBudget, fits
 from runtime.scheduler.stopping import Detokenizer, finish_reason_after
 
 
@@ -97,6 +100,12 @@ class SchedulerConfig:
     # at least one prompt token): the longest pause of a decoding stream is one such step. <= 0: no cap beyond
     # chunked_prefill_size.
     decoding_step_tokens: int = 0
+    # > 0: the cap above follows this pause target from measured step times (step_budget.py PauseBudget), starting
+    # at decoding_step_tokens until a prefill has been timed.
+    decode_pause_target_s: float = 0.0
+    # A prefill step takes another prompt chunk only while its prompt tokens stay within this (the first chunk
+    # whatever its size; step_budget.fits). <= 0: no limit but the step's budget.
+    max_prefill_tokens: int = 0
 
 
 class Scheduler:
@@ -123,6 +132,7 @@ class Scheduler:
         self._generator = self.new_generator(config.random_seed)
         self.counters = EngineStats()
         self.decode_rate = DecodeRate()
+        self.pause_budget = PauseBudget(config.decode_pause_target_s, config.decoding_step_tokens)
         # Speculative decoding (runtime/speculative/worker.py SpecDecoder), set by the engine; None: plain decode.
         self.spec: SpecRounds | None = None
         # PD prefill (runtime/pd/prefill.py): sees a request's memory just before it goes back to the pools.
@@ -235,6 +245,8 @@ class Scheduler:
         step's decode rows come out of the chunk's tokens)."""
         cfg = self.config
         budget = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else 1 << 62
+        if decoding and cfg.decode_pause_target_s > 0:  # the measured cost covers the decode rows
+            return max(min(budget, self.pause_budget.prompt_tokens(decoding)), 1)
         if decoding and cfg.decoding_step_tokens > 0:
             budget = min(budget, cfg.decoding_step_tokens)
         if decoding and self.mixing:
@@ -245,19 +257,25 @@ class Scheduler:
         """(request, tokens to compute) for this step's prompt chunks, at most `budget` tokens: unfinished
         prefills first, then admissions."""
         batch: list[tuple[Req, int]] = []
+        limit, used = self.config.max_prefill_tokens, 0
         for req in self.running:
             if req.in_prefill and budget > 0:
                 n = self.checkpoints.chunk_len(req, budget)
+                if not fits(used, n, limit):
+                    continue
                 batch.append((req, n))
                 budget -= n
+                used += n
         if budget <= 0 or not self.waiting:
             return batch
         self.waiting = order_waiting(self.waiting, self.config.schedule_policy, self._cached_prefix_len)
         for req in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+            if budget <= 0 or len(self.running) >= self.config.max_running_requests or 0 < limit <= used:
                 break
             if self._prefix_leader(req) is not None:
                 continue  # admitted once the leader has cached the prefix they share
+            if limit > 0 and used and not fits(used, self._uncached_len(req, budget, limit - used), limit):
+                continue  # a later, shorter one may still fit; this one leads a step of its own soon
             # The last token's KV is never computed (but a prompt-only scoring request computes the whole prompt).
             total = len(req.prompt_ids) + max(req.max_new_tokens, 1) - 1
             if self.spec is not None:
@@ -284,7 +302,16 @@ class Scheduler:
             n = self.checkpoints.chunk_len(req, budget)
             batch.append((req, n))
             budget -= n
+            used += n
         return batch
+
+    def _uncached_len(self, req: Req, budget: int, room: int) -> int:
+        """The prompt tokens admitting `req` now would add to the step (its prompt past what the tree holds, at
+        most `budget`); a prompt that fits in `room` whole needs no look-up in the tree."""
+        n = len(req.prompt_ids)
+        if n > room:
+            n -= self._cached_prefix_len(req)
+        return min(n, budget)
 
     def _cached_prefix_len(self, req: Req) -> int:
         if not self.cache.caching:
@@ -318,6 +345,8 @@ class Scheduler:
     def postprocess(self, batch: ScheduledBatch[Req], logits: torch.Tensor) -> None:
         """The step's outcome: each request's KV grows by what the forward computed, checkpoints go into the
         cache, finished prompts and decoding requests get their next token (`_sample_and_emit`)."""
+        if batch.drafts is None and batch.started:
+            self._time_step(batch)
         if batch.drafts is not None:
             assert self.spec is not None
             self.spec.finish_round(self, batch, logits)
@@ -329,6 +358,15 @@ class Scheduler:
             self._finish_prefill(prefill, prefill_logits)
         else:
             self._finish_prefill(batch, logits)
+
+    def _time_step(self, batch: ScheduledBatch[Req]) -> None:
+        """The step's wall time from scheduling to its logits, for the pause target's budget."""
+        seconds = time.perf_counter() - batch.started
+        if batch.mode == "decode":
+            self.pause_budget.observe(0, batch.batch_size, seconds)
+        else:
+            prompt = sum(len(t) for t in batch.tokens[: batch.batch_size - batch.decode_rows])
+            self.pause_budget.observe(prompt, batch.decode_rows, seconds)
 
     def _finish_decode(self, reqs: list[Req], logits: torch.Tensor, started: float) -> None:
         """Decoding requests computed one token each: their KV grows by it, their next token is sampled."""

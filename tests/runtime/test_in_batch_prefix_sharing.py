@@ -26,6 +26,9 @@ from tests.runtime.test_engine_support import (
 )
 
 SUFFIX = 8
+# Prompts that arrive together share one prefill step (SGLang's default --max-prefill-tokens; the CPU default
+# prefills them one after another): the steps these tests count are those of batched prompts.
+BATCHED = 16384
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -80,7 +83,13 @@ def _reference_tokens(reference: EngineCore, reqs: list[GenerateRequest]) -> dic
 def test_requests_submitted_together_compute_the_shared_prefix_once(
     model_dir: Path, reference: EngineCore, policy: str, strategy: str, shared: int
 ) -> None:
-    core = make_core(model_dir, mamba_track_interval=32, schedule_policy=policy, mamba_radix_cache_strategy=strategy)
+    core = make_core(
+        model_dir,
+        mamba_track_interval=32,
+        schedule_policy=policy,
+        mamba_radix_cache_strategy=strategy,
+        max_prefill_tokens=BATCHED,
+    )
     prefill = _count_prefill_tokens(core)
     group = _group(shared, 4)
     unrelated = GenerateRequest("other", _tokens(50, 13, offset=3), greedy(4))
@@ -105,7 +114,7 @@ def test_requests_submitted_together_compute_the_shared_prefix_once(
 
 
 def test_without_it_followers_recompute_the_prefix(model_dir: Path, reference: EngineCore) -> None:
-    core = make_core(model_dir, mamba_track_interval=32)
+    core = make_core(model_dir, mamba_track_interval=32, max_prefill_tokens=BATCHED)
     core.scheduler.config.in_batch_prefix_min_tokens = 0
     prefill = _count_prefill_tokens(core)
     group = _group(96, 4)
@@ -118,7 +127,9 @@ def test_without_it_followers_recompute_the_prefix(model_dir: Path, reference: E
 @pytest.mark.parametrize("sharing", [True, False])
 def test_follower_waits_only_until_the_chunked_leader_has_cached_the_prefix(model_dir: Path, sharing: bool) -> None:
     # 40-token chunks: the leader computes its 64 shared + 8 own tokens in two forwards.
-    core = make_core(model_dir, mamba_track_interval=32, chunked_prefill_size=40)
+    core = make_core(
+        model_dir, mamba_track_interval=32, chunked_prefill_size=40, max_prefill_tokens=BATCHED, decoding_step_tokens=-1
+    )
     # The leader's tail checkpoints (every 8 of its last 32 tokens: 40, 48, 56, 64) put a state at 40 in the tree
     # after its first chunk: waiting for 64 then gains the follower 24 tokens, worth it above 16.
     core.scheduler.config.in_batch_prefix_min_tokens = 16 if sharing else 0
@@ -143,7 +154,7 @@ def test_follower_waits_only_until_the_chunked_leader_has_cached_the_prefix(mode
 
 
 def test_follower_is_admitted_when_its_leader_aborts(model_dir: Path) -> None:
-    core = make_core(model_dir, mamba_track_interval=64, chunked_prefill_size=32)
+    core = make_core(model_dir, mamba_track_interval=64, chunked_prefill_size=32, max_prefill_tokens=BATCHED)
     prefix = _tokens(128, 7)
     leader = GenerateRequest("leader", prefix + [5] * SUFFIX, greedy(4))
     follower = GenerateRequest("follower", prefix + [6] * SUFFIX, greedy(4))
@@ -163,7 +174,7 @@ def test_follower_is_admitted_when_its_leader_aborts(model_dir: Path) -> None:
 
 
 def test_cache_off_never_holds_anyone_back(model_dir: Path) -> None:
-    core = make_core(model_dir, disable_radix_cache=True)
+    core = make_core(model_dir, disable_radix_cache=True, max_prefill_tokens=BATCHED)
     prefill = _count_prefill_tokens(core)
     run_to_completion(core, _group(96, 3), together=True)
     assert prefill == [3 * (96 + SUFFIX)]

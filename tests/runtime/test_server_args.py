@@ -85,7 +85,7 @@ def test_unknown_flag_is_an_argparse_error() -> None:
         ),
         (["--mem-fraction-static", "1.5"], "must be in (0, 1)"),
         (["--chunked-prefill-size", "0"], "--chunked-prefill-size 0"),
-        (["--decoding-step-tokens", "0"], "--decoding-step-tokens 0: use a positive number, or -1"),
+        (["--decoding-step-tokens", "0"], "--decoding-step-tokens 0: use a positive number, auto, or -1"),
         (["--enable-mixed-chunk", "--disable-mixed-chunk"], "--enable-mixed-chunk and --disable-mixed-chunk"),
         (["--max-total-tokens", "lots"], "invalid integer 'lots'"),
     ],

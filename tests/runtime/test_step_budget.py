@@ -1,0 +1,134 @@
+"""What a step may compute: the pause target's token budget (runtime/scheduler/step_budget.py PauseBudget) follows
+measured step times, an explicit --decoding-step-tokens stays fixed, and --max-prefill-tokens makes prompts that
+arrive together finish one after another on the real engine, with the same greedy tokens as batched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hybridshared.flags.runtime_args import (
+    DEFAULT_CPU_DECODING_STEP_TOKENS,
+    DEFAULT_CPU_MAX_PREFILL_TOKENS,
+    parse_args,
+)
+from runtime.core.config import engine_args
+from runtime.core.requests import GenerateRequest
+from runtime.engine.engine_core import EngineCore
+from runtime.scheduler.step_budget import GRANULARITY, MAX_TOKENS, MIN_TOKENS, PauseBudget
+from tests.runtime.test_engine_support import (
+    TINY_BUILDERS,
+    VOCAB,
+    Collected,
+    greedy,
+    make_core,
+    one_torch_thread,
+    run_to_completion,
+)
+
+
+def _budget(token_ms: float, decode_ms: float = 0.0, target_ms: float = 150.0) -> int:
+    b = PauseBudget(target_ms / 1000, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    if decode_ms:
+        b.observe(0, 4, decode_ms / 1000)
+    b.observe(512, 0, 512 * token_ms / 1000)
+    return b.prompt_tokens(4)
+
+
+def test_slower_prefill_gives_a_smaller_budget_and_faster_a_larger_one() -> None:
+    slow, medium, fast = _budget(2.0), _budget(0.5), _budget(0.1)
+    assert slow < medium < fast
+    assert medium == 300 // GRANULARITY * GRANULARITY  # 150 ms / 0.5 ms per token
+    assert all(t % GRANULARITY == 0 for t in (slow, medium, fast))
+
+
+def test_the_decode_rows_share_the_target() -> None:
+    # 150 ms, of which a decode step takes 50: 100 ms of prompt tokens at 0.5 ms.
+    assert _budget(0.5, decode_ms=50) == 200 // GRANULARITY * GRANULARITY
+    assert _budget(0.5, decode_ms=50) < _budget(0.5)
+
+
+def test_bounds_and_the_start() -> None:
+    assert _budget(50.0) == MIN_TOKENS  # a 0.76B model on a busy host still makes progress
+    assert _budget(0.001) == MAX_TOKENS
+    assert _budget(0.5, decode_ms=500) == MIN_TOKENS  # decode rows alone over the target
+    fresh = PauseBudget(0.15, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    fresh.observe(8, 0, 1.0)  # a few tokens: fixed costs, not a rate
+    assert fresh.prompt_tokens(4) == DEFAULT_CPU_DECODING_STEP_TOKENS - 4  # nothing timed yet: the fixed default
+
+
+def test_the_budget_follows_a_slower_host_within_a_few_steps() -> None:
+    b = PauseBudget(0.15, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    b.observe(256, 0, 256 * 0.0002)
+    before = b.prompt_tokens(1)
+    for _ in range(6):
+        b.observe(256, 0, 256 * 0.002)  # ten times slower
+    after = b.prompt_tokens(1)
+    assert after < before / 5
+    assert after == pytest.approx(75, abs=GRANULARITY)
+
+
+@pytest.mark.parametrize(
+    ("argv", "cap", "target"),
+    [
+        ([], DEFAULT_CPU_DECODING_STEP_TOKENS, 0.15),  # CPU default: auto, 150 ms
+        (["--decoding-step-tokens", "auto", "--decode-pause-target-ms", "400"], DEFAULT_CPU_DECODING_STEP_TOKENS, 0.4),
+        (["--decoding-step-tokens", "96"], 96, 0.0),  # an explicit count stays fixed
+        (["--decoding-step-tokens", "-1"], 0, 0.0),
+    ],
+)
+def test_flags_reach_the_scheduler(
+    tmp_path_factory: pytest.TempPathFactory, argv: list[str], cap: int, target: float
+) -> None:
+    model = _model(tmp_path_factory)
+    args = engine_args(parse_args(["--model-path", str(model), "--memory-budget-gib", "0.05", *argv]), "cpu")
+    args.max_total_tokens, args.max_mamba_cache_size = 4096, 96
+    cfg = EngineCore(args).scheduler.config
+    assert (cfg.decoding_step_tokens, cfg.decode_pause_target_s) == (cap, pytest.approx(target))
+    assert cfg.max_prefill_tokens == DEFAULT_CPU_MAX_PREFILL_TOKENS
+
+
+_MODEL: list[Path] = []
+
+
+def _model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not _MODEL:
+        _MODEL.append(TINY_BUILDERS["qwen3_next"](Path(tmp_path_factory.mktemp("qwen3_next")) / "model"))
+    return _MODEL[0]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def _prompt(n: int, mult: int) -> list[int]:
+    return [(mult * i + 1) % (VOCAB - 1) for i in range(n)]
+
+
+@pytest.mark.parametrize("limit", [DEFAULT_CPU_MAX_PREFILL_TOKENS, 16384])
+def test_prompts_that_arrive_together_finish_one_after_another(
+    tmp_path_factory: pytest.TempPathFactory, limit: int
+) -> None:
+    model = _model(tmp_path_factory)
+    reqs = [GenerateRequest(f"p{i}", _prompt(100, 3 + 2 * i), greedy(3)) for i in range(3)]
+    reqs.append(GenerateRequest("short", _prompt(20, 17), greedy(3)))
+    core = make_core(model, max_prefill_tokens=limit, decoding_step_tokens=-1)
+    got = Collected()
+    for r in reqs:
+        core.scheduler.add_request(r, got.callback())
+    firsts: list[set[str]] = []
+    while core.scheduler.has_work:
+        core.step()
+        core.check_invariants()
+        firsts.append({rid for rid, outs in got.outputs.items() if outs and rid not in set().union(*firsts)})
+    if limit == 16384:  # every prompt in one forward: every first token at its end
+        assert firsts[0] == {"p0", "p1", "p2", "short"}
+    else:  # 100 tokens, then a 20-token prompt fits beside it (120 <= 128), the other 100s one per step
+        assert firsts[:3] == [{"p0", "short"}, {"p1"}, {"p2"}]
+    reference = make_core(model, disable_radix_cache=True, chunked_prefill_size=-1)
+    want = run_to_completion(reference, reqs, together=False)
+    assert {r.rid: got.tokens(r.rid) for r in reqs} == {r.rid: want.tokens(r.rid) for r in reqs}
