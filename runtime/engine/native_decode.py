@@ -45,16 +45,18 @@ from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import SparseMoE
 from runtime.models.layers.norm import GatedRMSNorm, GroupedGatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm
 from runtime.native.build import NativeUnavailable
-from runtime.native.hybrid_decode import (
+from runtime.native.decode_structs import WEIGHT_DTYPES
+from runtime.native.decode_weights import (
     ATTENTION_KIND,
     LINEAR_KIND,
-    WEIGHT_DTYPES,
     AttentionWeights,
     DecodeWeights,
     DeltaNetWeights,
     FeedForwardWeights,
-    HybridDecodeKernel,
     LayerWeights,
+)
+from runtime.native.hybrid_decode import (
+    HybridDecodeKernel,
     WeightError,
     load_library,
     set_threads,

@@ -17,15 +17,15 @@ from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import Relu2MLP
 from runtime.models.layers.norm import GroupedGatedRMSNorm, RMSNorm
 from runtime.models.nemotron_h import NemotronHBlock, NemotronHForCausalLM
-from runtime.native.hybrid_decode import (
+from runtime.native.decode_weights import (
     ATTENTION_KIND,
     MAMBA2_KIND,
     NO_MIXER_KIND,
     DecodeWeights,
     FeedForwardWeights,
     LayerWeights,
-    Mamba2Weights,
 )
+from runtime.native.mamba2_weights import Mamba2Weights
 
 
 def _norm(norm: nn.Module, name: str, eps: float) -> nn.Parameter:

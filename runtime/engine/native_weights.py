@@ -10,7 +10,7 @@ from torch import nn
 from runtime.models.decoder import DecoderLM
 from runtime.models.layers.norm import ZeroCenteredRMSNorm
 from runtime.models.layers.rotary_attention import RotaryAttention
-from runtime.native.hybrid_decode import AttentionWeights
+from runtime.native.decode_weights import AttentionWeights
 
 
 class Unsupported(Exception):

@@ -1,9 +1,9 @@
 """A hybrid LM's decode step in C (hybrid_decode.c), called through ctypes: tensors and pointers only.
 
-`DecodeWeights` names every tensor the C side reads (the model's own parameter storage, plus a few parameter-only
-derived tensors); `HybridDecodeKernel` checks each one (CPU, contiguous, the shape the C code assumes; weight
-matrices fp32 or bf16, read in place in either; small vectors fp32) once, lays out the C structs once, and per
-step fills only the step's fields. A wrong pointer would be a segfault
+`DecodeWeights` (decode_weights.py) names every tensor the C side reads (the model's own parameter storage, plus a
+few parameter-only derived tensors); `HybridDecodeKernel` checks each one (CPU, contiguous, the shape the C code
+assumes; weight matrices fp32 or bf16, read in place in either; small vectors fp32) once, lays out the C structs
+(decode_structs.py) once, and per step fills only the step's fields. A wrong pointer would be a segfault
 that kills the server, so everything the C code dereferences is checked here first; the C code itself checks
 only that the indices it is given lie inside the pools.
 """
@@ -13,17 +13,33 @@ from __future__ import annotations
 import ctypes
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from runtime.native.build import NativeLibrary, NativeUnavailable, load
+from runtime.native.decode_structs import (
+    WEIGHT_DTYPES,
+    FloatPtr,
+    FloatPtrTable,
+    HDLayer,
+    HDMat,
+    HDModel,
+    HDStep,
+    IndexPtr,
+)
+from runtime.native.decode_weights import (
+    ATTENTION_KIND,
+    LINEAR_KIND,
+    MAMBA2_KIND,
+    NO_MIXER_KIND,
+    DecodeWeights,
+    DeltaNetWeights,
+    LayerWeights,
+)
 from runtime.native.mamba2_weights import Mamba2Weights, fill_mamba2
 
 SOURCE = Path(__file__).with_name("hybrid_decode.c")
-# A layer's mixer (HDLayer.kind): LINEAR_KIND is the gated DeltaNet; NO_MIXER_KIND a feed-forward-only layer.
-LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND, NO_MIXER_KIND = 0, 1, 2, 3
 _ERRORS = {
     1: "a token id outside the vocabulary",
     2: "a KV token slot outside the KV pool",
@@ -34,223 +50,13 @@ _ERRORS = {
     7: "an extend over a Mamba2 layer (the C step runs Mamba2 decode rows only)",
 }
 
-_F = ctypes.POINTER(ctypes.c_float)
-_I = ctypes.POINTER(ctypes.c_int64)
-_I64, _D = ctypes.c_int64, ctypes.c_double
-
-
-class _Mat(ctypes.Structure):
-    """A weight matrix (HDMat in dot_gemm.h): its storage and dtype code."""
-
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", _I64)]  # noqa: RUF012 - ctypes' declared layout
-
-
-# The weight dtypes the kernel reads in place (dot_gemm.h widens bf16 in registers), with their C codes.
-WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012 - ctypes' declared layout, in hybrid_decode.c's HDLayer order
-        ("kind", _I64),
-        ("ordinal", _I64),
-        ("in_norm", _F),
-        ("post_norm", _F),
-        ("nk", _I64),
-        ("nv", _I64),
-        ("dk", _I64),
-        ("dv", _I64),
-        ("kernel", _I64),
-        ("w_qkv", _Mat),
-        ("w_z", _Mat),
-        ("w_b", _Mat),
-        ("w_a", _Mat),
-        ("conv_w", _F),
-        ("conv_b", _F),
-        ("neg_a", _F),
-        ("dt_bias", _F),
-        ("gnorm_w", _F),
-        ("w_out", _Mat),
-        ("nh", _I64),
-        ("nkv", _I64),
-        ("hd", _I64),
-        ("rot_dim", _I64),
-        ("out_gate", _I64),
-        ("wq", _Mat),
-        ("wk", _Mat),
-        ("wv", _Mat),
-        ("wo", _Mat),
-        ("bq", _F),
-        ("bk", _F),
-        ("bv", _F),
-        ("bo", _F),
-        ("q_norm", _F),
-        ("k_norm", _F),
-        ("inv_freq", _F),
-        ("attn_scale", _D),
-        ("n_exp", _I64),
-        ("top_k", _I64),
-        ("exp_inter", _I64),
-        ("norm_topk", _I64),
-        ("router", _Mat),
-        ("exp_gate_up", _Mat),
-        ("exp_down", _Mat),
-        ("mlp_inter", _I64),
-        ("mlp_gate", _Mat),
-        ("mlp_up", _Mat),
-        ("mlp_down", _Mat),
-        ("shared_gate", _Mat),
-        ("mh", _I64),
-        ("mp", _I64),
-        ("mn", _I64),
-        ("mg", _I64),
-        ("w_in", _Mat),
-        ("b_in", _F),
-        ("b_out", _F),
-        ("d_skip", _F),
-        ("dt_min", _D),
-        ("dt_max", _D),
-    ]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012 - ctypes' declared layout (HDModel)
-        ("hidden", _I64),
-        ("vocab", _I64),
-        ("n_layers", _I64),
-        ("eps", _D),
-        ("embed_scale", _D),
-        ("embed", _Mat),
-        ("final_norm", _F),
-        ("lm_head", _Mat),
-        ("layers", ctypes.POINTER(_Layer)),
-    ]
-
-
-_FP = ctypes.POINTER(_F)
-
-
-class _Step(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012 - ctypes' declared layout (HDStep)
-        ("batch", _I64),
-        ("ids", _I),
-        ("positions", _I),
-        ("out_locs", _I),
-        ("state_slots", _I),
-        ("kv_offsets", _I),
-        ("kv_flat", _I),
-        ("k_pool", _FP),
-        ("v_pool", _FP),
-        ("conv_pool", _FP),
-        ("ssm_pool", _FP),
-        ("token_slots", _I64),
-        ("state_slots_count", _I64),
-        ("logits", _F),
-        ("chain", _I64),
-        ("fresh", _I64),
-        ("last_logits", _I64),
-        ("n_checkpoints", _I64),
-        ("checkpoint_tokens", _I),
-        ("checkpoint_slots", _I),
-    ]
-
-
-@dataclass
-class DeltaNetWeights:
-    """A gated DeltaNet layer: projections with rows already in [q | k | v], [z], [b], [a] order."""
-
-    num_k_heads: int
-    num_v_heads: int
-    k_head_dim: int
-    v_head_dim: int
-    kernel: int
-    qkv: torch.Tensor  # [2*nk*dk + nv*dv, H]
-    z: torch.Tensor  # [nv*dv, H]
-    b: torch.Tensor  # [nv, H]
-    a: torch.Tensor  # [nv, H]
-    conv: torch.Tensor  # [conv_dim, kernel]
-    conv_bias: torch.Tensor | None
-    neg_a: torch.Tensor  # [nv] -exp(A_log)
-    dt_bias: torch.Tensor  # [nv]
-    norm: torch.Tensor  # [dv] GatedRMSNorm weight
-    out: torch.Tensor  # [H, nv*dv]
-
-
-@dataclass
-class AttentionWeights:
-    """Gated full attention: q_proj emits [query | gate] per head when `output_gate`."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rotary_dim: int
-    output_gate: bool
-    scale: float
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    o: torch.Tensor
-    inv_freq: torch.Tensor | None  # [rotary_dim // 2]; None: no RoPE (rotary_dim 0)
-    q_norm: torch.Tensor | None = None  # [head_dim], 1 + w
-    k_norm: torch.Tensor | None = None
-    biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # q, k, v, o
-
-
-@dataclass
-class FeedForwardWeights:
-    """A sparse MoE (`experts` > 0: router, stacked expert weights, an optional shared SwiGLU and its gate) or
-    a dense MLP (`experts` == 0: the mlp_* tensors; SwiGLU, or squared ReLU when `mlp_gate` is None)."""
-
-    experts: int = 0
-    top_k: int = 0
-    norm_topk_prob: bool = True
-    router: torch.Tensor | None = None  # [E, H]
-    gate_up: torch.Tensor | None = None  # [E, 2I, H]
-    down: torch.Tensor | None = None  # [E, H, I]
-    mlp_gate: torch.Tensor | None = None  # [I, H]
-    mlp_up: torch.Tensor | None = None  # [I, H]
-    mlp_down: torch.Tensor | None = None  # [H, I]
-    shared_gate: torch.Tensor | None = None  # [1, H]
-
-
-@dataclass
-class LayerWeights:
-    """x += mixer(norm(x, in_norm)), then x += ffn(norm(x, post_norm)); a layer without a mixer (NO_MIXER_KIND,
-    mixer and in_norm None) or without a feed-forward (ffn and post_norm None) skips that half."""
-
-    kind: int  # LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND or NO_MIXER_KIND
-    ordinal: int  # index into the pool lists of its kind
-    in_norm: torch.Tensor | None  # [H] the norm's scale (Qwen3-Next: 1 + w)
-    post_norm: torch.Tensor | None  # [H]
-    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | None
-    ffn: FeedForwardWeights | None
-
-
-@dataclass
-class DecodeWeights:
-    hidden: int
-    vocab: int
-    eps: float
-    embed: torch.Tensor  # [V, H]
-    final_norm: torch.Tensor  # [H], 1 + w
-    lm_head: torch.Tensor  # [V, H]
-    layers: list[LayerWeights]
-    embed_scale: float = 1.0
-    attention_layers: int = 0
-    linear_layers: int = 0
-    kept: list[torch.Tensor] = field(default_factory=list)  # every tensor the structs point into
-
-    @property
-    def extends(self) -> bool:
-        """Whether the C step runs an extend chain of this model (not over a Mamba2 layer: decode rows only)."""
-        return all(lw.kind != MAMBA2_KIND for lw in self.layers)
-
 
 def load_library() -> NativeLibrary:
     """The compiled kernel (built at first use, then from the cache); NativeUnavailable with the reason."""
     library = load("hybrid_decode", SOURCE)
     fn = library.lib.hd_decode
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+    fn.argtypes = [ctypes.POINTER(HDModel), ctypes.POINTER(HDStep)]
     library.lib.hd_set_threads.argtypes = [ctypes.c_int]
     library.lib.hd_set_threads.restype = None
     library.lib.hd_threads.restype = ctypes.c_int
@@ -287,11 +93,11 @@ class HybridDecodeKernel:
         self.weights = weights
         self._kept: list[torch.Tensor] = []
         h = weights.hidden
-        layers = (_Layer * len(weights.layers))()
+        layers = (HDLayer * len(weights.layers))()
         for i, lw in enumerate(weights.layers):
             self._fill_layer(layers[i], lw, h, f"layer {i}")
         self._layers = layers
-        self._model = _Model(
+        self._model = HDModel(
             hidden=h,
             vocab=weights.vocab,
             n_layers=len(weights.layers),
@@ -300,12 +106,12 @@ class HybridDecodeKernel:
             embed=self._mat(weights.embed, (weights.vocab, h), "embed"),
             final_norm=self._ptr(weights.final_norm, (h,), "final norm"),
             lm_head=self._mat(weights.lm_head, (weights.vocab, h), "lm_head"),
-            layers=ctypes.cast(layers, ctypes.POINTER(_Layer)),
+            layers=ctypes.cast(layers, ctypes.POINTER(HDLayer)),
         )
         self._fn = self.library.lib.hd_decode
         self._model_ref = ctypes.byref(self._model)
         # The step's struct, kept: per step only its index pointers and batch size change (bind_pools sets the rest).
-        self._step = _Step()
+        self._step = HDStep()
         self._step_ref = ctypes.byref(self._step)
         self._bound = False
         self._pools: tuple[list[torch.Tensor], ...] = ()
@@ -320,15 +126,15 @@ class HybridDecodeKernel:
             t = t.float()
         self._check(t, shape, name, (torch.float32,))
         self._kept.append(t)
-        return ctypes.cast(t.data_ptr(), _F)
+        return ctypes.cast(t.data_ptr(), FloatPtr)
 
-    def _mat(self, t: torch.Tensor | None, shape: tuple[int, ...], name: str) -> _Mat:
+    def _mat(self, t: torch.Tensor | None, shape: tuple[int, ...], name: str) -> HDMat:
         """A weight matrix, read in place in its own dtype (fp32 or bf16: no copy); an absent one has NULL data."""
         if t is None:
-            return _Mat(None, 0)
+            return HDMat(None, 0)
         self._check(t, shape, name, tuple(WEIGHT_DTYPES))
         self._kept.append(t)
-        return _Mat(t.data_ptr(), WEIGHT_DTYPES[t.dtype])
+        return HDMat(t.data_ptr(), WEIGHT_DTYPES[t.dtype])
 
     @staticmethod
     def _check(t: torch.Tensor, shape: tuple[int, ...], name: str, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -339,7 +145,7 @@ class HybridDecodeKernel:
                 f"{list(t.shape)} on {t.device} (contiguous: {t.is_contiguous()})"
             )
 
-    def _fill_layer(self, c: _Layer, lw: LayerWeights, h: int, name: str) -> None:
+    def _fill_layer(self, c: HDLayer, lw: LayerWeights, h: int, name: str) -> None:
         c.kind, c.ordinal = lw.kind, lw.ordinal
         if (lw.mixer is None) != (lw.kind == NO_MIXER_KIND) or (lw.mixer is None) != (lw.in_norm is None):
             raise WeightError(f"{name}: a mixer needs an input norm and a mixer kind, and only a mixer has them")
@@ -457,12 +263,12 @@ class HybridDecodeKernel:
             raise ValueError(f"native decode: {reason}")
 
         def table(group: list[torch.Tensor]) -> ctypes.Array[ctypes._Pointer[ctypes.c_float]]:
-            return (_F * max(len(group), 1))(*(ctypes.cast(t.data_ptr(), _F) for t in group))
+            return (FloatPtr * max(len(group), 1))(*(ctypes.cast(t.data_ptr(), FloatPtr) for t in group))
 
         self._pools = (list(k), list(v), list(conv), list(ssm))  # the buffers stay alive while pointed at
         self._tables = [table(group) for group in (k, v, conv, ssm)]
         step = self._step
-        step.k_pool, step.v_pool, step.conv_pool, step.ssm_pool = (ctypes.cast(t, _FP) for t in self._tables)
+        step.k_pool, step.v_pool, step.conv_pool, step.ssm_pool = (ctypes.cast(t, FloatPtrTable) for t in self._tables)
         step.token_slots = min((t.shape[0] for t in (*k, *v)), default=0)
         step.state_slots_count = min((t.shape[0] for t in (*conv, *ssm)), default=0)
         self._bound = True
@@ -557,18 +363,18 @@ class HybridDecodeKernel:
         logits = torch.empty(1 if chain else batch, self.weights.vocab, dtype=torch.float32)
         step = self._step
         step.batch = batch
-        step.ids = ctypes.cast(ids.data_ptr(), _I)
-        step.positions = ctypes.cast(positions.data_ptr(), _I)
-        step.out_locs = ctypes.cast(out_locs.data_ptr(), _I)
-        step.state_slots = ctypes.cast(state_slots.data_ptr(), _I)
-        step.kv_offsets = ctypes.cast(kv_offsets.data_ptr(), _I)
-        step.kv_flat = ctypes.cast(kv_flat.data_ptr(), _I)
-        step.logits = ctypes.cast(logits.data_ptr(), _F)
+        step.ids = ctypes.cast(ids.data_ptr(), IndexPtr)
+        step.positions = ctypes.cast(positions.data_ptr(), IndexPtr)
+        step.out_locs = ctypes.cast(out_locs.data_ptr(), IndexPtr)
+        step.state_slots = ctypes.cast(state_slots.data_ptr(), IndexPtr)
+        step.kv_offsets = ctypes.cast(kv_offsets.data_ptr(), IndexPtr)
+        step.kv_flat = ctypes.cast(kv_flat.data_ptr(), IndexPtr)
+        step.logits = ctypes.cast(logits.data_ptr(), FloatPtr)
         step.chain, step.fresh, step.last_logits = int(chain), int(fresh), int(chain)
         step.n_checkpoints = 0 if checkpoints is None else checkpoints[0].numel()
         if checkpoints is not None:  # the tensors live until the call returns (this frame holds them)
-            step.checkpoint_tokens = ctypes.cast(checkpoints[0].data_ptr(), _I)
-            step.checkpoint_slots = ctypes.cast(checkpoints[1].data_ptr(), _I)
+            step.checkpoint_tokens = ctypes.cast(checkpoints[0].data_ptr(), IndexPtr)
+            step.checkpoint_slots = ctypes.cast(checkpoints[1].data_ptr(), IndexPtr)
         code = self._fn(self._model_ref, self._step_ref)
         if code != 0:
             raise ValueError(f"native decode refused the step: {_ERRORS.get(code, f'error {code}')}")
@@ -582,19 +388,9 @@ def _check_index(t: torch.Tensor, n: int, name: str) -> None:
 
 
 __all__ = [
-    "ATTENTION_KIND",
-    "LINEAR_KIND",
-    "MAMBA2_KIND",
-    "NO_MIXER_KIND",
-    "AttentionWeights",
-    "DecodeWeights",
-    "DeltaNetWeights",
-    "FeedForwardWeights",
     "HybridDecodeKernel",
-    "LayerWeights",
     "Mamba2Weights",
     "NativeUnavailable",
-    "WEIGHT_DTYPES",
     "WeightError",
     "load_library",
     "set_min_part_bytes",

@@ -1,0 +1,105 @@
+"""The tensors of a hybrid LM's decode step as the C step reads them (hybrid_decode.c): the model's own parameter
+storage, plus a few parameter-only derived tensors, grouped per layer. runtime/native/hybrid_decode.py checks each
+one and lays it out in the C structs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.native.mamba2_weights import Mamba2Weights
+
+# A layer's mixer (HDLayer.kind): LINEAR_KIND is the gated DeltaNet; NO_MIXER_KIND a feed-forward-only layer.
+LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND, NO_MIXER_KIND = 0, 1, 2, 3
+
+
+@dataclass
+class DeltaNetWeights:
+    """A gated DeltaNet layer: projections with rows already in [q | k | v], [z], [b], [a] order."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    kernel: int
+    qkv: torch.Tensor  # [2*nk*dk + nv*dv, H]
+    z: torch.Tensor  # [nv*dv, H]
+    b: torch.Tensor  # [nv, H]
+    a: torch.Tensor  # [nv, H]
+    conv: torch.Tensor  # [conv_dim, kernel]
+    conv_bias: torch.Tensor | None
+    neg_a: torch.Tensor  # [nv] -exp(A_log)
+    dt_bias: torch.Tensor  # [nv]
+    norm: torch.Tensor  # [dv] GatedRMSNorm weight
+    out: torch.Tensor  # [H, nv*dv]
+
+
+@dataclass
+class AttentionWeights:
+    """Gated full attention: q_proj emits [query | gate] per head when `output_gate`."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    output_gate: bool
+    scale: float
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    inv_freq: torch.Tensor | None  # [rotary_dim // 2]; None: no RoPE (rotary_dim 0)
+    q_norm: torch.Tensor | None = None  # [head_dim], 1 + w
+    k_norm: torch.Tensor | None = None
+    biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # q, k, v, o
+
+
+@dataclass
+class FeedForwardWeights:
+    """A sparse MoE (`experts` > 0: router, stacked expert weights, an optional shared SwiGLU and its gate) or
+    a dense MLP (`experts` == 0: the mlp_* tensors; SwiGLU, or squared ReLU when `mlp_gate` is None)."""
+
+    experts: int = 0
+    top_k: int = 0
+    norm_topk_prob: bool = True
+    router: torch.Tensor | None = None  # [E, H]
+    gate_up: torch.Tensor | None = None  # [E, 2I, H]
+    down: torch.Tensor | None = None  # [E, H, I]
+    mlp_gate: torch.Tensor | None = None  # [I, H]
+    mlp_up: torch.Tensor | None = None  # [I, H]
+    mlp_down: torch.Tensor | None = None  # [H, I]
+    shared_gate: torch.Tensor | None = None  # [1, H]
+
+
+@dataclass
+class LayerWeights:
+    """x += mixer(norm(x, in_norm)), then x += ffn(norm(x, post_norm)); a layer without a mixer (NO_MIXER_KIND,
+    mixer and in_norm None) or without a feed-forward (ffn and post_norm None) skips that half."""
+
+    kind: int  # LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND or NO_MIXER_KIND
+    ordinal: int  # index into the pool lists of its kind
+    in_norm: torch.Tensor | None  # [H] the norm's scale (Qwen3-Next: 1 + w)
+    post_norm: torch.Tensor | None  # [H]
+    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | None
+    ffn: FeedForwardWeights | None
+
+
+@dataclass
+class DecodeWeights:
+    hidden: int
+    vocab: int
+    eps: float
+    embed: torch.Tensor  # [V, H]
+    final_norm: torch.Tensor  # [H], 1 + w
+    lm_head: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    embed_scale: float = 1.0
+    attention_layers: int = 0
+    linear_layers: int = 0
+    kept: list[torch.Tensor] = field(default_factory=list)  # every tensor the structs point into
+
+    @property
+    def extends(self) -> bool:
+        """Whether the C step runs an extend chain of this model (not over a Mamba2 layer: decode rows only)."""
+        return all(lw.kind != MAMBA2_KIND for lw in self.layers)
