@@ -29,7 +29,8 @@ from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 from runtime.models.layers.state_checkpoints import supports_state_checkpoints
-from runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from runtime.scheduler.config import SchedulerConfig
+from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.step_budget import describe_step_cap
 
 if TYPE_CHECKING:

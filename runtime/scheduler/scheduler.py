@@ -19,6 +19,9 @@ forwards that end at each checkpoint and a slot copy after it. Finished requests
 with the final state, so a follow-up turn resumes after the whole previous conversation. A waiting request that
 shares a long uncached prefix with a request in prefill waits until that prefix's state is cached
 (`prefix_sharing.py`), so requests that arrive together compute a shared system prompt once.
+
+Which prompt chunks a step takes is `admission.py`; sampling and emitting a step's tokens is `emit.py`; the
+settings are `config.py`.
 """
 
 from __future__ import annotations
@@ -36,18 +39,17 @@ from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput, prompt_problem
 from runtime.kvcache.cache_manager import Admission, CacheManager
 from runtime.scheduler import logprobs as lp
+from runtime.scheduler.admission import PrefillAdmission
 from runtime.scheduler.batches import BatchBuilder, split_mixed
 from runtime.scheduler.checkpoints import CheckpointPlanner
+from runtime.scheduler.config import SchedulerConfig
+from runtime.scheduler.emit import TokenEmitter
 from runtime.scheduler.fork import ForkHolds
-from runtime.scheduler.grammar import mask_isolated
-from runtime.scheduler.penalties import apply_penalties
-from runtime.scheduler.policy import order_waiting
-from runtime.scheduler.prefix_sharing import DEFAULT_MIN_TOKENS, find_leader
 from runtime.scheduler.request import Req
-from runtime.scheduler.sampling import greedy_tokens, sample_isolated, select_rows
+from runtime.scheduler.sampling import select_rows
 from runtime.scheduler.stats import DecodeRate, stats_snapshot
-from runtime.scheduler.step_budget import PauseBudget, fits
-from runtime.scheduler.stopping import Detokenizer, finish_reason_after
+from runtime.scheduler.step_budget import PauseBudget
+from runtime.scheduler.stopping import Detokenizer, abort_reason, finish_reason_after
 
 
 class SpecRounds(Protocol):
@@ -80,34 +82,6 @@ class SpecRounds(Protocol):
 logger = logging.getLogger("runtime.scheduler")
 
 
-@dataclass
-class SchedulerConfig:
-    max_running_requests: int
-    chunked_prefill_size: int  # <= 0: a whole prompt per step
-    context_len: int
-    schedule_policy: str = "fcfs"
-    checkpoint_interval: int = 0  # 0: no prefill checkpoints (cache off, or no_buffer strategy)
-    # The model writes states mid-forward (ForwardBatch.state_checkpoints); else a prefill forward ends at each
-    # checkpoint and the slot is copied after it.
-    in_forward_checkpoints: bool = False
-    random_seed: int = 0
-    # A waiting request waits for a request in prefill that is about to cache at least this many more tokens of
-    # its prompt than the tree has now (prefix_sharing.py). 0: never.
-    in_batch_prefix_min_tokens: int = DEFAULT_MIN_TOKENS
-    # Decode rows ride in the prefill steps (one forward for both); False: prefill and decode steps alternate.
-    mixed_chunk: bool = True
-    # While any request decodes, a step computes at most this many tokens (decode rows of a mixed step included;
-    # at least one prompt token): the longest pause of a decoding stream is one such step. <= 0: no cap beyond
-    # chunked_prefill_size.
-    decoding_step_tokens: int = 0
-    # > 0: the cap above follows this pause target from measured step times (step_budget.py PauseBudget), starting
-    # at decoding_step_tokens until a prefill has been timed.
-    decode_pause_target_s: float = 0.0
-    # A prefill step takes another prompt chunk only while its prompt tokens stay within this (the first chunk
-    # whatever its size; step_budget.fits). <= 0: no limit but the step's budget.
-    max_prefill_tokens: int = 0
-
-
 class Scheduler:
     def __init__(
         self,
@@ -138,6 +112,8 @@ class Scheduler:
         # PD prefill (runtime/pd/prefill.py): sees a request's memory just before it goes back to the pools.
         self.on_release: Callable[[Req], None] | None = None
         self.forks = ForkHolds()  # n > 1: continuations waiting for their prompt's prefill (fork.py)
+        self.admission = PrefillAdmission(self)  # which prompt chunks a step computes (admission.py)
+        self.emitter = TokenEmitter(self)  # a step's new tokens: sampled, stop-checked, sent (emit.py)
 
     # -- requests in and out ---------------------------------------------------------------------------------
 
@@ -153,7 +129,7 @@ class Scheduler:
             logger.exception("request %s rejected", g.rid)
             if req in self.waiting:
                 self.waiting.remove(req)
-            self._finish(req, _abort(f"Request rejected: {type(exc).__name__}: {exc}", 400, "BadRequestError"))
+            self.finish(req, abort_reason(f"Request rejected: {type(exc).__name__}: {exc}", 400, "BadRequestError"))
 
     def _admit_to_queue(self, req: Req, g: GenerateRequest) -> None:
         # The sampling values were checked when built (SamplingParams); the prompt is checked here for a request
@@ -162,14 +138,14 @@ class Scheduler:
         if problem is None and self.spec is not None and g.sampling.has_penalties:  # verify samples without them
             problem = "penalties, min_new_tokens and logit_bias are not implemented with speculative decoding"
         if problem:
-            self._finish(req, _abort(problem, 400, "BadRequestError"))
+            self.finish(req, abort_reason(problem, 400, "BadRequestError"))
             return
         req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
         if g.sampling.seed is not None:
             req.generator = self.new_generator(g.sampling.seed)
         if req.max_new_tokens == 0 and lp.prompt_start(req) >= len(req.prompt_ids) - 1:
             lp.close_prompt(req)
-            self._finish(req, {"type": "length", "length": 0})
+            self.finish(req, {"type": "length", "length": 0})
             return  # (with prompt logprobs asked for, the prompt is still run: SGLang's scoring requests)
         if not self.forks.hold(req, g.fork_of if self.spec is None else None, self.waiting + self.running):
             self.waiting.append(req)
@@ -180,7 +156,7 @@ class Scheduler:
         held = self.forks.remove(rid)
         if held is not None:
             self.counters.num_requests_aborted += 1
-            self._finish(held, _abort(message, status_code, err_type))
+            self.finish(held, abort_reason(message, status_code, err_type))
             return True
         for queue in (self.waiting, self.running):
             for req in queue:
@@ -188,7 +164,7 @@ class Scheduler:
                     queue.remove(req)
                     self._release(req, cache=False)
                     self.counters.num_requests_aborted += 1
-                    self._finish(req, _abort(message, status_code, err_type))
+                    self.finish(req, abort_reason(message, status_code, err_type))
                     return True
         return False
 
@@ -204,7 +180,7 @@ class Scheduler:
             logger.exception("request %s: releasing its memory failed", req.rid)
         self.counters.num_requests_aborted += 1
         err_type = "BadRequestError" if status_code == 400 else "InternalServerError"
-        self._finish(req, _abort(f"Request failed in {stage}: {type(exc).__name__}: {exc}", status_code, err_type))
+        self.finish(req, abort_reason(f"Request failed in {stage}: {type(exc).__name__}: {exc}", status_code, err_type))
 
     def flush_cache(self) -> bool:
         if self.waiting or self.running:
@@ -222,7 +198,7 @@ class Scheduler:
         for every running request; a verify round with speculative decoding), or a mixed step (both in one
         forward). None when there is nothing to do. Without mixing, prefill and decode steps alternate."""
         decode = [r for r in self.running if not r.in_prefill]
-        prefill = self._schedule_prefill(self._prefill_budget(len(decode)))
+        prefill = self.admission.chunks(self.admission.budget(len(decode)))
         if prefill and decode and self.mixing:
             return self.batches.mixed(prefill, decode)
         if prefill and (not decode or not self._last_was_prefill):
@@ -239,97 +215,6 @@ class Scheduler:
     def mixing(self) -> bool:
         """Whether decode rows ride in prefill steps (a verify round cannot: it is a forward of its own)."""
         return self.config.mixed_chunk and self.spec is None
-
-    def _prefill_budget(self, decoding: int) -> int:
-        """Prompt tokens this step may compute while `decoding` requests decode (SGLang's PrefillAdder: a mixed
-        step's decode rows come out of the chunk's tokens)."""
-        cfg = self.config
-        budget = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else 1 << 62
-        if decoding and cfg.decode_pause_target_s > 0:  # the measured cost covers the decode rows
-            return max(min(budget, self.pause_budget.prompt_tokens(decoding)), 1)
-        if decoding and cfg.decoding_step_tokens > 0:
-            budget = min(budget, cfg.decoding_step_tokens)
-        if decoding and self.mixing:
-            budget -= decoding
-        return max(budget, 1)  # a prompt still advances when the decode rows alone fill the cap
-
-    def _schedule_prefill(self, budget: int) -> list[tuple[Req, int]]:
-        """(request, tokens to compute) for this step's prompt chunks, at most `budget` tokens: unfinished
-        prefills first, then admissions."""
-        batch: list[tuple[Req, int]] = []
-        limit, used = self.config.max_prefill_tokens, 0
-        for req in self.running:
-            if req.in_prefill and budget > 0:
-                n = self.checkpoints.chunk_len(req, budget)
-                if not fits(used, n, limit):
-                    continue
-                batch.append((req, n))
-                budget -= n
-                used += n
-        if budget <= 0 or not self.waiting:
-            return batch
-        self.waiting = order_waiting(self.waiting, self.config.schedule_policy, self._cached_prefix_len)
-        for req in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.config.max_running_requests or 0 < limit <= used:
-                break
-            if self._prefix_leader(req) is not None:
-                continue  # admitted once the leader has cached the prefix they share
-            if limit > 0 and used and not fits(used, self._uncached_len(req, budget, limit - used), limit):
-                continue  # a later, shorter one may still fit; this one leads a step of its own soon
-            # The last token's KV is never computed (but a prompt-only scoring request computes the whole prompt).
-            total = len(req.prompt_ids) + max(req.max_new_tokens, 1) - 1
-            if self.spec is not None:
-                total += self.spec.extra_tokens  # a verify forward runs past the final length
-            try:
-                admission, mem = self.cache.admit(req.prompt_ids, total, max_prefix=lp.prefix_limit(req))
-            except Exception as exc:  # noqa: BLE001 - this request fails alone; the others are scheduled
-                self.fail(req, "admission", exc)
-                continue
-            if not admission.ok:
-                if admission.message:  # can never fit: this request fails alone, the others go on
-                    self.waiting.remove(req)
-                    self.counters.num_allocation_failures += 1
-                    logger.error("request %s: %s", req.rid, admission.message)
-                    self._finish(req, _abort(admission.message, 503, "ServiceUnavailable"))
-                    continue
-                break  # waits for memory; keep arrival order instead of letting later requests jump ahead
-            self.waiting.remove(req)
-            req.mem = mem
-            req.cached_tokens = admission.cached_tokens
-            self.counters.prompt_tokens_total += len(req.prompt_ids)
-            self.counters.cached_tokens_total += req.cached_tokens
-            self.running.append(req)
-            n = self.checkpoints.chunk_len(req, budget)
-            batch.append((req, n))
-            budget -= n
-            used += n
-        return batch
-
-    def _uncached_len(self, req: Req, budget: int, room: int) -> int:
-        """The prompt tokens admitting `req` now would add to the step (its prompt past what the tree holds, at
-        most `budget`); a prompt that fits in `room` whole needs no look-up in the tree."""
-        n = len(req.prompt_ids)
-        if n > room:
-            n -= self._cached_prefix_len(req)
-        return min(n, budget)
-
-    def _cached_prefix_len(self, req: Req) -> int:
-        if not self.cache.caching:
-            return 0
-        return self.cache.tree.match_prefix(req.prompt_ids[:-1]).length
-
-    def _prefix_leader(self, req: Req) -> Req | None:
-        """The request in prefill about to cache a prefix `req` shares, which `req` should wait for."""
-        if not self.cache.caching:
-            return None
-        return find_leader(
-            req,
-            [r for r in self.running if r.in_prefill],
-            min_tokens=self.config.in_batch_prefix_min_tokens,
-            page_size=self.cache.page_size,
-            cached_len=self._cached_prefix_len,
-            checkpoints_ahead=self.checkpoints.ahead,
-        )
 
     def extend_batch(self, items: list[tuple[Req, list[int]]], *, all_logits: bool = False) -> ScheduledBatch[Req]:
         """An extend batch that appends `tokens` after each request's cached ones, taking KV slots for them
@@ -373,7 +258,7 @@ class Scheduler:
         for req in reqs:
             assert req.mem is not None
             req.mem.kv_len += 1
-        self._sample_and_emit(reqs, logits)
+        self.emitter.sample_and_emit(reqs, logits)
         self.record_decode(time.perf_counter() - started, len(reqs))
 
     def abandon(self, batch: ScheduledBatch[Req]) -> None:
@@ -418,7 +303,7 @@ class Scheduler:
                 can_run=lambda: len(self.running) < self.config.max_running_requests,
                 on_forked=self._start_fork, on_unforked=self.waiting.append,
             )  # fmt: skip
-            self._sample_and_emit(reqs, rows)
+            self.emitter.sample_and_emit(reqs, rows)
 
     def _start_fork(self, req: Req) -> None:
         """A continuation forked off its prompt's prefill runs from now on (fork.py)."""
@@ -426,49 +311,6 @@ class Scheduler:
         self.counters.state_forks += 1
         self.counters.prompt_tokens_total += len(req.prompt_ids)
         self.counters.cached_tokens_total += req.cached_tokens
-
-    def _sample_and_emit(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        tokens: list[int | None]
-        if all(r.plain_greedy for r in reqs):
-            # The common batch: greedy, no penalties, grammar or logprobs. One argmax, none of the per-request
-            # lists and checks below (~20 us of a batch-8 step's Python).
-            tokens = list(greedy_tokens(logits.float()))
-        else:
-            tokens = self._sample(reqs, logits)
-        for i, (req, tok) in enumerate(zip(reqs, tokens, strict=True)):
-            if tok is None or req.finished:
-                continue  # failed alone above
-            req.output_ids.append(tok)
-            req.pending_ids.append(tok)
-            if req.return_logprob:  # (a slice of the logits per request and token costs a few microseconds)
-                lp.record_output(req, logits[i : i + 1], [tok])
-            self.counters.generation_tokens_total += 1
-            try:
-                ended = req.grammar is not None and req.grammar.accept(tok)
-                reason = finish_reason_after(req, tok, self.eos_token_ids, self.tokenizer)
-                if reason is None and ended:  # the grammar was complete: this token (EOS) ends the request
-                    reason = {"type": "stop", "matched": tok}
-            except Exception as exc:  # noqa: BLE001 - e.g. a stop string the detokenizer chokes on
-                self.fail(req, "stop check", exc)
-                continue
-            if reason is not None:
-                self.finish_running(req, reason)
-            else:
-                req.on_output(req.take_output())
-
-    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int | None]:
-        """Each request's next token with its penalties, grammar and sampling parameters; a request whose
-        grammar or sampling raises fails alone (None), the batch goes on."""
-        logits = apply_penalties(logits, [r.sampling for r in reqs], [r.output_ids for r in reqs], self.eos_token_ids)
-        generators = [self.generator_for(r) for r in reqs]
-        logits, grammar_errors = mask_isolated(logits, [r.grammar for r in reqs])  # structured output
-        for i, exc in grammar_errors:
-            self.fail(reqs[i], "grammar", exc)
-        tokens, errors = sample_isolated(logits, [r.sampling for r in reqs], generators)
-        for i, exc in errors:
-            if not reqs[i].finished:
-                self.fail(reqs[i], "sampling", exc, status_code=400)
-        return tokens
 
     # -- public hooks for spec and PD, which admit and finish requests outside `step` -------------------------
 
@@ -552,7 +394,7 @@ class Scheduler:
         self.running.remove(req)
         self._release(req, cache=True)
         self.counters.num_requests_finished += 1
-        self._finish(req, reason)
+        self.finish(req, reason)
 
     def set_running_cap(self, cap: int) -> None:
         """At most `cap` requests run at once from the next admission on (the elastic pool's cap for its split)."""
@@ -571,7 +413,9 @@ class Scheduler:
             self.cache.release(req.mem, req.all_ids, cache)
             req.mem = None
 
-    def _finish(self, req: Req, reason: dict) -> None:
+    def finish(self, req: Req, reason: dict) -> None:
+        """Send a request's last output with `reason` (what it held already given back); the continuations held for
+        its prefill queue themselves."""
         self.waiting.extend(self.forks.release(req))  # it ended before its prefill did: they prefill themselves
         req.finish_reason = reason
         req.on_output(req.take_output())
@@ -596,7 +440,3 @@ class Transferred:
     first_token: int
     first_logprob: float | None = None
     cached_tokens: int = 0
-
-
-def _abort(message: str, status_code: int, err_type: str) -> dict:
-    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}

@@ -30,3 +30,7 @@ def finish_reason_after(
     if len(req.output_ids) >= req.max_new_tokens:
         return {"type": "length", "length": len(req.output_ids)}
     return None
+
+
+def abort_reason(message: str, status_code: int, err_type: str) -> dict:
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
