@@ -159,7 +159,8 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
     from runtime.models.nemotron_h import NemotronHForCausalLM
     from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
-    if type(model) not in (Qwen3NextForCausalLM, NemotronHForCausalLM):
+    families = (Qwen3NextForCausalLM, NemotronHForCausalLM)
+    if not isinstance(model, families) or type(model) not in families:  # exact classes: a subclass may differ
         raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next- or Nemotron-H-family model")
     if type(model).scale_logits is not DecoderLM.scale_logits:
         raise Unsupported(f"{type(model).__name__} scales its logits")
