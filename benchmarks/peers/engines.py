@@ -159,10 +159,15 @@ def llamacpp_launcher(outtype: str) -> Callable[[Path, int, int], Launch]:
             "--no-webui",
             "--cache-prompt",
         ]
+        # ggml's AMX int8 kernel (the Q8_0 weights' "extra buffer type" in a -march=native build on a CPU with AMX)
+        # dies with SIGILL on its first tile instruction on some hosts, the development VM included, while oneDNN's
+        # AMX runs there; --no-repack keeps Q8_0 weights in their own layout, on the AVX-512 VNNI dot products.
+        extra = ["--no-repack"] if outtype == "q8_0" else []
         return Launch(
-            cmd,
+            cmd + extra,
             LlamaCppClient(f"http://127.0.0.1:{port}"),
-            f"{outtype} GGUF, -t {threads} -c {CONTEXT_LEN} -np {PARALLEL} -kvu, cache_prompt",
+            f"{outtype} GGUF, -t {threads} -c {CONTEXT_LEN} -np {PARALLEL} -kvu, cache_prompt"
+            + "".join(f", {e}" for e in extra),
         )
 
     return launch
