@@ -49,11 +49,14 @@ class ModelRunner:
             mode: DecodeThreadChooser.up_to(torch.get_num_threads(), SMALL_FORWARD_THREADS_ENV, label=f"Eager {mode}")
             for mode in ("extend", "decode")
         }
-        # Time per token (a prefill's cost is about linear in its tokens), in buckets 8x wide (64-511, 512-4095,
-        # ...): 8 prompts of 128 tokens arriving a few at a time make prefills of 128 to 1024 tokens, and in
-        # power-of-two buckets each of the four paid its own first two-thread probe (0.7-1 s each on a busy host).
+        # Time per token, in buckets 4x wide (64-255, 256-1023, 1024-4095, ...): 8 prompts of 128 tokens arriving
+        # a few at a time make prefills of 128 to 1024 tokens, and in power-of-two buckets each of the four paid
+        # its own first two-thread probe (0.7-1 s each on a busy host); 8x wide ones put a 576-token prefill
+        # beside a 2048-token one, which costs 13% more per token on one thread (attention; peer model), more
+        # than the switching margin. Prefills are rare: a choice learnt on a busy moment would stand for many of
+        # them, so each step also reads what the rest of the host ran (host_hints: decode_threads.py).
         self.prefill_threads = DecodeThreadChooser.up_to(
-            torch.get_num_threads(), PREFILL_THREADS_ENV, label="Prefill", bucket_bits=3
+            torch.get_num_threads(), PREFILL_THREADS_ENV, label="Prefill", bucket_bits=2, host_hints=True
         )
         # runtime/engine/native_decode.py: a decode step as one C call; first choice for the batches it handles.
         self.native_decode: NativeDecode | None = None

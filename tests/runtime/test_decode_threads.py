@@ -82,8 +82,11 @@ def test_buckets_are_independent() -> None:
             chooser.record(batch, n, cost[n] / 1000)
     assert chooser.in_use() == {1: 1, 8: 2}
     assert [bucket_of(b) for b in (1, 2, 3, 4, 7, 8, 31, 32)] == [1, 2, 2, 4, 4, 8, 16, 32]
-    # The prefill chooser's 8x-wide token buckets: 128-1023-token prefills share two estimates, not four.
+    # 8x-wide token buckets; the prefill chooser's 4x-wide ones keep a 576-token prefill apart from a 2048-token
+    # one (13% dearer per token) while 128-1023-token prefills still share two estimates, not four.
     assert [bucket_of(n, 3) for n in (65, 128, 511, 512, 1024, 4095, 4096)] == [64, 64, 64, 512, 512, 512, 4096]
+    sizes = (65, 255, 256, 576, 1023, 1024, 2048, 4095, 4096)
+    assert [bucket_of(n, 2) for n in sizes] == [64, 64, 256, 256, 256, 1024, 1024, 1024, 4096]
 
 
 def test_wide_buckets_share_what_they_learn() -> None:
