@@ -49,7 +49,7 @@ def main() -> None:
     import torch
     from torch._dynamo.utils import counters
 
-    from hybridshared.flags.runtime_args import parse_args
+    from hybridshared.flags.runtime_parser import parse_args
     from runtime.core.buffers import allocate_pool_buffers
     from runtime.core.config import engine_args
     from runtime.core.threads import intra_op_threads

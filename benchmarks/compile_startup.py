@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     own, rest = ap.parse_known_args()
-    from hybridshared.flags.runtime_args import parse_args
+    from hybridshared.flags.runtime_parser import parse_args
 
     args = parse_args(rest)
     import torch

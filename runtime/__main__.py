@@ -7,7 +7,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hybridshared.flags.runtime_args import parse_args
+    from hybridshared.flags.runtime_parser import parse_args
 
     args = parse_args(argv)  # bad flags exit 2 here, with one line naming the flag
     logging.basicConfig(

@@ -12,7 +12,7 @@ from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.builtin_flags import RUNTIME_FLAGS
 from hybridctl.launch.command import add_extra_args, flags_to_argv
 from hybridctl.launch.translate import LaunchError, translate
-from hybridshared.flags.runtime_args import parse_args
+from hybridshared.flags.runtime_parser import parse_args
 
 BUILTIN_SCHEDULE_POLICIES = ("fcfs", "lpm")
 
@@ -128,7 +128,7 @@ def rule_builtin_parser(cfg: HybridConfig) -> list[Finding]:
 
     The key rules above name what they know; this backstop keeps validate and the runtime one truth for the rest
     (an [extra_engine_args] value out of the runtime's range, a type argparse refuses). The parser lives in the
-    shared layer (hybridshared/flags/runtime_args.py), so the control plane runs it without the runtime;
+    shared layer (hybridshared/flags/runtime_parser.py), so the control plane runs it without the runtime;
     preflight (the model directory) is left to the key rules, which read relative paths next to config.toml as
     launch does.
     """

@@ -2,7 +2,7 @@
 dataclass is both the parsed options and the source of the argparse parser (`add_flags`), and says which engine
 option each field sets (`Flag.engine`), so the engine's options are derived from it without a hand-written mapping.
 
-No torch, no runtime imports: `hybridshared.flags.runtime_args` builds the parser of `python -m runtime` from this.
+No torch, no runtime imports: `hybridshared.flags.runtime_parser` builds the parser of `python -m runtime` from this.
 """
 
 from __future__ import annotations

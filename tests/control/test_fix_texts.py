@@ -6,7 +6,7 @@ trees: findings' fixes, the doctor's remedies, planner and launch errors, valida
 (the fixes `validate`, `doctor` and `plan` print for the test data's configs and logs). A flag is addressed to:
 - the hybridctl command a text names next to it ("hybridctl plan --x", "`init --x`", "--x of plan and init");
 - SGLang when the clause names SGLang ("SGLang's --x", "(SGLang: --x)"): the flag tables of every held release;
-- the bundled runtime when it names the runtime ("the runtime's --x"): hybridshared/flags/runtime_args.py's parser;
+- the bundled runtime when it names the runtime ("the runtime's --x"): hybridshared/flags/runtime_parser.py's parser;
 - the engine when it names the server's flags or command line: SGLang's or the runtime's;
 - otherwise every command that prints the text (MODULE_COMMANDS).
 A text that starts with a flag ("--trials must be >= 2") is that flag's own validation message: the flag must
@@ -90,7 +90,12 @@ MODULE_COMMANDS: dict[str, tuple[str, ...]] = {
 DATA_MODULES = ("launch/mapping.py", "launch/mapping_doc.py", "launch/builtin_flags.py", "doctor/log_patterns.py")
 # `python -m hybridctl.launch.pd_router`'s and `python -m runtime`'s own usage messages: their argparse flags, not a
 # hybridctl command's.
-OTHER_MODULES = ("launch/pd_router.py", "hybridshared/flags/runtime_args.py", "hybridshared/flags/fields.py")
+OTHER_MODULES = (
+    "launch/pd_router.py",
+    "hybridshared/flags/runtime_args.py",
+    "hybridshared/flags/runtime_parser.py",
+    "hybridshared/flags/fields.py",
+)
 PLACEHOLDERS = {"--name"}  # "passed through as --name value": any flag
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
@@ -132,7 +137,7 @@ def sglang_all() -> frozenset[str]:
 
 @functools.cache
 def runtime_flags() -> frozenset[str]:
-    from hybridshared.flags.runtime_args import build_parser  # torch-free by design (hybridctl validate runs it)
+    from hybridshared.flags.runtime_parser import build_parser  # torch-free by design (hybridctl validate runs it)
 
     return frozenset(o for a in build_parser()._actions for o in a.option_strings)
 

@@ -1,6 +1,6 @@
 """The bundled runtime's command line for a matrix of configs, parsed by the runtime's real parser.
 
-hybridshared/flags/runtime_args.py imports no torch, so these stay control-plane tests: whatever hybridctl emits must
+hybridshared/flags/runtime_parser.py imports no torch, so these stay control-plane tests: whatever hybridctl emits must
 parse there and land on the fields the config asked for.
 """
 
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.builtin_flags import RUNTIME_FLAGS, builtin_command
 from hybridctl.launch.translate import LaunchError
-from hybridshared.flags.runtime_args import RuntimeArgs, build_parser, parse_args
+from hybridshared.flags.runtime_args import RuntimeArgs
+from hybridshared.flags.runtime_parser import build_parser, parse_args
 
 
 def _cfg(**sections: dict[str, object]) -> HybridConfig:

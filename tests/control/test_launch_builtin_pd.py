@@ -8,7 +8,7 @@ from hybridctl.config.schema import HybridConfig
 from hybridctl.launch.pd_router import Workers, parse_args, pd_bodies, single_prompt
 from hybridctl.launch.plan import make_launch_plan
 from hybridctl.launch.translate import LaunchError
-from hybridshared.flags.runtime_args import parse_args as runtime_parse_args
+from hybridshared.flags.runtime_parser import parse_args as runtime_parse_args
 
 
 def _cfg(**pd: object) -> HybridConfig:

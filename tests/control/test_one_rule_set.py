@@ -1,7 +1,7 @@
 """One rule set: every refusal of `launch --dry-run` and of the bundled runtime's start-up checks is reported by
 `validate` first, and a fuzz over both files finds no config that validate passes and launch or the runtime refuses.
 
-The runtime's checks run for real: `hybridshared.flags.runtime_args.parse_args` on the printed command's flags, then
+The runtime's checks run for real: `hybridshared.flags.runtime_parser.parse_args` on the printed command's flags, then
 `runtime.preflight.preflight` (what the engine refuses before loading weights). Neither imports torch.
 """
 
@@ -19,7 +19,7 @@ from hybridctl.cli import app
 from hybridctl.launch.plan import auto_engine_here, make_launch_plan
 from hybridctl.launch.translate import LaunchError, engine_findings
 from hybridctl.rules.check import check_files
-from hybridshared.flags.runtime_args import parse_args
+from hybridshared.flags.runtime_parser import parse_args
 from runtime.preflight import PreflightError, preflight
 
 runner = CliRunner()
@@ -191,7 +191,7 @@ REFUSALS = [
 # Where launch (dry run) and the runtime refuse, by a fragment of each message, and the REFUSALS case (or the
 # reason no config can reach it) that covers it. A new refusal without an entry here fails the test below.
 REFUSAL_SITES = {
-    "hybridshared/flags/runtime_args.py": {
+    "hybridshared/flags/runtime_parser.py": {
         "--tp-size": "tp > 1 on builtin",
         "--schedule-policy": "schedule policy the runtime lacks",
         "--chunked-prefill-size": "chunked prefill 0 on builtin",

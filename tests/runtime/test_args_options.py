@@ -10,7 +10,8 @@ from dataclasses import dataclass, fields
 import pytest
 
 from hybridshared.flags.fields import add_flags, engine_targets, engine_values, flag, flag_fields, group_flags
-from hybridshared.flags.runtime_args import RUNTIME_ONLY_FLAGS, RuntimeArgs, build_parser, parse_args
+from hybridshared.flags.runtime_args import RUNTIME_ONLY_FLAGS, RuntimeArgs
+from hybridshared.flags.runtime_parser import build_parser, parse_args
 from runtime.core.config import EngineArgs, engine_args
 
 

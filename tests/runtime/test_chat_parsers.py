@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from hybridshared.flags.runtime_args import REASONING_PARSERS, TOOL_CALL_PARSERS, parse_args
+from hybridshared.flags.runtime_args import REASONING_PARSERS, TOOL_CALL_PARSERS
+from hybridshared.flags.runtime_parser import parse_args
 from runtime.server.reasoning import REASONING_FORMATS, ReasoningParser
 from runtime.server.tool_calls import (
     TOOL_CALL_PARSERS as IMPLEMENTED_TOOL_PARSERS,

@@ -320,7 +320,7 @@ def test_api_key_env_unset_is_a_clear_start_error(demo_model_dir: Path) -> None:
 
 _DIE_SCRIPT = """
 import sys, threading, time, pathlib
-from hybridshared.flags.runtime_args import parse_args
+from hybridshared.flags.runtime_parser import parse_args
 from runtime.server.launch import serve, start_context
 ctx = start_context(parse_args(sys.argv[2:]))
 trigger = pathlib.Path(sys.argv[1])

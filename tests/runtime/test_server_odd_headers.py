@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hybridshared.flags.runtime_args import parse_args
+from hybridshared.flags.runtime_parser import parse_args
 from tests.runtime.conftest import start_runtime_server
 
 KEY = "odd-headers-key-3b9d"

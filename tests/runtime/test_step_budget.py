@@ -9,11 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridshared.flags.runtime_args import (
-    DEFAULT_CPU_DECODING_STEP_TOKENS,
-    DEFAULT_CPU_MAX_PREFILL_TOKENS,
-    parse_args,
-)
+from hybridshared.flags.runtime_args import DEFAULT_CPU_DECODING_STEP_TOKENS, DEFAULT_CPU_MAX_PREFILL_TOKENS
+from hybridshared.flags.runtime_parser import parse_args
 from runtime.core.config import engine_args
 from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
