@@ -83,6 +83,12 @@ class HDLayer(ctypes.Structure):
         ("d_skip", FloatPtr),
         ("dt_min", _D),
         ("dt_max", _D),
+        ("route", _I64),
+        ("n_group", _I64),
+        ("topk_group", _I64),
+        ("score_bias", FloatPtr),
+        ("routed_scale", _D),
+        ("exp_relu2", _I64),
     ]
 
 
@@ -97,6 +103,8 @@ class HDModel(ctypes.Structure):
         ("final_norm", FloatPtr),
         ("lm_head", HDMat),
         ("layers", ctypes.POINTER(HDLayer)),
+        ("residual_scale", _D),
+        ("logits_div", _D),
     ]
 
 

@@ -55,21 +55,32 @@ class AttentionWeights:
     biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # q, k, v, o
 
 
+# A MoE's routing (HDLayer.route in hd_model.h): softmax over all experts then top-k (Qwen3-Next), softmax over
+# the top-k logits (Granite), sigmoid scores with a correction bias and group-limited top-k (Nemotron-H).
+ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX, ROUTE_SIGMOID_GROUPS = 0, 1, 2
+
+
 @dataclass
 class FeedForwardWeights:
-    """A sparse MoE (`experts` > 0: router, stacked expert weights, an optional shared SwiGLU and its gate) or
+    """A sparse MoE (`experts` > 0: router, stacked expert weights, an optional shared MLP and its gate) or
     a dense MLP (`experts` == 0: the mlp_* tensors; SwiGLU, or squared ReLU when `mlp_gate` is None)."""
 
     experts: int = 0
     top_k: int = 0
     norm_topk_prob: bool = True
     router: torch.Tensor | None = None  # [E, H]
-    gate_up: torch.Tensor | None = None  # [E, 2I, H]
+    gate_up: torch.Tensor | None = None  # [E, 2I, H] (gate rows, then up rows); relu2_experts: [E, I, H] up rows
     down: torch.Tensor | None = None  # [E, H, I]
     mlp_gate: torch.Tensor | None = None  # [I, H]
     mlp_up: torch.Tensor | None = None  # [I, H]
     mlp_down: torch.Tensor | None = None  # [H, I]
     shared_gate: torch.Tensor | None = None  # [1, H]
+    route: int = ROUTE_SOFTMAX
+    relu2_experts: bool = False  # squared-ReLU experts (and shared expert) without gate rows
+    groups: int = 1  # ROUTE_SIGMOID_GROUPS: n_group, topk_group, the score bias [E] and routed_scaling_factor
+    top_groups: int = 1
+    score_bias: torch.Tensor | None = None
+    routed_scale: float = 1.0
 
 
 @dataclass
@@ -95,6 +106,8 @@ class DecodeWeights:
     lm_head: torch.Tensor  # [V, H]
     layers: list[LayerWeights]
     embed_scale: float = 1.0
+    residual_scale: float = 1.0  # Granite's residual_multiplier
+    logits_div: float = 1.0  # Granite's logits_scaling
     attention_layers: int = 0
     linear_layers: int = 0
     kept: list[torch.Tensor] = field(default_factory=list)  # every tensor the structs point into

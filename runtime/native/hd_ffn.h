@@ -132,7 +132,7 @@ static void ffn_run(FfnCtx *f) {
 static int64_t ffn_scratch(const HDLayer *L, int64_t B, int64_t H) {
     if (L->n_exp <= 0) return 3 * B * L->mlp_inter;
     const int64_t rows = B * L->top_k;
-    return B * L->n_exp + 2 * B * L->top_k + 2 * rows + 2 /* probs, topw, topi */ + rows * H /* gathered */ +
+    return 2 * B * L->n_exp + 2 * B * L->top_k + 2 * rows + 2 /* probs, topw, topi */ + rows * H /* gathered */ +
            3 * rows * L->exp_inter + (rows + B) * H /* eo */ + 3 * rows + 2 /* tok, tokw */ + B /* shared gate */ +
            3 * B * L->mlp_inter + 16;
 }
@@ -144,13 +144,81 @@ static void dense_mlp(const HDLayer *L, int64_t H, const float *x, int64_t B, fl
     ffn_run(&f);
 }
 
+/* The K largest of v[0..n) into idx, largest first; ties to the lower index. */
+static void top_k_of(const float *v, int64_t n, int64_t K, int64_t *idx) {
+    for (int64_t j = 0; j < K; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < n; e++) {
+            int taken = 0;
+            for (int64_t i = 0; i < j; i++) taken |= idx[i] == e;
+            if (!taken && (best < 0 || v[e] > v[best])) best = e;
+        }
+        idx[j] = best;
+    }
+}
+
+/* One row's routing (HDLayer.route): p [2E] holds the router's logits in its first half (the second is scratch);
+ * topi [K] gets the chosen experts, topw [K] their weights. The float operations are the torch routers' own
+ * (runtime/models/layers/moe.py, granite_hybrid.py's GraniteMoE, sigmoid_moe.py's GroupTopKRouter). */
+static void route(const HDLayer *L, float *p, float *topw, int64_t *topi) {
+    const int64_t E = L->n_exp, K = L->top_k;
+    float sum = 0.0f;
+    if (L->route == HD_ROUTE_TOPK_SOFTMAX) { /* softmax over the k largest logits */
+        top_k_of(p, E, K, topi);
+        const float mx = p[topi[0]];
+        for (int64_t j = 0; j < K; j++) sum += topw[j] = expf(p[topi[j]] - mx);
+        for (int64_t j = 0; j < K; j++) topw[j] /= sum;
+        return;
+    }
+    if (L->route == HD_ROUTE_SIGMOID_GROUPS) {
+        float *choice = p + E, gs[64]; /* n_group <= 64 (checked by the Python side) */
+        const int64_t G = L->n_group, per = E / G;
+        for (int64_t e = 0; e < E; e++) {
+            p[e] = sigmoidf_(p[e]);
+            choice[e] = p[e] + (L->score_bias ? L->score_bias[e] : 0.0f);
+        }
+        for (int64_t g = 0; g < G; g++) { /* a group's score: the sum of its top two choices (its one if alone) */
+            int64_t two[2];
+            top_k_of(choice + g * per, per, per < 2 ? per : 2, two);
+            gs[g] = per < 2 ? choice[g * per + two[0]] : choice[g * per + two[0]] + choice[g * per + two[1]];
+        }
+        int64_t keep[64];
+        top_k_of(gs, G, L->topk_group, keep);
+        for (int64_t g = 0; g < G; g++) {
+            int kept = 0;
+            for (int64_t i = 0; i < L->topk_group; i++) kept |= keep[i] == g;
+            if (!kept)
+                for (int64_t e = g * per; e < (g + 1) * per; e++) choice[e] = -INFINITY;
+        }
+        top_k_of(choice, E, K, topi);
+        for (int64_t j = 0; j < K; j++) sum += topw[j] = p[topi[j]];
+        for (int64_t j = 0; j < K; j++) {
+            if (L->norm_topk) topw[j] /= sum + 1e-20f;
+            topw[j] *= (float)L->routed_scale;
+        }
+        return;
+    }
+    float mx = -INFINITY; /* HD_ROUTE_SOFTMAX: softmax over every expert, then the k largest */
+    for (int64_t e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+    for (int64_t e = 0; e < E; e++) {
+        p[e] = expf(p[e] - mx);
+        sum += p[e];
+    }
+    for (int64_t e = 0; e < E; e++) p[e] /= sum;
+    top_k_of(p, E, K, topi);
+    float tsum = 0.0f;
+    for (int64_t j = 0; j < K; j++) tsum += topw[j] = p[topi[j]];
+    if (L->norm_topk)
+        for (int64_t j = 0; j < K; j++) topw[j] /= tsum;
+}
+
 static void moe(const HDModel *m, const HDLayer *L, const HDStep *s, const float *xn, float *out, float *work) {
     const int64_t B = s->batch, H = m->hidden, E = L->n_exp, K = L->top_k, I = L->exp_inter;
     /* Offsets rounded to even floats so the int64 arrays stay 8-byte aligned. */
 #define HD_NEXT(p, n) ((p) + (((n) + 1) & ~(int64_t)1))
     const int64_t rows = B * K;
-    float *probs = work; /* [B, E] */
-    float *topw = HD_NEXT(probs, B * E); /* [B, K] */
+    float *probs = work; /* [B, 2E]: the router's logits (then scores), each row's second half its choice */
+    float *topw = HD_NEXT(probs, 2 * B * E); /* [B, K] */
     int64_t *topi = (int64_t *)HD_NEXT(topw, B * K); /* [B, K] */
     float *gathered = (float *)(topi + B * K); /* [rows, H] each expert's tokens, experts ascending */
     float *bufs = gathered + rows * H; /* [rows, 3I] each expert's g | u | h */
@@ -160,32 +228,8 @@ static void moe(const HDModel *m, const HDLayer *L, const HDStep *s, const float
     float *sg = tokw + rows; /* [B] */
     float *shared_buf = sg + B; /* [B, 3 * mlp_inter] */
 #undef HD_NEXT
-    gemm_rows(L->router, NULL, E, H, xn, H, B, probs, E);
-    for (int64_t b = 0; b < B; b++) {
-        float *p = probs + b * E;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int64_t e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
-        for (int64_t e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        for (int64_t e = 0; e < E; e++) p[e] /= sum;
-        /* top-k, largest first; ties to the lower expert id */
-        float tsum = 0.0f;
-        for (int64_t j = 0; j < K; j++) {
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int64_t i = 0; i < j; i++) taken |= topi[b * K + i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            topi[b * K + j] = best;
-            topw[b * K + j] = p[best];
-            tsum += p[best];
-        }
-        if (L->norm_topk)
-            for (int64_t j = 0; j < K; j++) topw[b * K + j] /= tsum;
-    }
+    gemm_rows(L->router, NULL, E, H, xn, H, B, probs, 2 * E);
+    for (int64_t b = 0; b < B; b++) route(L, probs + 2 * b * E, topw + b * K, topi + b * K);
     FfnCtx f = {.n = 0, .H = H, .B = B, .out = out, .eo = eo, .mode = FFN_CLEAR};
     /* Experts in ascending id order: each token's terms are summed in that order, as the torch paths sum them. At
      * most HD_MAX_JOBS - 1 active experts a region; more (a large batch of a many-expert model) run in rounds. */
@@ -208,8 +252,11 @@ static void moe(const HDModel *m, const HDLayer *L, const HDStep *s, const float
             f.mode = FFN_ADD;
         }
         f.eo_off[f.n] = at;
-        ffn_add(&f, hd_mat_at(L->exp_gate_up, e * 2 * I * H), hd_mat_at(L->exp_gate_up, e * 2 * I * H + I * H),
-                hd_mat_at(L->exp_down, e * H * I), I, cnt, gathered + at * H, bufs + 3 * at * I, tok + at, tokw + at);
+        /* SwiGLU experts: gate rows then up rows; squared-ReLU ones (Nemotron-H): up rows only, no gate */
+        const HDMat gate = L->exp_relu2 ? (HDMat){0} : hd_mat_at(L->exp_gate_up, e * 2 * I * H);
+        const HDMat up = hd_mat_at(L->exp_gate_up, L->exp_relu2 ? e * I * H : e * 2 * I * H + I * H);
+        ffn_add(&f, gate, up, hd_mat_at(L->exp_down, e * H * I), I, cnt, gathered + at * H, bufs + 3 * at * I,
+                tok + at, tokw + at);
         at += cnt;
     }
     if (L->mlp_inter > 0) {

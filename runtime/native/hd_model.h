@@ -49,7 +49,17 @@ typedef struct {
     const float *b_in, *b_out; /* in_proj / out_proj biases or NULL */
     const float *d_skip; /* [mh] */
     double dt_min, dt_max;
+    /* the MoE's routing (hd_ffn.h, route): HD_ROUTE_SOFTMAX (softmax over all experts, top-k, renormalized when
+     * norm_topk: Qwen3-Next), HD_ROUTE_TOPK_SOFTMAX (top-k of the logits, softmax over those k: Granite),
+     * HD_ROUTE_SIGMOID_GROUPS (sigmoid scores; the choice adds score_bias and keeps the topk_group of n_group
+     * groups with the largest top-2 sums; weights renormalized when norm_topk, times routed_scale: Nemotron-H) */
+    int64_t route, n_group, topk_group;
+    const float *score_bias; /* [E] or NULL */
+    double routed_scale;
+    int64_t exp_relu2; /* 1: the experts are squared-ReLU MLPs, exp_gate_up [E, I, H] their up rows only */
 } HDLayer;
+
+enum { HD_ROUTE_SOFTMAX = 0, HD_ROUTE_TOPK_SOFTMAX = 1, HD_ROUTE_SIGMOID_GROUPS = 2 };
 
 enum { HD_DELTANET = 0, HD_ATTENTION = 1, HD_MAMBA2 = 2, HD_NO_MIXER = 3 };
 
@@ -61,6 +71,8 @@ typedef struct {
     const float *final_norm; /* [H] 1 + w */
     HDMat lm_head; /* [V, H] */
     const HDLayer *layers;
+    double residual_scale; /* every mixer's and feed-forward's output times this before it is added (Granite) */
+    double logits_div; /* the logits divided by this (Granite's logits_scaling) */
 } HDModel;
 
 typedef struct {
@@ -119,7 +131,7 @@ static inline void hd_prefetch_ffn(const HDLayer *L, int64_t H, int64_t i, int64
 #if defined(__x86_64__) || defined(__i386__)
     const int64_t E = L->n_exp, I = L->exp_inter, M = L->mlp_inter;
     const HDMat mat[5] = {L->exp_gate_up, L->exp_down, L->mlp_gate, L->mlp_up, L->mlp_down};
-    const int64_t elems[5] = {E > 0 ? E * 2 * I * H : 0, E > 0 ? E * H * I : 0, M * H, M * H, H * M};
+    const int64_t elems[5] = {E > 0 ? E * (L->exp_relu2 ? 1 : 2) * I * H : 0, E > 0 ? E * H * I : 0, M * H, M * H, H * M};
     int64_t len[5], total = 0; /* bytes */
     for (int r = 0; r < 5; r++) total += len[r] = mat[r].data ? elems[r] * hd_elem_size(mat[r]) : 0;
     const int64_t lo = total * i / n, hi = total * (i + 1) / n;

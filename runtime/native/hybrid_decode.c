@@ -3,8 +3,9 @@
  * be absent), final norm and lm_head, for B sequences of one new token each, or for one sequence's B new tokens (a
  * short extend: HDStep.chain, DeltaNet and attention layers only; the DeltaNet rows then run in token order,
  * hd_deltanet.h, and row b attends to the cached tokens and the new ones up to itself). The Qwen3-Next family
- * (qwen3_next, qwen3_5, qwen3_5_moe) and Nemotron-H (Mamba2, attention without RoPE and squared-ReLU MLP layers,
- * hd_mamba2.h) are what runtime/engine/native_decode.py builds for it. Called once per step through ctypes
+ * (qwen3_next, qwen3_5, qwen3_5_moe), Nemotron-H (Mamba2, attention without RoPE, squared-ReLU MLP layers,
+ * hd_mamba2.h) and Granite-4.0-H (muP multipliers: HDModel's residual_scale and logits_div) are what
+ * runtime/engine/native_decode.py builds for it. Called once per step through ctypes
  * (runtime/native/hybrid_decode.py), so a step is one call instead of ~800 dispatched torch ops (an extend's ~1000).
  *
  * Semantics follow the torch modules (runtime/models/layers/): every weight matrix (projections, experts, router,
@@ -71,6 +72,15 @@ static void scratch_done(float *x) {
     if (x != kept_scratch) free(x);
 }
 
+/* x += delta (times Granite's residual_multiplier when it is not 1: the product rounded, then the sum, as torch's
+ * `x + out * m`; c11 keeps the compiler from fusing them). */
+static void add_residual(float *x, const float *delta, int64_t n, float rs) {
+    if (rs == 1.0f)
+        for (int64_t i = 0; i < n; i++) x[i] += delta[i];
+    else
+        for (int64_t i = 0; i < n; i++) x[i] += delta[i] * rs;
+}
+
 void hd_set_threads(int n) { hp_set_threads(n); }
 void hd_set_min_part_bytes(int64_t bytes) { hd_part_bytes = bytes < 1 ? 1 : bytes; }
 int hd_threads(void) { return hp_threads(); }
@@ -105,6 +115,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     if (!x) return HD_NO_MEMORY;
     float *xn = x + B * H, *delta = xn + B * H, *work = delta + B * H, *scores = work + scratch;
     GemmSet g = {0};
+    const float rs = (float)m->residual_scale;
     for (int64_t b = 0; b < B; b++) {
         const int64_t row = s->ids[b] * H;
         for (int64_t i = 0; i < H; i++) {
@@ -122,7 +133,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
                 mamba2(m, L, s, xn, delta, work, &g);
             else
                 attention(m, L, s, xn, delta, work, scores, part, slots, &g);
-            for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
+            add_residual(x, delta, B * H, rs);
         }
         if (L->n_exp == 0 && L->mlp_inter == 0) continue; /* a mixer-only layer */
         for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->post_norm, H, m->eps, xn + b * H);
@@ -130,13 +141,17 @@ int hd_decode(const HDModel *m, const HDStep *s) {
             moe(m, L, s, xn, delta, work);
         else
             dense_mlp(L, H, xn, B, delta, work);
-        for (int64_t i = 0; i < B * H; i++) x[i] += delta[i];
+        add_residual(x, delta, B * H, rs);
     }
     /* An extend needs only its last token's logits: the lm_head is the largest projection. */
     const int64_t first = s->last_logits ? B - 1 : 0;
     for (int64_t b = first; b < B; b++) rms_norm(x + b * H, m->final_norm, H, m->eps, xn + b * H);
     gemm_add(&g, m->lm_head, NULL, m->vocab, H, xn + first * H, H, B - first, s->logits, m->vocab);
     gemm_run(&g);
+    if (m->logits_div != 1.0) { /* Granite's logits_scaling: a division, as torch's */
+        const float div = (float)m->logits_div;
+        for (int64_t i = 0; i < (B - first) * m->vocab; i++) s->logits[i] /= div;
+    }
     scratch_done(x);
     return HD_OK;
 }

@@ -37,6 +37,7 @@ from runtime.native.decode_weights import (
     DeltaNetWeights,
     LayerWeights,
 )
+from runtime.native.ffn_weights import fill_ffn
 from runtime.native.mamba2_weights import Mamba2Weights, fill_mamba2
 
 SOURCE = Path(__file__).with_name("hybrid_decode.c")
@@ -103,6 +104,8 @@ class HybridDecodeKernel:
             n_layers=len(weights.layers),
             eps=weights.eps,
             embed_scale=weights.embed_scale,
+            residual_scale=weights.residual_scale,
+            logits_div=weights.logits_div,
             embed=self._mat(weights.embed, (weights.vocab, h), "embed"),
             final_norm=self._ptr(weights.final_norm, (h,), "final norm"),
             lm_head=self._mat(weights.lm_head, (weights.vocab, h), "lm_head"),
@@ -202,26 +205,10 @@ class HybridDecodeKernel:
             if m is None:
                 raise WeightError(f"{name}: neither a mixer nor a feed-forward")
             return
-        if f.experts > 0:
-            if f.router is None or f.gate_up is None or f.down is None or not 0 < f.top_k <= f.experts:
-                raise WeightError(f"{name}: a MoE block without router or expert weights, or top_k out of range")
-            inter = f.down.shape[-1]
-            c.n_exp, c.top_k, c.exp_inter, c.norm_topk = f.experts, f.top_k, inter, f.norm_topk_prob
-            c.router = self._mat(f.router, (f.experts, h), f"{name} router")
-            c.exp_gate_up = self._mat(f.gate_up, (f.experts, 2 * inter, h), f"{name} experts gate_up")
-            c.exp_down = self._mat(f.down, (f.experts, h, inter), f"{name} experts down")
-            c.shared_gate = self._mat(f.shared_gate, (1, h), f"{name} shared expert gate")
-        if f.mlp_down is not None:
-            inter = f.mlp_down.shape[-1]
-            c.mlp_inter = inter
-            c.mlp_gate = self._mat(f.mlp_gate, (inter, h), f"{name} mlp gate")
-            c.mlp_up = self._mat(f.mlp_up, (inter, h), f"{name} mlp up")
-            c.mlp_down = self._mat(f.mlp_down, (h, inter), f"{name} mlp down")
-            # No gate: a squared-ReLU MLP (Nemotron-H); a MoE's shared expert is always a SwiGLU.
-            if not c.mlp_up.data or (not c.mlp_gate.data and f.experts > 0):
-                raise WeightError(f"{name}: an MLP without up weights, or a shared expert without a gate")
-        elif f.experts == 0:
-            raise WeightError(f"{name}: neither a MoE block nor an MLP")
+        try:
+            fill_ffn(c, f, h, name, self._mat, self._ptr)
+        except ValueError as exc:
+            raise WeightError(str(exc)) from exc
 
     def pools_error(
         self, k: list[torch.Tensor], v: list[torch.Tensor], conv: list[torch.Tensor], ssm: list[torch.Tensor]
