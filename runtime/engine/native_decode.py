@@ -9,8 +9,9 @@ one sequence as rows of one chain, the recurrent state advanced token by token; 
 them to the torch path), before the compiled paths: where both are on, native wins the decode step and the short
 extends (it needs no warm-up).
 
-Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe) and NemotronHForCausalLM without MoE blocks
-(runtime/engine/native_nemotron.py; decode rows only, its extends stay torch's) on CPU with fp32 or bf16 weights
+Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM without MoE blocks
+(runtime/engine/native_nemotron.py) and GraniteHybridForCausalLM (runtime/engine/native_granite.py; the Mamba2
+families decode rows only, their extends stay torch's) on CPU with fp32 or bf16 weights
 (each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
 what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
 runs.
@@ -156,13 +157,16 @@ def _feed_forward(mlp: nn.Module, name: str) -> FeedForwardWeights:
 
 def decode_weights(model: HybridModel) -> DecodeWeights:
     """The kernel's view of `model`'s tensors; Unsupported naming the first thing the kernel does not compute."""
+    from runtime.models.granite_hybrid import GraniteHybridForCausalLM
     from runtime.models.nemotron_h import NemotronHForCausalLM
     from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
-    families = (Qwen3NextForCausalLM, NemotronHForCausalLM)
+    families = (Qwen3NextForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM)
     if not isinstance(model, families) or type(model) not in families:  # exact classes: a subclass may differ
-        raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next- or Nemotron-H-family model")
-    if type(model).scale_logits is not DecoderLM.scale_logits:
+        raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next-, Nemotron-H- or Granite-4.0-H-family model")
+    # Granite's own scale_logits (a division by logits_scaling) is the C step's logits_div.
+    scales = (DecoderLM.scale_logits, GraniteHybridForCausalLM.scale_logits)
+    if type(model).scale_logits not in scales:
         raise Unsupported(f"{type(model).__name__} scales its logits")
     hooked = _hooked_module(model)
     if hooked:
@@ -179,6 +183,10 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         from runtime.engine.native_nemotron import nemotron_h_weights
 
         return nemotron_h_weights(model)
+    if isinstance(model, GraniteHybridForCausalLM):
+        from runtime.engine.native_granite import granite_hybrid_weights
+
+        return granite_hybrid_weights(model)
     config = model.config
     eps = float(config.rms_norm_eps)
     body = model.body

@@ -4,8 +4,8 @@ feed-forward, an attention block (no RoPE) an attention mixer with none, an MLP 
 with no mixer (its norm is the feed-forward's). MoE blocks (sigmoid routing over expert groups) are not in the C
 step: a model with one decodes on the torch path.
 
-Granite-4.0-H and Falcon-H1 share the Mamba2 mixer but add multipliers (muP on the embedding, residuals, logits,
-projection sections) and other gated norms; they are other model classes and keep the torch decode."""
+Granite-4.0-H reuses the Mamba2 mixer's table (runtime/engine/native_granite.py); Falcon-H1's mixer scales its
+projection sections and gates its norm otherwise, and keeps the torch decode."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _norm(norm: nn.Module, name: str, eps: float) -> nn.Parameter:
     return norm.weight
 
 
-def _mamba2(mixer: nn.Module, eps: float, name: str) -> Mamba2Weights:
+def mamba2_mixer(mixer: nn.Module, eps: float, name: str) -> Mamba2Weights:
     if type(mixer) is not Mamba2Mixer:
         raise Unsupported(f"{name} is {type(mixer).__name__}")
     if mixer.in_multiplier != 1.0 or mixer.proj_multipliers is not None:
@@ -72,7 +72,7 @@ def _block(block: nn.Module, model: NemotronHForCausalLM, eps: float, name: str)
         raise Unsupported(f"{name} is {type(block).__name__}")
     norm = _norm(block.norm, f"{name} norm", eps)
     if block.kind == LINEAR:
-        mixer = _mamba2(block.mixer, eps, name)
+        mixer = mamba2_mixer(block.mixer, eps, name)
         return LayerWeights(MAMBA2_KIND, block.ordinal, norm, None, mixer, None)
     if block.kind == FULL:
         attention = attention_weights(block.mixer, model, eps, name)
