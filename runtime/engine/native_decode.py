@@ -9,9 +9,9 @@ one sequence as rows of one chain, the recurrent state advanced token by token; 
 them to the torch path), before the compiled paths: where both are on, native wins the decode step and the short
 extends (it needs no warm-up).
 
-Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM without MoE blocks
-(runtime/engine/native_nemotron.py) and GraniteHybridForCausalLM (runtime/engine/native_granite.py; the Mamba2
-families decode rows only, their extends stay torch's) on CPU with fp32 or bf16 weights
+Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM (MoE blocks without
+latent projections; runtime/engine/native_nemotron.py) and GraniteHybridForCausalLM (runtime/engine/
+native_granite.py; the Mamba2 families decode rows only, their extends stay torch's) on CPU with fp32 or bf16 weights
 (each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
 what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
 runs.

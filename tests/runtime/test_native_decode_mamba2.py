@@ -2,8 +2,9 @@
 against the torch decode of the same model: logits, and every K/V row, conv window and SSM state the step writes.
 Tiny random checkpoints (transformers' classes, weights perturbed so every norm and bias matters) through the
 runtime's own loader: Mamba2 with 2 and 4 groups, conv kernels 4 (with bias) and 3 (without), in/out projection
-biases, a dt floor that the softplus actually hits, attention without RoPE, squared-ReLU MLPs; batches in state
-slots of random order; fp32 and bf16 weights; 1 and 2 threads."""
+biases, a dt floor that the softplus actually hits, attention without RoPE, squared-ReLU MLPs, Nemotron 3's MoE
+blocks (group-limited sigmoid routing); batches in state slots of random order; fp32 and bf16 weights; 1 and 2
+threads; the engine end to end with MoE blocks."""
 
 from __future__ import annotations
 
@@ -16,13 +17,21 @@ import pytest
 import torch
 
 from runtime.core.batch import ForwardBatch
+from runtime.core.requests import GenerateRequest
 from runtime.engine.native_decode import NativeDecode, Unsupported, decode_weights, native_decode_for
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
 from tests.runtime.simple_runner import SimpleRunner
-from tests.runtime.test_engine_support import one_torch_thread, perturb_weights
+from tests.runtime.test_engine_support import (
+    _byte_level_tokenizer,
+    greedy,
+    make_core,
+    one_torch_thread,
+    perturb_weights,
+    run_to_completion,
+)
 from tests.runtime.test_native_decode import VOCAB, _assert_same_step, _clone, _decode_batch, _prompt
 
 transformers = pytest.importorskip("transformers")
@@ -60,6 +69,12 @@ ARCHS: dict[str, Callable[[], object]] = {
         use_bias=True,
         mamba_proj_bias=True,
         time_step_min=0.3,
+    ),  # fmt: skip
+    # Nemotron 3's MoE blocks: 8 relu² experts in 4 groups, the 2 best groups kept, top 3, a correction bias,
+    # renormalized and scaled weights, a relu² shared expert.
+    "moe_groups": lambda: _config(
+        hybrid_override_pattern="ME*EM-E", n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48, n_group=4, topk_group=2, routed_scaling_factor=2.5,
     ),  # fmt: skip
 }
 
@@ -212,12 +227,36 @@ def test_two_threads_give_the_bits_of_one(model: HybridModel) -> None:
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
 
 
-def test_moe_blocks_keep_the_torch_decode(tmp_path: Path) -> None:
-    cfg = _config(
-        hybrid_override_pattern="ME", n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        moe_shared_expert_intermediate_size=32, n_group=1, topk_group=1,
-    )  # fmt: skip
+def test_latent_moe_blocks_keep_the_torch_decode(model: HybridModel) -> None:
+    moes = [block.mixer for block in model.body.layers if block.kind == "moe"]  # type: ignore[union-attr]
+    if not moes:
+        pytest.skip("no MoE blocks")
+    decode_weights(model)  # natively decoded as it is
+    moes[0].fc1_latent_proj = torch.nn.Linear(64, 32, bias=False)
+    try:
+        with pytest.raises(Unsupported, match=r"layer 1's experts run in a latent space \(moe_latent_size\)"):
+            decode_weights(model)
+    finally:
+        moes[0].fc1_latent_proj = None
+
+
+def test_moe_engine_greedy_tokens_identical_to_the_torch_decode(tmp_path: Path) -> None:
+    """The engine with the native decode on and off over a Nemotron-H MoE model: the same greedy tokens, batched
+    and alone, and the decode steps ran in C."""
     torch.manual_seed(0)
+    cfg = ARCHS["moe_groups"]()
+    cfg.vocab_size, cfg.eos_token_id, cfg.initializer_range = 256, 255, 0.2  # type: ignore[attr-defined]
     transformers.NemotronHForCausalLM(cfg).save_pretrained(tmp_path)
-    with pytest.raises(Unsupported, match="layer 1 is a moe block"):
-        decode_weights(load_model(tmp_path))
+    _byte_level_tokenizer(tmp_path)
+    native = make_core(tmp_path, chunked_prefill_size=7, mamba_track_interval=8)
+    torch_core = make_core(tmp_path, chunked_prefill_size=7, mamba_track_interval=8, native_decode="off")
+    assert native.runner.native_decode is not None and native.stats().native_decode.startswith("on")
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 47)), [3], list(range(100, 112)) * 2]
+    for together in (True, False):
+        reqs = [GenerateRequest(f"r{i}", p, greedy(8)) for i, p in enumerate(prompts)]
+        before = native.runner.native_decode.steps
+        want = run_to_completion(torch_core, reqs, together=together)
+        got = run_to_completion(native, copy.deepcopy(reqs), together=together)
+        for i in range(len(prompts)):
+            assert got.tokens(f"r{i}") == want.tokens(f"r{i}"), f"prompt {i} diverged"
+        assert native.runner.native_decode.steps - before >= 7
