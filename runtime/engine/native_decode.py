@@ -10,8 +10,9 @@ them to the torch path), before the compiled paths: where both are on, native wi
 extends (it needs no warm-up).
 
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM (MoE blocks without
-latent projections; runtime/engine/native_nemotron.py) and GraniteHybridForCausalLM (runtime/engine/
-native_granite.py; the Mamba2 families decode rows only, their extends stay torch's) on CPU with fp32 or bf16 weights
+latent projections; runtime/engine/native_nemotron.py), GraniteHybridForCausalLM (runtime/engine/
+native_granite.py) and KimiLinearForCausalLM without MLA layers (runtime/engine/native_kimi.py; the Mamba2 and KDA
+families decode rows only, their extends stay torch's) on CPU with fp32 or bf16 weights
 (each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
 what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
 runs.
@@ -40,6 +41,7 @@ from runtime.core.batch import ForwardBatch, PoolBuffers
 from runtime.engine.native_weights import Unsupported, attention_weights, zero_centred
 from runtime.models.base import HybridModel
 from runtime.models.decoder import FULL, LINEAR, DecoderLM
+from runtime.models.kimi_linear import KimiDeltaAttention
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import GatedMLP
@@ -49,6 +51,7 @@ from runtime.native.build import NativeUnavailable
 from runtime.native.decode_structs import WEIGHT_DTYPES
 from runtime.native.decode_weights import (
     ATTENTION_KIND,
+    KDA_KIND,
     LINEAR_KIND,
     AttentionWeights,
     DecodeWeights,
@@ -158,12 +161,15 @@ def _feed_forward(mlp: nn.Module, name: str) -> FeedForwardWeights:
 def decode_weights(model: HybridModel) -> DecodeWeights:
     """The kernel's view of `model`'s tensors; Unsupported naming the first thing the kernel does not compute."""
     from runtime.models.granite_hybrid import GraniteHybridForCausalLM
+    from runtime.models.kimi_linear import KimiLinearForCausalLM
     from runtime.models.nemotron_h import NemotronHForCausalLM
     from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
-    families = (Qwen3NextForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM)
+    families = (Qwen3NextForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM, KimiLinearForCausalLM)
     if not isinstance(model, families) or type(model) not in families:  # exact classes: a subclass may differ
-        raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next-, Nemotron-H- or Granite-4.0-H-family model")
+        raise Unsupported(
+            f"{type(model).__name__} is not a Qwen3-Next-, Nemotron-H-, Granite-4.0-H- or Kimi-Linear-family model"
+        )
     # Granite's own scale_logits (a division by logits_scaling) is the C step's logits_div.
     scales = (DecoderLM.scale_logits, GraniteHybridForCausalLM.scale_logits)
     if type(model).scale_logits not in scales:
@@ -187,6 +193,10 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         from runtime.engine.native_granite import granite_hybrid_weights
 
         return granite_hybrid_weights(model)
+    if isinstance(model, KimiLinearForCausalLM):
+        from runtime.engine.native_kimi import kimi_linear_weights
+
+        return kimi_linear_weights(model)
     config = model.config
     eps = float(config.rms_norm_eps)
     body = model.body
@@ -361,6 +371,8 @@ def _derived_sources(model: HybridModel) -> list[torch.Tensor]:
             sources.append(module.weight)
         elif isinstance(module, GatedDeltaNet):
             sources.append(module.A_log)
+        elif isinstance(module, KimiDeltaAttention):  # neg_a and the conv taps (runtime/engine/native_kimi.py)
+            sources.extend((module.A_log, module.conv1d.weight))
         elif isinstance(module, Mamba2Mixer):
             small = (module.A_log, module.dt_bias, module.D, module.conv1d.weight, module.conv1d.bias)
             sources.extend(p for p in small if p is not None)
@@ -386,7 +398,8 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
     if native.extends:
         extends = "; short extends"
     elif not native.extends_model:
-        extends = "; short extends off (Mamba2 layers: decode rows only)"
+        kinds = "KDA" if any(lw.kind == KDA_KIND for lw in native.kernel.weights.layers) else "Mamba2"
+        extends = f"; short extends off ({kinds} layers: decode rows only)"
     else:
         extends = f"; short extends off ({EXTEND_ENV}=0)"
     return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}{extends}")

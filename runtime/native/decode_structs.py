@@ -89,6 +89,14 @@ class HDLayer(ctypes.Structure):
         ("score_bias", FloatPtr),
         ("routed_scale", _D),
         ("exp_relu2", _I64),
+        ("kda_q", HDMat),
+        ("kda_k", HDMat),
+        ("kda_v", HDMat),
+        ("kda_fa", HDMat),
+        ("kda_fb", HDMat),
+        ("kda_ga", HDMat),
+        ("kda_gb", HDMat),
+        ("kda_b", HDMat),
     ]
 
 

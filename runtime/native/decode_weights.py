@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from runtime.native.kda_weights import KDAWeights
 from runtime.native.mamba2_weights import Mamba2Weights
 
 # A layer's mixer (HDLayer.kind): LINEAR_KIND is the gated DeltaNet; NO_MIXER_KIND a feed-forward-only layer.
 LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND, NO_MIXER_KIND = 0, 1, 2, 3
+KDA_KIND = 4  # Kimi Delta Attention (hd_kda.h), on the linear layers' pools
 
 
 @dataclass
@@ -92,7 +94,7 @@ class LayerWeights:
     ordinal: int  # index into the pool lists of its kind
     in_norm: torch.Tensor | None  # [H] the norm's scale (Qwen3-Next: 1 + w)
     post_norm: torch.Tensor | None  # [H]
-    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | None
+    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | KDAWeights | None
     ffn: FeedForwardWeights | None
 
 
@@ -114,5 +116,6 @@ class DecodeWeights:
 
     @property
     def extends(self) -> bool:
-        """Whether the C step runs an extend chain of this model (not over a Mamba2 layer: decode rows only)."""
-        return all(lw.kind != MAMBA2_KIND for lw in self.layers)
+        """Whether the C step runs an extend chain of this model (not over a Mamba2 or KDA layer: decode rows
+        only)."""
+        return all(lw.kind not in (MAMBA2_KIND, KDA_KIND) for lw in self.layers)

@@ -57,11 +57,16 @@ typedef struct {
     const float *score_bias; /* [E] or NULL */
     double routed_scale;
     int64_t exp_relu2; /* 1: the experts are squared-ReLU MLPs, exp_gate_up [E, I, H] their up rows only */
+    /* Kimi Delta Attention (hd_kda.h): nk heads of dk (== dv) channels, kernel, conv_w [3*nk*dk, kernel], neg_a [nk],
+     * dt_bias [nk*dk], gnorm_w [dk] (o_norm) and w_out [H, nk*dk] as above */
+    HDMat kda_q, kda_k, kda_v; /* [nk*dk, H] each */
+    HDMat kda_fa, kda_fb, kda_ga, kda_gb; /* [dk, H], [nk*dk, dk], [dk, H], [nk*dk, dk] */
+    HDMat kda_b; /* [nk, H] */
 } HDLayer;
 
 enum { HD_ROUTE_SOFTMAX = 0, HD_ROUTE_TOPK_SOFTMAX = 1, HD_ROUTE_SIGMOID_GROUPS = 2 };
 
-enum { HD_DELTANET = 0, HD_ATTENTION = 1, HD_MAMBA2 = 2, HD_NO_MIXER = 3 };
+enum { HD_DELTANET = 0, HD_ATTENTION = 1, HD_MAMBA2 = 2, HD_NO_MIXER = 3, HD_KDA = 4 };
 
 typedef struct {
     int64_t hidden, vocab, n_layers;

@@ -30,6 +30,7 @@
 #include "hd_attention.h"
 #include "hd_deltanet.h"
 #include "hd_ffn.h"
+#include "hd_kda.h"
 #include "hd_mamba2.h"
 #include "hd_model.h"
 #include "parallel.h"
@@ -47,6 +48,7 @@ static int64_t layer_scratch(const HDLayer *L, int64_t B, int64_t H) {
     const int64_t mixer = L->kind == HD_DELTANET  ? deltanet_scratch(L, B)
                           : L->kind == HD_MAMBA2   ? mamba2_scratch(L, B)
                           : L->kind == HD_ATTENTION ? attention_scratch(L, B)
+                          : L->kind == HD_KDA       ? kda_scratch(L, B)
                                                     : 0;
     return max64(mixer, ffn_scratch(L, B, H)) + 16;
 }
@@ -89,7 +91,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     const int64_t B = s->batch, H = m->hidden;
     if (s->chain)
         for (int64_t l = 0; l < m->n_layers; l++)
-            if (m->layers[l].kind == HD_MAMBA2) return HD_NO_CHAIN;
+            if (m->layers[l].kind == HD_MAMBA2 || m->layers[l].kind == HD_KDA) return HD_NO_CHAIN;
     int64_t max_kv = 1;
     for (int64_t b = 0; b < B; b++) {
         if (s->ids[b] < 0 || s->ids[b] >= m->vocab) return HD_BAD_TOKEN;
@@ -131,6 +133,8 @@ int hd_decode(const HDModel *m, const HDStep *s) {
                 deltanet(m, L, s, xn, delta, work, &g);
             else if (L->kind == HD_MAMBA2)
                 mamba2(m, L, s, xn, delta, work, &g);
+            else if (L->kind == HD_KDA)
+                kda(m, L, s, xn, delta, work, &g);
             else
                 attention(m, L, s, xn, delta, work, scores, part, slots, &g);
             add_residual(x, delta, B * H, rs);

@@ -30,6 +30,7 @@ from runtime.native.decode_structs import (
 )
 from runtime.native.decode_weights import (
     ATTENTION_KIND,
+    KDA_KIND,
     LINEAR_KIND,
     MAMBA2_KIND,
     NO_MIXER_KIND,
@@ -38,6 +39,7 @@ from runtime.native.decode_weights import (
     LayerWeights,
 )
 from runtime.native.ffn_weights import fill_ffn
+from runtime.native.kda_weights import KDAWeights, fill_kda
 from runtime.native.mamba2_weights import Mamba2Weights, fill_mamba2
 
 SOURCE = Path(__file__).with_name("hybrid_decode.c")
@@ -48,7 +50,7 @@ _ERRORS = {
     4: "out of memory for the step's scratch",
     5: "a sequence with no KV tokens",
     6: "a state checkpoint outside the extend or the state pool",
-    7: "an extend over a Mamba2 layer (the C step runs Mamba2 decode rows only)",
+    7: "an extend over a Mamba2 layer or a KDA layer (the C step runs their decode rows only)",
 }
 
 
@@ -164,6 +166,13 @@ class HybridDecodeKernel:
                 fill_mamba2(c, m, h, name, self._mat, self._ptr)
             except ValueError as exc:
                 raise WeightError(str(exc)) from exc
+        elif isinstance(m, KDAWeights):
+            if lw.kind != KDA_KIND:
+                raise WeightError(f"{name}: a KDA mixer on a layer of kind {lw.kind}")
+            try:
+                fill_kda(c, m, h, name, self._mat, self._ptr)
+            except ValueError as exc:
+                raise WeightError(str(exc)) from exc
         elif isinstance(m, DeltaNetWeights):
             if lw.kind != LINEAR_KIND or m.num_v_heads % m.num_k_heads:
                 raise WeightError(f"{name}: a DeltaNet mixer on a non-linear layer, or v heads not a multiple of k")
@@ -225,10 +234,11 @@ class HybridDecodeKernel:
                     return f"the {name} pool is not a contiguous fp32 CPU tensor ({t.dtype}, {t.device})"
         for lw in w.layers:
             m = lw.mixer
-            if isinstance(m, Mamba2Weights):
+            if isinstance(m, Mamba2Weights | KDAWeights):
                 want_c, want_m = m.pool_shapes()
                 if tuple(conv[lw.ordinal].shape[1:]) != want_c or tuple(ssm[lw.ordinal].shape[1:]) != want_m:
-                    return f"state buffers of Mamba2 layer {lw.ordinal} are not {list(want_c)} / {list(want_m)}"
+                    kind = "Mamba2" if isinstance(m, Mamba2Weights) else "KDA"
+                    return f"state buffers of {kind} layer {lw.ordinal} are not {list(want_c)} / {list(want_m)}"
             elif isinstance(m, DeltaNetWeights):
                 conv_dim = 2 * m.num_k_heads * m.k_head_dim + m.num_v_heads * m.v_head_dim
                 want_c = (conv_dim, m.kernel - 1)
@@ -256,7 +266,8 @@ class HybridDecodeKernel:
         self._tables = [table(group) for group in (k, v, conv, ssm)]
         step = self._step
         step.k_pool, step.v_pool, step.conv_pool, step.ssm_pool = (ctypes.cast(t, FloatPtrTable) for t in self._tables)
-        step.token_slots = min((t.shape[0] for t in (*k, *v)), default=0)
+        # No KV pools (a model of recurrent layers only): no token slot is ever dereferenced, any index will do.
+        step.token_slots = min((t.shape[0] for t in (*k, *v)), default=2**62)
         step.state_slots_count = min((t.shape[0] for t in (*conv, *ssm)), default=0)
         self._bound = True
 

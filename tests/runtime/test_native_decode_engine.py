@@ -108,13 +108,12 @@ def test_nemotron_h_greedy_tokens_identical_to_the_torch_decode(
     assert native.runner.native_decode.steps - before >= max_new - 1
 
 
-def test_other_families_keep_the_torch_decode_and_on_refuses(tmp_path: Path) -> None:
+def test_mla_layers_keep_the_torch_decode_and_on_refuses(tmp_path: Path) -> None:
     model_dir = build_tiny_kimi_linear(tmp_path / "kimi")
     core = make_core(model_dir)
     assert core.runner.native_decode is None
     detail = core.stats().native_decode
-    family = "is not a Qwen3-Next-, Nemotron-H- or Granite-4.0-H-family model"
-    assert detail.startswith(f"off: KimiLinearForCausalLM {family}"), detail
+    assert detail == "off: layer 3 is multi-head latent attention (MLA): not in the C step", detail
     with pytest.raises(EngineStartupError, match="--native-decode on, but it cannot run"):
         make_core(model_dir, native_decode="on")
 

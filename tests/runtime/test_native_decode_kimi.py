@@ -1,0 +1,212 @@
+"""The native decode step on Kimi-Linear (runtime/engine/native_kimi.py; KDA layers in hd_kda.h, the DeepSeek-style
+MoE on hd_ffn.h's sigmoid group routing) against the torch decode of the same model: logits and every pool row the
+step writes, greedy tokens over many steps of a batch in random state slots, transformers' generate, bf16 weights
+bit for bit against fp32 ones rounded to bf16, 1 and 2 threads, and the engine end to end. Tiny random checkpoints
+(transformers' classes, weights perturbed) of KDA layers only: a model with MLA layers keeps the torch decode."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.core.requests import GenerateRequest
+from runtime.engine.native_decode import NativeDecode, Unsupported, decode_weights, native_decode_for
+from runtime.models import load_model
+from runtime.models.base import HybridModel
+from runtime.native.build import find_compiler
+from runtime.native.decode_weights import KDA_KIND, ROUTE_SIGMOID_GROUPS
+from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
+from tests.runtime.test_engine_support import (
+    _byte_level_tokenizer,
+    greedy,
+    make_core,
+    one_torch_thread,
+    perturb_weights,
+    run_to_completion,
+)
+from tests.runtime.test_native_decode import VOCAB, _assert_same_step, _clone, _decode_batch, _prompt
+from tests.runtime.test_native_decode_mamba2 import _prefilled
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def _config(**kw: object) -> object:
+    base: dict[str, object] = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention"] * 3, num_local_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+        n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=2.5, pad_token_id=None,
+        bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    base.update(kw)
+    return transformers.KimiLinearConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    torch.manual_seed(0)
+    hf = transformers.KimiLinearForCausalLM(_config()).eval()
+    perturb_weights(hf, 1)
+    path: Path = tmp_path_factory.mktemp("kimi")
+    hf.save_pretrained(path)
+    return path, hf
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint: tuple[Path, object]) -> HybridModel:
+    return load_model(checkpoint[0], dtype=torch.float32)
+
+
+def test_the_model_runs_natively_without_extends(model: HybridModel) -> None:
+    native, status = native_decode_for(model, "auto", "cpu")
+    assert native is not None and status.state == "on", status.detail
+    assert "short extends off (KDA layers: decode rows only)" in status.detail
+    weights = decode_weights(model)
+    assert [lw.kind for lw in weights.layers] == [KDA_KIND] * 3
+    ffns = [lw.ffn for lw in weights.layers]
+    assert ffns[0] is not None and ffns[0].experts == 0  # the dense first layer
+    assert all(f is not None and f.route == ROUTE_SIGMOID_GROUPS and f.experts == 8 for f in ffns[1:])
+
+
+@pytest.mark.parametrize("lengths", [[1], [7], [40], [5, 33, 17], [9, 9, 64, 2, 30, 11, 4, 20]])
+def test_decode_step_matches_torch(model: HybridModel, lengths: list[int]) -> None:
+    runner, nxt = _prefilled(model, lengths, seed=len(lengths))
+    _assert_same_step(model, runner, _decode_batch(runner, dict(enumerate(nxt))))
+
+
+def test_greedy_decode_matches_torch_over_many_steps(model: HybridModel) -> None:
+    """Twenty steps of four sequences in state slots of random order: the same tokens, and equal pools."""
+    lengths = [3, 21, 50, 8]
+    torch_runner, nxt = _prefilled(model, lengths, seed=7)
+    native_runner, _ = _prefilled(model, lengths, seed=7)
+    native = NativeDecode(model)
+    want, got = dict(enumerate(nxt)), dict(enumerate(nxt))
+    for _ in range(20):
+        tb, nb = _decode_batch(torch_runner, want), _decode_batch(native_runner, got)
+        with torch.inference_mode():
+            want = dict(enumerate(model(tb, torch_runner.buffers).argmax(-1).tolist()))
+            got = dict(enumerate(native(nb, native_runner.buffers).argmax(-1).tolist()))
+        assert got == want
+    for group in ("conv", "ssm"):
+        for a, b in zip(getattr(torch_runner.buffers, group), getattr(native_runner.buffers, group), strict=True):
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), group
+
+
+def test_greedy_native_decode_matches_transformers_generate(
+    checkpoint: tuple[Path, object], model: HybridModel
+) -> None:
+    """Prefill through torch, then 30 native decode steps: the tokens transformers' fp32 generate picks (without
+    its cache: transformers' cache needs an attention layer to size the mask, and this model has none)."""
+    prompt = _prompt(30, 3)
+    with torch.no_grad():
+        ref = checkpoint[1].generate(  # type: ignore[attr-defined]
+            torch.tensor([prompt]), max_new_tokens=30, do_sample=False, use_cache=False
+        )
+    expected = ref[0, len(prompt) :].tolist()
+    runner, _ = _prefilled(model, [])
+    runner.add(0)
+    native = NativeDecode(model)
+    got = [int(runner.extend({0: prompt})[-1].argmax())]
+    while len(got) < len(expected):
+        with torch.inference_mode():
+            got.append(int(native(_decode_batch(runner, {0: got[-1]}), runner.buffers)[0].argmax()))
+    assert got == expected
+
+
+def test_bf16_weights_give_the_bits_of_fp32_weights_rounded_to_bf16(model: HybridModel) -> None:
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.bfloat16().float())
+    half = copy.deepcopy(rounded)
+    for p in half.parameters():
+        p.data = p.data.bfloat16()
+    lengths = [4, 19, 44]
+    runner, nxt = _prefilled(rounded, lengths, seed=3)
+    torch_runner, _ = _prefilled(rounded, lengths, seed=3)
+    fp32_buffers, bf16_buffers = _clone(runner.buffers), _clone(runner.buffers)
+    native32, native16 = NativeDecode(rounded), NativeDecode(half)
+    tokens = dict(enumerate(nxt))
+    for _ in range(8):
+        batch, tb = _decode_batch(runner, tokens), _decode_batch(torch_runner, tokens)
+        with torch.inference_mode():
+            want = native32(batch, fp32_buffers)
+            got = native16(batch, bf16_buffers)
+            expected = rounded(tb, torch_runner.buffers)
+        assert torch.equal(got, want), f"logits differ by {float((got - want).abs().max())}"
+        assert float((got - expected).abs().max()) < 1e-4 * max(1.0, float(expected.abs().max()))
+        tokens = dict(enumerate(got.argmax(-1).tolist()))
+        assert tokens == dict(enumerate(expected.argmax(-1).tolist()))
+    for name in ("conv", "ssm"):
+        for a, b in zip(getattr(fp32_buffers, name), getattr(bf16_buffers, name), strict=True):
+            assert torch.equal(a, b), name
+
+
+def test_two_threads_give_the_bits_of_one(model: HybridModel) -> None:
+    native = NativeDecode(model)
+    native.threads = None  # the test sets the count
+    set_min_part_bytes(native.library, 1)  # split even the tiny projections down to 4-row blocks
+    results = []
+    try:
+        for count in (1, 2):
+            set_threads(native.library, count)
+            runner, nxt = _prefilled(model, [5, 33, 17, 9], seed=11)
+            tokens, out = dict(enumerate(nxt)), []
+            for _ in range(4):
+                with torch.inference_mode():
+                    logits = native(_decode_batch(runner, tokens), runner.buffers)
+                out.append(logits.clone())
+                tokens = dict(enumerate(logits.argmax(-1).tolist()))
+            b = runner.buffers
+            results.append(out + [t.clone() for group in (b.conv, b.ssm) for t in group])
+    finally:
+        set_min_part_bytes(native.library, 32768)
+        set_threads(native.library, 1)
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_mla_layers_keep_the_torch_decode(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = _config(layer_types=["linear_attention", "full_attention", "linear_attention"])
+    transformers.KimiLinearForCausalLM(cfg).save_pretrained(tmp_path)
+    with pytest.raises(Unsupported, match=r"layer 1 is multi-head latent attention \(MLA\): not in the C step"):
+        decode_weights(load_model(tmp_path, dtype=torch.float32))
+
+
+def test_engine_greedy_tokens_identical_to_the_torch_decode(tmp_path: Path) -> None:
+    """The engine (chunked prefill, the prefix cache's state checkpoints, batched and alone) with the native decode
+    on and off: the same greedy tokens, and the decode steps ran in C."""
+    cfg = _config(vocab_size=256, eos_token_id=255)
+    torch.manual_seed(0)
+    hf = transformers.KimiLinearForCausalLM(cfg)
+    perturb_weights(hf, 2)
+    model_dir = tmp_path / "kimi"
+    hf.save_pretrained(model_dir)
+    _byte_level_tokenizer(model_dir)
+    native = make_core(model_dir, chunked_prefill_size=7, mamba_track_interval=8)
+    torch_core = make_core(model_dir, chunked_prefill_size=7, mamba_track_interval=8, native_decode="off")
+    assert native.runner.native_decode is not None and native.stats().native_decode.startswith("on")
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 47)), [3], list(range(100, 112)) * 2]
+    for together in (True, False):
+
+        def reqs() -> list[GenerateRequest]:
+            return [GenerateRequest(f"r{i}", p, greedy(8)) for i, p in enumerate(prompts)]  # noqa: B023
+
+        before = native.runner.native_decode.steps
+        want = run_to_completion(torch_core, reqs(), together=together)
+        got = run_to_completion(native, reqs(), together=together)
+        for i in range(len(prompts)):
+            assert got.tokens(f"r{i}") == want.tokens(f"r{i}"), f"prompt {i} diverged"
+        assert native.runner.native_decode.steps - before >= 7
