@@ -11,7 +11,7 @@ extends (it needs no warm-up).
 
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM (MoE blocks without
 latent projections; runtime/engine/native_nemotron.py), GraniteHybridForCausalLM (runtime/engine/
-native_granite.py) and KimiLinearForCausalLM without MLA layers (runtime/engine/native_kimi.py; the Mamba2 and KDA
+native_granite.py) and KimiLinearForCausalLM (runtime/engine/native_kimi.py; the Mamba2 and Kimi-Linear
 families decode rows only, their extends stay torch's) on CPU with fp32 or bf16 weights
 (each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
 what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
@@ -41,7 +41,7 @@ from runtime.core.batch import ForwardBatch, PoolBuffers
 from runtime.engine.native_weights import Unsupported, attention_weights, zero_centred
 from runtime.models.base import HybridModel
 from runtime.models.decoder import FULL, LINEAR, DecoderLM
-from runtime.models.kimi_linear import KimiDeltaAttention
+from runtime.models.kimi_linear import KimiDeltaAttention, KimiMLA
 from runtime.models.layers.gated_deltanet import GatedDeltaNet
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import GatedMLP
@@ -373,6 +373,8 @@ def _derived_sources(model: HybridModel) -> list[torch.Tensor]:
             sources.append(module.A_log)
         elif isinstance(module, KimiDeltaAttention):  # neg_a and the conv taps (runtime/engine/native_kimi.py)
             sources.extend((module.A_log, module.conv1d.weight))
+        elif isinstance(module, KimiMLA):  # kv_b_proj's key rows, transposed
+            sources.append(module.kv_b_proj.weight)
         elif isinstance(module, Mamba2Mixer):
             small = (module.A_log, module.dt_bias, module.D, module.conv1d.weight, module.conv1d.bias)
             sources.extend(p for p in small if p is not None)
@@ -398,7 +400,7 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
     if native.extends:
         extends = "; short extends"
     elif not native.extends_model:
-        kinds = "KDA" if any(lw.kind == KDA_KIND for lw in native.kernel.weights.layers) else "Mamba2"
+        kinds = "KDA and MLA" if any(lw.kind == KDA_KIND for lw in native.kernel.weights.layers) else "Mamba2"
         extends = f"; short extends off ({kinds} layers: decode rows only)"
     else:
         extends = f"; short extends off ({EXTEND_ENV}=0)"

@@ -1,9 +1,9 @@
 """The native step's weight table for Kimi-Linear (runtime/models/kimi_linear.py): KDA layers (hd_kda.h: the gated
-delta rule with a per-channel decay, decode rows only; its extends stay torch's), SwiGLU dense MLPs, and the
-DeepSeek-style MoE (sigmoid routing with the correction bias over expert groups, renormalized and scaled weights,
-SwiGLU experts plus the shared experts as one SwiGLU MLP: hd_ffn.h's ROUTE_SIGMOID_GROUPS). The MLA layers
-(multi-head latent attention over the cached latent) are not in the C step: a model with any keeps the torch
-decode, with that reason."""
+delta rule with a per-channel decay), MLA layers (hd_mla.h: multi-head latent attention without positional
+encoding over the pools' cached latents, kv_b_proj absorbed), SwiGLU dense MLPs, and the DeepSeek-style MoE
+(sigmoid routing with the correction bias over expert groups, renormalized and scaled weights, SwiGLU experts plus
+the shared experts as one SwiGLU MLP: hd_ffn.h's ROUTE_SIGMOID_GROUPS). Decode rows only: its extends stay
+torch's."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ from torch import nn
 
 from runtime.engine.native_granite import _norm
 from runtime.engine.native_weights import Unsupported
-from runtime.models.decoder import LINEAR
-from runtime.models.kimi_linear import KimiDecoderLayer, KimiDeltaAttention, KimiLinearForCausalLM, KimiSparseMoE
+from runtime.models.decoder import FULL, LINEAR
+from runtime.models.kimi_linear import (
+    KimiDecoderLayer,
+    KimiDeltaAttention,
+    KimiLinearForCausalLM,
+    KimiMLA,
+    KimiSparseMoE,
+)
 from runtime.models.layers.derived import depthwise_taps, neg_exp
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import Experts
@@ -20,6 +26,7 @@ from runtime.models.layers.norm import RMSNorm
 from runtime.models.layers.sigmoid_moe import GroupTopKRouter
 from runtime.native.decode_weights import (
     KDA_KIND,
+    MLA_KIND,
     ROUTE_SIGMOID_GROUPS,
     DecodeWeights,
     FeedForwardWeights,
@@ -27,6 +34,7 @@ from runtime.native.decode_weights import (
 )
 from runtime.native.ffn_weights import MAX_GROUPS
 from runtime.native.kda_weights import KDAWeights
+from runtime.native.mla_weights import MLAWeights
 
 
 def _kda(mixer: nn.Module, eps: float, name: str) -> KDAWeights:
@@ -55,6 +63,40 @@ def _kda(mixer: nn.Module, eps: float, name: str) -> KDAWeights:
         dt_bias=mixer.dt_bias,
         norm=norm.weight,
         out=mixer.o_proj.weight,
+    )
+
+
+def _mla(mixer: nn.Module, name: str) -> MLAWeights:
+    if type(mixer) is not KimiMLA:
+        raise Unsupported(f"{name} is {type(mixer).__name__}")
+    kv_norm, eps = mixer.kv_a_layernorm, mixer.kv_a_layernorm.eps
+    q_norm = getattr(mixer, "q_a_layernorm", None)
+    if type(kv_norm) is not RMSNorm or (q_norm is not None and (type(q_norm) is not RMSNorm or q_norm.eps != eps)):
+        raise Unsupported(f"{name}'s latent norms are not RMSNorms of one eps")
+    heads, nope, v_dim, lora = mixer.heads, mixer.nope, mixer.v_dim, mixer.lora
+    kv_b = mixer.kv_b_proj.weight
+    k_t = kv_b.detach().view(heads, nope + v_dim, lora)[:, :nope].transpose(1, 2).contiguous()
+    q_a = getattr(mixer, "q_a_proj", None)
+    return MLAWeights(
+        heads=heads,
+        nope=nope,
+        rope=mixer.rope,
+        v_dim=v_dim,
+        lora=lora,
+        scale=float(mixer.scale),
+        kv_a=mixer.kv_a_proj_with_mqa.weight,
+        kv_norm=kv_norm.weight,
+        kv_b=kv_b,
+        k_t=k_t,
+        o=mixer.o_proj.weight,
+        norm_eps=float(eps),
+        q=mixer.q_proj.weight if q_a is None else None,
+        q_a=q_a.weight if q_a is not None else None,
+        q_norm=q_norm.weight if q_norm is not None else None,
+        q_b=mixer.q_b_proj.weight if q_a is not None else None,
+        q_a_bias=q_a.bias if q_a is not None else None,
+        kv_a_bias=mixer.kv_a_proj_with_mqa.bias,
+        o_bias=mixer.o_proj.bias,
     )
 
 
@@ -89,15 +131,20 @@ def kimi_linear_weights(model: KimiLinearForCausalLM) -> DecodeWeights:
         name = f"layer {i}"
         if type(layer) is not KimiDecoderLayer:
             raise Unsupported(f"{name} is {type(layer).__name__}")
-        if layer.kind != LINEAR:
-            raise Unsupported(f"{name} is multi-head latent attention (MLA): not in the C step")
+        mixer: KDAWeights | MLAWeights
+        if layer.kind == LINEAR:
+            mixer, code = _kda(layer.self_attn, eps, name), KDA_KIND
+        elif layer.kind == FULL:
+            mixer, code = _mla(layer.self_attn, name), MLA_KIND
+        else:
+            raise Unsupported(f"{name} is of kind {layer.kind!r}")
         layers.append(
             LayerWeights(
-                kind=KDA_KIND,
+                kind=code,
                 ordinal=layer.ordinal,
                 in_norm=_norm(layer.input_layernorm, f"{name} input norm", eps),
                 post_norm=_norm(layer.post_attention_layernorm, f"{name} post norm", eps),
-                mixer=_kda(layer.self_attn, eps, name),
+                mixer=mixer,
                 ffn=_moe(layer.block_sparse_moe, f"{name} feed-forward"),
             )
         )
@@ -113,5 +160,6 @@ def kimi_linear_weights(model: KimiLinearForCausalLM) -> DecodeWeights:
         lm_head=model.lm_head.weight,
         layers=layers,
         embed_scale=float(model.embedding_multiplier),
-        linear_layers=len(layers),
+        attention_layers=sum(1 for lw in layers if lw.kind == MLA_KIND),
+        linear_layers=sum(1 for lw in layers if lw.kind == KDA_KIND),
     )

@@ -97,6 +97,21 @@ class HDLayer(ctypes.Structure):
         ("kda_ga", HDMat),
         ("kda_gb", HDMat),
         ("kda_b", HDMat),
+        ("mla_nope", _I64),
+        ("mla_rope", _I64),
+        ("mla_v", _I64),
+        ("mla_lora", _I64),
+        ("mla_q_lora", _I64),
+        ("mla_qa", HDMat),
+        ("mla_qb", HDMat),
+        ("mla_kva", HDMat),
+        ("mla_kvb", HDMat),
+        ("mla_kT", HDMat),
+        ("mla_qa_b", FloatPtr),
+        ("mla_kva_b", FloatPtr),
+        ("mla_qa_norm", FloatPtr),
+        ("mla_kv_norm", FloatPtr),
+        ("mla_eps", _D),
     ]
 
 

@@ -10,10 +10,12 @@ import torch
 
 from runtime.native.kda_weights import KDAWeights
 from runtime.native.mamba2_weights import Mamba2Weights
+from runtime.native.mla_weights import MLAWeights
 
 # A layer's mixer (HDLayer.kind): LINEAR_KIND is the gated DeltaNet; NO_MIXER_KIND a feed-forward-only layer.
 LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND, NO_MIXER_KIND = 0, 1, 2, 3
 KDA_KIND = 4  # Kimi Delta Attention (hd_kda.h), on the linear layers' pools
+MLA_KIND = 5  # Kimi-Linear's multi-head latent attention (hd_mla.h), on the attention layers' pools
 
 
 @dataclass
@@ -94,7 +96,7 @@ class LayerWeights:
     ordinal: int  # index into the pool lists of its kind
     in_norm: torch.Tensor | None  # [H] the norm's scale (Qwen3-Next: 1 + w)
     post_norm: torch.Tensor | None  # [H]
-    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | KDAWeights | None
+    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | KDAWeights | MLAWeights | None
     ffn: FeedForwardWeights | None
 
 
@@ -118,4 +120,4 @@ class DecodeWeights:
     def extends(self) -> bool:
         """Whether the C step runs an extend chain of this model (not over a Mamba2 or KDA layer: decode rows
         only)."""
-        return all(lw.kind not in (MAMBA2_KIND, KDA_KIND) for lw in self.layers)
+        return all(lw.kind not in (MAMBA2_KIND, KDA_KIND, MLA_KIND) for lw in self.layers)

@@ -62,11 +62,21 @@ typedef struct {
     HDMat kda_q, kda_k, kda_v; /* [nk*dk, H] each */
     HDMat kda_fa, kda_fb, kda_ga, kda_gb; /* [dk, H], [nk*dk, dk], [dk, H], [nk*dk, dk] */
     HDMat kda_b; /* [nk, H] */
+    /* Kimi's MLA (hd_mla.h): nh heads (above; wq [nh*(nope+rope), H] when mla_q_lora is 0, wo, bo and attn_scale
+     * too), the kv_lora_rank latent and the rope-dim key part cached per token */
+    int64_t mla_nope, mla_rope, mla_v, mla_lora, mla_q_lora;
+    HDMat mla_qa, mla_qb; /* [q_lora, H], [nh*(nope+rope), q_lora] */
+    HDMat mla_kva; /* [lora + rope, H] kv_a_proj_with_mqa */
+    HDMat mla_kvb; /* [nh*(nope+v), lora] kv_b_proj */
+    HDMat mla_kT; /* [nh, lora, nope] kv_b_proj's key rows, transposed per head */
+    const float *mla_qa_b, *mla_kva_b; /* biases or NULL */
+    const float *mla_qa_norm, *mla_kv_norm; /* [q_lora], [lora] */
+    double mla_eps;
 } HDLayer;
 
 enum { HD_ROUTE_SOFTMAX = 0, HD_ROUTE_TOPK_SOFTMAX = 1, HD_ROUTE_SIGMOID_GROUPS = 2 };
 
-enum { HD_DELTANET = 0, HD_ATTENTION = 1, HD_MAMBA2 = 2, HD_NO_MIXER = 3, HD_KDA = 4 };
+enum { HD_DELTANET = 0, HD_ATTENTION = 1, HD_MAMBA2 = 2, HD_NO_MIXER = 3, HD_KDA = 4, HD_MLA = 5 };
 
 typedef struct {
     int64_t hidden, vocab, n_layers;

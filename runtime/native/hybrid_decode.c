@@ -4,8 +4,8 @@
  * short extend: HDStep.chain, DeltaNet and attention layers only; the DeltaNet rows then run in token order,
  * hd_deltanet.h, and row b attends to the cached tokens and the new ones up to itself). The Qwen3-Next family
  * (qwen3_next, qwen3_5, qwen3_5_moe), Nemotron-H (Mamba2, attention without RoPE, squared-ReLU MLP layers,
- * hd_mamba2.h) and Granite-4.0-H (muP multipliers: HDModel's residual_scale and logits_div) are what
- * runtime/engine/native_decode.py builds for it. Called once per step through ctypes
+ * hd_mamba2.h), Granite-4.0-H (muP multipliers: HDModel's residual_scale and logits_div) and Kimi-Linear (KDA,
+ * hd_kda.h, and MLA, hd_mla.h; decode rows only) are what runtime/engine/native_decode.py builds for it. Called once per step through ctypes
  * (runtime/native/hybrid_decode.py), so a step is one call instead of ~800 dispatched torch ops (an extend's ~1000).
  *
  * Semantics follow the torch modules (runtime/models/layers/): every weight matrix (projections, experts, router,
@@ -32,6 +32,7 @@
 #include "hd_ffn.h"
 #include "hd_kda.h"
 #include "hd_mamba2.h"
+#include "hd_mla.h"
 #include "hd_model.h"
 #include "parallel.h"
 #include "row_gemm.h"
@@ -49,6 +50,7 @@ static int64_t layer_scratch(const HDLayer *L, int64_t B, int64_t H) {
                           : L->kind == HD_MAMBA2   ? mamba2_scratch(L, B)
                           : L->kind == HD_ATTENTION ? attention_scratch(L, B)
                           : L->kind == HD_KDA       ? kda_scratch(L, B)
+                          : L->kind == HD_MLA       ? mla_scratch(L, B)
                                                     : 0;
     return max64(mixer, ffn_scratch(L, B, H)) + 16;
 }
@@ -91,7 +93,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     const int64_t B = s->batch, H = m->hidden;
     if (s->chain)
         for (int64_t l = 0; l < m->n_layers; l++)
-            if (m->layers[l].kind == HD_MAMBA2 || m->layers[l].kind == HD_KDA) return HD_NO_CHAIN;
+            if (m->layers[l].kind == HD_MAMBA2 || m->layers[l].kind >= HD_KDA) return HD_NO_CHAIN;
     int64_t max_kv = 1;
     for (int64_t b = 0; b < B; b++) {
         if (s->ids[b] < 0 || s->ids[b] >= m->vocab) return HD_BAD_TOKEN;
@@ -135,6 +137,8 @@ int hd_decode(const HDModel *m, const HDStep *s) {
                 mamba2(m, L, s, xn, delta, work, &g);
             else if (L->kind == HD_KDA)
                 kda(m, L, s, xn, delta, work, &g);
+            else if (L->kind == HD_MLA)
+                mla(m, L, s, xn, delta, work, &g);
             else
                 attention(m, L, s, xn, delta, work, scores, part, slots, &g);
             add_residual(x, delta, B * H, rs);

@@ -33,6 +33,7 @@ from runtime.native.decode_weights import (
     KDA_KIND,
     LINEAR_KIND,
     MAMBA2_KIND,
+    MLA_KIND,
     NO_MIXER_KIND,
     DecodeWeights,
     DeltaNetWeights,
@@ -41,6 +42,7 @@ from runtime.native.decode_weights import (
 from runtime.native.ffn_weights import fill_ffn
 from runtime.native.kda_weights import KDAWeights, fill_kda
 from runtime.native.mamba2_weights import Mamba2Weights, fill_mamba2
+from runtime.native.mla_weights import MLAWeights, fill_mla
 
 SOURCE = Path(__file__).with_name("hybrid_decode.c")
 _ERRORS = {
@@ -50,7 +52,7 @@ _ERRORS = {
     4: "out of memory for the step's scratch",
     5: "a sequence with no KV tokens",
     6: "a state checkpoint outside the extend or the state pool",
-    7: "an extend over a Mamba2 layer or a KDA layer (the C step runs their decode rows only)",
+    7: "an extend over a Mamba2 layer or a Kimi-Linear layer (the C step runs their decode rows only)",
 }
 
 
@@ -166,11 +168,12 @@ class HybridDecodeKernel:
                 fill_mamba2(c, m, h, name, self._mat, self._ptr)
             except ValueError as exc:
                 raise WeightError(str(exc)) from exc
-        elif isinstance(m, KDAWeights):
-            if lw.kind != KDA_KIND:
-                raise WeightError(f"{name}: a KDA mixer on a layer of kind {lw.kind}")
+        elif isinstance(m, KDAWeights | MLAWeights):
+            if lw.kind != (KDA_KIND if isinstance(m, KDAWeights) else MLA_KIND):
+                raise WeightError(f"{name}: a {type(m).__name__[:3]} mixer on a layer of kind {lw.kind}")
             try:
-                fill_kda(c, m, h, name, self._mat, self._ptr)
+                fill = fill_kda if isinstance(m, KDAWeights) else fill_mla
+                fill(c, m, h, name, self._mat, self._ptr)  # type: ignore[arg-type]
             except ValueError as exc:
                 raise WeightError(str(exc)) from exc
         elif isinstance(m, DeltaNetWeights):
@@ -239,6 +242,10 @@ class HybridDecodeKernel:
                 if tuple(conv[lw.ordinal].shape[1:]) != want_c or tuple(ssm[lw.ordinal].shape[1:]) != want_m:
                     kind = "Mamba2" if isinstance(m, Mamba2Weights) else "KDA"
                     return f"state buffers of {kind} layer {lw.ordinal} are not {list(want_c)} / {list(want_m)}"
+            elif isinstance(m, MLAWeights):
+                want_k, want_v = m.pool_shapes()
+                if tuple(k[lw.ordinal].shape[1:]) != want_k or tuple(v[lw.ordinal].shape[1:]) != want_v:
+                    return f"KV buffers of MLA layer {lw.ordinal} are not {list(want_k)} / {list(want_v)}"
             elif isinstance(m, DeltaNetWeights):
                 conv_dim = 2 * m.num_k_heads * m.k_head_dim + m.num_v_heads * m.v_head_dim
                 want_c = (conv_dim, m.kernel - 1)

@@ -2,7 +2,7 @@
 MoE on hd_ffn.h's sigmoid group routing) against the torch decode of the same model: logits and every pool row the
 step writes, greedy tokens over many steps of a batch in random state slots, transformers' generate, bf16 weights
 bit for bit against fp32 ones rounded to bf16, 1 and 2 threads, and the engine end to end. Tiny random checkpoints
-(transformers' classes, weights perturbed) of KDA layers only: a model with MLA layers keeps the torch decode."""
+(transformers' classes, weights perturbed): KDA and MLA layers (MLA with and without a q LoRA), and KDA alone."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from runtime.core.requests import GenerateRequest
-from runtime.engine.native_decode import NativeDecode, Unsupported, decode_weights, native_decode_for
+from runtime.engine.native_decode import NativeDecode, decode_weights, native_decode_for
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
-from runtime.native.decode_weights import KDA_KIND, ROUTE_SIGMOID_GROUPS
+from runtime.native.decode_weights import KDA_KIND, MLA_KIND, ROUTE_SIGMOID_GROUPS
 from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
 from tests.runtime.test_engine_support import (
     _byte_level_tokenizer,
@@ -46,7 +46,8 @@ def _config(**kw: object) -> object:
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
         v_head_dim=16, linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4,
-        layer_types=["linear_attention"] * 3, num_local_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], num_local_experts=8,
+        num_experts_per_tok=3, moe_intermediate_size=32,
         n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=2.5, pad_token_id=None,
         bos_token_id=None, eos_token_id=None,
     )  # fmt: skip
@@ -54,12 +55,23 @@ def _config(**kw: object) -> object:
     return transformers.KimiLinearConfig(**base)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+ARCHS: dict[str, dict[str, object]] = {
+    "kda_mla": {},
+    "mla_q_lora": dict(
+        q_lora_rank=24,
+        num_hidden_layers=4,
+        layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"],
+    ),  # fmt: skip
+    "kda_only": dict(layer_types=["linear_attention"] * 3),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     torch.manual_seed(0)
-    hf = transformers.KimiLinearForCausalLM(_config()).eval()
+    hf = transformers.KimiLinearForCausalLM(_config(**ARCHS[request.param])).eval()
     perturb_weights(hf, 1)
-    path: Path = tmp_path_factory.mktemp("kimi")
+    path: Path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
     return path, hf
 
@@ -72,9 +84,10 @@ def model(checkpoint: tuple[Path, object]) -> HybridModel:
 def test_the_model_runs_natively_without_extends(model: HybridModel) -> None:
     native, status = native_decode_for(model, "auto", "cpu")
     assert native is not None and status.state == "on", status.detail
-    assert "short extends off (KDA layers: decode rows only)" in status.detail
+    assert "short extends off (KDA and MLA layers: decode rows only)" in status.detail
     weights = decode_weights(model)
-    assert [lw.kind for lw in weights.layers] == [KDA_KIND] * 3
+    kinds = {"linear_attention": KDA_KIND, "full_attention": MLA_KIND}
+    assert [lw.kind for lw in weights.layers] == [kinds[t] for t in model.config.layer_types]  # type: ignore[attr-defined]
     ffns = [lw.ffn for lw in weights.layers]
     assert ffns[0] is not None and ffns[0].experts == 0  # the dense first layer
     assert all(f is not None and f.route == ROUTE_SIGMOID_GROUPS and f.experts == 8 for f in ffns[1:])
@@ -99,7 +112,7 @@ def test_greedy_decode_matches_torch_over_many_steps(model: HybridModel) -> None
             want = dict(enumerate(model(tb, torch_runner.buffers).argmax(-1).tolist()))
             got = dict(enumerate(native(nb, native_runner.buffers).argmax(-1).tolist()))
         assert got == want
-    for group in ("conv", "ssm"):
+    for group in ("conv", "ssm", "k", "v"):
         for a, b in zip(getattr(torch_runner.buffers, group), getattr(native_runner.buffers, group), strict=True):
             assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), group
 
@@ -108,7 +121,7 @@ def test_greedy_native_decode_matches_transformers_generate(
     checkpoint: tuple[Path, object], model: HybridModel
 ) -> None:
     """Prefill through torch, then 30 native decode steps: the tokens transformers' fp32 generate picks (without
-    its cache: transformers' cache needs an attention layer to size the mask, and this model has none)."""
+    its cache: transformers' cache needs an attention layer to size the mask, and the KDA-only model has none)."""
     prompt = _prompt(30, 3)
     with torch.no_grad():
         ref = checkpoint[1].generate(  # type: ignore[attr-defined]
@@ -149,7 +162,7 @@ def test_bf16_weights_give_the_bits_of_fp32_weights_rounded_to_bf16(model: Hybri
         assert float((got - expected).abs().max()) < 1e-4 * max(1.0, float(expected.abs().max()))
         tokens = dict(enumerate(got.argmax(-1).tolist()))
         assert tokens == dict(enumerate(expected.argmax(-1).tolist()))
-    for name in ("conv", "ssm"):
+    for name in ("k", "v", "conv", "ssm"):
         for a, b in zip(getattr(fp32_buffers, name), getattr(bf16_buffers, name), strict=True):
             assert torch.equal(a, b), name
 
@@ -170,25 +183,18 @@ def test_two_threads_give_the_bits_of_one(model: HybridModel) -> None:
                 out.append(logits.clone())
                 tokens = dict(enumerate(logits.argmax(-1).tolist()))
             b = runner.buffers
-            results.append(out + [t.clone() for group in (b.conv, b.ssm) for t in group])
+            results.append(out + [t.clone() for group in (b.k, b.v, b.conv, b.ssm) for t in group])
     finally:
         set_min_part_bytes(native.library, 32768)
         set_threads(native.library, 1)
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
 
 
-def test_mla_layers_keep_the_torch_decode(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    cfg = _config(layer_types=["linear_attention", "full_attention", "linear_attention"])
-    transformers.KimiLinearForCausalLM(cfg).save_pretrained(tmp_path)
-    with pytest.raises(Unsupported, match=r"layer 1 is multi-head latent attention \(MLA\): not in the C step"):
-        decode_weights(load_model(tmp_path, dtype=torch.float32))
-
-
-def test_engine_greedy_tokens_identical_to_the_torch_decode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["kda_mla", "mla_q_lora"])
+def test_engine_greedy_tokens_identical_to_the_torch_decode(tmp_path: Path, arch: str) -> None:
     """The engine (chunked prefill, the prefix cache's state checkpoints, batched and alone) with the native decode
     on and off: the same greedy tokens, and the decode steps ran in C."""
-    cfg = _config(vocab_size=256, eos_token_id=255)
+    cfg = _config(**{**ARCHS[arch], "vocab_size": 256, "eos_token_id": 255})
     torch.manual_seed(0)
     hf = transformers.KimiLinearForCausalLM(cfg)
     perturb_weights(hf, 2)
