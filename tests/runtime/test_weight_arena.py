@@ -18,9 +18,16 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_demo_model(tmp_path_factory.mktemp("arena") / "demo")
 
 
-def _anon_huge_kib() -> int:
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-        if line.startswith("AnonHugePages:"):
+def _huge_kib_at(address: int) -> int:
+    """AnonHugePages of the mapping that holds `address` (/proc/self/smaps): the block's own huge pages, whatever
+    other tests allocate or free meanwhile."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and not line.endswith(":") and ":" not in head:
+            lo, hi = (int(part, 16) for part in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("AnonHugePages:"):
             return int(line.split()[1])
     return 0
 
@@ -67,9 +74,9 @@ def test_arena_views_do_not_overlap_and_keep_their_shapes() -> None:
 def test_weights_land_on_huge_pages(tmp_path: Path) -> None:
     # 8 MiB of parameters at least, so that whole 2 MiB pages lie inside the block.
     directory = build_demo_model(tmp_path / "demo")
-    before = _anon_huge_kib()
     model = load_model(directory)
     arena = model.weight_arena
     assert arena is not None and arena.huge
+    start = arena.block.data_ptr() + arena.shift
     if arena.nbytes >= 4 * HUGE_PAGE:
-        assert _anon_huge_kib() - before >= HUGE_PAGE // 1024
+        assert _huge_kib_at(start) >= HUGE_PAGE // 1024
