@@ -10,8 +10,9 @@ them to the torch path), before the compiled paths: where both are on, native wi
 extends (it needs no warm-up).
 
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM (MoE blocks without
-latent projections; runtime/engine/native_nemotron.py) and GraniteHybridForCausalLM (runtime/engine/
-native_granite.py; the Mamba2 families decode rows only, their extends stay torch's) on CPU with fp32 or bf16 weights
+latent projections; runtime/engine/native_nemotron.py), GraniteHybridForCausalLM (runtime/engine/
+native_granite.py) and FalconH1ForCausalLM (runtime/engine/native_falcon.py; the Mamba2 families decode rows only,
+their extends stay torch's) on CPU with fp32 or bf16 weights
 (each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
 what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
 runs.
@@ -44,7 +45,13 @@ from runtime.models.layers.gated_deltanet import GatedDeltaNet
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import SparseMoE
-from runtime.models.layers.norm import GatedRMSNorm, GroupedGatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm
+from runtime.models.layers.norm import (
+    FalconGatedRMSNorm,
+    GatedRMSNorm,
+    GroupedGatedRMSNorm,
+    RMSNorm,
+    ZeroCenteredRMSNorm,
+)
 from runtime.native.build import NativeUnavailable
 from runtime.native.decode_structs import WEIGHT_DTYPES
 from runtime.native.decode_weights import (
@@ -157,15 +164,19 @@ def _feed_forward(mlp: nn.Module, name: str) -> FeedForwardWeights:
 
 def decode_weights(model: HybridModel) -> DecodeWeights:
     """The kernel's view of `model`'s tensors; Unsupported naming the first thing the kernel does not compute."""
+    from runtime.models.falcon_h1 import FalconH1ForCausalLM
     from runtime.models.granite_hybrid import GraniteHybridForCausalLM
     from runtime.models.nemotron_h import NemotronHForCausalLM
     from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
-    families = (Qwen3NextForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM)
+    families = (Qwen3NextForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM, FalconH1ForCausalLM)
     if not isinstance(model, families) or type(model) not in families:  # exact classes: a subclass may differ
-        raise Unsupported(f"{type(model).__name__} is not a Qwen3-Next-, Nemotron-H- or Granite-4.0-H-family model")
-    # Granite's own scale_logits (a division by logits_scaling) is the C step's logits_div.
-    scales = (DecoderLM.scale_logits, GraniteHybridForCausalLM.scale_logits)
+        raise Unsupported(
+            f"{type(model).__name__} is not a Qwen3-Next-, Nemotron-H-, Granite-4.0-H- or Falcon-H1-family model"
+        )
+    # Granite's own scale_logits (a division by logits_scaling) is the C step's logits_div, Falcon-H1's (a product
+    # by lm_head_multiplier) its logits_mul.
+    scales = (DecoderLM.scale_logits, GraniteHybridForCausalLM.scale_logits, FalconH1ForCausalLM.scale_logits)
     if type(model).scale_logits not in scales:
         raise Unsupported(f"{type(model).__name__} scales its logits")
     hooked = _hooked_module(model)
@@ -187,6 +198,10 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         from runtime.engine.native_granite import granite_hybrid_weights
 
         return granite_hybrid_weights(model)
+    if isinstance(model, FalconH1ForCausalLM):
+        from runtime.engine.native_falcon import falcon_h1_weights
+
+        return falcon_h1_weights(model)
     config = model.config
     eps = float(config.rms_norm_eps)
     body = model.body
@@ -357,7 +372,7 @@ def _derived_sources(model: HybridModel) -> list[torch.Tensor]:
     whole model is re-cast or reloaded)."""
     sources: list[torch.Tensor] = []
     for module in model.modules():
-        if isinstance(module, ZeroCenteredRMSNorm | RMSNorm | GroupedGatedRMSNorm):
+        if isinstance(module, ZeroCenteredRMSNorm | RMSNorm | GroupedGatedRMSNorm | FalconGatedRMSNorm):
             sources.append(module.weight)
         elif isinstance(module, GatedDeltaNet):
             sources.append(module.A_log)

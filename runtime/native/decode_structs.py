@@ -89,6 +89,15 @@ class HDLayer(ctypes.Structure):
         ("score_bias", FloatPtr),
         ("routed_scale", _D),
         ("exp_relu2", _I64),
+        ("attn_in_mul", _D),
+        ("attn_out_mul", _D),
+        ("ssm_in_mul", _D),
+        ("ssm_out_mul", _D),
+        ("key_mul", _D),
+        ("mlp_gate_mul", _D),
+        ("mlp_down_mul", _D),
+        ("in_proj_mul", FloatPtr),
+        ("gate_mode", _I64),
     ]
 
 
@@ -105,6 +114,7 @@ class HDModel(ctypes.Structure):
         ("layers", ctypes.POINTER(HDLayer)),
         ("residual_scale", _D),
         ("logits_div", _D),
+        ("logits_mul", _D),
     ]
 
 

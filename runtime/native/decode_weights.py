@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.native.mamba2_weights import Mamba2Weights
+from runtime.native.parallel_weights import ParallelWeights
 
 # A layer's mixer (HDLayer.kind): LINEAR_KIND is the gated DeltaNet; NO_MIXER_KIND a feed-forward-only layer.
 LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND, NO_MIXER_KIND = 0, 1, 2, 3
+PARALLEL_KIND = 4  # Falcon-H1: attention and Mamba2 side by side (ParallelWeights), then a SwiGLU MLP
 
 
 @dataclass
@@ -92,7 +94,7 @@ class LayerWeights:
     ordinal: int  # index into the pool lists of its kind
     in_norm: torch.Tensor | None  # [H] the norm's scale (Qwen3-Next: 1 + w)
     post_norm: torch.Tensor | None  # [H]
-    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | None
+    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | ParallelWeights | None
     ffn: FeedForwardWeights | None
 
 
@@ -108,11 +110,13 @@ class DecodeWeights:
     embed_scale: float = 1.0
     residual_scale: float = 1.0  # Granite's residual_multiplier
     logits_div: float = 1.0  # Granite's logits_scaling
+    logits_mul: float = 1.0  # Falcon-H1's lm_head_multiplier
     attention_layers: int = 0
     linear_layers: int = 0
     kept: list[torch.Tensor] = field(default_factory=list)  # every tensor the structs point into
 
     @property
     def extends(self) -> bool:
-        """Whether the C step runs an extend chain of this model (not over a Mamba2 layer: decode rows only)."""
-        return all(lw.kind != MAMBA2_KIND for lw in self.layers)
+        """Whether the C step runs an extend chain of this model (not over a Mamba2 or parallel layer: decode rows
+        only)."""
+        return all(lw.kind not in (MAMBA2_KIND, PARALLEL_KIND) for lw in self.layers)
