@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.native.mamba2_weights import Mamba2Weights
-from runtime.native.parallel_weights import ParallelWeights
 
 # A layer's mixer (HDLayer.kind): LINEAR_KIND is the gated DeltaNet; NO_MIXER_KIND a feed-forward-only layer.
 LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND, NO_MIXER_KIND = 0, 1, 2, 3
@@ -55,6 +54,29 @@ class AttentionWeights:
     q_norm: torch.Tensor | None = None  # [head_dim], 1 + w
     k_norm: torch.Tensor | None = None
     biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # q, k, v, o
+
+
+# HDLayer.gate_mode (hd_model.h): gate then RMS-normalise per group (Mamba2's), gate only, normalise then gate.
+GATE_GROUP_NORM, GATE_ONLY, NORM_THEN_GATE = 0, 1, 2
+
+
+@dataclass
+class ParallelWeights:
+    """x += mamba(h * ssm_in) * ssm_out + attention(h * attn_in) * attn_out (h the normed x), then the SwiGLU
+    MLP with its gate output times mlp_gate and its output times mlp_down. `in_proj_mul`: fp32 [in_proj rows], each
+    row's section multiplier (None: none); `key_mul`: the keys' multiplier before RoPE."""
+
+    attention: AttentionWeights
+    mamba: Mamba2Weights
+    gate_mode: int
+    attn_in: float = 1.0
+    attn_out: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    key_mul: float = 1.0
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
+    in_proj_mul: torch.Tensor | None = None
 
 
 # A MoE's routing (HDLayer.route in hd_model.h): softmax over all experts then top-k (Qwen3-Next), softmax over

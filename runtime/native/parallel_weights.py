@@ -1,42 +1,16 @@
-"""A Falcon-H1 layer as the native step reads it (hd_parallel.h, HD_PARALLEL): an attention mixer and a Mamba2
-mixer side by side on one normed input, the muP multipliers torch applies around them, and the gating of the
-Mamba2 output; its checked place in the C layer struct (runtime/native/hybrid_decode.py fills the attention half and
-the feed-forward as for any layer)."""
+"""A Falcon-H1 layer as the native step reads it (hd_parallel.h, HD_PARALLEL; decode_weights.ParallelWeights): an
+attention mixer and a Mamba2 mixer side by side on one normed input, the muP multipliers torch applies around them,
+and the gating of the Mamba2 output; its checked place in the C layer struct (runtime/native/hybrid_decode.py
+fills the attention half and the feed-forward as for any layer)."""
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import torch
+from runtime.native.decode_weights import GATE_GROUP_NORM, GATE_ONLY, NORM_THEN_GATE, ParallelWeights
+from runtime.native.mamba2_weights import Mat, Ptr, fill_mamba2
 
-from runtime.native.mamba2_weights import Mamba2Weights, Mat, Ptr, fill_mamba2
-
-if TYPE_CHECKING:
-    from runtime.native.decode_weights import AttentionWeights
-
-# HDLayer.gate_mode (hd_model.h): gate then RMS-normalise per group (Mamba2's), gate only, normalise then gate.
-GATE_GROUP_NORM, GATE_ONLY, NORM_THEN_GATE = 0, 1, 2
-
-
-@dataclass
-class ParallelWeights:
-    """x += mamba(h * ssm_in) * ssm_out + attention(h * attn_in) * attn_out (h the normed x), then the SwiGLU
-    MLP with its gate output times mlp_gate and its output times mlp_down. `in_proj_mul`: fp32 [in_proj rows], each
-    row's section multiplier (None: none); `key_mul`: the keys' multiplier before RoPE."""
-
-    attention: AttentionWeights
-    mamba: Mamba2Weights
-    gate_mode: int
-    attn_in: float = 1.0
-    attn_out: float = 1.0
-    ssm_in: float = 1.0
-    ssm_out: float = 1.0
-    key_mul: float = 1.0
-    mlp_gate: float = 1.0
-    mlp_down: float = 1.0
-    in_proj_mul: torch.Tensor | None = None
+__all__ = ["GATE_GROUP_NORM", "GATE_ONLY", "NORM_THEN_GATE", "ParallelWeights", "fill_parallel"]
 
 
 def fill_parallel(c: ctypes.Structure, p: ParallelWeights, hidden: int, name: str, mat: Mat, ptr: Ptr) -> None:
