@@ -45,13 +45,7 @@ from runtime.models.layers.gated_deltanet import GatedDeltaNet
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import SparseMoE
-from runtime.models.layers.norm import (
-    FalconGatedRMSNorm,
-    GatedRMSNorm,
-    GroupedGatedRMSNorm,
-    RMSNorm,
-    ZeroCenteredRMSNorm,
-)
+from runtime.models.layers.norm import GatedRMSNorm, GroupedGatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm
 from runtime.native.build import NativeUnavailable
 from runtime.native.decode_structs import WEIGHT_DTYPES
 from runtime.native.decode_weights import (
@@ -372,12 +366,13 @@ def _derived_sources(model: HybridModel) -> list[torch.Tensor]:
     whole model is re-cast or reloaded)."""
     sources: list[torch.Tensor] = []
     for module in model.modules():
-        if isinstance(module, ZeroCenteredRMSNorm | RMSNorm | GroupedGatedRMSNorm | FalconGatedRMSNorm):
+        if isinstance(module, ZeroCenteredRMSNorm | RMSNorm | GroupedGatedRMSNorm):
             sources.append(module.weight)
         elif isinstance(module, GatedDeltaNet):
             sources.append(module.A_log)
         elif isinstance(module, Mamba2Mixer):
-            small = (module.A_log, module.dt_bias, module.D, module.conv1d.weight, module.conv1d.bias)
+            norm = getattr(module.norm, "weight", None)  # Falcon-H1's gated norm too
+            small = (module.A_log, module.dt_bias, module.D, module.conv1d.weight, module.conv1d.bias, norm)
             sources.extend(p for p in small if p is not None)
     sources.extend(p for name, p in model.named_parameters() if name.endswith("embed_tokens.weight"))
     return sources

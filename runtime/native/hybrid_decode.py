@@ -11,7 +11,6 @@ only that the indices it is given lie inside the pools.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +40,7 @@ from runtime.native.decode_weights import (
 )
 from runtime.native.ffn_weights import fill_ffn
 from runtime.native.mamba2_weights import Mamba2Weights, fill_mamba2
-from runtime.native.parallel_weights import ParallelWeights, fill_parallel
+from runtime.native.parallel_weights import ParallelWeights, each_mixer, fill_parallel
 
 SOURCE = Path(__file__).with_name("hybrid_decode.c")
 _ERRORS = {
@@ -51,7 +50,7 @@ _ERRORS = {
     4: "out of memory for the step's scratch",
     5: "a sequence with no KV tokens",
     6: "a state checkpoint outside the extend or the state pool",
-    7: "an extend over a Mamba2 or parallel layer (the C step runs their decode rows only)",
+    7: "an extend over a Mamba2 layer (the C step runs Mamba2 decode rows only; a Falcon-H1 layer holds one)",
 }
 
 
@@ -236,7 +235,7 @@ class HybridDecodeKernel:
             for t in group:
                 if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
                     return f"the {name} pool is not a contiguous fp32 CPU tensor ({t.dtype}, {t.device})"
-        for lw in _each_mixer(w.layers):
+        for lw in each_mixer(w.layers):
             m = lw.mixer
             if isinstance(m, Mamba2Weights):
                 want_c, want_m = m.pool_shapes()
@@ -248,7 +247,7 @@ class HybridDecodeKernel:
                 want_s = (m.num_v_heads, m.v_head_dim, m.k_head_dim)
                 if tuple(conv[lw.ordinal].shape[1:]) != want_c or tuple(ssm[lw.ordinal].shape[1:]) != want_s:
                     return f"state buffers of linear layer {lw.ordinal} are not {list(want_c)} / {list(want_s)}"
-            elif m is not None and not isinstance(m, ParallelWeights):  # _each_mixer split those
+            elif m is not None and not isinstance(m, ParallelWeights):  # each_mixer split those
                 want = (m.kv_heads, m.head_dim)
                 if tuple(k[lw.ordinal].shape[1:]) != want or tuple(v[lw.ordinal].shape[1:]) != want:
                     return f"KV buffers of attention layer {lw.ordinal} are not [slots, {want[0]}, {want[1]}]"
@@ -397,14 +396,3 @@ __all__ = [
     "set_threads",
     "threads",
 ]
-
-
-def _each_mixer(layers: list[LayerWeights]) -> list[LayerWeights]:
-    """The layers with a parallel layer's (Falcon-H1's) two mixers as two layers of its ordinal, for the pool
-    checks."""
-    out: list[LayerWeights] = []
-    for lw in layers:
-        m = lw.mixer
-        parts = (m.mamba, m.attention) if isinstance(m, ParallelWeights) else (m,)
-        out.extend(dataclasses.replace(lw, mixer=part) for part in parts)
-    return out

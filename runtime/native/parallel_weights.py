@@ -6,11 +6,12 @@ fills the attention half and the feed-forward as for any layer)."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
-from runtime.native.decode_weights import GATE_GROUP_NORM, GATE_ONLY, NORM_THEN_GATE, ParallelWeights
+from runtime.native.decode_weights import GATE_GROUP_NORM, GATE_ONLY, NORM_THEN_GATE, LayerWeights, ParallelWeights
 from runtime.native.mamba2_weights import Mat, Ptr, fill_mamba2
 
-__all__ = ["GATE_GROUP_NORM", "GATE_ONLY", "NORM_THEN_GATE", "ParallelWeights", "fill_parallel"]
+__all__ = ["GATE_GROUP_NORM", "GATE_ONLY", "NORM_THEN_GATE", "ParallelWeights", "each_mixer", "fill_parallel"]
 
 
 def fill_parallel(c: ctypes.Structure, p: ParallelWeights, hidden: int, name: str, mat: Mat, ptr: Ptr) -> None:
@@ -26,3 +27,13 @@ def fill_parallel(c: ctypes.Structure, p: ParallelWeights, hidden: int, name: st
     c.gate_mode = p.gate_mode
     c.attn_in_mul, c.attn_out_mul, c.ssm_in_mul, c.ssm_out_mul = p.attn_in, p.attn_out, p.ssm_in, p.ssm_out
     c.key_mul, c.mlp_gate_mul, c.mlp_down_mul = p.key_mul, p.mlp_gate, p.mlp_down
+
+
+def each_mixer(layers: list[LayerWeights]) -> list[LayerWeights]:
+    """The layers with a parallel layer's two mixers as two layers of its ordinal (the pool checks)."""
+    out: list[LayerWeights] = []
+    for lw in layers:
+        m = lw.mixer
+        parts = (m.mamba, m.attention) if isinstance(m, ParallelWeights) else (m,)
+        out.extend(dataclasses.replace(lw, mixer=part) for part in parts)
+    return out

@@ -113,7 +113,7 @@ def test_other_families_keep_the_torch_decode_and_on_refuses(tmp_path: Path) -> 
     core = make_core(model_dir)
     assert core.runner.native_decode is None
     detail = core.stats().native_decode
-    family = "is not a Qwen3-Next-, Nemotron-H- or Granite-4.0-H-family model"
+    family = "is not a Qwen3-Next-, Nemotron-H-, Granite-4.0-H- or Falcon-H1-family model"
     assert detail.startswith(f"off: KimiLinearForCausalLM {family}"), detail
     with pytest.raises(EngineStartupError, match="--native-decode on, but it cannot run"):
         make_core(model_dir, native_decode="on")

@@ -99,7 +99,7 @@ def test_the_model_runs_natively_with_its_multipliers(model: HybridModel, checkp
     weights = decode_weights(model)
     c = model.config  # type: ignore[attr-defined]
     assert (weights.embed_scale, weights.logits_mul) == (c.embedding_multiplier, c.lm_head_multiplier)
-    assert {lw.kind for lw in weights.layers} == {PARALLEL_KIND}
+    assert {lw.kind for lw in weights.layers} == {PARALLEL_KIND} and not weights.extends and not native.extends
     for lw in weights.layers:
         p = lw.mixer
         assert isinstance(p, ParallelWeights) and p.gate_mode == ARCHS[checkpoint[2]][1]
