@@ -3,7 +3,8 @@ and Mamba2 side by side, each muP multiplier applied where torch applies it) aga
 model: logits and every pool row the step writes, greedy tokens over many steps of a batch in random state slots,
 transformers' generate (where its decode agrees with its forward), bf16 weights bit for bit against fp32 ones
 rounded to bf16, 1 and 2 threads, and the engine end to end. Tiny random checkpoints (transformers' classes, weights
-perturbed) with multipliers far from 1, in the three output gatings of the Mamba2 mixer."""
+perturbed) with multipliers far from 1, in the three output gatings of the Mamba2 mixer; Falcon-H1-7B's RoPE theta
+(1e11), and a head dim other than hidden / heads."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def _config(**kw: object) -> object:
         lm_head_multiplier=0.3, key_multiplier=0.4, attention_in_multiplier=2.5, attention_out_multiplier=0.6,
         ssm_in_multiplier=1.7, ssm_out_multiplier=0.45, ssm_multipliers=[1.9, 0.35, 2.2, 0.6, 1.4],
         mlp_multipliers=[2.5, 0.4], tie_word_embeddings=True, max_position_embeddings=4096, eos_token_id=None,
-        bos_token_id=None,
+        bos_token_id=None, rope_theta=1e11,
     )  # fmt: skip
     base.update(kw)
     return transformers.FalconH1Config(**base)
@@ -67,6 +68,7 @@ ARCHS: dict[str, tuple[Callable[[], object], int, bool]] = {
             mamba_n_groups=1,
             attention_bias=True,
             mamba_proj_bias=True,
+            head_dim=32,
             tie_word_embeddings=False,
             num_hidden_layers=4,
         ),
