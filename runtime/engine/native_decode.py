@@ -11,8 +11,9 @@ extends (it needs no warm-up).
 
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM (MoE blocks without
 latent projections; runtime/engine/native_nemotron.py), GraniteHybridForCausalLM (runtime/engine/
-native_granite.py) and KimiLinearForCausalLM (runtime/engine/native_kimi.py; the Mamba2 and Kimi-Linear
-families decode rows only, their extends stay torch's) on CPU with fp32 or bf16 weights
+native_granite.py), KimiLinearForCausalLM (runtime/engine/native_kimi.py) and FalconH1ForCausalLM
+(runtime/engine/native_falcon.py; the Mamba2, Kimi-Linear and Falcon-H1 families decode rows only, their extends
+stay torch's) on CPU with fp32 or bf16 weights
 (each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
 what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
 runs.
@@ -33,6 +34,7 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -67,6 +69,9 @@ from runtime.native.hybrid_decode import (
     threads,
 )
 from runtime.native.threads import pinned_from_env, usable_threads
+
+if TYPE_CHECKING:
+    from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
 logger = logging.getLogger("runtime.engine")
 
@@ -160,31 +165,30 @@ def _feed_forward(mlp: nn.Module, name: str) -> FeedForwardWeights:
 
 def decode_weights(model: HybridModel) -> DecodeWeights:
     """The kernel's view of `model`'s tensors; Unsupported naming the first thing the kernel does not compute."""
+    from runtime.models.falcon_h1 import FalconH1ForCausalLM
     from runtime.models.granite_hybrid import GraniteHybridForCausalLM
     from runtime.models.kimi_linear import KimiLinearForCausalLM
     from runtime.models.nemotron_h import NemotronHForCausalLM
     from runtime.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
-    families = (Qwen3NextForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM, KimiLinearForCausalLM)
+    families = (
+        Qwen3NextForCausalLM,
+        NemotronHForCausalLM,
+        GraniteHybridForCausalLM,
+        KimiLinearForCausalLM,
+        FalconH1ForCausalLM,
+    )
     if not isinstance(model, families) or type(model) not in families:  # exact classes: a subclass may differ
         raise Unsupported(
-            f"{type(model).__name__} is not a Qwen3-Next-, Nemotron-H-, Granite-4.0-H- or Kimi-Linear-family model"
+            f"{type(model).__name__} is not a Qwen3-Next-, Nemotron-H-, Granite-4.0-H-, Kimi-Linear- or "
+            "Falcon-H1-family model"
         )
-    # Granite's own scale_logits (a division by logits_scaling) is the C step's logits_div.
-    scales = (DecoderLM.scale_logits, GraniteHybridForCausalLM.scale_logits)
+    # Granite's own scale_logits (a division by logits_scaling) is the C step's logits_div, Falcon-H1's (a product
+    # by lm_head_multiplier) its logits_mul.
+    scales = (DecoderLM.scale_logits, GraniteHybridForCausalLM.scale_logits, FalconH1ForCausalLM.scale_logits)
     if type(model).scale_logits not in scales:
         raise Unsupported(f"{type(model).__name__} scales its logits")
-    hooked = _hooked_module(model)
-    if hooked:
-        # E.g. the MTP drafter's capture of the last layer's output (runtime/speculative/mtp.py): the C step
-        # runs no hook.
-        raise Unsupported(f"a forward hook on {hooked} needs the torch forward (speculative decoding's capture)")
-    params = list(model.parameters())
-    if any(p.device.type != "cpu" for p in params):
-        raise Unsupported("the model is not on the CPU")
-    odd = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype not in WEIGHT_DTYPES})
-    if odd:
-        raise Unsupported(f"the weights are {', '.join(odd)}: the native step reads fp32 or bf16")
+    _check_hooks_and_storage(model)
     if isinstance(model, NemotronHForCausalLM):
         from runtime.engine.native_nemotron import nemotron_h_weights
 
@@ -197,13 +201,24 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         from runtime.engine.native_kimi import kimi_linear_weights
 
         return kimi_linear_weights(model)
+    if isinstance(model, FalconH1ForCausalLM):
+        from runtime.engine.native_falcon import falcon_h1_weights
+
+        return falcon_h1_weights(model)
+    if not isinstance(model, Qwen3NextForCausalLM):  # unreachable: the families above are exhaustive
+        raise Unsupported(f"{type(model).__name__} has no weight table")
+    return _qwen3_next_weights(model, Qwen3NextDecoderLayer)
+
+
+def _qwen3_next_weights(model: Qwen3NextForCausalLM, layer_class: type[Qwen3NextDecoderLayer]) -> DecodeWeights:
+    """The Qwen3-Next family's table: Gated DeltaNet and gated attention layers, each with a (sparse) MoE."""
     config = model.config
     eps = float(config.rms_norm_eps)
     body = model.body
     layers: list[LayerWeights] = []
     for i, layer in enumerate(body.layers):
         name = f"layer {i}"
-        if not isinstance(layer, Qwen3NextDecoderLayer):
+        if not isinstance(layer, layer_class):
             raise Unsupported(f"{name} is {type(layer).__name__}")
         kind = getattr(layer, "kind", None)
         if kind == LINEAR:
@@ -239,6 +254,21 @@ def decode_weights(model: HybridModel) -> DecodeWeights:
         attention_layers=sum(1 for lw in layers if lw.kind == ATTENTION_KIND),
         linear_layers=sum(1 for lw in layers if lw.kind == LINEAR_KIND),
     )
+
+
+def _check_hooks_and_storage(model: HybridModel) -> None:
+    """Unsupported when a forward hook needs the torch forward, or the weights are not host fp32 / bf16."""
+    hooked = _hooked_module(model)
+    if hooked:
+        # E.g. the MTP drafter's capture of the last layer's output (runtime/speculative/mtp.py): the C step
+        # runs no hook.
+        raise Unsupported(f"a forward hook on {hooked} needs the torch forward (speculative decoding's capture)")
+    params = list(model.parameters())
+    if any(p.device.type != "cpu" for p in params):
+        raise Unsupported("the model is not on the CPU")
+    odd = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype not in WEIGHT_DTYPES})
+    if odd:
+        raise Unsupported(f"the weights are {', '.join(odd)}: the native step reads fp32 or bf16")
 
 
 def _hooked_module(model: nn.Module) -> str:
@@ -376,7 +406,8 @@ def _derived_sources(model: HybridModel) -> list[torch.Tensor]:
         elif isinstance(module, KimiMLA):  # kv_b_proj's key rows, transposed
             sources.append(module.kv_b_proj.weight)
         elif isinstance(module, Mamba2Mixer):
-            small = (module.A_log, module.dt_bias, module.D, module.conv1d.weight, module.conv1d.bias)
+            norm = getattr(module.norm, "weight", None)  # Falcon-H1's gated norm too
+            small = (module.A_log, module.dt_bias, module.D, module.conv1d.weight, module.conv1d.bias, norm)
             sources.extend(p for p in small if p is not None)
     sources.extend(p for name, p in model.named_parameters() if name.endswith("embed_tokens.weight"))
     return sources

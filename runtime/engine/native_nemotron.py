@@ -5,7 +5,7 @@ with no mixer (its norm is the feed-forward's), and so is a MoE block (Nemotron 
 groups, squared-ReLU experts and shared expert); one with latent expert projections keeps the torch decode.
 
 Granite-4.0-H reuses the Mamba2 mixer's table (runtime/engine/native_granite.py); Falcon-H1's mixer scales its
-projection sections and gates its norm otherwise, and keeps the torch decode."""
+projection sections and gates its norm otherwise: runtime/engine/native_falcon.py builds its own."""
 
 from __future__ import annotations
 

@@ -25,11 +25,14 @@ def zero_centred(norm: nn.Module, name: str, eps: float) -> torch.Tensor:
     return norm.scale(norm.weight)
 
 
-def attention_weights(mixer: nn.Module, model: DecoderLM, eps: float, name: str) -> AttentionWeights:
-    """A RotaryAttention block's tensors; a model without RoPE (Nemotron-H) gets rotary dim 0."""
+def attention_weights(
+    mixer: nn.Module, model: DecoderLM, eps: float, name: str, *, scaled_keys: bool = False
+) -> AttentionWeights:
+    """A RotaryAttention block's tensors; a model without RoPE (Nemotron-H) gets rotary dim 0. `scaled_keys`: the
+    caller passes the key multiplier on (Falcon-H1's HDLayer.key_mul), else a block that scales its keys declines."""
     if type(mixer) is not RotaryAttention:
         raise Unsupported(f"{name} is {type(mixer).__name__}")
-    if mixer.key_multiplier != 1.0:
+    if mixer.key_multiplier != 1.0 and not scaled_keys:
         raise Unsupported(f"{name} scales its keys")
     rotary = model.rotary
     if rotary is not None and rotary.head_dim != mixer.head_dim:

@@ -112,6 +112,15 @@ class HDLayer(ctypes.Structure):
         ("mla_qa_norm", FloatPtr),
         ("mla_kv_norm", FloatPtr),
         ("mla_eps", _D),
+        ("attn_in_mul", _D),
+        ("attn_out_mul", _D),
+        ("ssm_in_mul", _D),
+        ("ssm_out_mul", _D),
+        ("key_mul", _D),
+        ("mlp_gate_mul", _D),
+        ("mlp_down_mul", _D),
+        ("in_proj_mul", FloatPtr),
+        ("gate_mode", _I64),
     ]
 
 
@@ -128,6 +137,7 @@ class HDModel(ctypes.Structure):
         ("layers", ctypes.POINTER(HDLayer)),
         ("residual_scale", _D),
         ("logits_div", _D),
+        ("logits_mul", _D),
     ]
 
 

@@ -16,6 +16,7 @@ from runtime.native.mla_weights import MLAWeights
 LINEAR_KIND, ATTENTION_KIND, MAMBA2_KIND, NO_MIXER_KIND = 0, 1, 2, 3
 KDA_KIND = 4  # Kimi Delta Attention (hd_kda.h), on the linear layers' pools
 MLA_KIND = 5  # Kimi-Linear's multi-head latent attention (hd_mla.h), on the attention layers' pools
+PARALLEL_KIND = 6  # Falcon-H1: attention and Mamba2 side by side (ParallelWeights), then a SwiGLU MLP
 
 
 @dataclass
@@ -59,6 +60,29 @@ class AttentionWeights:
     biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # q, k, v, o
 
 
+# HDLayer.gate_mode (hd_model.h): gate then RMS-normalise per group (Mamba2's), gate only, normalise then gate.
+GATE_GROUP_NORM, GATE_ONLY, NORM_THEN_GATE = 0, 1, 2
+
+
+@dataclass
+class ParallelWeights:
+    """x += mamba(h * ssm_in) * ssm_out + attention(h * attn_in) * attn_out (h the normed x), then the SwiGLU
+    MLP with its gate output times mlp_gate and its output times mlp_down. `in_proj_mul`: fp32 [in_proj rows], each
+    row's section multiplier (None: none); `key_mul`: the keys' multiplier before RoPE."""
+
+    attention: AttentionWeights
+    mamba: Mamba2Weights
+    gate_mode: int
+    attn_in: float = 1.0
+    attn_out: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    key_mul: float = 1.0
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
+    in_proj_mul: torch.Tensor | None = None
+
+
 # A MoE's routing (HDLayer.route in hd_model.h): softmax over all experts then top-k (Qwen3-Next), softmax over
 # the top-k logits (Granite), sigmoid scores with a correction bias and group-limited top-k (Nemotron-H).
 ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX, ROUTE_SIGMOID_GROUPS = 0, 1, 2
@@ -96,7 +120,7 @@ class LayerWeights:
     ordinal: int  # index into the pool lists of its kind
     in_norm: torch.Tensor | None  # [H] the norm's scale (Qwen3-Next: 1 + w)
     post_norm: torch.Tensor | None  # [H]
-    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | KDAWeights | MLAWeights | None
+    mixer: DeltaNetWeights | AttentionWeights | Mamba2Weights | KDAWeights | MLAWeights | ParallelWeights | None
     ffn: FeedForwardWeights | None
 
 
@@ -112,12 +136,13 @@ class DecodeWeights:
     embed_scale: float = 1.0
     residual_scale: float = 1.0  # Granite's residual_multiplier
     logits_div: float = 1.0  # Granite's logits_scaling
+    logits_mul: float = 1.0  # Falcon-H1's lm_head_multiplier
     attention_layers: int = 0
     linear_layers: int = 0
     kept: list[torch.Tensor] = field(default_factory=list)  # every tensor the structs point into
 
     @property
     def extends(self) -> bool:
-        """Whether the C step runs an extend chain of this model (not over a Mamba2 or KDA layer: decode rows
-        only)."""
-        return all(lw.kind not in (MAMBA2_KIND, KDA_KIND, MLA_KIND) for lw in self.layers)
+        """Whether the C step runs an extend chain of this model (not over a Mamba2, KDA, MLA or parallel layer:
+        decode rows only)."""
+        return all(lw.kind not in (MAMBA2_KIND, KDA_KIND, MLA_KIND, PARALLEL_KIND) for lw in self.layers)

@@ -413,6 +413,8 @@ static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const 
         for (int64_t h = 0; h < nkv; h++) {
             float *kh = kb + h * hd;
             if (L->k_norm) rms_norm(kh, L->k_norm, hd, m->eps, kh);
+            if (L->key_mul != 0.0) /* Falcon-H1's key_multiplier, before RoPE */
+                for (int64_t i = 0; i < hd; i++) kh[i] *= (float)L->key_mul;
             rope(kh, cs, sn, L->rot_dim);
         }
         const int64_t loc = s->out_locs[b];

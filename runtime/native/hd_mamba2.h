@@ -87,6 +87,9 @@ static int mamba2(const HDModel *m, const HDLayer *L, const HDStep *s, const flo
     MambaCtx c = {m, L, s, work, work + B * W};
     gemm_add(g, L->w_in, L->b_in, W, H, xn, H, B, c.proj, W);
     gemm_run(g);
+    if (L->in_proj_mul) /* Falcon-H1's ssm_multipliers: each in_proj row's output times its section's */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < W; j++) c.proj[b * W + j] *= L->in_proj_mul[j];
     hp_parallel_for(B * G, 1, mamba_conv_groups, &c);
     hp_parallel_for(B * L->mh, 1, mamba_heads, &c);
     /* The gated norm per group of I / G channels: its heads' y times silu(z), RMS-normalised, times the weight. */
@@ -94,8 +97,10 @@ static int mamba2(const HDModel *m, const HDLayer *L, const HDStep *s, const flo
     for (int64_t b = 0; b < B; b++)
         for (int64_t k = 0; k < G; k++) {
             float *yk = c.y + b * I + k * span;
-            silu_mul(yk, c.proj + b * W + k * span, yk, span);
-            rms_norm(yk, L->gnorm_w + k * span, span, m->eps, yk);
+            const float *zk = c.proj + b * W + k * span;
+            if (L->gate_mode == HD_NORM_THEN_GATE) rms_norm(yk, L->gnorm_w + k * span, span, m->eps, yk);
+            silu_mul(yk, zk, yk, span);
+            if (L->gate_mode == HD_GATE_GROUP_NORM) rms_norm(yk, L->gnorm_w + k * span, span, m->eps, yk);
         }
     gemm_add(g, L->w_out, L->b_out, H, I, c.y, I, B, out, H);
     gemm_run(g);

@@ -72,11 +72,21 @@ typedef struct {
     const float *mla_qa_b, *mla_kva_b; /* biases or NULL */
     const float *mla_qa_norm, *mla_kv_norm; /* [q_lora], [lora] */
     double mla_eps;
+    /* Falcon-H1's muP multipliers (hd_parallel.h; 0 where unset: none). key_mul also applies in an attention layer:
+     * the keys times it after their norm, before RoPE. */
+    double attn_in_mul, attn_out_mul, ssm_in_mul, ssm_out_mul, key_mul, mlp_gate_mul, mlp_down_mul;
+    const float *in_proj_mul; /* [I + conv_dim + mh]: Mamba2's in_proj rows times these (ssm_multipliers), or NULL */
+    int64_t gate_mode; /* Mamba2's output gating: HD_GATE_GROUP_NORM, HD_GATE_ONLY or HD_NORM_THEN_GATE */
 } HDLayer;
+
+/* HD_GATE_GROUP_NORM: y * silu(z), then RMS-normalised per group (Mamba2's; Falcon-H1's gate-then-norm);
+ * HD_GATE_ONLY: y * silu(z) (Falcon-H1 without mamba_rms_norm); HD_NORM_THEN_GATE: normalised, then gated. */
+enum { HD_GATE_GROUP_NORM = 0, HD_GATE_ONLY = 1, HD_NORM_THEN_GATE = 2 };
 
 enum { HD_ROUTE_SOFTMAX = 0, HD_ROUTE_TOPK_SOFTMAX = 1, HD_ROUTE_SIGMOID_GROUPS = 2 };
 
-enum { HD_DELTANET = 0, HD_ATTENTION = 1, HD_MAMBA2 = 2, HD_NO_MIXER = 3, HD_KDA = 4, HD_MLA = 5 };
+/* HD_PARALLEL: attention and Mamba2 side by side on one normed input, then a SwiGLU MLP (Falcon-H1, hd_parallel.h) */
+enum { HD_DELTANET = 0, HD_ATTENTION = 1, HD_MAMBA2 = 2, HD_NO_MIXER = 3, HD_KDA = 4, HD_MLA = 5, HD_PARALLEL = 6 };
 
 typedef struct {
     int64_t hidden, vocab, n_layers;
@@ -88,6 +98,7 @@ typedef struct {
     const HDLayer *layers;
     double residual_scale; /* every mixer's and feed-forward's output times this before it is added (Granite) */
     double logits_div; /* the logits divided by this (Granite's logits_scaling) */
+    double logits_mul; /* the logits times this (Falcon-H1's lm_head_multiplier); 0: none */
 } HDModel;
 
 typedef struct {

@@ -4,8 +4,9 @@
  * short extend: HDStep.chain, DeltaNet and attention layers only; the DeltaNet rows then run in token order,
  * hd_deltanet.h, and row b attends to the cached tokens and the new ones up to itself). The Qwen3-Next family
  * (qwen3_next, qwen3_5, qwen3_5_moe), Nemotron-H (Mamba2, attention without RoPE, squared-ReLU MLP layers,
- * hd_mamba2.h), Granite-4.0-H (muP multipliers: HDModel's residual_scale and logits_div) and Kimi-Linear (KDA,
- * hd_kda.h, and MLA, hd_mla.h; decode rows only) are what runtime/engine/native_decode.py builds for it. Called once per step through ctypes
+ * hd_mamba2.h), Granite-4.0-H (muP multipliers: HDModel's residual_scale and logits_div), Kimi-Linear (KDA,
+ * hd_kda.h, and MLA, hd_mla.h) and Falcon-H1 (HD_PARALLEL layers, hd_parallel.h) are what
+ * runtime/engine/native_decode.py builds for it. Called once per step through ctypes
  * (runtime/native/hybrid_decode.py), so a step is one call instead of ~800 dispatched torch ops (an extend's ~1000).
  *
  * Semantics follow the torch modules (runtime/models/layers/): every weight matrix (projections, experts, router,
@@ -34,6 +35,7 @@
 #include "hd_mamba2.h"
 #include "hd_mla.h"
 #include "hd_model.h"
+#include "hd_parallel.h"
 #include "parallel.h"
 #include "row_gemm.h"
 
@@ -51,6 +53,7 @@ static int64_t layer_scratch(const HDLayer *L, int64_t B, int64_t H) {
                           : L->kind == HD_ATTENTION ? attention_scratch(L, B)
                           : L->kind == HD_KDA       ? kda_scratch(L, B)
                           : L->kind == HD_MLA       ? mla_scratch(L, B)
+                          : L->kind == HD_PARALLEL  ? parallel_scratch(L, B, H)
                                                     : 0;
     return max64(mixer, ffn_scratch(L, B, H)) + 16;
 }
@@ -93,7 +96,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     const int64_t B = s->batch, H = m->hidden;
     if (s->chain)
         for (int64_t l = 0; l < m->n_layers; l++)
-            if (m->layers[l].kind == HD_MAMBA2 || m->layers[l].kind >= HD_KDA) return HD_NO_CHAIN;
+            if (m->layers[l].kind == HD_MAMBA2 || m->layers[l].kind >= HD_KDA) return HD_NO_CHAIN; /* KDA, MLA, parallel */
     int64_t max_kv = 1;
     for (int64_t b = 0; b < B; b++) {
         if (s->ids[b] < 0 || s->ids[b] >= m->vocab) return HD_BAD_TOKEN;
@@ -129,6 +132,10 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     }
     for (int64_t l = 0; l < m->n_layers; l++) {
         const HDLayer *L = &m->layers[l];
+        if (L->kind == HD_PARALLEL) { /* Falcon-H1 */
+            parallel_layer(m, L, s, x, xn, work, scores, part, slots, &g);
+            continue;
+        }
         if (L->kind != HD_NO_MIXER) {
             for (int64_t b = 0; b < B; b++) rms_norm(x + b * H, L->in_norm, H, m->eps, xn + b * H);
             if (L->kind == HD_DELTANET)
@@ -159,6 +166,10 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     if (m->logits_div != 1.0) { /* Granite's logits_scaling: a division, as torch's */
         const float div = (float)m->logits_div;
         for (int64_t i = 0; i < (B - first) * m->vocab; i++) s->logits[i] /= div;
+    }
+    if (m->logits_mul != 0.0) { /* Falcon-H1's lm_head_multiplier: a product, as torch's */
+        const float mul = (float)m->logits_mul;
+        for (int64_t i = 0; i < (B - first) * m->vocab; i++) s->logits[i] *= mul;
     }
     scratch_done(x);
     return HD_OK;

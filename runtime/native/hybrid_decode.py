@@ -35,6 +35,7 @@ from runtime.native.decode_weights import (
     MAMBA2_KIND,
     MLA_KIND,
     NO_MIXER_KIND,
+    PARALLEL_KIND,
     DecodeWeights,
     DeltaNetWeights,
     LayerWeights,
@@ -43,6 +44,7 @@ from runtime.native.ffn_weights import fill_ffn
 from runtime.native.kda_weights import KDAWeights, fill_kda
 from runtime.native.mamba2_weights import Mamba2Weights, fill_mamba2
 from runtime.native.mla_weights import MLAWeights, fill_mla
+from runtime.native.parallel_weights import ParallelWeights, each_mixer, fill_parallel
 
 SOURCE = Path(__file__).with_name("hybrid_decode.c")
 _ERRORS = {
@@ -52,7 +54,10 @@ _ERRORS = {
     4: "out of memory for the step's scratch",
     5: "a sequence with no KV tokens",
     6: "a state checkpoint outside the extend or the state pool",
-    7: "an extend over a Mamba2 layer or a Kimi-Linear layer (the C step runs their decode rows only)",
+    7: (
+        "an extend over a Mamba2 layer or a Kimi-Linear layer (the C step runs their decode rows only; a Falcon-H1 "
+        "layer holds a Mamba2 mixer)"
+    ),
 }
 
 
@@ -110,6 +115,7 @@ class HybridDecodeKernel:
             embed_scale=weights.embed_scale,
             residual_scale=weights.residual_scale,
             logits_div=weights.logits_div,
+            logits_mul=weights.logits_mul,
             embed=self._mat(weights.embed, (weights.vocab, h), "embed"),
             final_norm=self._ptr(weights.final_norm, (h,), "final norm"),
             lm_head=self._mat(weights.lm_head, (weights.vocab, h), "lm_head"),
@@ -161,6 +167,15 @@ class HybridDecodeKernel:
         c.in_norm = self._ptr(lw.in_norm, (h,), f"{name} input norm")
         c.post_norm = self._ptr(lw.post_norm, (h,), f"{name} post-attention norm")
         m = lw.mixer
+        attention_kind = ATTENTION_KIND
+        if isinstance(m, ParallelWeights):  # Falcon-H1: the Mamba2 half and multipliers here, attention below
+            if lw.kind != PARALLEL_KIND:
+                raise WeightError(f"{name}: a parallel mixer on a layer of kind {lw.kind}")
+            try:
+                fill_parallel(c, m, h, name, self._mat, self._ptr)
+            except ValueError as exc:
+                raise WeightError(str(exc)) from exc
+            m, attention_kind = m.attention, PARALLEL_KIND
         if isinstance(m, Mamba2Weights):
             if lw.kind != MAMBA2_KIND:
                 raise WeightError(f"{name}: a Mamba2 mixer on a layer of kind {lw.kind}")
@@ -193,7 +208,7 @@ class HybridDecodeKernel:
             c.gnorm_w = self._ptr(m.norm, (m.v_head_dim,), f"{name} gated norm")
             c.w_out = self._mat(m.out, (h, value), f"{name} out projection")
         elif m is not None:
-            if lw.kind != ATTENTION_KIND or m.heads % m.kv_heads or m.rotary_dim % 2 or m.rotary_dim > m.head_dim:
+            if lw.kind != attention_kind or m.heads % m.kv_heads or m.rotary_dim % 2 or m.rotary_dim > m.head_dim:
                 raise WeightError(f"{name}: attention heads/rotary dims the kernel does not handle")
             qw = m.heads * m.head_dim * (2 if m.output_gate else 1)
             kvw = m.kv_heads * m.head_dim
@@ -235,7 +250,7 @@ class HybridDecodeKernel:
             for t in group:
                 if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
                     return f"the {name} pool is not a contiguous fp32 CPU tensor ({t.dtype}, {t.device})"
-        for lw in w.layers:
+        for lw in each_mixer(w.layers):
             m = lw.mixer
             if isinstance(m, Mamba2Weights | KDAWeights):
                 want_c, want_m = m.pool_shapes()
@@ -252,7 +267,7 @@ class HybridDecodeKernel:
                 want_s = (m.num_v_heads, m.v_head_dim, m.k_head_dim)
                 if tuple(conv[lw.ordinal].shape[1:]) != want_c or tuple(ssm[lw.ordinal].shape[1:]) != want_s:
                     return f"state buffers of linear layer {lw.ordinal} are not {list(want_c)} / {list(want_s)}"
-            elif m is not None:
+            elif m is not None and not isinstance(m, ParallelWeights):  # each_mixer split those
                 want = (m.kv_heads, m.head_dim)
                 if tuple(k[lw.ordinal].shape[1:]) != want or tuple(v[lw.ordinal].shape[1:]) != want:
                     return f"KV buffers of attention layer {lw.ordinal} are not [slots, {want[0]}, {want[1]}]"

@@ -27,7 +27,7 @@ class Mamba2Weights:
     dt_bias: torch.Tensor  # [heads]
     d_skip: torch.Tensor  # [heads]
     dt_limit: tuple[float, float]
-    norm: torch.Tensor  # [inner] the grouped gated RMSNorm's weight (a group per B/C group)
+    norm: torch.Tensor | None  # [inner] the grouped gated RMSNorm's weight (a group per B/C group); None: none
     out: torch.Tensor  # [H, inner]
     in_bias: torch.Tensor | None = None
     conv_bias: torch.Tensor | None = None
