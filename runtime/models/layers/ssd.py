@@ -27,11 +27,12 @@ def chunk_scan(
     chunk_size: int,
     checkpoints: StateCheckpoints | None = None,
     captured: list[torch.Tensor] | None = None,
+    out_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [B, L, H, P]; dt: [B, L, H] (already softplus'd and clamped; 0 on padded steps); a: [H] (negative);
     b, c: [B, L, G, N]; d: [H]; initial_state: [B, H, P, N] fp32.
-    Returns (y [B, L, H, P] fp32, final state [B, H, P, N] fp32). With `checkpoints`, `captured` receives the
-    state [H, P, N] after each checkpoint's token count, in checkpoint order."""
+    Returns (y [B, L, H, P], computed in fp32 and rounded once to `out_dtype`; final state [B, H, P, N] fp32).
+    With `checkpoints`, `captured` receives the state [H, P, N] after each checkpoint's token count, in order."""
     batch, length, heads, dim = x.shape
     # Any chunk size gives the same result; a short extend (a speculative verify, a draft's catch-up) need not pay
     # for a whole chunk's [chunk x chunk] decay matrices.
@@ -41,7 +42,7 @@ def chunk_scan(
     # A compiled extend's traced checkpoints can fall in any chunk: one block.
     traced = checkpoints is not None and checkpoints.traced_tokens is not None
     block = length if traced else max(chunk_size, BLOCK_TOKENS // chunk_size * chunk_size)
-    y = torch.empty(batch, length, heads, dim, device=x.device)
+    y = torch.empty(batch, length, heads, dim, dtype=out_dtype, device=x.device)
     state = initial_state.float()
     found: dict[int, torch.Tensor] = {}
     scan = _Scan(a.float(), d.float(), chunk_size, checkpoints if captured is not None else None, found)
