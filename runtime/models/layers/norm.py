@@ -97,12 +97,14 @@ class GroupedGatedRMSNorm(nn.Module):
         return by_row_blocks(self._rows, x, gate)
 
     def _rows(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float() * F.silu(gate.float())
+        # silu in place on the widened gate, then one rms_norm per group: the same products as x * silu(z) and
+        # h * rsqrt(mean(h²) + eps) (see the module note), 3 passes over the rows instead of 8.
+        h = F.silu(gate.float(), inplace=True).mul_(x)
         shape = h.shape
-        h = h.view(*shape[:-1], shape[-1] // self.group_size, self.group_size)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.view(shape).to(dtype)
+        h = F.rms_norm(
+            h.view(*shape[:-1], shape[-1] // self.group_size, self.group_size), (self.group_size,), None, self.eps
+        )
+        return self.weight * h.view(shape).to(x.dtype)
 
 
 class FalconGatedRMSNorm(nn.Module):
