@@ -110,12 +110,8 @@ def chunk_gated_delta_rule(
             v_new = new_values[i]
             v_new.baddbmm_(k_cumdecay[i], states[i], alpha=-1)  # in place: new_values becomes the corrected values
             # Transposed, so the product lands in by_value's own layout: S' = decay S + k_endᵀ v_new.
-            torch.baddbmm(
-                by_value[i] * chunk_decay[i],
-                v_new.transpose(-1, -2),
-                k_to_end[i].transpose(-1, -2),
-                out=by_value[i + 1],
-            )
+            torch.mul(by_value[i], chunk_decay[i], out=by_value[i + 1])
+            by_value[i + 1].baddbmm_(v_new.transpose(-1, -2), k_to_end[i].transpose(-1, -2))
     out = torch.baddbmm(
         (intra @ new_values).view(-1, chunk_size, dv),
         (q * cum_exp).view(-1, chunk_size, dk),
