@@ -2,7 +2,8 @@
 
 Per head, with state h [head_dim, state_size]: h = exp(dt A) h + dt x Bᵀ; y = h C + D x. The chunked form
 follows transformers' `mamba2_chunk_scan`: inside a chunk the scan is a masked matmul, across chunks
-a recurrence over chunk-end states, so a long prompt costs a few batched einsums, not one step per token.
+a recurrence over chunk-end states, so a long prompt costs a few batched matmuls per block of chunks, not one step
+per token.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ import torch.nn.functional as F
 
 from runtime.models.layers.state_checkpoints import StateCheckpoints, chunk_positions
 
+# Chunk and block sizes, measured at Nemotron-H's shapes (64 heads of 64, 8 groups, state 128; 2048 tokens, one
+# layer): the intra-chunk work grows with the chunk, the chunk-state traffic (a [H, P, N] state per chunk) with
+# their number; chunk 64 in blocks of 128 tokens took 129 ms on one thread (178 on two) against 1076 for the
+# whole-prompt, per-head form this replaced. Chunk 64 divides the default checkpoint interval.
 MAX_CHUNK = 64
-BLOCK_TOKENS = 256
+BLOCK_TOKENS = 128
 
 
 def chunk_scan(
