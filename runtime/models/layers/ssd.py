@@ -129,14 +129,17 @@ class _Scan:
         # Each chunk's start state read out at every position, decayed to it.
         y_off = c @ states[:-1].view(*lead, groups, -1, size).transpose(-1, -2)  # [C, B, G, l, h*P]
         decay_in = torch.exp(a_cum).view(*lead, groups, per_group, chunk).permute(0, 1, 4, 2, 3)[..., None]
-        out = y.view(batch, n_chunks, chunk, groups, per_group, dim).transpose(0, 1) if not pad else None
+        # Straight into y where it is a whole number of chunks. Not in a compiled graph: there, out= into this
+        # transposed view of y made a later view of y fail to trace ("Cannot view a tensor ..."); copy instead.
+        into_y = not pad and not torch.compiler.is_compiling()
+        out = y.view(batch, n_chunks, chunk, groups, per_group, dim).transpose(0, 1) if into_y else None
         full = torch.addcmul(
             y_diag.permute(0, 1, 4, 2, 3, 5),
             y_off.view(*lead, groups, chunk, per_group, dim).transpose(2, 3),
             decay_in,
             out=out,
         )
-        if pad:
+        if not into_y:
             y.copy_(full.transpose(0, 1).reshape(batch, -1, heads, dim)[:, :length])
         if self.checkpoints is not None:
             self.found.update(_checkpoints(states, a_cum, b, tokens, dt, self.checkpoints, offset, length))
