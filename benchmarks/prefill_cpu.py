@@ -5,9 +5,10 @@ in-process `EngineCore.step()` as in runtime_throughput.py): wall TTFT, the engi
 work costs, whoever else holds the cores) and the process's voluntary context switches (OpenMP workers put to
 sleep and woken: each parallel region costs two with OMP_WAIT_POLICY=PASSIVE). `--profile` prints torch.profiler
 self CPU per op (and input shapes), the minimum over the runs: the run least disturbed by other processes.
+`--by-module` prints wall time per module class (inclusive: a block's time contains its mixer's), min over runs.
 
     python benchmarks/prefill_cpu.py --model DIR [--threads 2] [--repeats 5] [--tokens 2048] [--profile]
-        [--dtype auto|float32|bfloat16] [--memory-budget-gib 0.5]
+        [--dtype auto|float32|bfloat16] [--memory-budget-gib 0.5] [--by-module]
 
 To compare with an older runtime: `git archive <rev> runtime | tar -x -C /tmp/old` then run this script with
 `PYTHONPATH=/tmp/old`.
@@ -20,6 +21,7 @@ import collections
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from runtime.core.config import EngineArgs
@@ -54,6 +56,23 @@ def cold_prefill(core: EngineCore, prompt: list[int], rid: str) -> tuple[float, 
     return first[0] - wall, time.thread_time() - cpu, voluntary_switches() - switches
 
 
+def time_modules(model: object, into: dict[str, float]) -> Callable[[], None]:
+    """Accumulate each module class's inclusive wall time into `into` (forward hooks); returns the remover."""
+    from torch import nn
+
+    assert isinstance(model, nn.Module)
+    started: dict[int, float] = {}
+
+    def pre(module: nn.Module, _args: object) -> None:
+        started[id(module)] = time.perf_counter()
+
+    def post(module: nn.Module, _args: object, _out: object) -> None:
+        into[type(module).__name__] += time.perf_counter() - started.pop(id(module))
+
+    handles = [h for m in model.modules() for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
+    return lambda: [h.remove() for h in handles] and None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="model directory (python -m runtime.demo_model --out DIR)")
@@ -62,6 +81,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--profile", action="store_true", help="per-op self CPU, min over the runs")
     ap.add_argument("--top", type=int, default=30, help="ops listed by --profile")
+    ap.add_argument("--by-module", action="store_true", help="wall time per module class, min over the runs")
     ap.add_argument("--dtype", default="auto", help="the engine's --dtype (auto: bfloat16 for a bf16 checkpoint)")
     ap.add_argument("--memory-budget-gib", type=float, default=0.5, help="the engine's budget (weights included)")
     a = ap.parse_args()
@@ -77,7 +97,16 @@ def main() -> None:
     cold_prefill(core, prompt(a.tokens), "warmup")  # first-call allocations, lazy inits
     runs: list[tuple[float, float, int]] = []
     best: dict[tuple[str, str], float] = collections.defaultdict(lambda: float("inf"))
+    per_module: dict[str, float] = collections.defaultdict(lambda: float("inf"))
     for i in range(a.repeats):
+        if a.by_module:
+            one: dict[str, float] = collections.defaultdict(float)
+            remove = time_modules(core.model, one)
+            runs.append(cold_prefill(core, prompt(a.tokens), f"cold{i}"))
+            remove()
+            for name, s in one.items():
+                per_module[name] = min(per_module[name], s)
+            continue
         if not a.profile:
             runs.append(cold_prefill(core, prompt(a.tokens), f"cold{i}"))
             continue
@@ -95,6 +124,8 @@ def main() -> None:
         f"engine-thread CPU  {cpu * 1e3:8.1f} ms  [{min(r[1] for r in runs) * 1e3:.1f}]\n"
         f"voluntary context switches {switches:8.0f}"
     )
+    for name, sec in sorted(per_module.items(), key=lambda kv: -kv[1]):
+        print(f"{sec * 1e3:8.1f} ms  {name}")
     for (name, shapes), ms in sorted(best.items(), key=lambda kv: -kv[1])[: a.top]:
         print(f"{ms:8.2f} ms  {name:45s} {shapes}")
 

@@ -94,12 +94,15 @@ class CheckpointPlanner:
             return []
         start = req.mem.kv_len
         cps: list[tuple[int, int]] = []
-        for p in self.points(req, start, start + n):
+        # Latest first: when the slots run out (every one running a request or taken by this forward), the
+        # checkpoints skipped are the earliest, and a later prompt sharing most of this one still resumes near
+        # its end (the tail grid) instead of an interval or more before it. Skipped: the checkpoint, not the work.
+        for p in reversed(self.points(req, start, start + n)):
             slot = self.cache.take_checkpoint_slot()
-            if slot is None:  # every slot is running a request: skip the checkpoint, not the work
+            if slot is None:
                 break
             cps.append((p - start, slot))
-        return cps
+        return cps[::-1]
 
 
 def _grid(step: int, start: int, end: int) -> list[int]:

@@ -218,12 +218,14 @@ def test_kernels_alone_match_within_1e6(traced: bool) -> None:
         assert (state - want[0]).abs().max().item() <= 1e-6, f"SSD scan after {n}"
 
 
-def test_traced_conv_windows_equal_the_listed_ones() -> None:
-    """A checkpoint's conv window is the same slice whether its token count is a Python int or a tensor."""
-    from runtime.models.layers.state_checkpoints import StateCheckpoints
+def test_conv_window_rows_are_slices_of_old_window_then_inputs() -> None:
+    """A checkpoint's conv window (and a sequence's new window) is the K-1 rows after n inputs of the old window
+    followed by the new inputs, for n inside the old window, across it and past it, per sequence of a batch."""
+    from runtime.models.layers.conv import window_rows
 
-    counts = [1, 7, 32, 33, 64, 70]
-    traced = StateCheckpoints.traced(torch.tensor(counts), torch.arange(len(counts)))
-    listed = StateCheckpoints([0] * len(counts), counts, torch.arange(len(counts)))
-    padded_input = torch.randn(1, 3 + 70, 5, generator=torch.Generator().manual_seed(1))  # [B, width + L, C]
-    assert torch.equal(traced.conv_windows(padded_input, 3), listed.conv_windows(padded_input, 3))
+    g = torch.Generator().manual_seed(1)
+    old, inputs = torch.randn(2, 3, 5, generator=g), torch.randn(2, 70, 5, generator=g).bfloat16()
+    seqs, counts = torch.tensor([0, 0, 1, 1, 0, 1]), torch.tensor([0, 1, 2, 7, 33, 70])
+    got = window_rows(old, inputs, seqs, counts)
+    for m, (b, n) in enumerate(zip(seqs.tolist(), counts.tolist(), strict=True)):
+        assert torch.equal(got[m], torch.cat([old[b], inputs[b].float()])[n : n + 3])

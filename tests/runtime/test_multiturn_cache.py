@@ -111,6 +111,21 @@ def test_a_prompt_sharing_most_of_an_earlier_one_resumes_within_a_tail_step(
     core.check_invariants()
 
 
+def test_with_fewer_slots_than_checkpoints_the_latest_are_kept(model_dir: Path, reference: EngineCore) -> None:
+    """A long prompt wants more checkpoints than the pool has slots (a real model's 2048-token prompt: ~35 with
+    31 slots): the earliest are the ones skipped, so a prompt sharing all but its last tokens still resumes on the
+    tail grid near its end, not where the slots ran out."""
+    interval = 8
+    core = make_core(model_dir, mamba_track_interval=interval, max_mamba_cache_size=6)
+    doc = _doc(96, 5)  # 11 interval points + the tail grid: far more than the 5 spare slots
+    _run(core, "first", doc + [9, 9, 9])
+    second = doc + [5, 6, 7]
+    tokens, cached = _run(core, "second", second)
+    assert cached >= len(doc) - interval // TAIL_STEPS
+    assert tokens == _run(reference, "ref", second)[0]
+    core.check_invariants()
+
+
 @pytest.mark.parametrize("in_forward", [True, False], ids=["in_forward", "split"])
 def test_long_prompts_identical_with_checkpoints_on_and_off_chunk_grid(
     model_dir: Path, reference: EngineCore, in_forward: bool

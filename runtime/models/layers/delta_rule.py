@@ -95,29 +95,33 @@ def chunk_gated_delta_rule(
     raw_k = k  # a checkpoint inside a chunk decays the keys to its own position, not the chunk's end
     k_to_end = (k * _decay(cum[..., -1:] - cum)[..., None]).transpose(-1, -2)  # [N, R, Dk, C]
     chunk_decay = _decay(cum[..., -1])[..., None, None]  # [N, R, 1, 1]
-    # states[i]: the state entering chunk i (states[n_chunks]: the final state). The loop carries only the
-    # state; each chunk's output is one batched matmul pair after it.
-    states = torch.empty(n_chunks + 1, rows, dk, dv, dtype=torch.float32, device=q.device)
+    # by_value[i]: the state entering chunk i, stored [Dv, Dk] as the pool holds it (by_value[n_chunks]: the
+    # final state), so states go into pool slots as plain copies, not transposing ones; `states` is the same
+    # memory seen [Dk, Dv], as the equations use it. The loop carries only the state; each chunk's output is one
+    # batched matmul pair after it.
+    by_value = torch.empty(n_chunks + 1, rows, dv, dk, dtype=torch.float32, device=q.device)
+    states = by_value.transpose(-1, -2)
     states[0] = initial_state.float().reshape(rows, dk, dv)
     # Each chunk is two small batched matmuls; below ~8M multiply-adds a chunk (the demo model: 1M) waking a
     # sleeping OpenMP worker for each costs more than the second thread saves.
     serial = 2 * rows * chunk_size * dk * dv <= _SERIAL_LOOP_MAX_MACS
     with intra_op_threads(1 if serial else torch.get_num_threads()):
         for i in range(n_chunks):
-            state = states[i]
             v_new = new_values[i]
-            v_new.baddbmm_(k_cumdecay[i], state, alpha=-1)  # in place: new_values becomes the corrected values
-            torch.baddbmm(state * chunk_decay[i], k_to_end[i], v_new, out=states[i + 1])
+            v_new.baddbmm_(k_cumdecay[i], states[i], alpha=-1)  # in place: new_values becomes the corrected values
+            # Transposed, so the product lands in by_value's own layout: S' = decay S + k_endᵀ v_new.
+            torch.mul(by_value[i], chunk_decay[i], out=by_value[i + 1])
+            by_value[i + 1].baddbmm_(v_new.transpose(-1, -2), k_to_end[i].transpose(-1, -2))
     out = torch.baddbmm(
         (intra @ new_values).view(-1, chunk_size, dv),
         (q * cum_exp).view(-1, chunk_size, dk),
-        states[:n_chunks].view(-1, dk, dv),
+        by_value[:n_chunks].view(-1, dv, dk).transpose(-1, -2),
     )
     out = out.view(n_chunks, batch, heads, chunk_size, dv).permute(1, 0, 3, 2, 4).reshape(batch, -1, heads, dv)
     out = out[:, :length]
     if checkpoints is not None and captured is not None:
         captured.extend(_checkpoint_states(states, cum, raw_k, new_values, checkpoints, batch, heads))
-    return out, states[n_chunks].view(batch, heads, dk, dv)
+    return out, by_value[n_chunks].view(batch, heads, dv, dk).transpose(-1, -2)
 
 
 def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
@@ -171,7 +175,7 @@ def _checkpoint_states(
     """[H, Dk, Dv] per checkpoint, in checkpoint order. On the chunk grid a checkpoint is one of the chunk loop's
     states; inside a chunk it is that chunk's start state advanced by the chunk's first r tokens."""
     n_chunks, chunk_size = cum.shape[0], cum.shape[2]
-    per_seq = states.view(n_chunks + 1, batch, heads, *states.shape[-2:])
+    per_seq = states.transpose(-1, -2).reshape(n_chunks + 1, batch, heads, *states.shape[-1:-3:-1]).transpose(-1, -2)
     split = (n_chunks, batch, heads, chunk_size)
     if checkpoints.traced_tokens is not None:  # one sequence, counts as a tensor: every one by the formula
         n = checkpoints.traced_tokens

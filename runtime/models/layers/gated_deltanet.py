@@ -13,6 +13,7 @@ from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
 from runtime.models.layers.fla_kernels import fla_decode_step
 from runtime.models.layers.norm import GatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
+from runtime.models.layers.state_checkpoints import write_states
 from runtime.native import extend_kernels
 
 
@@ -182,7 +183,7 @@ class GatedDeltaNet(nn.Module):
             )
             ssm_pool[packing.state_slots] = state.transpose(-1, -2).to(ssm_pool.dtype)
             if packing.checkpoints is not None:
-                ssm_pool[packing.checkpoints.slots] = torch.stack(captured).transpose(-1, -2).to(ssm_pool.dtype)
+                write_states(ssm_pool, packing.checkpoints.slots, captured, transpose=True)
             out = packing.unpad(out)
         out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(x.shape[0], self.value_dim))

@@ -15,6 +15,7 @@ from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
 from runtime.models.layers.norm import FalconGatedRMSNorm, GroupedGatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 from runtime.models.layers.ssd import chunk_scan, recurrent_step
+from runtime.models.layers.state_checkpoints import write_states
 
 GatedNorm = Literal["mamba2", "norm_then_gate", "gate_then_norm", "gate_only"]
 
@@ -138,6 +139,8 @@ class Mamba2Mixer(nn.Module):
             xs, b, c = (packing.pad(t) for t in xbc.split([self.intermediate, groups_n, groups_n], dim=-1))
             batch, length = xs.shape[:2]
             captured: list[torch.Tensor] = []
+            # Rounded to the activations' dtype inside the scan where the gated norm takes it so anyway.
+            y_dtype = x.dtype if self.gated_norm == "mamba2" else torch.float32
             y, state = chunk_scan(
                 xs.view(batch, length, self.num_heads, self.head_dim),
                 packing.zero_padding(packing.pad(dt)),  # dt = 0: padded steps neither decay nor write the state
@@ -149,10 +152,11 @@ class Mamba2Mixer(nn.Module):
                 self.chunk_size,
                 checkpoints=packing.checkpoints,
                 captured=captured,
+                out_dtype=y_dtype,
             )
             ssm_pool[packing.state_slots] = state.to(ssm_pool.dtype)
             if packing.checkpoints is not None:
-                ssm_pool[packing.checkpoints.slots] = torch.stack(captured).to(ssm_pool.dtype)
+                write_states(ssm_pool, packing.checkpoints.slots, captured)
             y = packing.unpad(y)
         y = y.reshape(tokens, self.intermediate)
         if self.norm is None:

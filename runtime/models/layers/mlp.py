@@ -17,7 +17,8 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # In place: a long prefill's [T, intermediate] activations are not allocated (and page-faulted) twice more.
+        return self.down_proj(F.silu(self.gate_proj(x), inplace=True).mul_(self.up_proj(x)))
 
 
 class Relu2MLP(nn.Module):
@@ -29,4 +30,4 @@ class Relu2MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.square(F.relu(self.up_proj(x))))
+        return self.down_proj(self.up_proj(x).relu_().square_())  # in place, as GatedMLP
