@@ -169,11 +169,11 @@ def _checkpoints(
     for m, (seq, n) in enumerate(zip(checkpoints.seq, checkpoints.tokens, strict=True)):
         if not offset < n <= offset + length:
             continue
-        chunk, r = divmod(n - offset, chunk_size)
+        at_chunk, r = divmod(n - offset, chunk_size)
         if r == 0:
-            found[m] = states[chunk, seq]
+            found[m] = states[at_chunk, seq]
         else:
-            inside.append((m, seq, chunk, r - 1))
+            inside.append((m, seq, at_chunk, r - 1))
     if inside:
         seqs, chunks, last = (torch.tensor([t[j] for t in inside], device=x.device) for j in (1, 2, 3))
         at = _states_at(states, a_cum, b, x, dt, seqs, chunks, last)
