@@ -10,6 +10,8 @@ rotating, so a slow minute of a shared host lands on every configuration alike. 
   after another; `--decoding-step-tokens auto`);
 - batched: `--max-prefill-tokens 16384 --decoding-step-tokens 256` (every waiting prompt in one prefill step, and
   a fixed cap while requests decode: the runtime's behaviour before those defaults);
+- batched-auto: `--max-prefill-tokens 16384` alone (every waiting prompt in one step, the time-target cap);
+- default-256: `--decoding-step-tokens 256` alone (one prompt per step, the fixed cap);
 - lpm: the default with `--schedule-policy lpm` (prompts whose prefix is cached first).
 
     python benchmarks/prefill_order.py [--model DIR] [--reps 5] [--threads 2] [--configs default,batched,lpm]
@@ -41,6 +43,8 @@ from workloads import GSP_CONCURRENCY, GSP_SHAPE, Prompts, build_prompts  # noqa
 CONFIGS = {
     "default": [],
     "batched": ["--max-prefill-tokens", "16384", "--decoding-step-tokens", "256"],
+    "batched-auto": ["--max-prefill-tokens", "16384"],
+    "default-256": ["--decoding-step-tokens", "256"],
     "lpm": ["--schedule-policy", "lpm"],
 }
 

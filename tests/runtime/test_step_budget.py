@@ -35,20 +35,21 @@ def _budget(token_ms: float, decode_ms: float = 0.0, target_ms: float = 150.0) -
 
 
 def test_slower_prefill_gives_a_smaller_budget_and_faster_a_larger_one() -> None:
-    slow, medium, fast = _budget(2.0), _budget(0.5), _budget(0.1)
+    slow, medium, fast = _budget(0.5), _budget(0.25), _budget(0.1)
     assert slow < medium < fast
-    assert medium == 300 // GRANULARITY * GRANULARITY  # 150 ms / 0.5 ms per token
+    assert medium == 600 // GRANULARITY * GRANULARITY  # 150 ms / 0.25 ms per token
     assert all(t % GRANULARITY == 0 for t in (slow, medium, fast))
 
 
 def test_the_decode_rows_share_the_target() -> None:
-    # 150 ms, of which a decode step takes 50: 100 ms of prompt tokens at 0.5 ms.
-    assert _budget(0.5, decode_ms=50) == 200 // GRANULARITY * GRANULARITY
-    assert _budget(0.5, decode_ms=50) < _budget(0.5)
+    # 150 ms, of which a decode step takes 50: 100 ms of prompt tokens at 0.25 ms.
+    assert _budget(0.25, decode_ms=50) == 400 // GRANULARITY * GRANULARITY
+    assert _budget(0.25, decode_ms=50) < _budget(0.25)
 
 
 def test_bounds_and_the_start() -> None:
-    assert _budget(50.0) == MIN_TOKENS  # a 0.76B model on a busy host still makes progress
+    assert _budget(50.0) == MIN_TOKENS  # a 0.76B model: steps stay large enough to be efficient
+    assert _budget(1.0) == MIN_TOKENS  # 150 tokens fit, but a step under MIN_TOKENS would spiral down
     assert _budget(0.001) == MAX_TOKENS
     assert _budget(0.5, decode_ms=500) == MIN_TOKENS  # decode rows alone over the target
     fresh = PauseBudget(0.15, DEFAULT_CPU_DECODING_STEP_TOKENS)
@@ -58,19 +59,19 @@ def test_bounds_and_the_start() -> None:
 
 def test_the_budget_follows_a_slower_host_within_a_few_steps() -> None:
     b = PauseBudget(0.15, DEFAULT_CPU_DECODING_STEP_TOKENS)
-    b.observe(256, 0, 256 * 0.0002)
+    b.observe(512, 0, 512 * 0.00005)
     before = b.prompt_tokens(1)
     for _ in range(6):
-        b.observe(256, 0, 256 * 0.002)  # ten times slower
+        b.observe(512, 0, 512 * 0.0005)  # ten times slower
     after = b.prompt_tokens(1)
     assert after < before / 5
-    assert after == pytest.approx(75, abs=GRANULARITY)
+    assert after == pytest.approx(300, abs=GRANULARITY)
 
 
 @pytest.mark.parametrize(
     ("argv", "cap", "target"),
     [
-        ([], DEFAULT_CPU_DECODING_STEP_TOKENS, 0.15),  # CPU default: auto, 150 ms
+        ([], DEFAULT_CPU_DECODING_STEP_TOKENS, 0.1),  # CPU default: auto, 100 ms
         (["--decoding-step-tokens", "auto", "--decode-pause-target-ms", "400"], DEFAULT_CPU_DECODING_STEP_TOKENS, 0.4),
         (["--decoding-step-tokens", "96"], 96, 0.0),  # an explicit count stays fixed
         (["--decoding-step-tokens", "-1"], 0, 0.0),
