@@ -56,7 +56,12 @@ class ModelRunner:
         # than the switching margin. Prefills are rare: a choice learnt on a busy moment would stand for many of
         # them, so each step also reads what the rest of the host ran (host_hints: decode_threads.py).
         self.prefill_threads = DecodeThreadChooser.up_to(
-            torch.get_num_threads(), PREFILL_THREADS_ENV, label="Prefill", bucket_bits=2, host_hints=True
+            torch.get_num_threads(),
+            PREFILL_THREADS_ENV,
+            label="Prefill",
+            bucket_bits=2,
+            host_hints=True,
+            most_first=True,
         )
         # runtime/engine/native_decode.py: a decode step as one C call; first choice for the batches it handles.
         self.native_decode: NativeDecode | None = None

@@ -136,3 +136,18 @@ def test_a_uniform_slowdown_does_not_switch_on_a_stale_estimate() -> None:
     used = _run(chooser, {1: 15.0, 2: 18.0}, 200)
     assert chooser.in_use() == {8: 1} and chooser.switches == switches
     assert used.count(2) <= 6
+
+
+def test_most_first_tries_every_thread_before_one() -> None:
+    # The prefill chooser: a bucket's first prefill (the first request of a size, the one a user times) runs on all
+    # threads; one thread is tried next, then the faster one stays.
+    chooser = DecodeThreadChooser((1, 2), label="Prefill", bucket_bits=2, most_first=True)
+    first = chooser.choose(2048)
+    assert first == 2
+    chooser.record(2048, first, 0.2)
+    second = chooser.choose(2048)
+    assert second == 1
+    chooser.record(2048, second, 0.4)
+    assert chooser.choose(2048) == 2
+    plain = DecodeThreadChooser((1, 2))
+    assert plain.choose(1) == 1  # the decode choosers still start from one thread
