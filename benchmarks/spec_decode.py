@@ -52,7 +52,8 @@ def run(name: str, model: Path, draft: Path, args: argparse.Namespace) -> Result
         spec = {"speculative_algorithm": name, "speculative_num_steps": args.steps}
         if name == "STANDALONE":
             spec["speculative_draft_model_path"] = str(draft)
-    core = EngineCore(EngineArgs(model_path=str(model), memory_budget_gib=2.0, **spec))  # type: ignore[arg-type]
+    budget = args.memory_budget_gib
+    core = EngineCore(EngineArgs(model_path=str(model), memory_budget_gib=budget, **spec))  # type: ignore[arg-type]
     assert core.tokenizer is not None
     outputs: dict[str, list[RequestOutput]] = {}
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=True)
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3, help="--speculative-num-steps")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     p.add_argument("--configs", nargs="+", default=["plain", "NGRAM", "STANDALONE"])
+    p.add_argument("--memory-budget-gib", type=float, default=4.0, help="the engine's budget, weights included")
     args = p.parse_args(argv)
 
     import torch
