@@ -12,6 +12,7 @@ nothing else changes: parameters are plain tensors viewing it.
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 from pathlib import Path
 
@@ -68,9 +69,6 @@ class WeightArena:
 
     def tensor(self, index: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """The `index`-th tensor's place in the block, as an (uninitialised) tensor of `shape` and `dtype`."""
-        count = 1
-        for size in shape:
-            count *= size
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         lo = self.shift + self.offsets[index]
         return self.block[lo : lo + nbytes].view(dtype).view(shape)
