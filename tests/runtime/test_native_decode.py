@@ -15,18 +15,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.core.batch import ForwardBatch, PoolBuffers
+from runtime.core.batch import PoolBuffers
 from runtime.engine.native_decode import NativeDecode, Unsupported, decode_weights, native_decode_for
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
+from tests.runtime.native_step_checks import VOCAB
+from tests.runtime.native_step_checks import assert_same_step as _assert_same_step
+from tests.runtime.native_step_checks import clone as _clone
+from tests.runtime.native_step_checks import decode_batch as _decode_batch
+from tests.runtime.native_step_checks import prompt as _prompt
 from tests.runtime.simple_runner import SimpleRunner
 from tests.runtime.test_engine_support import one_torch_thread, perturb_weights
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
-
-VOCAB = 160
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -105,10 +108,6 @@ def model(checkpoint: tuple[Path, torch.nn.Module]) -> HybridModel:
     return load_model(checkpoint[0])
 
 
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 def _prefilled(model: HybridModel, lengths: list[int]) -> tuple[SimpleRunner, list[int]]:
     """A runner holding one prefilled sequence per length; returns it and each sequence's next token."""
     runner = SimpleRunner(model, num_state_slots=len(lengths) + 1)
@@ -117,58 +116,6 @@ def _prefilled(model: HybridModel, lengths: list[int]) -> tuple[SimpleRunner, li
         runner.add(sid)
         nxt.append(int(runner.extend({sid: _prompt(n, 100 + sid)})[-1].argmax()))
     return runner, nxt
-
-
-def _decode_batch(runner: SimpleRunner, tokens: dict[int, int]) -> ForwardBatch:
-    """The decode batch the engine would build for one more token per sequence (slots taken from the runner)."""
-    ids, positions, out_locs, kv_locs, slots, pre = [], [], [], [], [], []
-    for sid, token in tokens.items():
-        seq = runner.seqs[sid]
-        loc = runner.next_token_slot
-        runner.next_token_slot += 1
-        ids.append(token)
-        positions.append(len(seq.tokens))
-        pre.append(len(seq.tokens))  # the new token is appended below: the runner's own bookkeeping
-        out_locs.append(loc)
-        seq.tokens.append(token)
-        seq.kv_locs.append(loc)
-        kv_locs.append(torch.tensor(seq.kv_locs, dtype=torch.int64))
-        slots.append(seq.slot)
-    return ForwardBatch(
-        mode="decode",
-        input_ids=torch.tensor(ids),
-        positions=torch.tensor(positions),
-        extend_lens=[1] * len(ids),
-        prefix_lens=pre,
-        kv_locs=kv_locs,
-        out_locs=torch.tensor(out_locs),
-        state_slots=torch.tensor(slots),
-    )
-
-
-def _clone(buffers: PoolBuffers) -> PoolBuffers:
-    return PoolBuffers(*([t.clone() for t in group] for group in (buffers.k, buffers.v, buffers.conv, buffers.ssm)))
-
-
-def _assert_same_step(
-    model: HybridModel, runner: SimpleRunner, batch: ForwardBatch, native: NativeDecode | None = None
-) -> torch.Tensor:
-    native = native or NativeDecode(model)
-    torch_buffers, native_buffers = runner.buffers, _clone(runner.buffers)
-    with torch.inference_mode():
-        expected = model(batch, torch_buffers)
-        got = native(batch, native_buffers)
-    assert got.shape == expected.shape == (batch.batch_size, VOCAB)
-    scale = max(1.0, float(expected.abs().max()))
-    diff = float((got - expected).abs().max())
-    assert diff < 1e-4 * scale, f"logits differ by {diff} (scale {scale})"
-    for name in ("k", "v", "conv", "ssm"):
-        for i, (a, b) in enumerate(zip(getattr(torch_buffers, name), getattr(native_buffers, name), strict=True)):
-            err = float((a - b).abs().max())
-            assert err < 1e-5 * max(1.0, float(a.abs().max())), f"{name}[{i}] differs by {err}"
-    rows = batch.out_locs
-    assert all(float(t[rows].abs().sum()) > 0 for t in native_buffers.k), "the new K rows were not written"
-    return expected
 
 
 @pytest.mark.parametrize("lengths", [[1], [7], [40], [5, 33, 17], [9, 9, 64, 2]])

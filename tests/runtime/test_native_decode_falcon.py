@@ -16,13 +16,22 @@ import pytest
 import torch
 
 from runtime.core.requests import GenerateRequest
-from runtime.engine.native_decode import NativeDecode, Unsupported, decode_weights, native_decode_for
+from runtime.engine.native_decode import Unsupported, decode_weights, native_decode_for
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from runtime.native.decode_weights import PARALLEL_KIND
-from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
 from runtime.native.parallel_weights import GATE_GROUP_NORM, GATE_ONLY, NORM_THEN_GATE, ParallelWeights
+from tests.runtime.native_step_checks import (
+    VOCAB,
+    assert_bf16_bits,
+    assert_generate_parity,
+    assert_greedy_steps,
+    assert_thread_bits,
+)
+from tests.runtime.native_step_checks import assert_same_step as _assert_same_step
+from tests.runtime.native_step_checks import decode_batch as _decode_batch
+from tests.runtime.native_step_checks import prefilled as _prefilled
 from tests.runtime.test_engine_support import (
     _byte_level_tokenizer,
     greedy,
@@ -31,8 +40,6 @@ from tests.runtime.test_engine_support import (
     perturb_weights,
     run_to_completion,
 )
-from tests.runtime.test_native_decode import VOCAB, _assert_same_step, _clone, _decode_batch, _prompt
-from tests.runtime.test_native_decode_mamba2 import _prefilled
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
@@ -127,20 +134,7 @@ def test_decode_step_matches_torch(model: HybridModel, lengths: list[int]) -> No
 
 def test_greedy_decode_matches_torch_over_many_steps(model: HybridModel) -> None:
     """Twenty steps of four sequences in state slots of random order: the same tokens, and equal pools."""
-    lengths = [3, 21, 50, 8]
-    torch_runner, nxt = _prefilled(model, lengths, seed=7)
-    native_runner, _ = _prefilled(model, lengths, seed=7)
-    native = NativeDecode(model)
-    want, got = dict(enumerate(nxt)), dict(enumerate(nxt))
-    for _ in range(20):
-        tb, nb = _decode_batch(torch_runner, want), _decode_batch(native_runner, got)
-        with torch.inference_mode():
-            want = dict(enumerate(model(tb, torch_runner.buffers).argmax(-1).tolist()))
-            got = dict(enumerate(native(nb, native_runner.buffers).argmax(-1).tolist()))
-        assert got == want
-    for group in ("conv", "ssm", "k", "v"):
-        for a, b in zip(getattr(torch_runner.buffers, group), getattr(native_runner.buffers, group), strict=True):
-            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), group
+    assert_greedy_steps(model, [3, 21, 50, 8], seed=7, steps=20, pools=("conv", "ssm", "k", "v"))
 
 
 def test_greedy_native_decode_matches_transformers_generate(
@@ -149,70 +143,15 @@ def test_greedy_native_decode_matches_transformers_generate(
     """Prefill through torch, then 40 native decode steps: the tokens transformers' fp32 generate picks."""
     if not ARCHS[checkpoint[2]][2]:
         pytest.skip("transformers' Falcon-H1 decode disagrees with its forward in this gating")
-    prompt = _prompt(30, 3)
-    with torch.no_grad():
-        ref = checkpoint[1].generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)  # type: ignore[attr-defined]
-    expected = ref[0, len(prompt) :].tolist()
-    runner, _ = _prefilled(model, [])
-    runner.add(0)
-    native = NativeDecode(model)
-    got = [int(runner.extend({0: prompt})[-1].argmax())]
-    while len(got) < len(expected):
-        with torch.inference_mode():
-            got.append(int(native(_decode_batch(runner, {0: got[-1]}), runner.buffers)[0].argmax()))
-    assert got == expected
+    assert_generate_parity(checkpoint[1], model, 40)
 
 
 def test_bf16_weights_give_the_bits_of_fp32_weights_rounded_to_bf16(model: HybridModel) -> None:
-    rounded = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in rounded.parameters():
-            p.copy_(p.bfloat16().float())
-    half = copy.deepcopy(rounded)
-    for p in half.parameters():
-        p.data = p.data.bfloat16()
-    lengths = [4, 19, 44]
-    runner, nxt = _prefilled(rounded, lengths, seed=3)
-    torch_runner, _ = _prefilled(rounded, lengths, seed=3)
-    fp32_buffers, bf16_buffers = _clone(runner.buffers), _clone(runner.buffers)
-    native32, native16 = NativeDecode(rounded), NativeDecode(half)
-    tokens = dict(enumerate(nxt))
-    for _ in range(8):
-        batch, tb = _decode_batch(runner, tokens), _decode_batch(torch_runner, tokens)
-        with torch.inference_mode():
-            want = native32(batch, fp32_buffers)
-            got = native16(batch, bf16_buffers)
-            expected = rounded(tb, torch_runner.buffers)
-        assert torch.equal(got, want), f"logits differ by {float((got - want).abs().max())}"
-        assert float((got - expected).abs().max()) < 1e-4 * max(1.0, float(expected.abs().max()))
-        tokens = dict(enumerate(got.argmax(-1).tolist()))
-        assert tokens == dict(enumerate(expected.argmax(-1).tolist()))
-    for name in ("k", "v", "conv", "ssm"):
-        for a, b in zip(getattr(fp32_buffers, name), getattr(bf16_buffers, name), strict=True):
-            assert torch.equal(a, b), name
+    assert_bf16_bits(model, [4, 19, 44], seed=3, steps=8)
 
 
 def test_two_threads_give_the_bits_of_one(model: HybridModel) -> None:
-    native = NativeDecode(model)
-    native.threads = None  # the test sets the count
-    set_min_part_bytes(native.library, 1)  # split even the tiny projections down to 4-row blocks
-    results = []
-    try:
-        for count in (1, 2):
-            set_threads(native.library, count)
-            runner, nxt = _prefilled(model, [5, 33, 17, 9], seed=11)
-            tokens, out = dict(enumerate(nxt)), []
-            for _ in range(4):
-                with torch.inference_mode():
-                    logits = native(_decode_batch(runner, tokens), runner.buffers)
-                out.append(logits.clone())
-                tokens = dict(enumerate(logits.argmax(-1).tolist()))
-            b = runner.buffers
-            results.append(out + [t.clone() for group in (b.k, b.v, b.conv, b.ssm) for t in group])
-    finally:
-        set_min_part_bytes(native.library, 32768)
-        set_threads(native.library, 1)
-    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    assert_thread_bits(model, [5, 33, 17, 9], seed=11, steps=4)
 
 
 def test_variants_the_kernel_does_not_compute_decline_with_a_reason(model: HybridModel) -> None:
