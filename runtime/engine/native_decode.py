@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from runtime.core.batch import ForwardBatch, PoolBuffers
-from runtime.engine.native_weights import Unsupported, attention_weights, zero_centred
+from runtime.engine.native_weights import Unsupported, attention_weights, model_weights, zero_centred
 from runtime.models.base import HybridModel
 from runtime.models.decoder import FULL, LINEAR, DecoderLM
 from runtime.models.kimi_linear import KimiDeltaAttention, KimiMLA
@@ -239,21 +239,7 @@ def _qwen3_next_weights(model: Qwen3NextForCausalLM, layer_class: type[Qwen3Next
                 ffn=_feed_forward(layer.mlp, f"{name} mlp"),
             )
         )
-    embed_module = getattr(body, body.embed_name)
-    if type(embed_module) is not nn.Embedding:
-        raise Unsupported(f"the embedding is {type(embed_module).__name__}")
-    return DecodeWeights(
-        hidden=embed_module.embedding_dim,
-        vocab=model.vocab_size,
-        eps=eps,
-        embed=embed_module.weight,
-        final_norm=zero_centred(getattr(body, body.norm_name), "final norm", eps),
-        lm_head=model.lm_head.weight,
-        layers=layers,
-        embed_scale=float(model.embedding_multiplier),
-        attention_layers=sum(1 for lw in layers if lw.kind == ATTENTION_KIND),
-        linear_layers=sum(1 for lw in layers if lw.kind == LINEAR_KIND),
-    )
+    return model_weights(model, layers, eps, zero_centred, (ATTENTION_KIND,), (LINEAR_KIND,))
 
 
 def _check_hooks_and_storage(model: HybridModel) -> None:

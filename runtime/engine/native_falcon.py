@@ -12,21 +12,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.engine.native_weights import Unsupported, attention_weights
+from runtime.engine.native_weights import Unsupported, attention_weights, model_weights, rms_norm_weight
 from runtime.models.falcon_h1 import FalconH1DecoderLayer, FalconH1ForCausalLM, FalconH1MLP
 from runtime.models.layers.mamba2 import Mamba2Mixer
-from runtime.models.layers.norm import FalconGatedRMSNorm, RMSNorm
+from runtime.models.layers.norm import FalconGatedRMSNorm
 from runtime.native.decode_weights import PARALLEL_KIND, DecodeWeights, FeedForwardWeights, LayerWeights
 from runtime.native.mamba2_weights import Mamba2Weights
 from runtime.native.parallel_weights import GATE_GROUP_NORM, GATE_ONLY, NORM_THEN_GATE, ParallelWeights
-
-
-def _norm(norm: nn.Module, name: str, eps: float) -> nn.Parameter:
-    """A plain RMSNorm's weight (Falcon multiplies by it after the downcast: the same product in fp32, and the C
-    step's activations are fp32 whatever the weights' dtype)."""
-    if type(norm) is not RMSNorm or norm.eps != eps:
-        raise Unsupported(f"{name} is not an RMSNorm with the model's eps")
-    return norm.weight
 
 
 def _in_proj_multipliers(mixer: Mamba2Mixer) -> torch.Tensor | None:
@@ -117,25 +109,18 @@ def falcon_h1_weights(model: FalconH1ForCausalLM) -> DecodeWeights:
             LayerWeights(
                 kind=PARALLEL_KIND,
                 ordinal=layer.ordinal,
-                in_norm=_norm(layer.input_layernorm, f"{name} input norm", eps),
-                post_norm=_norm(layer.pre_ff_layernorm, f"{name} pre-feed-forward norm", eps),
+                in_norm=rms_norm_weight(layer.input_layernorm, f"{name} input norm", eps),
+                post_norm=rms_norm_weight(layer.pre_ff_layernorm, f"{name} pre-feed-forward norm", eps),
                 mixer=parallel,
                 ffn=_mlp(mlp, name),
             )
         )
-    embed = getattr(body, body.embed_name)
-    if type(embed) is not nn.Embedding:
-        raise Unsupported(f"the embedding is {type(embed).__name__}")
-    return DecodeWeights(
-        hidden=embed.embedding_dim,
-        vocab=model.vocab_size,
-        eps=eps,
-        embed=embed.weight,
-        final_norm=_norm(getattr(body, body.norm_name), "final norm", eps),
-        lm_head=model.lm_head.weight,
-        layers=layers,
-        embed_scale=float(model.embedding_multiplier),
+    return model_weights(
+        model,
+        layers,
+        eps,
+        rms_norm_weight,
+        (PARALLEL_KIND,),
+        (PARALLEL_KIND,),
         logits_mul=float(config.lm_head_multiplier),
-        attention_layers=len(layers),
-        linear_layers=len(layers),
     )

@@ -8,13 +8,10 @@ those k (not a softmax over all experts renormalized: the same weights in exact 
 
 from __future__ import annotations
 
-from torch import nn
-
 from runtime.engine.native_nemotron import mamba2_mixer
-from runtime.engine.native_weights import Unsupported, attention_weights
+from runtime.engine.native_weights import Unsupported, attention_weights, model_weights, rms_norm_weight
 from runtime.models.decoder import FULL, LINEAR
 from runtime.models.granite_hybrid import GraniteDecoderLayer, GraniteHybridForCausalLM, GraniteMoE, SharedMLP
-from runtime.models.layers.norm import RMSNorm
 from runtime.native.decode_weights import (
     ATTENTION_KIND,
     MAMBA2_KIND,
@@ -25,16 +22,6 @@ from runtime.native.decode_weights import (
     LayerWeights,
 )
 from runtime.native.mamba2_weights import Mamba2Weights
-
-
-def _norm(norm: nn.Module, name: str, eps: float) -> nn.Parameter:
-    """A plain RMSNorm's weight. Granite multiplies by it after the downcast (`weight_in_fp32` False): the same
-    product in fp32, and the C step's activations are fp32 whatever the weights' dtype."""
-    if type(norm) is not RMSNorm:
-        raise Unsupported(f"{name} is {type(norm).__name__}, not an RMSNorm")
-    if norm.eps != eps:
-        raise Unsupported(f"{name} has eps {norm.eps}, the model {eps}")
-    return norm.weight
 
 
 def _feed_forward(layer: GraniteDecoderLayer, name: str) -> FeedForwardWeights:
@@ -78,26 +65,19 @@ def granite_hybrid_weights(model: GraniteHybridForCausalLM) -> DecodeWeights:
             LayerWeights(
                 kind=code,
                 ordinal=layer.ordinal,
-                in_norm=_norm(layer.input_layernorm, f"{name} input norm", eps),
-                post_norm=_norm(layer.post_attention_layernorm, f"{name} post norm", eps),
+                in_norm=rms_norm_weight(layer.input_layernorm, f"{name} input norm", eps),
+                post_norm=rms_norm_weight(layer.post_attention_layernorm, f"{name} post norm", eps),
                 mixer=mixer,
                 ffn=_feed_forward(layer, name),
             )
         )
-    embed = getattr(body, body.embed_name)
-    if type(embed) is not nn.Embedding:
-        raise Unsupported(f"the embedding is {type(embed).__name__}")
-    return DecodeWeights(
-        hidden=embed.embedding_dim,
-        vocab=model.vocab_size,
-        eps=eps,
-        embed=embed.weight,
-        final_norm=_norm(getattr(body, body.norm_name), "final norm", eps),
-        lm_head=model.lm_head.weight,
-        layers=layers,
-        embed_scale=float(model.embedding_multiplier),
+    return model_weights(
+        model,
+        layers,
+        eps,
+        rms_norm_weight,
+        (ATTENTION_KIND,),
+        (MAMBA2_KIND,),
         residual_scale=float(config.residual_multiplier),
         logits_div=float(config.logits_scaling),
-        attention_layers=sum(1 for lw in layers if lw.kind == ATTENTION_KIND),
-        linear_layers=sum(1 for lw in layers if lw.kind == MAMBA2_KIND),
     )

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runtime.engine.native_granite import _norm
-from runtime.engine.native_weights import Unsupported
+from runtime.engine.native_weights import Unsupported, model_weights, rms_norm_weight
 from runtime.models.decoder import FULL, LINEAR
 from runtime.models.kimi_linear import (
     KimiDecoderLayer,
@@ -142,24 +141,10 @@ def kimi_linear_weights(model: KimiLinearForCausalLM) -> DecodeWeights:
             LayerWeights(
                 kind=code,
                 ordinal=layer.ordinal,
-                in_norm=_norm(layer.input_layernorm, f"{name} input norm", eps),
-                post_norm=_norm(layer.post_attention_layernorm, f"{name} post norm", eps),
+                in_norm=rms_norm_weight(layer.input_layernorm, f"{name} input norm", eps),
+                post_norm=rms_norm_weight(layer.post_attention_layernorm, f"{name} post norm", eps),
                 mixer=mixer,
                 ffn=_moe(layer.block_sparse_moe, f"{name} feed-forward"),
             )
         )
-    embed = getattr(body, body.embed_name)
-    if type(embed) is not nn.Embedding:
-        raise Unsupported(f"the embedding is {type(embed).__name__}")
-    return DecodeWeights(
-        hidden=embed.embedding_dim,
-        vocab=model.vocab_size,
-        eps=eps,
-        embed=embed.weight,
-        final_norm=_norm(getattr(body, body.norm_name), "final norm", eps),
-        lm_head=model.lm_head.weight,
-        layers=layers,
-        embed_scale=float(model.embedding_multiplier),
-        attention_layers=sum(1 for lw in layers if lw.kind == MLA_KIND),
-        linear_layers=sum(1 for lw in layers if lw.kind == KDA_KIND),
-    )
+    return model_weights(model, layers, eps, rms_norm_weight, (MLA_KIND,), (KDA_KIND,))

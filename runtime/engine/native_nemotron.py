@@ -9,13 +9,14 @@ projection sections and gates its norm otherwise: runtime/engine/native_falcon.p
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from runtime.engine.native_weights import Unsupported, attention_weights
+from runtime.engine.native_weights import Unsupported, attention_weights, model_weights, rms_norm_weight
 from runtime.models.decoder import FULL, LINEAR
 from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import Relu2MLP
-from runtime.models.layers.norm import GroupedGatedRMSNorm, RMSNorm
+from runtime.models.layers.norm import GroupedGatedRMSNorm
 from runtime.models.layers.sigmoid_moe import GroupTopKRouter, Relu2Experts, SigmoidMoE
 from runtime.models.nemotron_h import NemotronHBlock, NemotronHForCausalLM
 from runtime.native.decode_weights import (
@@ -31,13 +32,9 @@ from runtime.native.ffn_weights import MAX_GROUPS
 from runtime.native.mamba2_weights import Mamba2Weights
 
 
-def _norm(norm: nn.Module, name: str, eps: float) -> nn.Parameter:
-    """A plain RMSNorm's weight: the C norm multiplies by it in fp32, as `weight_in_fp32` does."""
-    if type(norm) is not RMSNorm or not norm.weight_in_fp32:
-        raise Unsupported(f"{name} is not an RMSNorm with its weight applied in fp32")
-    if norm.eps != eps:
-        raise Unsupported(f"{name} has eps {norm.eps}, the model {eps}")
-    return norm.weight
+def _norm(norm: nn.Module, name: str, eps: float) -> torch.Tensor:
+    """Nemotron-H's norms multiply by their weight in fp32, as the C norm does."""
+    return rms_norm_weight(norm, name, eps, fp32_product=True)
 
 
 def mamba2_mixer(mixer: nn.Module, eps: float, name: str) -> Mamba2Weights:
@@ -127,18 +124,4 @@ def nemotron_h_weights(model: NemotronHForCausalLM) -> DecodeWeights:
     eps = float(model.config.layer_norm_epsilon)
     body = model.body
     layers = [_block(block, model, eps, f"layer {i}") for i, block in enumerate(body.layers)]
-    embed = getattr(body, body.embed_name)
-    if type(embed) is not nn.Embedding:
-        raise Unsupported(f"the embedding is {type(embed).__name__}")
-    return DecodeWeights(
-        hidden=embed.embedding_dim,
-        vocab=model.vocab_size,
-        eps=eps,
-        embed=embed.weight,
-        final_norm=_norm(getattr(body, body.norm_name), "final norm", eps),
-        lm_head=model.lm_head.weight,
-        layers=layers,
-        embed_scale=float(model.embedding_multiplier),
-        attention_layers=sum(1 for lw in layers if lw.kind == ATTENTION_KIND),
-        linear_layers=sum(1 for lw in layers if lw.kind == MAMBA2_KIND),
-    )
+    return model_weights(model, layers, eps, _norm, (ATTENTION_KIND,), (MAMBA2_KIND,))

@@ -1,16 +1,18 @@
 """What the native step's weight tables share across families (runtime/engine/native_decode.py for Qwen3-Next,
-native_nemotron.py for Nemotron-H): the refusal a model outside the C step raises, and the attention block's
-tensors."""
+native_nemotron.py, native_granite.py, native_falcon.py, native_kimi.py): the refusal a model outside the C step
+raises, the norms, the attention block's tensors and the model-wide table around the layers."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from runtime.models.decoder import DecoderLM
-from runtime.models.layers.norm import ZeroCenteredRMSNorm
+from runtime.models.layers.norm import RMSNorm, ZeroCenteredRMSNorm
 from runtime.models.layers.rotary_attention import RotaryAttention
-from runtime.native.decode_weights import AttentionWeights
+from runtime.native.decode_weights import AttentionWeights, DecodeWeights, LayerWeights
 
 
 class Unsupported(Exception):
@@ -23,6 +25,55 @@ def zero_centred(norm: nn.Module, name: str, eps: float) -> torch.Tensor:
     if norm.eps != eps:
         raise Unsupported(f"{name} has eps {norm.eps}, the model {eps}")
     return norm.scale(norm.weight)
+
+
+def rms_norm_weight(norm: nn.Module, name: str, eps: float, *, fp32_product: bool = False) -> torch.Tensor:
+    """A plain RMSNorm's weight: the C norm multiplies by it in fp32. `fp32_product`: the family's torch norm does so
+    too (`weight_in_fp32`); a family that multiplies after the downcast (Granite, Falcon-H1, Kimi-Linear) computes
+    the same product in fp32, as the C step's activations are fp32 whatever the weights' dtype."""
+    if type(norm) is not RMSNorm:
+        raise Unsupported(f"{name} is {type(norm).__name__}, not an RMSNorm")
+    if fp32_product and not norm.weight_in_fp32:
+        raise Unsupported(f"{name} applies its weight after the downcast, not in fp32")
+    if norm.eps != eps:
+        raise Unsupported(f"{name} has eps {norm.eps}, the model {eps}")
+    return norm.weight
+
+
+def model_weights(
+    model: DecoderLM,
+    layers: list[LayerWeights],
+    eps: float,
+    norm_weight: Callable[[nn.Module, str, float], torch.Tensor],
+    kv_kinds: tuple[int, ...],
+    state_kinds: tuple[int, ...],
+    *,
+    residual_scale: float = 1.0,
+    logits_div: float = 1.0,
+    logits_mul: float = 1.0,
+) -> DecodeWeights:
+    """The table around `layers`: embedding, final norm (read by `norm_weight`), lm_head; `kv_kinds` / `state_kinds`
+    the layer kinds that hold KV-pool / state-pool layers (a Falcon-H1 layer both); the rest the model-wide muP
+    factors."""
+    body = model.body
+    embed = getattr(body, body.embed_name)
+    if type(embed) is not nn.Embedding:
+        raise Unsupported(f"the embedding is {type(embed).__name__}")
+    return DecodeWeights(
+        hidden=embed.embedding_dim,
+        vocab=model.vocab_size,
+        eps=eps,
+        embed=embed.weight,
+        final_norm=norm_weight(getattr(body, body.norm_name), "final norm", eps),
+        lm_head=model.lm_head.weight,
+        layers=layers,
+        embed_scale=float(model.embedding_multiplier),
+        attention_layers=sum(1 for lw in layers if lw.kind in kv_kinds),
+        linear_layers=sum(1 for lw in layers if lw.kind in state_kinds),
+        residual_scale=residual_scale,
+        logits_div=logits_div,
+        logits_mul=logits_mul,
+    )
 
 
 def attention_weights(
