@@ -13,7 +13,7 @@ from runtime.core.device_path import accelerator_path, on_accelerator_path
 from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.grouped_moe import grouped_experts
 from runtime.models.layers.mlp import GatedMLP
-from runtime.native import extend_kernels
+from runtime.native import extend_kernels, moe_prefill
 
 # A short extend's experts run in C up to this many tokens (runtime/native/moe_kernels.c): per block, one thread,
 # hot caches, 1.5x torch's sorted dispatch at 32 tokens, even at 64-96, 0.9x at 128 (benchmarks/
@@ -60,6 +60,10 @@ class Experts(nn.Module):
             return grouped_experts(x, ids, weights, self.gate_up_proj, self.down_proj, swiglu)
         if x.shape[0] == 1:
             return self.forward_one_token(x, ids, weights)
+        if moe_prefill.takes(x, self.gate_up_proj, self.down_proj):
+            # bf16 on AMX: 0.7x torch's sorted dispatch at 2048 tokens, 0.6x at 16-512 (real-size Qwen3-Next
+            # experts, one thread), 0.25x for the tiny model's at 128 (benchmarks/moe_prefill_cost.py).
+            return moe_prefill.routed_experts(x, ids, weights, self.gate_up_proj, self.down_proj).to(x.dtype)
         if self.dense_is_cheaper(x.shape[0], ids.shape[1]):
             return self.forward_dense(x, ids, weights)
         return self.forward_sparse(x, ids, weights)
@@ -134,6 +138,8 @@ class SparseMoE(nn.Module):
         if accelerator_path(self.gate.weight.device):
             return  # the C kernels read host memory: not built for a model on an accelerator
         extend_kernels.library()  # built (or its absence logged) at load, not in the first request
+        if self.experts.gate_up_proj.dtype == torch.bfloat16:
+            moe_prefill.library()
 
     def forward(self, x: torch.Tensor, short_extend: bool = False) -> torch.Tensor:
         """`short_extend`: the rows are a short extend's tokens (runtime/models/layers/packing.py): the router,

@@ -1,0 +1,268 @@
+/* A sparse MoE block's routed experts for a bf16 prefill, on AMX tiles.
+ *
+ * Why: torch runs each expert as two oneDNN matmuls on the checkpoint's [N, K] weights; oneDNN's AMX kernel wants
+ * its B operand in the VNNI layout (pairs of K interleaved), so every call repacks the expert's whole weight (3 MB
+ * for Qwen3-Next-shaped gate/up), and the gather, SwiGLU, routing weights and scatter-add are four more passes over
+ * [T*k, I] / [T*k, H] bf16 tensors: 43 ms of one core per layer at 2048 tokens (real-size Qwen3-Next), ~2x the
+ * matmuls' FLOPs at AMX speed. Here the roles are swapped: C^T = W . X^T, so the weight is the A operand, read
+ * straight from the checkpoint layout (16 rows of 32 K each, rows H apart), and the few token rows are what gets
+ * packed (into VNNI pairs, once per expert chunk). SwiGLU runs on the gate/up tiles before they leave the core and
+ * writes the down matmul's packed operand directly; the down tiles are transposed in registers, scaled by the
+ * routing weight and added into the fp32 output row of their token.
+ *
+ * Work: experts in ascending order (so each token's terms are added in ascending expert order, as the torch path
+ * adds them), each in chunks of up to MP_CHUNK rows; per chunk three parallel regions (parallel.h): pack the rows,
+ * gate/up by blocks of 16 intermediate features, down by blocks of 32 output features. The weights are read once
+ * per chunk, each block by one thread; any thread count gives the same bits.
+ *
+ * Portability: built only where the compiler targets AMX-BF16 (-march=native on such a CPU); elsewhere, or when
+ * the kernel refuses the AMX state (arch_prctl(ARCH_REQ_XCOMP_PERM) fails), moe_prefill_ready() is 0 and the
+ * caller keeps its torch path (oneDNN: AVX-512 or AVX2 as the CPU has).
+ *
+ * Layouts (bf16 as uint16, checked by runtime/native/moe_prefill.py): x [T, H] rows x_stride apart; tok [R] the
+ * token of each routed row, rows sorted by expert; rw [R] fp32 routing weights; counts [E]; w_in [E, 2I, H] (gate
+ * rows, then up rows); w_out [E, H, I]; xv [MP_CHUNK * H], hv [MP_CHUNK * I] scratch; out [T, H] fp32, zeroed.
+ * H and I multiples of 32.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "parallel.h"
+#include "vexp.h"
+
+enum { MP_CHUNK = 256 };
+
+#if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && \
+    defined(__AVX512BF16__)
+#define MP_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+typedef struct {
+    int64_t hidden, inter, rows; /* rows: this chunk's routed rows */
+    const uint16_t *x;
+    int64_t x_stride;
+    const int64_t *tok;
+    const float *rw;
+    const uint16_t *w_gate, *w_up, *w_down; /* this expert's */
+    uint16_t *xv, *hv;
+    float *out;
+} mp_ctx;
+
+#ifdef MP_AMX
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} mp_tilecfg;
+
+/* Every tile 16 rows of 64 bytes: 0-3 accumulators, 4-5 the weight (A) operands, 6-7 the rows' (B) operands. */
+static void mp_tiles_on(void) {
+    mp_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* The index vectors of mp_transpose16's rounds (block sizes 8, 4, 2, 1): lo picks row i's new elements, hi row
+ * i + b's, from the pair (row i, row i + b) as _mm512_permutex2var_ps numbers them (16.. = the second operand). */
+static int32_t mp_tr_idx_[4][2][16];
+
+static void mp_tr_init_(void) {
+    for (int level = 0, b = 8; b >= 1; level++, b /= 2)
+        for (int c = 0; c < 16; c++) {
+            mp_tr_idx_[level][0][c] = (c & b) ? 16 + c - b : c;
+            mp_tr_idx_[level][1][c] = (c & b) ? 16 + c : c + b;
+        }
+}
+
+/* A 16 x 16 block of 32-bit elements transposed in registers: four rounds that swap the off-diagonal sub-blocks
+ * of size 8, 4, 2, 1 (the recursive block transpose, one level a round). */
+static inline void mp_transpose16(__m512 r[16]) {
+    for (int level = 0, b = 8; b >= 1; level++, b /= 2) {
+        const __m512i lo = _mm512_loadu_si512(mp_tr_idx_[level][0]), hi = _mm512_loadu_si512(mp_tr_idx_[level][1]);
+        for (int i = 0; i < 16; i++) {
+            if (i & b) continue;
+            const __m512 a = r[i], d = r[i + b];
+            r[i] = _mm512_permutex2var_ps(a, lo, d);
+            r[i + b] = _mm512_permutex2var_ps(a, hi, d);
+        }
+    }
+}
+
+/* Row blocks [b0, b1) of 16 rows into VNNI pairs: xv[(mb * H/2 + kp) * 16 + mi] (as 32-bit words) holds row
+ * 16 mb + mi's elements 2 kp and 2 kp + 1, so a block's 16 consecutive kp are one B tile (rows 64 bytes apart):
+ * a 16 x 16 word transpose per 32 columns. Rows past the chunk's end are zero (the kernels run blocks in pairs). */
+static void mp_pack(void *arg, int64_t b0, int64_t b1) {
+    const mp_ctx *c = arg;
+    const int64_t half = c->hidden / 2;
+    for (int64_t mb = b0; mb < b1; mb++) {
+        const float *src[16];
+        for (int i = 0; i < 16; i++) {
+            const int64_t m = mb * 16 + i;
+            src[i] = m < c->rows ? (const float *)(c->x + c->tok[m] * c->x_stride) : NULL;
+        }
+        float *dst = (float *)c->xv + mb * half * 16;
+        for (int64_t kp = 0; kp < half; kp += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) r[i] = src[i] ? _mm512_loadu_ps(src[i] + kp) : _mm512_setzero_ps();
+            mp_transpose16(r);
+            for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + (kp + j) * 16, r[j]);
+        }
+    }
+}
+
+/* silu(gate) * up for 16 features x 16 rows (tile layout [feature][row]) into hv's packed pairs: feature pair
+ * (2p, 2p+1) of row mi lands at word (ip * 16 + mi) of the row block, ip = the pair's index in I. */
+static void mp_swiglu_store(const float *g, const float *u, uint16_t *hv_block, int64_t ip0) {
+    float h[256];
+    for (int i = 0; i < 256; i++) h[i] = silu(g[i]) * u[i];
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    for (int p = 0; p < 8; p++) {
+        const __m512 even = _mm512_loadu_ps(h + 32 * p), odd = _mm512_loadu_ps(h + 32 * p + 16);
+        const __m512 a = _mm512_permutex2var_ps(even, lo, odd), b = _mm512_permutex2var_ps(even, hi, odd);
+        _mm512_storeu_si512(hv_block + (ip0 + p) * 32, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+}
+
+static void mp_gate_up(void *arg, int64_t n0, int64_t n1) {
+    const mp_ctx *c = arg;
+    const int64_t H = c->hidden, I = c->inter, blocks = (c->rows + 31) / 32 * 2;
+    float acc[4][256];
+    mp_tiles_on();
+    for (int64_t nb = n0; nb < n1; nb++) {
+        const uint16_t *wg = c->w_gate + nb * 16 * H, *wu = c->w_up + nb * 16 * H;
+        for (int64_t mb = 0; mb < blocks; mb += 2) {
+            const uint16_t *x0 = c->xv + mb * (H / 2) * 32, *x1 = x0 + (H / 2) * 32;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t kc = 0; kc < H / 32; kc++) {
+                _tile_loadd(4, wg + kc * 32, H * 2);
+                _tile_loadd(5, wu + kc * 32, H * 2);
+                _tile_loadd(6, x0 + kc * 512, 64);
+                _tile_loadd(7, x1 + kc * 512, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, acc[0], 64);
+            _tile_stored(1, acc[1], 64);
+            _tile_stored(2, acc[2], 64);
+            _tile_stored(3, acc[3], 64);
+            mp_swiglu_store(acc[0], acc[2], c->hv + mb * (I / 2) * 32, nb * 8);
+            mp_swiglu_store(acc[1], acc[3], c->hv + (mb + 1) * (I / 2) * 32, nb * 8);
+        }
+    }
+    _tile_release();
+}
+
+/* A down tile ([feature][row], 16 x 16) scaled by each row's routing weight into its token's output row. */
+static void mp_scatter(const mp_ctx *c, const float *tile, int64_t m0, int64_t n0) {
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(tile + 16 * i);
+    mp_transpose16(r);
+    for (int64_t i = 0; i < 16 && m0 + i < c->rows; i++) {
+        float *dst = c->out + c->tok[m0 + i] * c->hidden + n0;
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(r[i], _mm512_set1_ps(c->rw[m0 + i]), _mm512_loadu_ps(dst)));
+    }
+}
+
+static void mp_down(void *arg, int64_t n0, int64_t n1) {
+    const mp_ctx *c = arg;
+    const int64_t H = c->hidden, I = c->inter, blocks = (c->rows + 31) / 32 * 2;
+    float acc[4][256];
+    mp_tiles_on();
+    /* Row blocks outside: the 32 rows' output lines stay in cache across the thread's features (row-block inside,
+     * the scatter missed on every line); the thread's share of the weights stays in L2. */
+    for (int64_t mb = 0; mb < blocks; mb += 2) {
+        const uint16_t *h0 = c->hv + mb * (I / 2) * 32, *h1 = h0 + (I / 2) * 32;
+        for (int64_t nb = n0; nb < n1; nb++) {
+            const uint16_t *w0 = c->w_down + nb * 32 * I, *w1 = w0 + 16 * I;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t kc = 0; kc < I / 32; kc++) {
+                _tile_loadd(4, w0 + kc * 32, I * 2);
+                _tile_loadd(5, w1 + kc * 32, I * 2);
+                _tile_loadd(6, h0 + kc * 512, 64);
+                _tile_loadd(7, h1 + kc * 512, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, acc[0], 64);
+            _tile_stored(1, acc[1], 64);
+            _tile_stored(2, acc[2], 64);
+            _tile_stored(3, acc[3], 64);
+            mp_scatter(c, acc[0], mb * 16, nb * 32);
+            mp_scatter(c, acc[1], mb * 16 + 16, nb * 32);
+            mp_scatter(c, acc[2], mb * 16, nb * 32 + 16);
+            mp_scatter(c, acc[3], mb * 16 + 16, nb * 32 + 16);
+        }
+    }
+    _tile_release();
+}
+
+static int mp_permission_(void) {
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: Linux hands a process the AMX tile state only on request. */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+#endif
+
+/* 1 when moe_prefill_bf16 can run here (AMX built in and the tile state granted), else 0. */
+int moe_prefill_ready(void) {
+#ifdef MP_AMX
+    static int granted = -1;
+    if (granted < 0) {
+        mp_tr_init_();
+        granted = mp_permission_();
+    }
+    return granted;
+#else
+    return 0;
+#endif
+}
+
+int moe_prefill_set_threads(int n) {
+    hp_set_threads(n);
+    return hp_threads();
+}
+
+/* Returns 0, or -1 when the kernel cannot run here (nothing written). */
+int moe_prefill_bf16(int64_t hidden, int64_t inter, int64_t experts, const uint16_t *x, int64_t x_stride,
+                     const int64_t *tok, const float *rw, const int64_t *counts, const uint16_t *w_in,
+                     const uint16_t *w_out, uint16_t *xv, uint16_t *hv, float *out) {
+#ifdef MP_AMX
+    if (!moe_prefill_ready() || hidden % 32 || inter % 32) return -1;
+    int64_t start = 0;
+    for (int64_t e = 0; e < experts; e++) {
+        const uint16_t *w_gate = w_in + e * 2 * inter * hidden;
+        for (int64_t done = 0; done < counts[e]; done += MP_CHUNK) {
+            const int64_t rows = counts[e] - done < MP_CHUNK ? counts[e] - done : MP_CHUNK;
+            mp_ctx c = {hidden, inter, rows, x, x_stride, tok + start + done, rw + start + done, w_gate,
+                        w_gate + inter * hidden, w_out + e * hidden * inter, xv, hv, out};
+            hp_parallel_for((rows + 31) / 32 * 2, 4, mp_pack, &c);
+            hp_parallel_for(inter / 16, 1, mp_gate_up, &c);
+            hp_parallel_for(hidden / 32, 1, mp_down, &c);
+        }
+        start += counts[e];
+    }
+    return 0;
+#else
+    (void)hidden, (void)inter, (void)experts, (void)x, (void)x_stride, (void)tok, (void)rw, (void)counts;
+    (void)w_in, (void)w_out, (void)xv, (void)hv, (void)out;
+    return -1;
+#endif
+}

@@ -1,0 +1,95 @@
+"""A bf16 prefill's routed experts on AMX tiles (`moe_prefill.c`): one call per MoE layer instead of a sort, a
+gather, two oneDNN matmuls per expert (each repacking the expert's weights), SwiGLU, a scale and a scatter-add.
+
+Only for bf16 activations and weights on a CPU with AMX-BF16 whose kernel grants the tile state; anything else is
+refused (`moe_prefill_ready()` False or NativeRefused) and the caller runs its torch path. Tensors are validated
+here before any call: a wrong pointer in C takes the server down.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import torch
+
+from runtime.native.build import NativeLibrary, NativeUnavailable, load
+from runtime.native.extend_kernels import FLAGS, NativeRefused
+
+logger = logging.getLogger("runtime.native")
+SOURCE = Path(__file__).parent / "moe_prefill.c"
+CHUNK = 256  # MP_CHUNK in moe_prefill.c: the scratch holds this many routed rows
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_state: dict[str, NativeLibrary | str] = {}
+
+
+def library() -> NativeLibrary | None:
+    """The kernel when it can run here (built, AMX granted); None otherwise, the reason logged once."""
+    held = _state.get("lib")
+    if isinstance(held, NativeLibrary):
+        return held
+    if held is not None:
+        return None
+    try:
+        lib = load("moe_prefill", SOURCE, FLAGS)
+    except NativeUnavailable as exc:
+        _state["lib"] = exc.reason
+        logger.warning("MoE prefill kernel unavailable: %s; bf16 prefills take the torch path", exc.reason)
+        return None
+    lib.lib.moe_prefill_bf16.restype = ctypes.c_int
+    lib.lib.moe_prefill_bf16.argtypes = [*[_I64] * 3, _PTR, _I64, *[_PTR] * 8]
+    lib.lib.moe_prefill_set_threads.restype = ctypes.c_int
+    lib.lib.moe_prefill_set_threads.argtypes = [ctypes.c_int]
+    if not lib.lib.moe_prefill_ready():
+        _state["lib"] = "no AMX-BF16 (or the kernel refused the tile state)"
+        logger.info("MoE prefill kernel off: %s; bf16 prefills take the torch path", _state["lib"])
+        return None
+    _state["lib"] = lib
+    return lib
+
+
+def takes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> bool:
+    """Whether `routed_experts` can run these tensors (cheap checks; the library is built on first ask)."""
+    bf16 = torch.bfloat16
+    if x.device.type != "cpu" or x.dtype != bf16 or w_in.dtype != bf16 or w_out.dtype != bf16:
+        return False
+    if x.dim() != 2 or w_in.dim() != 3 or w_out.dim() != 3:
+        return False
+    experts, two_inter, hidden = w_in.shape
+    shapes_fit = tuple(w_out.shape) == (experts, hidden, two_inter // 2) and x.shape[1] == hidden
+    aligned = hidden % 32 == 0 and two_inter % 64 == 0
+    dense = w_in.is_contiguous() and w_out.is_contiguous() and x.stride(1) == 1
+    return shapes_fit and aligned and dense and library() is not None
+
+
+def routed_experts(
+    x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor
+) -> torch.Tensor:
+    """x [T, H] bf16, ids / weights [T, k], w_in [E, 2I, H] (gate rows, then up rows), w_out [E, H, I], all bf16.
+    Returns [T, H] fp32: each token's routed terms, summed in ascending expert order. Raises NativeRefused before
+    any work when the tensors do not fit (see `takes`)."""
+    if not takes(x, w_in, w_out):
+        raise NativeRefused("moe prefill: bf16 CPU tensors with H, I multiples of 32 and AMX expected")
+    lib = library()
+    assert lib is not None
+    experts, two_inter, hidden = w_in.shape
+    top_k = ids.shape[1]
+    flat = ids.reshape(-1)
+    if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < experts):
+        raise NativeRefused(f"moe prefill: expert ids outside 0..{experts - 1}")
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=experts)
+    tok = (order // top_k).contiguous()
+    rw = weights.reshape(-1).index_select(0, order).float().contiguous()
+    xv = torch.empty(CHUNK * hidden, dtype=torch.bfloat16)
+    hv = torch.empty(CHUNK * (two_inter // 2), dtype=torch.bfloat16)
+    out = torch.zeros(x.shape[0], hidden, dtype=torch.float32)
+    lib.lib.moe_prefill_set_threads(torch.get_num_threads())
+    failed = lib.lib.moe_prefill_bf16(
+        hidden, two_inter // 2, experts, x.data_ptr(), x.stride(0), tok.data_ptr(), rw.data_ptr(),
+        counts.data_ptr(), w_in.data_ptr(), w_out.data_ptr(), xv.data_ptr(), hv.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    if failed:
+        raise NativeRefused("moe prefill: the kernel cannot run here")
+    return out
