@@ -25,12 +25,13 @@
  * H and I multiples of 32.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "parallel.h"
 #include "vexp.h"
 
-enum { MP_CHUNK = 256 };
+enum { MP_CHUNK = 512, MP_KB = 8 };
 
 #if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && \
     defined(__AVX512BF16__)
@@ -118,11 +119,29 @@ static void mp_pack(void *arg, int64_t b0, int64_t b1) {
     }
 }
 
+/* x rounded to the nearest bf16 (ties to even), kept in fp32: each point where torch's bf16 dispatch (and
+ * transformers') rounds a tensor to bf16 rounds here too, so greedy picks follow theirs (accumulating in fp32
+ * throughout moved 7 of 128 of Kimi-Linear's bf16 picks, tests/runtime/test_bf16_weights.py). */
+static inline float mp_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static inline __m512 mp_bf16x16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
 /* silu(gate) * up for 16 features x 16 rows (tile layout [feature][row]) into hv's packed pairs: feature pair
  * (2p, 2p+1) of row mi lands at word (ip * 16 + mi) of the row block, ip = the pair's index in I. */
 static void mp_swiglu_store(const float *g, const float *u, uint16_t *hv_block, int64_t ip0) {
     float h[256];
-    for (int i = 0; i < 256; i++) h[i] = silu(g[i]) * u[i];
+    for (int i = 0; i < 256; i++) h[i] = mp_bf16(mp_bf16(silu(mp_bf16(g[i]))) * mp_bf16(u[i]));
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     for (int p = 0; p < 8; p++) {
@@ -132,87 +151,105 @@ static void mp_swiglu_store(const float *g, const float *u, uint16_t *hv_block, 
     }
 }
 
+/* One 32 x 32 output block's products over k-chunks [kc0, kc1): tiles 0-3 = (a0, b0), (a0, b1), (a1, b0),
+ * (a1, b1), started from zero (first) or from `part`, stored to `part` (4 x 256 fp32, tile after tile). A rows lda
+ * bytes apart; B tiles 1 KB apart (packed). */
+static inline void mp_step(const uint16_t *a0, const uint16_t *a1, int64_t lda, const uint16_t *b0, const uint16_t *b1,
+                           int64_t kc0, int64_t kc1, int first, float *part) {
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, part, 64);
+        _tile_loadd(1, part + 256, 64);
+        _tile_loadd(2, part + 512, 64);
+        _tile_loadd(3, part + 768, 64);
+    }
+    for (int64_t kc = kc0; kc < kc1; kc++) {
+        _tile_loadd(4, a0 + kc * 32, lda);
+        _tile_loadd(5, a1 + kc * 32, lda);
+        _tile_loadd(6, b0 + kc * 512, 64);
+        _tile_loadd(7, b1 + kc * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, part, 64);
+    _tile_stored(1, part + 256, 64);
+    _tile_stored(2, part + 512, 64);
+    _tile_stored(3, part + 768, 64);
+}
+
+/* Gate/up for the thread's feature blocks [n0, n1), every row block of the chunk. K in slices of MP_KB chunks: a
+ * slice of the two weight tiles' rows (16 KB) stays in L1 across the row blocks, which then stream from L2 alone
+ * (unsliced, both operands came from L2 at 4 KB a step: L2's bandwidth, not the tiles, set the pace); the 4 tiles'
+ * partial sums wait in `parts` between slices. */
 static void mp_gate_up(void *arg, int64_t n0, int64_t n1) {
     const mp_ctx *c = arg;
-    const int64_t H = c->hidden, I = c->inter, blocks = (c->rows + 31) / 32 * 2;
-    float acc[4][256];
+    const int64_t H = c->hidden, I = c->inter, blocks = (c->rows + 31) / 32 * 2, kcs = H / 32;
+    float *parts = aligned_alloc(64, (size_t)(blocks / 2) * 1024 * sizeof(float));
+    if (!parts) return;
     mp_tiles_on();
     for (int64_t nb = n0; nb < n1; nb++) {
         const uint16_t *wg = c->w_gate + nb * 16 * H, *wu = c->w_up + nb * 16 * H;
-        for (int64_t mb = 0; mb < blocks; mb += 2) {
-            const uint16_t *x0 = c->xv + mb * (H / 2) * 32, *x1 = x0 + (H / 2) * 32;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t kc = 0; kc < H / 32; kc++) {
-                _tile_loadd(4, wg + kc * 32, H * 2);
-                _tile_loadd(5, wu + kc * 32, H * 2);
-                _tile_loadd(6, x0 + kc * 512, 64);
-                _tile_loadd(7, x1 + kc * 512, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+        for (int64_t k0 = 0; k0 < kcs; k0 += MP_KB) {
+            const int64_t k1 = k0 + MP_KB < kcs ? k0 + MP_KB : kcs;
+            for (int64_t mb = 0; mb < blocks; mb += 2) {
+                const uint16_t *x0 = c->xv + mb * (H / 2) * 32, *x1 = x0 + (H / 2) * 32;
+                float *part = parts + (mb / 2) * 1024;
+                mp_step(wg, wu, H * 2, x0, x1, k0, k1, k0 == 0, part);
+                if (k1 < kcs) continue;
+                mp_swiglu_store(part, part + 512, c->hv + mb * (I / 2) * 32, nb * 8);
+                mp_swiglu_store(part + 256, part + 768, c->hv + (mb + 1) * (I / 2) * 32, nb * 8);
             }
-            _tile_stored(0, acc[0], 64);
-            _tile_stored(1, acc[1], 64);
-            _tile_stored(2, acc[2], 64);
-            _tile_stored(3, acc[3], 64);
-            mp_swiglu_store(acc[0], acc[2], c->hv + mb * (I / 2) * 32, nb * 8);
-            mp_swiglu_store(acc[1], acc[3], c->hv + (mb + 1) * (I / 2) * 32, nb * 8);
         }
     }
     _tile_release();
+    free(parts);
 }
 
-/* A down tile ([feature][row], 16 x 16) scaled by each row's routing weight into its token's output row. */
+/* A down tile ([feature][row], 16 x 16) scaled by each row's routing weight into its token's output row, rounded
+ * to bf16 where torch's dispatch rounds: the expert's output, the weighted term, the running sum. */
 static void mp_scatter(const mp_ctx *c, const float *tile, int64_t m0, int64_t n0) {
     __m512 r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(tile + 16 * i);
     mp_transpose16(r);
     for (int64_t i = 0; i < 16 && m0 + i < c->rows; i++) {
         float *dst = c->out + c->tok[m0 + i] * c->hidden + n0;
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(r[i], _mm512_set1_ps(c->rw[m0 + i]), _mm512_loadu_ps(dst)));
+        const __m512 term = mp_bf16x16(_mm512_mul_ps(mp_bf16x16(r[i]), _mm512_set1_ps(c->rw[m0 + i])));
+        _mm512_storeu_ps(dst, mp_bf16x16(_mm512_add_ps(_mm512_loadu_ps(dst), term)));
     }
 }
 
+/* Down for the thread's output blocks [n0, n1): row blocks outside (the 32 rows' output lines stay in cache across
+ * the thread's features), K sliced as in mp_gate_up so the rows' slice stays in L1 while the weights stream. */
 static void mp_down(void *arg, int64_t n0, int64_t n1) {
     const mp_ctx *c = arg;
-    const int64_t H = c->hidden, I = c->inter, blocks = (c->rows + 31) / 32 * 2;
-    float acc[4][256];
+    const int64_t H = c->hidden, I = c->inter, blocks = (c->rows + 31) / 32 * 2, kcs = I / 32;
+    float *parts = aligned_alloc(64, (size_t)(n1 - n0) * 1024 * sizeof(float));
+    if (!parts) return;
     mp_tiles_on();
-    /* Row blocks outside: the 32 rows' output lines stay in cache across the thread's features (row-block inside,
-     * the scatter missed on every line); the thread's share of the weights stays in L2. */
     for (int64_t mb = 0; mb < blocks; mb += 2) {
         const uint16_t *h0 = c->hv + mb * (I / 2) * 32, *h1 = h0 + (I / 2) * 32;
-        for (int64_t nb = n0; nb < n1; nb++) {
-            const uint16_t *w0 = c->w_down + nb * 32 * I, *w1 = w0 + 16 * I;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t kc = 0; kc < I / 32; kc++) {
-                _tile_loadd(4, w0 + kc * 32, I * 2);
-                _tile_loadd(5, w1 + kc * 32, I * 2);
-                _tile_loadd(6, h0 + kc * 512, 64);
-                _tile_loadd(7, h1 + kc * 512, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+        for (int64_t k0 = 0; k0 < kcs; k0 += MP_KB) {
+            const int64_t k1 = k0 + MP_KB < kcs ? k0 + MP_KB : kcs;
+            for (int64_t nb = n0; nb < n1; nb++) {
+                const uint16_t *w0 = c->w_down + nb * 32 * I;
+                float *part = parts + (nb - n0) * 1024;
+                mp_step(w0, w0 + 16 * I, I * 2, h0, h1, k0, k1, k0 == 0, part);
+                if (k1 < kcs) continue;
+                mp_scatter(c, part, mb * 16, nb * 32);
+                mp_scatter(c, part + 256, mb * 16 + 16, nb * 32);
+                mp_scatter(c, part + 512, mb * 16, nb * 32 + 16);
+                mp_scatter(c, part + 768, mb * 16 + 16, nb * 32 + 16);
             }
-            _tile_stored(0, acc[0], 64);
-            _tile_stored(1, acc[1], 64);
-            _tile_stored(2, acc[2], 64);
-            _tile_stored(3, acc[3], 64);
-            mp_scatter(c, acc[0], mb * 16, nb * 32);
-            mp_scatter(c, acc[1], mb * 16 + 16, nb * 32);
-            mp_scatter(c, acc[2], mb * 16, nb * 32 + 16);
-            mp_scatter(c, acc[3], mb * 16 + 16, nb * 32 + 16);
         }
     }
     _tile_release();
+    free(parts);
 }
 
 static int mp_permission_(void) {
@@ -249,8 +286,10 @@ int moe_prefill_bf16(int64_t hidden, int64_t inter, int64_t experts, const uint1
     int64_t start = 0;
     for (int64_t e = 0; e < experts; e++) {
         const uint16_t *w_gate = w_in + e * 2 * inter * hidden;
-        for (int64_t done = 0; done < counts[e]; done += MP_CHUNK) {
-            const int64_t rows = counts[e] - done < MP_CHUNK ? counts[e] - done : MP_CHUNK;
+        /* Equal chunks: 270 rows as 135 + 135, not 256 + 14 (a chunk streams the expert's weights whatever its size). */
+        const int64_t chunks = (counts[e] + MP_CHUNK - 1) / MP_CHUNK, per = chunks ? (counts[e] + chunks - 1) / chunks : 0;
+        for (int64_t done = 0; done < counts[e]; done += per) {
+            const int64_t rows = counts[e] - done < per ? counts[e] - done : per;
             mp_ctx c = {hidden, inter, rows, x, x_stride, tok + start + done, rw + start + done, w_gate,
                         w_gate + inter * hidden, w_out + e * hidden * inter, xv, hv, out};
             hp_parallel_for((rows + 31) / 32 * 2, 4, mp_pack, &c);

@@ -19,7 +19,7 @@ from runtime.native.extend_kernels import FLAGS, NativeRefused
 
 logger = logging.getLogger("runtime.native")
 SOURCE = Path(__file__).parent / "moe_prefill.c"
-CHUNK = 256  # MP_CHUNK in moe_prefill.c: the scratch holds this many routed rows
+CHUNK = 512  # MP_CHUNK in moe_prefill.c: the scratch holds this many routed rows
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _state: dict[str, NativeLibrary | str] = {}
 

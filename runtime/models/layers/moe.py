@@ -61,8 +61,9 @@ class Experts(nn.Module):
         if x.shape[0] == 1:
             return self.forward_one_token(x, ids, weights)
         if moe_prefill.takes(x, self.gate_up_proj, self.down_proj):
-            # bf16 on AMX: 0.7x torch's sorted dispatch at 2048 tokens, 0.6x at 16-512 (real-size Qwen3-Next
-            # experts, one thread), 0.25x for the tiny model's at 128 (benchmarks/moe_prefill_cost.py).
+            # bf16 on AMX, rounding where this dispatch rounds: 0.72x its CPU time at 2048 tokens, 0.57-0.65x at
+            # 16-512 (real-size Qwen3-Next experts, one thread), 0.3x for the tiny model's (benchmarks/
+            # moe_prefill_cost.py).
             return moe_prefill.routed_experts(x, ids, weights, self.gate_up_proj, self.down_proj).to(x.dtype)
         if self.dense_is_cheaper(x.shape[0], ids.shape[1]):
             return self.forward_dense(x, ids, weights)
