@@ -50,6 +50,8 @@ typedef struct {
     const uint16_t *w_gate, *w_up, *w_down; /* this expert's */
     uint16_t *xv, *hv;
     float *out;
+    int gated;    /* 1: SwiGLU over gate and up rows; 0: relu(up)^2 (Nemotron-H) */
+    int fp32_sum; /* 1: fp32 weighted terms and sum (fp32 routing weights); 0: rounded to bf16 as they are added */
 } mp_ctx;
 
 #ifdef MP_AMX
@@ -137,11 +139,19 @@ static inline __m512 mp_bf16x16(__m512 v) {
     return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-/* silu(gate) * up for 16 features x 16 rows (tile layout [feature][row]) into hv's packed pairs: feature pair
- * (2p, 2p+1) of row mi lands at word (ip * 16 + mi) of the row block, ip = the pair's index in I. */
-static void mp_swiglu_store(const float *g, const float *u, uint16_t *hv_block, int64_t ip0) {
+/* The activation of 16 features x 16 rows (tile layout [feature][row]) into hv's packed pairs: feature pair
+ * (2p, 2p+1) of row mi lands at word (ip * 16 + mi) of the row block, ip = the pair's index in I. With `u`,
+ * silu(g) * u; without, relu(g)^2; rounded to bf16 where torch rounds. */
+static void mp_act_store(const float *g, const float *u, uint16_t *hv_block, int64_t ip0) {
     float h[256];
-    for (int i = 0; i < 256; i++) h[i] = mp_bf16(mp_bf16(silu(mp_bf16(g[i]))) * mp_bf16(u[i]));
+    if (u) {
+        for (int i = 0; i < 256; i++) h[i] = mp_bf16(mp_bf16(silu(mp_bf16(g[i]))) * mp_bf16(u[i]));
+    } else {
+        for (int i = 0; i < 256; i++) {
+            const float r = mp_bf16(g[i]) > 0.0f ? mp_bf16(g[i]) : 0.0f;
+            h[i] = mp_bf16(r * r);
+        }
+    }
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     for (int p = 0; p < 8; p++) {
@@ -194,7 +204,8 @@ static void mp_gate_up(void *arg, int64_t n0, int64_t n1) {
     if (!parts) return;
     mp_tiles_on();
     for (int64_t nb = n0; nb < n1; nb++) {
-        const uint16_t *wg = c->w_gate + nb * 16 * H, *wu = c->w_up + nb * 16 * H;
+        const int64_t rows0 = c->gated ? nb * 16 : nb * 32; /* gate/up: 16 of each; up alone: 32 */
+        const uint16_t *wg = c->w_gate + rows0 * H, *wu = c->gated ? c->w_up + rows0 * H : wg + 16 * H;
         for (int64_t k0 = 0; k0 < kcs; k0 += MP_KB) {
             const int64_t k1 = k0 + MP_KB < kcs ? k0 + MP_KB : kcs;
             for (int64_t mb = 0; mb < blocks; mb += 2) {
@@ -202,8 +213,16 @@ static void mp_gate_up(void *arg, int64_t n0, int64_t n1) {
                 float *part = parts + (mb / 2) * 1024;
                 mp_step(wg, wu, H * 2, x0, x1, k0, k1, k0 == 0, part);
                 if (k1 < kcs) continue;
-                mp_swiglu_store(part, part + 512, c->hv + mb * (I / 2) * 32, nb * 8);
-                mp_swiglu_store(part + 256, part + 768, c->hv + (mb + 1) * (I / 2) * 32, nb * 8);
+                uint16_t *hv0 = c->hv + mb * (I / 2) * 32, *hv1 = hv0 + (I / 2) * 32;
+                if (c->gated) {
+                    mp_act_store(part, part + 512, hv0, nb * 8);
+                    mp_act_store(part + 256, part + 768, hv1, nb * 8);
+                } else { /* a0, a1: features 32 nb.. and 32 nb + 16.. of the one up matrix */
+                    mp_act_store(part, NULL, hv0, nb * 16);
+                    mp_act_store(part + 256, NULL, hv1, nb * 16);
+                    mp_act_store(part + 512, NULL, hv0, nb * 16 + 8);
+                    mp_act_store(part + 768, NULL, hv1, nb * 16 + 8);
+                }
             }
         }
     }
@@ -219,8 +238,11 @@ static void mp_scatter(const mp_ctx *c, const float *tile, int64_t m0, int64_t n
     mp_transpose16(r);
     for (int64_t i = 0; i < 16 && m0 + i < c->rows; i++) {
         float *dst = c->out + c->tok[m0 + i] * c->hidden + n0;
-        const __m512 term = mp_bf16x16(_mm512_mul_ps(mp_bf16x16(r[i]), _mm512_set1_ps(c->rw[m0 + i])));
-        _mm512_storeu_ps(dst, mp_bf16x16(_mm512_add_ps(_mm512_loadu_ps(dst), term)));
+        const __m512 term = _mm512_mul_ps(mp_bf16x16(r[i]), _mm512_set1_ps(c->rw[m0 + i]));
+        if (c->fp32_sum)
+            _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), term));
+        else
+            _mm512_storeu_ps(dst, mp_bf16x16(_mm512_add_ps(_mm512_loadu_ps(dst), mp_bf16x16(term))));
     }
 }
 
@@ -277,23 +299,25 @@ int moe_prefill_set_threads(int n) {
     return hp_threads();
 }
 
-/* Returns 0, or -1 when the kernel cannot run here (nothing written). */
+/* Returns 0, or -1 when the kernel cannot run here (nothing written). `gated`, `fp32_sum`: see mp_ctx; w_in is
+ * [E, 2I, H] when gated, else [E, I, H]. */
 int moe_prefill_bf16(int64_t hidden, int64_t inter, int64_t experts, const uint16_t *x, int64_t x_stride,
                      const int64_t *tok, const float *rw, const int64_t *counts, const uint16_t *w_in,
-                     const uint16_t *w_out, uint16_t *xv, uint16_t *hv, float *out) {
+                     const uint16_t *w_out, uint16_t *xv, uint16_t *hv, float *out, int64_t gated, int64_t fp32_sum) {
 #ifdef MP_AMX
     if (!moe_prefill_ready() || hidden % 32 || inter % 32) return -1;
+    const int64_t in_rows = gated ? 2 * inter : inter;
     int64_t start = 0;
     for (int64_t e = 0; e < experts; e++) {
-        const uint16_t *w_gate = w_in + e * 2 * inter * hidden;
+        const uint16_t *w_gate = w_in + e * in_rows * hidden;
         /* Equal chunks: 270 rows as 135 + 135, not 256 + 14 (a chunk streams the expert's weights whatever its size). */
         const int64_t chunks = (counts[e] + MP_CHUNK - 1) / MP_CHUNK, per = chunks ? (counts[e] + chunks - 1) / chunks : 0;
         for (int64_t done = 0; done < counts[e]; done += per) {
             const int64_t rows = counts[e] - done < per ? counts[e] - done : per;
             mp_ctx c = {hidden, inter, rows, x, x_stride, tok + start + done, rw + start + done, w_gate,
-                        w_gate + inter * hidden, w_out + e * hidden * inter, xv, hv, out};
+                        w_gate + inter * hidden, w_out + e * hidden * inter, xv, hv, out, gated != 0, fp32_sum != 0};
             hp_parallel_for((rows + 31) / 32 * 2, 4, mp_pack, &c);
-            hp_parallel_for(inter / 16, 1, mp_gate_up, &c);
+            hp_parallel_for(gated ? inter / 16 : inter / 32, 1, mp_gate_up, &c);
             hp_parallel_for(hidden / 32, 1, mp_down, &c);
         }
         start += counts[e];
@@ -301,7 +325,7 @@ int moe_prefill_bf16(int64_t hidden, int64_t inter, int64_t experts, const uint1
     return 0;
 #else
     (void)hidden, (void)inter, (void)experts, (void)x, (void)x_stride, (void)tok, (void)rw, (void)counts;
-    (void)w_in, (void)w_out, (void)xv, (void)hv, (void)out;
+    (void)w_in, (void)w_out, (void)xv, (void)hv, (void)out, (void)gated, (void)fp32_sum;
     return -1;
 #endif
 }

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from runtime.models.layers.moe import Experts
+from runtime.models.layers.sigmoid_moe import Relu2Experts
 from runtime.native import moe_prefill
 
 needs_amx = pytest.mark.skipif(moe_prefill.library() is None, reason="no AMX-BF16 here: the torch path runs")
@@ -30,11 +31,16 @@ def _case(
 @needs_amx
 @pytest.mark.parametrize(
     ("tokens", "experts", "hidden", "inter", "top_k"),
-    [(2, 4, 64, 32, 1), (37, 8, 64, 64, 2), (300, 2, 96, 32, 2), (513, 16, 128, 96, 4)],
+    [(2, 4, 64, 32, 1), (37, 8, 64, 64, 2), (600, 2, 96, 32, 2), (513, 16, 128, 96, 4)],
 )
-def test_matches_torch_bf16_dispatch(tokens: int, experts: int, hidden: int, inter: int, top_k: int) -> None:
-    """300 tokens on 2 experts: more rows than one scratch chunk holds (256); 513: odd row blocks."""
+@pytest.mark.parametrize("weights_dtype", [torch.bfloat16, torch.float32])
+def test_matches_torch_bf16_dispatch(
+    tokens: int, experts: int, hidden: int, inter: int, top_k: int, weights_dtype: torch.dtype
+) -> None:
+    """600 tokens on 2 experts: more rows than one scratch chunk holds (512), run as 2 x 300; 513: odd row blocks.
+    fp32 routing weights (Kimi-Linear's): the terms still round to bf16 as they are added, as torch's do."""
     e, x, ids, weights = _case(tokens, experts, hidden, inter, top_k, seed=tokens)
+    weights = weights.to(weights_dtype)
     exact = Experts(experts, hidden, inter)
     exact.load_state_dict({k: v.float() for k, v in e.state_dict().items()})
     with torch.inference_mode():
@@ -46,6 +52,29 @@ def test_matches_torch_bf16_dispatch(tokens: int, experts: int, hidden: int, int
     ulp = 2.0**-7 * float(ref.abs().max())  # a bf16 ulp at the outputs' largest magnitude
     assert (ours - torch_bf16).abs().max() <= ulp
     assert (ours - ref).abs().mean() <= 1.1 * (torch_bf16 - ref).abs().mean()  # no further from fp32 on the whole
+    torch.testing.assert_close(via_forward, ours.bfloat16(), rtol=0, atol=0)
+
+
+@needs_amx
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
+def test_relu2_experts_match_torch_bf16_dispatch(weights_dtype: torch.dtype) -> None:
+    """Nemotron-H's experts (up only, relu^2): fp32 routing weights sum in fp32, bf16 ones in bf16, as torch does."""
+    gen = torch.Generator().manual_seed(3)
+    e = Relu2Experts(8, 64, 96)
+    with torch.no_grad():
+        e.up_proj.copy_(torch.randn(e.up_proj.shape, generator=gen) * 0.1)
+        e.down_proj.copy_(torch.randn(e.down_proj.shape, generator=gen) * 0.1)
+    e = e.to(torch.bfloat16)
+    x = torch.randn(300, 64, generator=gen).bfloat16()
+    weights, ids = torch.topk(torch.sigmoid(torch.randn(300, 8, generator=gen)), 2, dim=-1)
+    weights = weights.to(weights_dtype)
+    with torch.inference_mode():
+        torch_bf16 = e.forward_sorted(x, ids, weights).float()
+        fp32_sum = weights_dtype == torch.float32
+        ours = moe_prefill.routed_experts(x, ids, weights, e.up_proj, e.down_proj, gated=False, fp32_sum=fp32_sum)
+        via_forward = e(x, ids, weights)
+    ulp = 2.0**-7 * float(torch_bf16.abs().max())
+    assert (ours - torch_bf16).abs().max() <= ulp
     torch.testing.assert_close(via_forward, ours.bfloat16(), rtol=0, atol=0)
 
 

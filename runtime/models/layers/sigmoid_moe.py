@@ -12,6 +12,7 @@ from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.grouped_moe import grouped_experts
 from runtime.models.layers.mlp import Relu2MLP
 from runtime.models.layers.moe import one_token_experts, traced_experts
+from runtime.native import moe_prefill
 
 
 class GroupTopKRouter(nn.Module):
@@ -76,6 +77,17 @@ class Relu2Experts(nn.Module):
         if x.shape[0] == 1 and x.dtype == weights.dtype:  # fp32: the fp32 accumulation below, term by term
             w_in, w_out = self._per_expert_in(self.up_proj), self._per_expert_out(self.down_proj)
             return one_token_experts(x, ids, weights, w_in, w_out, relu2)
+        if moe_prefill.takes(x, self.up_proj, self.down_proj, gated=False):
+            # bf16 on AMX, rounding as forward_sorted does (runtime/native/moe_prefill.c)
+            fp32_sum = weights.dtype == torch.float32  # forward_sorted sums in the routing weights' dtype
+            out = moe_prefill.routed_experts(
+                x, ids, weights, self.up_proj, self.down_proj, gated=False, fp32_sum=fp32_sum
+            )
+            return out.to(x.dtype)
+        return self.forward_sorted(x, ids, weights)
+
+    def forward_sorted(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Each hit expert on its rows, the terms added per token in ascending expert order in `weights`' dtype."""
         out = torch.zeros(x.shape, dtype=weights.dtype, device=x.device)
         order = torch.argsort(ids.reshape(-1), stable=True)
         counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts).tolist()
