@@ -295,6 +295,9 @@ int moe_prefill_ready(void) {
 }
 
 int moe_prefill_set_threads(int n) {
+    /* The regions of one call follow each other within microseconds; after the call torch's own threads run
+     * the next ops, so a worker spinning parallel.h's default 300 us there only takes a core from them. */
+    hp_set_spin_us(50);
     hp_set_threads(n);
     return hp_threads();
 }
