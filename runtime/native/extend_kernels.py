@@ -43,10 +43,12 @@ FUNCTIONS: dict[str, list[type]] = {
         *[_I64] * 6,
         *[_PTR] * 4,
     ],
+    "gdn_chunked_extend": [],  # gdn_short_extend's arguments (set below)
     "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
     "moe_short_extend": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
     "short_extend_set_threads": [ctypes.c_int],
 }  # fmt: skip
+FUNCTIONS["gdn_chunked_extend"] = FUNCTIONS["gdn_short_extend"]
 
 _state: dict[str, NativeLibrary | str] = {}  # "lib": the loaded library, or why there is none
 _pool_threads = [1]  # the kernels' worker pool's thread count, as last set
@@ -191,9 +193,12 @@ def gdn_short_extend(
     norm_weight: torch.Tensor,
     norm_eps: float,
     heads: tuple[int, int, int, int],
+    *,
+    chunked: bool = False,
 ) -> torch.Tensor:
     """A gated-DeltaNet layer's work between its projections for the packed tokens of `plan`: returns the gated-
     normed output [T, nv * dv] and updates conv_pool / ssm_pool (state slots and checkpoint slots) in place.
+    `chunked`: the delta rule by chunks (gdn_chunked.c, for long extends) rather than token by token.
     heads = (nk, nv, dk, dv). mixed [T, 2 nk dk + nv dv], z [T, nv dv], b and a [T, nv] may be column slices of
     wider projections (rows contiguous). Raises NativeRefused before touching anything when a tensor does not fit."""
     lib = library()
@@ -227,7 +232,8 @@ def gdn_short_extend(
     out = torch.empty(tokens, nv * dv, dtype=torch.float32)
     lens, flags, state_slots, ck_seq, ck_tokens, ck_slots = plan.pointers()
     row = mixed.stride(0) if tokens else conv_dim
-    failed = lib.lib.gdn_short_extend(
+    kernel = lib.lib.gdn_chunked_extend if chunked else lib.lib.gdn_short_extend
+    failed = kernel(
         plan.batch, lens, flags, state_slots,
         mixed.data_ptr(), row, z.data_ptr(), z.stride(0) if tokens else nv * dv,
         b.data_ptr(), a.data_ptr(), b.stride(0) if tokens else nv,
@@ -237,7 +243,7 @@ def gdn_short_extend(
         plan.checkpoints, ck_seq, ck_tokens, ck_slots, out.data_ptr(),
     )  # fmt: skip
     if failed:
-        raise MemoryError("gdn_short_extend: no scratch memory")
+        raise MemoryError("gdn extend kernel: no scratch memory")
     return out
 
 
