@@ -42,6 +42,7 @@ FUNCTIONS: dict[str, list[type]] = {
         _F32,
         *[_I64] * 6,
         *[_PTR] * 4,
+        _I64,
     ],
     "gdn_chunked_extend": [],  # gdn_short_extend's arguments (set below)
     "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
@@ -165,9 +166,12 @@ class ShortExtendPlan:
         return [base + 8 * offset for offset in (0, b, 2 * b, 3 * b, 3 * b + m, 3 * b + 2 * m)]
 
 
-def _check(t: torch.Tensor, name: str, shape: tuple[int, ...], *, rows_apart: bool = False) -> None:
-    """fp32 on the CPU with `shape`; contiguous, or with `rows_apart` a 2-D view whose rows are contiguous."""
-    if t.dtype != torch.float32 or t.device.type != "cpu":
+def _check(
+    t: torch.Tensor, name: str, shape: tuple[int, ...], *, rows_apart: bool = False, dtype: torch.dtype = torch.float32
+) -> None:
+    """`dtype` (fp32 unless told) on the CPU with `shape`; contiguous, or with `rows_apart` a 2-D view whose rows are
+    contiguous."""
+    if t.dtype != dtype or t.device.type != "cpu":
         raise NativeRefused(f"{name}: {t.dtype} on {t.device}, the kernel takes fp32 on the CPU")
     if tuple(t.shape) != shape:
         raise NativeRefused(f"{name}: shape {tuple(t.shape)}, expected {shape}")
@@ -198,7 +202,8 @@ def gdn_short_extend(
 ) -> torch.Tensor:
     """A gated-DeltaNet layer's work between its projections for the packed tokens of `plan`: returns the gated-
     normed output [T, nv * dv] and updates conv_pool / ssm_pool (state slots and checkpoint slots) in place.
-    `chunked`: the delta rule by chunks (gdn_chunked.c, for long extends) rather than token by token.
+    `chunked`: the delta rule by chunks (gdn_chunked.c, for long extends) rather than token by token; it also takes
+    mixed and z as bf16 (both), widened as it reads them, rather than through fp32 copies of the whole prompt's.
     heads = (nk, nv, dk, dv). mixed [T, 2 nk dk + nv dv], z [T, nv dv], b and a [T, nv] may be column slices of
     wider projections (rows contiguous). Raises NativeRefused before touching anything when a tensor does not fit."""
     lib = library()
@@ -210,8 +215,10 @@ def gdn_short_extend(
     tokens, conv_dim = plan.tokens, 2 * nk * dk + nv * dv
     taps = conv_weight.shape[-1]
     width = taps - 1
-    _check(mixed, "mixed", (tokens, conv_dim), rows_apart=True)
-    _check(z, "z", (tokens, nv * dv), rows_apart=True)
+    bf16 = chunked and mixed.dtype == z.dtype == torch.bfloat16 and dv <= 512  # gdn_chunked.c's z row buffer
+    wide = torch.bfloat16 if bf16 else torch.float32
+    _check(mixed, "mixed", (tokens, conv_dim), rows_apart=True, dtype=wide)
+    _check(z, "z", (tokens, nv * dv), rows_apart=True, dtype=wide)
     _check(b, "b", (tokens, nv), rows_apart=True)
     _check(a, "a", (tokens, nv), rows_apart=True)
     if tokens > 1 and a.stride(0) != b.stride(0):
@@ -240,7 +247,7 @@ def gdn_short_extend(
         conv_weight.data_ptr(), None if conv_bias is None else conv_bias.data_ptr(),
         conv_pool.data_ptr(), ssm_pool.data_ptr(), neg_exp_a.data_ptr(), dt_bias.data_ptr(),
         norm_weight.data_ptr(), norm_eps, nk, nv, dk, dv, width,
-        plan.checkpoints, ck_seq, ck_tokens, ck_slots, out.data_ptr(),
+        plan.checkpoints, ck_seq, ck_tokens, ck_slots, out.data_ptr(), int(bf16),
     )  # fmt: skip
     if failed:
         raise MemoryError("gdn extend kernel: no scratch memory")

@@ -232,9 +232,12 @@ static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
     const float end = vexpf(t->cum[n - 1]);
     for (int64_t p = 0; p < dk * dv; p++) t->state[p] *= end;
     gmm(dk, dv, n, t->kt, n, t->r, dv, t->state, dv, 1.0f, 1);
+    float zrow[512];
     for (int64_t i = 0; i < n; i++) {
-        const int64_t row = c->row0 + t0 + i;
-        gated_norm_row(o + i * ldo, c->z + row * c->z_stride + h * dv, c->norm_w, dv, c->norm_eps);
+        const int64_t at = (c->row0 + t0 + i) * c->z_stride + h * dv;
+        const float *z = c->z ? c->z + at : zrow;
+        if (!c->z) widen_row(zrow, c->z16, at, dv, 1);
+        gated_norm_row(o + i * ldo, z, c->norm_w, dv, c->norm_eps);
     }
 }
 
@@ -247,30 +250,52 @@ static int64_t chunk_end(const gdn_seq *c, int64_t t0) {
     return end;
 }
 
-/* Value heads [begin, end): the chunks in order, each head's state in its own scratch; the checkpoints at chunk
- * ends. Heads are independent: each writes its own output columns and state slices. */
+/* A chunk's tokens [t0, t1) of one sequence, for the per-chunk parallel regions. */
+typedef struct {
+    const gdn_seq *c;
+    int64_t t0, t1;
+} chunk_span;
+
+/* Value heads [begin, end) over one chunk, each head's state in its own scratch from the first chunk to the last
+ * (read from the pool before the first, written back after the last); the checkpoints at chunk ends. Heads are
+ * independent: each writes its own output columns and state slices. */
 static void gdn_chunk_heads(void *ctx, int64_t begin, int64_t end) {
-    const gdn_seq *c = ctx;
-    const int64_t dk = c->dk, dv = c->dv, head_size = c->head_size;
+    const chunk_span *span = ctx;
+    const gdn_seq *c = span->c;
+    const int64_t dk = c->dk, dv = c->dv, head_size = c->head_size, t0 = span->t0, t1 = span->t1;
     for (int64_t h = begin; h < end; h++) {
         const chunk_tiles t = carve_tiles(c->work + h * c->work_stride, dk, dv);
-        if (c->has_prefix)
+        if (t0 == 0 && c->has_prefix)
             transpose_heads(t.state, c->state + h * head_size, 1, dv, dk);
-        else
+        else if (t0 == 0)
             memset(t.state, 0, sizeof(float) * (size_t)head_size);
-        for (int64_t t0 = 0; t0 < c->len;) {
-            const int64_t t1 = chunk_end(c, t0);
-            chunk_step(c, &t, h, t0, t1 - t0);
-            for (int64_t m = 0; m < c->n_ck; m++)
-                if (c->ck_seq[m] == c->seq && c->ck_tokens[m] == t1)
-                    transpose_heads(c->ssm_pool + c->ck_slots[m] * c->state_size + h * head_size, t.state, 1, dk, dv);
-            t0 = t1;
-        }
-        transpose_heads(c->state + h * head_size, t.state, 1, dk, dv);
+        chunk_step(c, &t, h, t0, t1 - t0);
+        for (int64_t m = 0; m < c->n_ck; m++)
+            if (c->ck_seq[m] == c->seq && c->ck_tokens[m] == t1)
+                transpose_heads(c->ssm_pool + c->ck_slots[m] * c->state_size + h * head_size, t.state, 1, dk, dv);
+        if (t1 == c->len) transpose_heads(c->state + h * head_size, t.state, 1, dk, dv);
+    }
+}
+
+/* The chunk's tokens [t0 + begin, t0 + end) through the short-extend kernel's prologue. */
+static void chunk_prologue(void *ctx, int64_t begin, int64_t end) {
+    const chunk_span *span = ctx;
+    gdn_prologue((void *)span->c, span->t0 + begin, span->t0 + end);
+}
+
+/* Chunk by chunk: the chunk's conv, gates and norms of q and k (split by token), then its delta rule for every
+ * value head (split by head). A chunk's activations are used while still in cache, not after the whole prompt's
+ * (25 MB at 2048 tokens of the real model) went through memory. */
+static void gdn_chunked(gdn_seq *c) {
+    for (int64_t t0 = 0; t0 < c->len;) {
+        chunk_span span = {c, t0, chunk_end(c, t0)};
+        hp_parallel_for(span.t1 - t0, 8, chunk_prologue, &span);
+        hp_parallel_for(c->nv, 1, gdn_chunk_heads, &span);
+        t0 = span.t1;
     }
 }
 
 /* gdn_short_extend's contract (extend_kernels.c) for any number of new tokens, the recurrence chunked. */
 int gdn_chunked_extend(GDN_EXTEND_PARAMS) {
-    return gdn_extend_run(GDN_EXTEND_ARGS, gdn_chunk_heads, chunk_work_floats(dk, dv));
+    return gdn_extend_run(GDN_EXTEND_ARGS, gdn_chunked, chunk_work_floats(dk, dv));
 }

@@ -124,3 +124,33 @@ def test_a_bf16_long_extend_takes_the_kernel_and_matches_the_fp32_torch_path() -
     # bf16 projections on both sides of the kernel: a relative error of bf16's order overall, not per element
     assert (got.float() - want).norm() <= 2e-2 * want.norm()
     assert (got_ssm[:2] - want_ssm[:2]).norm() <= 2e-2 * want_ssm[:2].norm()
+
+
+def test_bf16_inputs_give_the_bits_of_their_fp32_widening() -> None:
+    """mixed and z as bf16 are widened exactly as the kernel reads them: the same bits as fp32 copies of them."""
+    layer = _layer(5, 2, 2, 32, 32, False, True)
+    lens = [150, 70]
+    plan = extend_kernels.ShortExtendPlan.build(lens, [True, False], [0, 1], [0], [100], [2])
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(sum(lens), 32, generator=gen)
+    conv = torch.randn(SLOTS, *layer.conv_state_shape, generator=gen)
+    ssm = torch.randn(SLOTS, *layer.ssm_state_shape, generator=gen) * 0.2
+    with torch.no_grad():
+        mixed, z, b, a = layer._project(x)  # noqa: SLF001 - the layer's own inputs to the kernel
+    mixed16, z16 = mixed.bfloat16(), z.reshape(len(x), -1).bfloat16()
+
+    def run(m: torch.Tensor, zz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c, s = conv.clone(), ssm.clone()
+        out = extend_kernels.gdn_short_extend(
+            plan, m, zz, b, a, layer.conv1d.weight[:, 0, :], layer.conv1d.bias, c, s, -layer.A_log.exp(),
+            layer.dt_bias, layer.norm.weight, 1e-6, (2, 4, 32, 32), chunked=True,
+        )  # fmt: skip
+        return out, c, s
+
+    for got, want in zip(run(mixed16, z16), run(mixed16.float(), z16.float()), strict=True):
+        assert torch.equal(got, want)
+    with pytest.raises(extend_kernels.NativeRefused, match="bfloat16"):  # token by token: fp32 only
+        extend_kernels.gdn_short_extend(
+            plan, mixed16, z16, b, a, layer.conv1d.weight[:, 0, :], layer.conv1d.bias, conv, ssm,
+            -layer.A_log.exp(), layer.dt_bias, layer.norm.weight, 1e-6, (2, 4, 32, 32),
+        )  # fmt: skip

@@ -223,8 +223,9 @@ class GatedDeltaNet(nn.Module):
             )
         except extend_kernels.NativeRefused:
             return None
+        # mixed and z go in as they are (the kernel widens 16-bit rows as it reads them); b and a are a few columns.
         return self._short_extend(
-            plan, mixed.float(), z.float(), b.float(), a.float(), weight.float(), conv_pool, ssm_pool, chunked=True
+            plan, mixed, z, b.float(), a.float(), weight.float(), conv_pool, ssm_pool, chunked=True
         )
 
     def _short_extend(
