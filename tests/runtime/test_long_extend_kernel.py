@@ -6,6 +6,7 @@ count; then a bf16 layer's long extend, which takes it, against the fp32 torch p
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -111,7 +112,7 @@ def test_a_bf16_long_extend_takes_the_kernel_and_matches_the_fp32_torch_path() -
     calls: list[int] = []
     kernel = extend_kernels.gdn_short_extend
 
-    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
         calls.append(int(bool(kwargs.get("chunked"))))
         return kernel(*args, **kwargs)
 
