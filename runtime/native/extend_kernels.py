@@ -46,6 +46,7 @@ FUNCTIONS: dict[str, list[type]] = {
     ],
     "gdn_chunked_extend": [],  # gdn_short_extend's arguments (set below)
     "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
+    "rmsnorm_rows_bf16": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
     "moe_short_extend": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
     "short_extend_set_threads": [ctypes.c_int],
 }  # fmt: skip
@@ -338,15 +339,17 @@ def moe_short_extend(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """F.rms_norm(x, (dim,), weight, eps) for a short extend's rows: x [T, dim] fp32 (rows contiguous), weight
-    [dim]. Raises NativeRefused when a tensor does not fit."""
+    [dim] fp32. x bf16: F.rms_norm(x.float(), ...).bfloat16() for any number of rows (one pass, split over the pool).
+    Raises NativeRefused when a tensor does not fit."""
     lib = library()
     if lib is None:
         raise NativeRefused(f"no library: {unavailable_reason()}")
     if x.dim() != 2 or weight.dim() != 1:
         raise NativeRefused("rms_norm: x [T, dim] and weight [dim] expected")
     rows, dim = x.shape
-    _check(x, "x", (rows, dim), rows_apart=True)
+    _check(x, "x", (rows, dim), rows_apart=True, dtype=torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32)
     _check(weight, "weight", (dim,))
-    out = torch.empty(rows, dim, dtype=torch.float32)
-    lib.lib.rmsnorm_rows(rows, dim, x.data_ptr(), x.stride(0) if rows else dim, weight.data_ptr(), eps, out.data_ptr())
+    out = torch.empty(rows, dim, dtype=x.dtype)
+    kernel = lib.lib.rmsnorm_rows_bf16 if x.dtype == torch.bfloat16 else lib.lib.rmsnorm_rows
+    kernel(rows, dim, x.data_ptr(), x.stride(0) if rows else dim, weight.data_ptr(), eps, out.data_ptr())
     return out
