@@ -12,9 +12,10 @@
  *   S' = e^cum_C S + Σ_j e^(cum_C - cum_j) k_j ⊗ v_new_j
  *
  * (transformers' torch_chunk_gated_delta_rule; the UT inverse applied by substitution rather than formed). The
- * state S is [dk, dv] (rows by key channel) inside, the pool's [dv, dk] outside. A chunk also ends at a checkpoint's
- * token count, so every checkpoint is a state between chunks. Conv, gates and the gated norm are the short-extend
- * kernel's (extend_kernels.c), shared through gdn_extend_run.
+ * state S is [dk, dv] (rows by key channel) inside, the pool's [dv, dk] outside. Chunks sit on a fixed grid from the
+ * extend's first token; a checkpoint inside one is its start state advanced by the formula above cut at the
+ * checkpoint. Conv, gates and the gated norm are the short-extend kernel's (extend_kernels.c), shared through
+ * gdn_extend_run.
  *
  * The matmuls go through one register-blocked kernel written over a vector type: AVX-512 (16 lanes), AVX2 (8) or
  * plain C (1), whichever the compiler targets (-march=native). */
@@ -119,12 +120,12 @@ static void gmm(int64_t m, int64_t n, int64_t kk, const float *a, int64_t lda, c
 
 /* One value head's per-chunk tiles, carved from its work_stride floats of scratch. */
 typedef struct {
-    float *state, *k, *kt, *q, *r, *kk, *qk, *cum, *beta;
+    float *state, *k, *kt, *q, *r, *kk, *qk, *cum, *beta, *snap, *kd; /* snap, kd: a checkpoint inside a chunk */
 } chunk_tiles;
 
 static int64_t chunk_work_floats(int64_t dk, int64_t dv) {
     const int64_t c = GDN_CHUNK;
-    return dk * dv + 3 * c * dk + c * dv + 2 * c * c + 2 * c;
+    return 2 * dk * dv + 4 * c * dk + c * dv + 2 * c * c + 2 * c;
 }
 
 static chunk_tiles carve_tiles(float *w, int64_t dk, int64_t dv) {
@@ -138,7 +139,9 @@ static chunk_tiles carve_tiles(float *w, int64_t dk, int64_t dv) {
     t.kk = w, w += c * c;
     t.qk = w, w += c * c;
     t.cum = w, w += c;
-    t.beta = w;
+    t.beta = w, w += c;
+    t.snap = w, w += dk * dv;
+    t.kd = w;
     return t;
 }
 
@@ -214,6 +217,28 @@ static void gated_norm_row(float *restrict x, const float *restrict z, const flo
     silu_mul(x, z, x, dim);
 }
 
+/* The checkpoints strictly inside the chunk [t0, t0 + n), v_new in t->r and the chunk's start state in t->state:
+ * the state after r tokens is e^cum_r S + Σ_{j<r} e^(cum_r - cum_j) k_j ⊗ v_new_j (v_new_j depends only on earlier
+ * tokens), written to the checkpoint's slot. The chunks stay on their grid, so a checkpoint on it is bit for bit
+ * the state a prefill of that many tokens ends with (tests/runtime/test_checkpoint_states.py). */
+static void inner_checkpoints(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n) {
+    const int64_t dk = c->dk, dv = c->dv, kh = h / c->ratio;
+    for (int64_t m = 0; m < c->n_ck; m++) {
+        const int64_t r = c->ck_tokens[m] - t0;
+        if (c->ck_seq[m] != c->seq || r <= 0 || r >= n) continue;
+        const float at = t->cum[r - 1], scale = vexpf(at);
+        for (int64_t j = 0; j < r; j++) {
+            const float *k = c->act + (t0 + j) * c->conv_dim + c->key_dim + kh * dk;
+            const float decay = vexpf(at - t->cum[j]);
+            for (int64_t p = 0; p < dk; p++) t->kd[p * r + j] = k[p] * decay;
+        }
+#pragma omp simd
+        for (int64_t p = 0; p < dk * dv; p++) t->snap[p] = t->state[p] * scale;
+        gmm(dk, dv, r, t->kd, r, t->r, dv, t->snap, dv, 1.0f, 1);
+        transpose_heads(c->ssm_pool + c->ck_slots[m] * c->state_size + h * c->head_size, t->snap, 1, dk, dv);
+    }
+}
+
 /* Tokens [t0, t0 + n) of value head h, its state in t->state: the outputs (gated-normed) and the state after. */
 static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n) {
     const int64_t dk = c->dk, dv = c->dv, nv = c->nv, ldo = nv * dv;
@@ -226,6 +251,7 @@ static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
     }
     gmm(n, dv, dk, t->k, dk, t->state, dv, t->r, dv, -1.0f, 1); /* β v - β e^cum k S */
     forward_substitute(t->kk, t->r, n, dv); /* (I + A) v_new = that */
+    inner_checkpoints(c, t, h, t0, n);
     float *o = c->out + (c->row0 + t0) * ldo + h * dv;
     gmm(n, dv, dk, t->q, dk, t->state, dv, o, ldo, 1.0f, 0);
     gmm(n, dv, n, t->qk, n, t->r, dv, o, ldo, 1.0f, 1);
@@ -241,14 +267,8 @@ static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
     }
 }
 
-/* Where the chunk starting at token t0 ends: GDN_CHUNK tokens on, the sequence's end, or the first checkpoint of
- * this sequence in between, whichever comes first. */
-static int64_t chunk_end(const gdn_seq *c, int64_t t0) {
-    int64_t end = t0 + GDN_CHUNK < c->len ? t0 + GDN_CHUNK : c->len;
-    for (int64_t m = 0; m < c->n_ck; m++)
-        if (c->ck_seq[m] == c->seq && c->ck_tokens[m] > t0 && c->ck_tokens[m] < end) end = c->ck_tokens[m];
-    return end;
-}
+/* Where the chunk starting at token t0 ends: GDN_CHUNK tokens on, or the sequence's end. */
+static int64_t chunk_end(const gdn_seq *c, int64_t t0) { return t0 + GDN_CHUNK < c->len ? t0 + GDN_CHUNK : c->len; }
 
 /* A chunk's tokens [t0, t1) of one sequence, for the per-chunk parallel regions. */
 typedef struct {

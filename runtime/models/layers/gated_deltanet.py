@@ -24,6 +24,9 @@ class GatedDeltaNet(nn.Module):
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (see state_checkpoints.py)
     writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
     fp32_parameters = ("A_log", "dt_bias")  # kept fp32 under 16-bit weights (HybridModel.cast)
+    # Long extends through the chunked C kernel (`_long_extend`); False: the torch chunked form, which tests hold
+    # it to (tests/runtime/test_short_extend_kernels.py's reference path).
+    native_long_extend = True
 
     def __init__(
         self,
@@ -163,7 +166,7 @@ class GatedDeltaNet(nn.Module):
                 out = self._short_extend(plan, mixed, z, b, a, weight, conv_pool, ssm_pool)
                 if out is not None:
                     return self.out_proj(out)
-            elif x.dtype != torch.float32 and not accelerator_path(x.device):
+            elif self.native_long_extend and not accelerator_path(x.device):
                 out = self._long_extend(packing, mixed, z, b, a, weight, conv_pool, ssm_pool)
                 if out is not None:
                     return self.out_proj(out.to(x.dtype))
@@ -203,12 +206,12 @@ class GatedDeltaNet(nn.Module):
         conv_pool: torch.Tensor,
         ssm_pool: torch.Tensor,
     ) -> torch.Tensor | None:
-        """A long extend under 16-bit weights (a cold prefill): the short-extend kernel's contract with the delta
-        rule chunked in C (runtime/native/gdn_chunked.c), each value head's chunk in cache. The torch chunked form
-        was ~20 full-size fp32 intermediates a layer through memory (real-size Qwen3-Next, 2048 tokens: ~0.9 s of
-        delta rule per prefill). Its fp32 sums go in another order than the torch form's (agreeing to fp32 rounding,
-        tests/runtime/test_long_extend_kernel.py), so fp32 mode keeps the torch form and its token identity with
-        transformers. None when the kernel cannot take the batch (the torch path then)."""
+        """A long extend (a cold prefill, a long prompt after a cached prefix): the short-extend kernel's contract
+        with the delta rule chunked in C (runtime/native/gdn_chunked.c), each value head's chunk in cache. The torch
+        chunked form was ~20 full-size fp32 intermediates a layer through memory (real-size Qwen3-Next, 2048 tokens:
+        ~0.9 s of delta rule per prefill). Its fp32 sums go in another order than the torch form's, agreeing to fp32
+        rounding (tests/runtime/test_long_extend_kernel.py), as the torch form agrees with transformers' own. None
+        when the kernel cannot take the batch (the torch path then)."""
         ck = packing.checkpoints
         if ck is not None and ck.traced_tokens is not None:
             return None
