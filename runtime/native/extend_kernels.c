@@ -103,10 +103,11 @@ typedef struct {
     int64_t len, row0, conv_dim, key_dim, nk, nv, dk, dv, taps, ratio, head_size, ba_stride, z_stride, n_ck, seq;
     float scale, norm_eps;
     const float *full, *w_t, *conv_bias, *a, *b, *neg_exp_a, *dt_bias, *z, *norm_w;
+    const uint16_t *z16; /* z as bf16 bits instead (then z is NULL): the chunked kernel's 16-bit inputs */
     const int64_t *ck_seq, *ck_tokens, *ck_slots;
     int has_prefix;
     float *act, *gates, *state, *ssm_pool, *work, *out;
-    int64_t state_size;
+    int64_t state_size, work_stride; /* work: work_stride floats per value head */
 } gdn_seq;
 
 /* Tokens [begin, end): conv taps in torch's order (x0*w0, then + x_tap*w_tap, then + bias), silu, the l2 norm of
@@ -147,7 +148,7 @@ static void gdn_heads(void *ctx, int64_t begin, int64_t end) {
     const gdn_seq *c = ctx;
     const int64_t dk = c->dk, dv = c->dv, nv = c->nv, head_size = c->head_size;
     for (int64_t h = begin; h < end; h++) {
-        float *work = c->work + h * (head_size + dv), *kv = work + head_size;
+        float *work = c->work + h * c->work_stride, *kv = work + head_size;
         const int64_t kh = h / c->ratio;
         if (c->has_prefix)
             transpose_heads(work, c->state + h * head_size, 1, dv, dk);
@@ -168,16 +169,45 @@ static void gdn_heads(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
-/* Returns 0, or 1 when scratch memory could not be had (nothing written then). Per sequence: every new token's
- * conv, silu, l2 norm and gates first (split over threads by token), then the recurrence (split by value head).
- * Which thread computes a token or a head does not change how: any thread count gives the same bits. */
-int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_prefix, const int64_t *state_slots,
-                     const float *mixed, int64_t mixed_stride, const float *z, int64_t z_stride, const float *b,
-                     const float *a, int64_t ba_stride, const float *conv_w, const float *conv_bias,
-                     float *conv_pool, float *ssm_pool, const float *neg_exp_a, const float *dt_bias,
-                     const float *norm_w, float norm_eps, int64_t nk, int64_t nv, int64_t dk, int64_t dv,
-                     int64_t width, int64_t n_ck, const int64_t *ck_seq, const int64_t *ck_tokens,
-                     const int64_t *ck_slots, float *out) {
+/* The arguments of gdn_short_extend and gdn_chunked_extend (gdn_chunked.c), which share the driver below. */
+#define GDN_EXTEND_PARAMS                                                                                              \
+    int64_t n_seqs, const int64_t *lens, const int64_t *has_prefix, const int64_t *state_slots, const void *mixed,   \
+        int64_t mixed_stride, const void *z, int64_t z_stride, const float *b, const float *a, int64_t ba_stride,     \
+        const float *conv_w, const float *conv_bias, float *conv_pool, float *ssm_pool, const float *neg_exp_a,       \
+        const float *dt_bias, const float *norm_w, float norm_eps, int64_t nk, int64_t nv, int64_t dk, int64_t dv,   \
+        int64_t width, int64_t n_ck, const int64_t *ck_seq, const int64_t *ck_tokens, const int64_t *ck_slots,       \
+        float *out, int64_t bf16
+#define GDN_EXTEND_ARGS                                                                                                \
+    n_seqs, lens, has_prefix, state_slots, mixed, mixed_stride, z, z_stride, b, a, ba_stride, conv_w, conv_bias,     \
+        conv_pool, ssm_pool, neg_exp_a, dt_bias, norm_w, norm_eps, nk, nv, dk, dv, width, n_ck, ck_seq, ck_tokens,   \
+        ck_slots, out, bf16
+
+/* dst[0, n) = src's n values from element `at`: fp32, or with `bf16` bf16 bit patterns (widened exactly). */
+static void widen_row(float *restrict dst, const void *src, int64_t at, int64_t n, int64_t bf16) {
+    if (!bf16) {
+        memcpy(dst, (const float *)src + at, sizeof(float) * (size_t)n);
+        return;
+    }
+    const uint16_t *s = (const uint16_t *)src + at;
+    uint32_t *d = (uint32_t *)dst;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+}
+
+/* One sequence's conv, gates, recurrence and norm, its conv input already in c->full. */
+typedef void (*gdn_seq_fn)(gdn_seq *c);
+
+/* Every new token's conv, silu, l2 norm and gates first (split over threads by token), then the recurrence (split
+ * by value head). */
+static void gdn_token_by_token(gdn_seq *c) {
+    hp_parallel_for(c->len, 8, gdn_prologue, c);
+    hp_parallel_for(c->nv, 1, gdn_heads, c);
+}
+
+/* Returns 0, or 1 when scratch memory could not be had (nothing written then). Per sequence: `run`, with
+ * `work_stride` scratch floats per value head. Which thread computes a token or a head does not change how: any
+ * thread count gives the same bits. */
+static int gdn_extend_run(GDN_EXTEND_PARAMS, gdn_seq_fn run, int64_t work_stride) {
     const int64_t key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv, taps = width + 1;
     const int64_t ratio = nv / nk, head_size = dv * dk, state_size = nv * head_size;
     int64_t max_len = 0;
@@ -189,7 +219,7 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
     float *act = malloc(sizeof(float) * (size_t)(max_len * conv_dim + 1));
     float *gates = malloc(sizeof(float) * (size_t)(2 * max_len * nv + 1));
     float *w_t = malloc(sizeof(float) * (size_t)(taps * conv_dim));
-    float *work = malloc(sizeof(float) * (size_t)(nv * (head_size + dv)));
+    float *work = malloc(sizeof(float) * (size_t)(nv * work_stride));
     if (!full || !act || !gates || !w_t || !work) {
         free(full);
         free(act);
@@ -211,19 +241,18 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
             memset(full, 0, sizeof(float) * (size_t)(width * conv_dim));
         }
         for (int64_t t = 0; t < len; t++)
-            memcpy(full + (width + t) * conv_dim, mixed + (start + t) * mixed_stride, sizeof(float) * conv_dim);
+            widen_row(full + (width + t) * conv_dim, mixed, (start + t) * mixed_stride, conv_dim, bf16);
         gdn_seq c = {
             .len = len, .row0 = start, .conv_dim = conv_dim, .key_dim = key_dim, .nk = nk, .nv = nv, .dk = dk,
             .dv = dv, .taps = taps, .ratio = ratio, .head_size = head_size, .ba_stride = ba_stride,
             .z_stride = z_stride, .n_ck = n_ck, .seq = s, .scale = 1.0f / sqrtf((float)dk), .norm_eps = norm_eps,
             .full = full, .w_t = w_t, .conv_bias = conv_bias, .a = a, .b = b, .neg_exp_a = neg_exp_a,
-            .dt_bias = dt_bias, .z = z, .norm_w = norm_w, .ck_seq = ck_seq, .ck_tokens = ck_tokens,
+            .dt_bias = dt_bias, .z = bf16 ? NULL : z, .z16 = bf16 ? z : NULL, .norm_w = norm_w, .ck_seq = ck_seq, .ck_tokens = ck_tokens,
             .ck_slots = ck_slots, .has_prefix = (int)has_prefix[s], .act = act, .gates = gates,
             .state = ssm_pool + state_slots[s] * state_size, .ssm_pool = ssm_pool, .work = work, .out = out,
-            .state_size = state_size,
+            .state_size = state_size, .work_stride = work_stride,
         };
-        hp_parallel_for(len, 8, gdn_prologue, &c);
-        hp_parallel_for(nv, 1, gdn_heads, &c);
+        run(&c);
         /* conv windows: the `width` inputs ending at each checkpoint's token, and at the last new token */
         for (int64_t m = 0; m < n_ck; m++) {
             if (ck_seq[m] != s) continue;
@@ -242,6 +271,9 @@ int gdn_short_extend(int64_t n_seqs, const int64_t *lens, const int64_t *has_pre
     free(work);
     return 0;
 }
+
+/* A few new tokens, token by token. */
+int gdn_short_extend(GDN_EXTEND_PARAMS) { return gdn_extend_run(GDN_EXTEND_ARGS, gdn_token_by_token, dv * dk + dv); }
 
 /* RMSNorm of `rows` rows of `dim`: out = x * rsqrt(mean(x^2) + eps) * w (F.rms_norm's formula, its sum in another
  * order). x rows x_stride apart, out contiguous. At a short extend's few rows F.rms_norm is a composite of ~6

@@ -42,11 +42,15 @@ FUNCTIONS: dict[str, list[type]] = {
         _F32,
         *[_I64] * 6,
         *[_PTR] * 4,
+        _I64,
     ],
+    "gdn_chunked_extend": [],  # gdn_short_extend's arguments (set below)
     "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
+    "rmsnorm_rows_bf16": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
     "moe_short_extend": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
     "short_extend_set_threads": [ctypes.c_int],
 }  # fmt: skip
+FUNCTIONS["gdn_chunked_extend"] = FUNCTIONS["gdn_short_extend"]
 
 _state: dict[str, NativeLibrary | str] = {}  # "lib": the loaded library, or why there is none
 _pool_threads = [1]  # the kernels' worker pool's thread count, as last set
@@ -163,9 +167,12 @@ class ShortExtendPlan:
         return [base + 8 * offset for offset in (0, b, 2 * b, 3 * b, 3 * b + m, 3 * b + 2 * m)]
 
 
-def _check(t: torch.Tensor, name: str, shape: tuple[int, ...], *, rows_apart: bool = False) -> None:
-    """fp32 on the CPU with `shape`; contiguous, or with `rows_apart` a 2-D view whose rows are contiguous."""
-    if t.dtype != torch.float32 or t.device.type != "cpu":
+def _check(
+    t: torch.Tensor, name: str, shape: tuple[int, ...], *, rows_apart: bool = False, dtype: torch.dtype = torch.float32
+) -> None:
+    """`dtype` (fp32 unless told) on the CPU with `shape`; contiguous, or with `rows_apart` a 2-D view whose rows are
+    contiguous."""
+    if t.dtype != dtype or t.device.type != "cpu":
         raise NativeRefused(f"{name}: {t.dtype} on {t.device}, the kernel takes fp32 on the CPU")
     if tuple(t.shape) != shape:
         raise NativeRefused(f"{name}: shape {tuple(t.shape)}, expected {shape}")
@@ -191,9 +198,13 @@ def gdn_short_extend(
     norm_weight: torch.Tensor,
     norm_eps: float,
     heads: tuple[int, int, int, int],
+    *,
+    chunked: bool = False,
 ) -> torch.Tensor:
     """A gated-DeltaNet layer's work between its projections for the packed tokens of `plan`: returns the gated-
     normed output [T, nv * dv] and updates conv_pool / ssm_pool (state slots and checkpoint slots) in place.
+    `chunked`: the delta rule by chunks (gdn_chunked.c, for long extends) rather than token by token; it also takes
+    mixed and z as bf16 (both), widened as it reads them, rather than through fp32 copies of the whole prompt's.
     heads = (nk, nv, dk, dv). mixed [T, 2 nk dk + nv dv], z [T, nv dv], b and a [T, nv] may be column slices of
     wider projections (rows contiguous). Raises NativeRefused before touching anything when a tensor does not fit."""
     lib = library()
@@ -205,8 +216,10 @@ def gdn_short_extend(
     tokens, conv_dim = plan.tokens, 2 * nk * dk + nv * dv
     taps = conv_weight.shape[-1]
     width = taps - 1
-    _check(mixed, "mixed", (tokens, conv_dim), rows_apart=True)
-    _check(z, "z", (tokens, nv * dv), rows_apart=True)
+    bf16 = chunked and mixed.dtype == z.dtype == torch.bfloat16 and dv <= 512  # gdn_chunked.c's z row buffer
+    wide = torch.bfloat16 if bf16 else torch.float32
+    _check(mixed, "mixed", (tokens, conv_dim), rows_apart=True, dtype=wide)
+    _check(z, "z", (tokens, nv * dv), rows_apart=True, dtype=wide)
     _check(b, "b", (tokens, nv), rows_apart=True)
     _check(a, "a", (tokens, nv), rows_apart=True)
     if tokens > 1 and a.stride(0) != b.stride(0):
@@ -227,17 +240,18 @@ def gdn_short_extend(
     out = torch.empty(tokens, nv * dv, dtype=torch.float32)
     lens, flags, state_slots, ck_seq, ck_tokens, ck_slots = plan.pointers()
     row = mixed.stride(0) if tokens else conv_dim
-    failed = lib.lib.gdn_short_extend(
+    kernel = lib.lib.gdn_chunked_extend if chunked else lib.lib.gdn_short_extend
+    failed = kernel(
         plan.batch, lens, flags, state_slots,
         mixed.data_ptr(), row, z.data_ptr(), z.stride(0) if tokens else nv * dv,
         b.data_ptr(), a.data_ptr(), b.stride(0) if tokens else nv,
         conv_weight.data_ptr(), None if conv_bias is None else conv_bias.data_ptr(),
         conv_pool.data_ptr(), ssm_pool.data_ptr(), neg_exp_a.data_ptr(), dt_bias.data_ptr(),
         norm_weight.data_ptr(), norm_eps, nk, nv, dk, dv, width,
-        plan.checkpoints, ck_seq, ck_tokens, ck_slots, out.data_ptr(),
+        plan.checkpoints, ck_seq, ck_tokens, ck_slots, out.data_ptr(), int(bf16),
     )  # fmt: skip
     if failed:
-        raise MemoryError("gdn_short_extend: no scratch memory")
+        raise MemoryError("gdn extend kernel: no scratch memory")
     return out
 
 
@@ -325,15 +339,17 @@ def moe_short_extend(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """F.rms_norm(x, (dim,), weight, eps) for a short extend's rows: x [T, dim] fp32 (rows contiguous), weight
-    [dim]. Raises NativeRefused when a tensor does not fit."""
+    [dim] fp32. x bf16: F.rms_norm(x.float(), ...).bfloat16() for any number of rows (one pass, split over the pool).
+    Raises NativeRefused when a tensor does not fit."""
     lib = library()
     if lib is None:
         raise NativeRefused(f"no library: {unavailable_reason()}")
     if x.dim() != 2 or weight.dim() != 1:
         raise NativeRefused("rms_norm: x [T, dim] and weight [dim] expected")
     rows, dim = x.shape
-    _check(x, "x", (rows, dim), rows_apart=True)
+    _check(x, "x", (rows, dim), rows_apart=True, dtype=torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32)
     _check(weight, "weight", (dim,))
-    out = torch.empty(rows, dim, dtype=torch.float32)
-    lib.lib.rmsnorm_rows(rows, dim, x.data_ptr(), x.stride(0) if rows else dim, weight.data_ptr(), eps, out.data_ptr())
+    out = torch.empty(rows, dim, dtype=x.dtype)
+    kernel = lib.lib.rmsnorm_rows_bf16 if x.dtype == torch.bfloat16 else lib.lib.rmsnorm_rows
+    kernel(rows, dim, x.data_ptr(), x.stride(0) if rows else dim, weight.data_ptr(), eps, out.data_ptr())
     return out

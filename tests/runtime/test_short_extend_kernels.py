@@ -95,12 +95,16 @@ def _run(layer: GatedDeltaNet, x: torch.Tensor, batch: ForwardBatch, pools: tupl
     if native:
         assert packing.short_extend_plan() is not None
     else:
-        packing.host = None  # the chunked torch path
+        packing.host = None  # a long batch to the layer: the chunked path, in torch, not gdn_chunked.c
+        layer.native_long_extend = False
     counting: contextlib.AbstractContextManager[list[int]] = (
         _counting("gdn_short_extend") if native else contextlib.nullcontext([])
     )
-    with torch.no_grad(), counting as calls:
-        out = layer(x, conv, ssm, packing, packing.state_slots)
+    try:
+        with torch.no_grad(), counting as calls:
+            out = layer(x, conv, ssm, packing, packing.state_slots)
+    finally:
+        layer.native_long_extend = True
     assert len(calls) == int(native)  # the kernel ran (not refused into the torch path)
     return out, conv, ssm
 

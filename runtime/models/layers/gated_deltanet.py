@@ -24,6 +24,9 @@ class GatedDeltaNet(nn.Module):
     writes_state_checkpoints = True  # honours ForwardBatch.state_checkpoints (see state_checkpoints.py)
     writes_traced_state_checkpoints = True  # and StateCheckpoints.traced, inside a compiled extend
     fp32_parameters = ("A_log", "dt_bias")  # kept fp32 under 16-bit weights (HybridModel.cast)
+    # Long extends through the chunked C kernel (`_long_extend`); False: the torch chunked form, which tests hold
+    # it to (tests/runtime/test_short_extend_kernels.py's reference path).
+    native_long_extend = True
 
     def __init__(
         self,
@@ -163,6 +166,10 @@ class GatedDeltaNet(nn.Module):
                 out = self._short_extend(plan, mixed, z, b, a, weight, conv_pool, ssm_pool)
                 if out is not None:
                     return self.out_proj(out)
+            elif self.native_long_extend and not accelerator_path(x.device):
+                out = self._long_extend(packing, mixed, z, b, a, weight, conv_pool, ssm_pool)
+                if out is not None:
+                    return self.out_proj(out.to(x.dtype))
         beta = b.sigmoid()
         g = self._decay_rate(self.A_log) * F.softplus(a.float() + self.dt_bias)
         if packing is None:
@@ -188,6 +195,42 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(x.shape[0], self.value_dim))
 
+    def _long_extend(
+        self,
+        packing: SequencePacking,
+        mixed: torch.Tensor,
+        z: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        weight: torch.Tensor,
+        conv_pool: torch.Tensor,
+        ssm_pool: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """A long extend (a cold prefill, a long prompt after a cached prefix): the short-extend kernel's contract
+        with the delta rule chunked in C (runtime/native/gdn_chunked.c), each value head's chunk in cache. The torch
+        chunked form was ~20 full-size fp32 intermediates a layer through memory (real-size Qwen3-Next, 2048 tokens:
+        ~0.9 s of delta rule per prefill). Its fp32 sums go in another order than the torch form's, agreeing to fp32
+        rounding (tests/runtime/test_long_extend_kernel.py), as the torch form agrees with transformers' own. None
+        when the kernel cannot take the batch (the torch path then)."""
+        ck = packing.checkpoints
+        if ck is not None and ck.traced_tokens is not None:
+            return None
+        try:
+            plan = extend_kernels.ShortExtendPlan.build(
+                packing.lens.tolist(),
+                [bool(p) for p in packing.has_prefix.tolist()],
+                packing.state_slots.tolist(),
+                list(ck.seq) if ck else [],
+                list(ck.tokens) if ck else [],
+                ck.slots.tolist() if ck else [],
+            )
+        except extend_kernels.NativeRefused:
+            return None
+        # mixed and z go in as they are (the kernel widens 16-bit rows as it reads them); b and a are a few columns.
+        return self._short_extend(
+            plan, mixed, z, b.float(), a.float(), weight.float(), conv_pool, ssm_pool, chunked=True
+        )
+
     def _short_extend(
         self,
         plan: extend_kernels.ShortExtendPlan,
@@ -198,10 +241,13 @@ class GatedDeltaNet(nn.Module):
         weight: torch.Tensor,
         conv_pool: torch.Tensor,
         ssm_pool: torch.Tensor,
+        *,
+        chunked: bool = False,
     ) -> torch.Tensor | None:
         """A few new tokens: conv, gates, delta rule, checkpoints and gated norm in one C call (the same math as
         the chunked path, token by token; tests/runtime/test_short_extend_kernels.py holds them together).
-        [T, value_dim] before out_proj, or None when the kernel cannot take these tensors (the torch path)."""
+        [T, value_dim] before out_proj, or None when the kernel cannot take these tensors (the torch path).
+        `chunked`: the delta rule by chunks (`_long_extend`)."""
         try:
             return extend_kernels.gdn_short_extend(
                 plan,
@@ -210,14 +256,15 @@ class GatedDeltaNet(nn.Module):
                 b,
                 a,
                 weight,
-                self.conv1d.bias,
+                None if self.conv1d.bias is None else self.conv1d.bias.float(),
                 conv_pool,
                 ssm_pool,
                 self._decay_rate(self.A_log),
                 self.dt_bias,
-                self.norm.weight,
+                self.norm.weight.float(),
                 self.norm.eps,
                 (self.num_k_heads, self.num_v_heads, self.k_head_dim, self.v_head_dim),
+                chunked=chunked,
             )
         except extend_kernels.NativeRefused:
             return None
