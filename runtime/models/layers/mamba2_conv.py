@@ -1,0 +1,110 @@
+"""Mamba2's extend conv for one sequence in C (runtime/native/mamba2_conv.c): the depthwise causal conv and its
+silu in one pass over the inputs, read in place from in_proj's output (bf16 or fp32) and written once in that dtype.
+
+At Nemotron-H's width (6144 channels, 2048 tokens, bf16) the torch form (conv.py: an fp32 copy of each block's
+window, a multiply-add pass per tap, silu, a copy out) was ~7 passes over the data. Anything the kernel does not
+take (a batch of sequences, another device or dtype, the library unavailable, a compiled graph) goes to
+conv.causal_conv1d_extend, which the state writes here follow exactly (conv.window_rows)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import torch
+
+from runtime.models.layers.conv import causal_conv1d_extend, window_rows
+from runtime.models.layers.packing import SequencePacking
+from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable, load
+from runtime.native.threads import usable_threads
+
+logger = logging.getLogger("runtime.native")
+SOURCE = Path(__file__).parents[2] / "native" / "mamba2_conv.c"
+# -fno-trapping-math: vexpf's branch-free clamps vectorize; -ffp-contract=off: a multiply and an add per tap, as
+# the torch conv rounds them (its fp32 sums bit for bit; only the silu's exp differs in the last bits).
+FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math", "-ffp-contract=off")
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_ARGS: list[type] = [_I64, _I64, _I64, _PTR, _I64, ctypes.c_int, _PTR, _PTR, _PTR, _PTR, _PTR]
+_state: dict[str, NativeLibrary | str] = {}
+
+
+def _library() -> NativeLibrary | None:
+    held = _state.get("lib")
+    if isinstance(held, NativeLibrary):
+        return held
+    if held is not None:
+        return None
+    try:
+        lib = load("mamba2_conv", SOURCE, FLAGS)
+    except NativeUnavailable as exc:
+        _state["lib"] = exc.reason
+        logger.warning("Mamba2 conv C kernel unavailable: %s; the torch conv runs instead", exc.reason)
+        return None
+    fn = lib.lib.mamba2_conv_extend
+    fn.restype, fn.argtypes = ctypes.c_int, _ARGS
+    threads = lib.lib.mamba2_conv_set_threads
+    threads.restype, threads.argtypes = ctypes.c_int, [ctypes.c_int]
+    # Set once, at first use (model load: torch's count is --num-threads then); its own pool (parallel.h), whose
+    # workers spin ~300 us after each call: ~4 ms of a core over a 14-layer prefill.
+    threads(usable_threads())
+    _state["lib"] = lib
+    return lib
+
+
+def _fits(x: torch.Tensor, weight: torch.Tensor, packing: SequencePacking) -> bool:
+    return (
+        packing.lens.numel() == 1
+        and x.device.type == "cpu"
+        and x.dtype in (torch.bfloat16, torch.float32)
+        and x.dim() == 2
+        and x.stride(1) == 1
+        and 1 <= weight.shape[-1] <= 8
+        and weight.shape[0] == x.shape[1]
+        and not torch.compiler.is_compiling()
+    )
+
+
+def mamba2_conv_extend(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_pool: torch.Tensor,
+    packing: SequencePacking,
+) -> torch.Tensor:
+    """As conv.causal_conv1d_extend: x [T, C] new inputs (a strided view is read in place); weight [C, K].
+    Returns silu(conv(x)) [T, C] in x's dtype and writes the sequence's new conv state and checkpoint windows."""
+    lib = _library() if _fits(x, weight, packing) else None
+    if lib is None:
+        return causal_conv1d_extend(x, weight, bias, conv_pool, packing)
+    length, channels = x.shape
+    kernel = weight.shape[-1]
+    old = packing.initial_state(conv_pool).transpose(1, 2).contiguous()  # [1, K-1, C] fp32
+    taps = weight.float().t().contiguous()  # [K, C]: tap k's weights contiguous over the channels
+    bias32 = bias.float().contiguous() if bias is not None else None
+    rows = torch.empty(kernel + 1, channels)
+    out = torch.empty(length, channels, dtype=x.dtype)
+    status = lib.lib.mamba2_conv_extend(
+        length,
+        channels,
+        kernel,
+        x.data_ptr(),
+        x.stride(0),
+        int(x.dtype == torch.bfloat16),
+        old.data_ptr(),
+        taps.data_ptr(),
+        bias32.data_ptr() if bias32 is not None else None,
+        rows.data_ptr(),
+        out.data_ptr(),
+    )
+    if status != 0:
+        return causal_conv1d_extend(x, weight, bias, conv_pool, packing)
+    inputs = x[None]  # [1, T, C]: one sequence, no padding
+    seq = torch.zeros(1, dtype=torch.int64)
+    conv_pool[packing.state_slots] = window_rows(old, inputs, seq, packing.lens).transpose(1, 2).to(conv_pool.dtype)
+    cps = packing.checkpoints
+    if cps is not None:
+        tokens = cps.traced_tokens if cps.traced_tokens is not None else torch.tensor(cps.tokens)
+        seqs = torch.zeros_like(tokens)
+        conv_pool[cps.slots] = window_rows(old, inputs, seqs, tokens).transpose(1, 2).to(conv_pool.dtype)
+    return out

@@ -1,0 +1,113 @@
+/* Mamba2's depthwise causal conv + silu over one sequence's new inputs, in one pass (runtime/models/layers/
+ * mamba2_conv.py). The torch form (conv.py) makes ~7 passes a block over an fp32 copy of the window; here each
+ * input row is read once (bf16 or fp32, strided: a column range of in_proj's output), the K taps accumulate in fp32
+ * registers and the silu'd row is written once in the input's dtype.
+ *
+ * Plain C: with -O3 -march=native the channel loop vectorizes to the CPU's widest vectors (AVX-512, AVX2, or
+ * scalar code elsewhere); vexpf is branch-free for that reason. bf16 is converted through its bits (the upper half
+ * of an fp32), rounded to nearest even on the way out, as torch's .to(bfloat16) does. */
+#include <stdint.h>
+#include <string.h>
+
+#include "parallel.h"
+#include "vexp.h"
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u & 0x7FFFFFFFu) > 0x7F800000u; /* integer compare: the loop stays vectorizable */
+    return (uint16_t)(nan ? (u >> 16) | 0x40u : rounded); /* a nan stays a (quiet) nan */
+}
+
+/* Input row t (t < 0: row width + t of `old`, the inputs before the first new one) into `dst` as fp32. */
+static void load_row(float *restrict dst, int64_t t, int64_t channels, const void *x, int64_t x_stride, int bf16,
+                     const float *old, int64_t width, int64_t old_stride) {
+    if (t < 0) {
+        memcpy(dst, old + (width + t) * old_stride, (size_t)channels * sizeof(float));
+    } else if (bf16) {
+        const uint16_t *src = (const uint16_t *)x + t * x_stride;
+        for (int64_t c = 0; c < channels; c++) dst[c] = bf16_to_f32(src[c]);
+    } else {
+        memcpy(dst, (const float *)x + t * x_stride, (size_t)channels * sizeof(float));
+    }
+}
+
+/* acc[c] = sum over taps of r[k][c] * taps[k][c], then + bias[c], then silu: conv.py's order of operations, so the
+ * conv's fp32 sums are its bits (the library is built without FMA contraction); each loop a vectorizable one. */
+static void conv_row(float *restrict acc, const float *const *r, const float *restrict taps, int64_t taps_stride,
+                     const float *bias, int64_t kernel, int64_t channels) {
+    const float *restrict in0 = r[0];
+    for (int64_t c = 0; c < channels; c++) acc[c] = in0[c] * taps[c];
+    for (int64_t k = 1; k < kernel; k++) {
+        const float *restrict in = r[k];
+        const float *restrict w = taps + k * taps_stride;
+        for (int64_t c = 0; c < channels; c++) acc[c] += in[c] * w[c];
+    }
+    if (bias)
+        for (int64_t c = 0; c < channels; c++) acc[c] += bias[c];
+    for (int64_t c = 0; c < channels; c++) acc[c] = acc[c] / (1.0f + vexpf(-acc[c]));
+}
+
+static void store_bf16(uint16_t *restrict dst, const float *restrict src, int64_t n) {
+    for (int64_t c = 0; c < n; c++) dst[c] = f32_to_bf16(src[c]);
+}
+
+typedef struct {
+    int64_t length, channels, kernel, x_stride;
+    int bf16;
+    const void *x;
+    const float *old, *taps, *bias;
+    float *rows;
+    void *out;
+} conv_job;
+
+#define CONV_SLICE 64 /* channels per unit of work: a part's rows stay in its core's L1/L2 */
+
+/* Channels [begin * CONV_SLICE, end * CONV_SLICE) for every step: a part owns those columns of the scratch rows. */
+static void conv_part(void *ctx, int64_t begin, int64_t end) {
+    const conv_job *j = (const conv_job *)ctx;
+    const int64_t c0 = begin * CONV_SLICE, n = (end * CONV_SLICE < j->channels ? end * CONV_SLICE : j->channels) - c0;
+    const int64_t kernel = j->kernel, width = kernel - 1, stride = j->channels;
+    const int64_t xs = j->bf16 ? 2 : 4; /* bytes per input element */
+    const void *x = (const char *)j->x + c0 * xs;
+    float *rows = j->rows + c0, *acc = j->rows + kernel * stride + c0;
+    /* A ring of the last `kernel` input rows as fp32: row t lives at rows[(t mod kernel) * stride]. */
+    for (int64_t t = -width; t < 0; t++)
+        load_row(rows + ((t + kernel) % kernel) * stride, t, n, x, j->x_stride, j->bf16, j->old + c0, width, stride);
+    for (int64_t t = 0; t < j->length; t++) {
+        load_row(rows + (t % kernel) * stride, t, n, x, j->x_stride, j->bf16, j->old + c0, width, stride);
+        const float *r[8];
+        for (int64_t k = 0; k < kernel; k++) r[k] = rows + ((t - width + k + kernel) % kernel) * stride;
+        /* fp32 output: accumulated in place in the output row. */
+        float *dst = j->bf16 ? acc : (float *)j->out + t * stride + c0;
+        conv_row(dst, r, j->taps + c0, stride, j->bias ? j->bias + c0 : NULL, kernel, n);
+        if (j->bf16) store_bf16((uint16_t *)j->out + t * stride + c0, acc, n);
+    }
+}
+
+/* length new inputs x [length, channels] (row stride x_stride elements; bf16 when `bf16`, else fp32); old: the
+ * width = kernel - 1 earlier inputs [width, channels] fp32; taps: [kernel, channels] fp32 (tap k multiplies input
+ * t - width + k); bias [channels] or NULL; rows: scratch of (kernel + 1) * channels floats; out [length, channels],
+ * contiguous, x's dtype. Channel slices go to the worker pool (any split gives the same bits). Returns 0, or -1
+ * for a kernel it does not take. */
+int mamba2_conv_extend(int64_t length, int64_t channels, int64_t kernel, const void *x, int64_t x_stride, int bf16,
+                       const float *old, const float *taps, const float *bias, float *rows, void *out) {
+    if (kernel < 1 || kernel > 8 || channels < 1 || length < 0) return -1;
+    conv_job job = {length, channels, kernel, x_stride, bf16, x, old, taps, bias, rows, out};
+    hp_parallel_for((channels + CONV_SLICE - 1) / CONV_SLICE, 4, conv_part, &job);
+    return 0;
+}
+
+/* Threads for the next calls (1: inline, no worker started); returns the count now set. */
+int mamba2_conv_set_threads(int n) {
+    hp_set_threads(n);
+    return hp_threads();
+}

@@ -1,0 +1,71 @@
+"""The Mamba2 extend conv in C (runtime/models/layers/mamba2_conv.py) against the torch conv (conv.py): the same
+output up to the C exp's last bits, the same new state and checkpoint windows, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.core.batch import ForwardBatch
+from runtime.models.layers import mamba2_conv
+from runtime.models.layers.conv import causal_conv1d_extend
+from runtime.models.layers.packing import SequencePacking
+
+
+def _packing(length: int, prefix: int, checkpoints: list[tuple[int, int]]) -> SequencePacking:
+    batch = ForwardBatch(
+        mode="extend",
+        input_ids=torch.zeros(length, dtype=torch.int64),
+        positions=torch.zeros(length, dtype=torch.int64),
+        extend_lens=[length],
+        prefix_lens=[prefix],
+        kv_locs=[],
+        out_locs=torch.zeros(length, dtype=torch.int64),
+        state_slots=torch.tensor([1]),
+        state_checkpoints=[checkpoints],
+    )
+    return SequencePacking.build(batch, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("length", "prefix"), [(300, 5), (2, 0), (1, 7)])
+def test_c_conv_matches_torch_conv(dtype: torch.dtype, length: int, prefix: int) -> None:
+    if mamba2_conv._library() is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(0)
+    channels, kernel, width = 40, 4, 100
+    # A column range of a wider projection, as the mixer passes it (row stride 100).
+    wide = torch.randn(length, width, generator=g).to(dtype)
+    x = wide[:, 30 : 30 + channels]
+    weight, bias = torch.randn(channels, kernel, generator=g), torch.randn(channels, generator=g)
+    start_pool = torch.randn(8, channels, kernel - 1, generator=g)
+    cps = [(n, 3 + i) for i, n in enumerate(sorted({1, length // 2 + 1, length}))]
+    pool_c, pool_t = start_pool.clone(), start_pool.clone()
+    got = mamba2_conv.mamba2_conv_extend(x, weight, bias, pool_c, _packing(length, prefix, cps))
+    want = causal_conv1d_extend(x, weight, bias, pool_t, _packing(length, prefix, cps))
+    assert got.dtype == dtype
+    # fp32: the C exp is within ~1e-7 of torch's; bf16: that can flip one rounding (1 ulp = 2^-8 relative).
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
+    assert torch.equal(pool_c, pool_t)
+    assert not torch.equal(pool_c[1], start_pool[1])  # the state was written
+
+
+def test_batches_take_the_torch_conv() -> None:
+    """Two sequences are not the kernel's: the torch path runs and gives its own result exactly."""
+    batch = ForwardBatch(
+        mode="extend",
+        input_ids=torch.zeros(5, dtype=torch.int64),
+        positions=torch.zeros(5, dtype=torch.int64),
+        extend_lens=[3, 2],
+        prefix_lens=[0, 0],
+        kv_locs=[],
+        out_locs=torch.zeros(5, dtype=torch.int64),
+        state_slots=torch.tensor([1, 2]),
+    )
+    packing = SequencePacking.build(batch, torch.device("cpu"))
+    x, weight = torch.randn(5, 8), torch.randn(8, 4)
+    pool_c, pool_t = torch.zeros(4, 8, 3), torch.zeros(4, 8, 3)
+    got = mamba2_conv.mamba2_conv_extend(x, weight, None, pool_c, packing)
+    assert torch.equal(got, causal_conv1d_extend(x, weight, None, pool_t, packing))
+    assert torch.equal(pool_c, pool_t)
