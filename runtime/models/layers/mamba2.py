@@ -12,7 +12,7 @@ from torch import nn
 
 from runtime.models.layers.conv import causal_conv1d_decode
 from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
-from runtime.models.layers.mamba2_conv import mamba2_conv_extend
+from runtime.models.layers.mamba2_extend import gated_norm, mamba2_conv_extend
 from runtime.models.layers.norm import FalconGatedRMSNorm, GroupedGatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 from runtime.models.layers.ssd import chunk_scan, recurrent_step
@@ -162,6 +162,8 @@ class Mamba2Mixer(nn.Module):
         y = y.reshape(tokens, self.intermediate)
         if self.norm is None:
             y = y * F.silu(gate.float())
+        elif isinstance(self.norm, GroupedGatedRMSNorm):
+            y = gated_norm(self.norm, y.to(x.dtype), gate)
         else:
-            y = self.norm(y.to(x.dtype) if self.gated_norm == "mamba2" else y, gate)
+            y = self.norm(y, gate)
         return self.out_proj(y.to(x.dtype))

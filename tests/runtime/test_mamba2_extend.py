@@ -1,5 +1,5 @@
-"""The Mamba2 extend conv in C (runtime/models/layers/mamba2_conv.py) against the torch conv (conv.py): the same
-output up to the C exp's last bits, the same new state and checkpoint windows, bit for bit."""
+"""The Mamba2 extend kernels in C (runtime/models/layers/mamba2_extend.py) against the torch forms (conv.py,
+norm.py): the same output up to the C exp's last bits, the same new state and checkpoint windows, bit for bit."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from runtime.core.batch import ForwardBatch
-from runtime.models.layers import mamba2_conv
+from runtime.models.layers import mamba2_extend
 from runtime.models.layers.conv import causal_conv1d_extend
+from runtime.models.layers.norm import GroupedGatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 
 
@@ -30,7 +31,7 @@ def _packing(length: int, prefix: int, checkpoints: list[tuple[int, int]]) -> Se
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("length", "prefix"), [(300, 5), (2, 0), (1, 7)])
 def test_c_conv_matches_torch_conv(dtype: torch.dtype, length: int, prefix: int) -> None:
-    if mamba2_conv._library() is None:
+    if mamba2_extend._library() is None:
         pytest.skip("no C compiler")
     g = torch.Generator().manual_seed(0)
     channels, kernel, width = 40, 4, 100
@@ -41,7 +42,7 @@ def test_c_conv_matches_torch_conv(dtype: torch.dtype, length: int, prefix: int)
     start_pool = torch.randn(8, channels, kernel - 1, generator=g)
     cps = [(n, 3 + i) for i, n in enumerate(sorted({1, length // 2 + 1, length}))]
     pool_c, pool_t = start_pool.clone(), start_pool.clone()
-    got = mamba2_conv.mamba2_conv_extend(x, weight, bias, pool_c, _packing(length, prefix, cps))
+    got = mamba2_extend.mamba2_conv_extend(x, weight, bias, pool_c, _packing(length, prefix, cps))
     want = causal_conv1d_extend(x, weight, bias, pool_t, _packing(length, prefix, cps))
     assert got.dtype == dtype
     # fp32: the C exp is within ~1e-7 of torch's; bf16: that can flip one rounding (1 ulp = 2^-8 relative).
@@ -66,6 +67,24 @@ def test_batches_take_the_torch_conv() -> None:
     packing = SequencePacking.build(batch, torch.device("cpu"))
     x, weight = torch.randn(5, 8), torch.randn(8, 4)
     pool_c, pool_t = torch.zeros(4, 8, 3), torch.zeros(4, 8, 3)
-    got = mamba2_conv.mamba2_conv_extend(x, weight, None, pool_c, packing)
+    got = mamba2_extend.mamba2_conv_extend(x, weight, None, pool_c, packing)
     assert torch.equal(got, causal_conv1d_extend(x, weight, None, pool_t, packing))
     assert torch.equal(pool_c, pool_t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_c_gated_norm_matches_the_module(dtype: torch.dtype) -> None:
+    if mamba2_extend._library() is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(1)
+    norm = GroupedGatedRMSNorm(64, 1e-5, 16).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=g))
+    y = torch.randn(37, 64, generator=g).to(dtype)
+    gate = (torch.randn(37, 100, generator=g) * 3).to(dtype)[:, 20:84]  # a column range, as in_proj's output gives
+    got, want = mamba2_extend.gated_norm(norm, y, gate), norm(y, gate)
+    assert got.dtype == dtype
+    # The C exp and sum order move fp32 by ~1e-6 relative; in bf16 that can flip a rounding (2^-8 relative).
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
+    assert (got != want).float().mean() < (0.05 if dtype == torch.bfloat16 else 1.0)

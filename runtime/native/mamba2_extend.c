@@ -1,11 +1,13 @@
-/* Mamba2's depthwise causal conv + silu over one sequence's new inputs, in one pass (runtime/models/layers/
- * mamba2_conv.py). The torch form (conv.py) makes ~7 passes a block over an fp32 copy of the window; here each
- * input row is read once (bf16 or fp32, strided: a column range of in_proj's output), the K taps accumulate in fp32
- * registers and the silu'd row is written once in the input's dtype.
+/* Mamba2 extend kernels around the torch scan (runtime/models/layers/mamba2_extend.py). The depthwise causal conv +
+ * silu over one sequence's new inputs in one pass: the torch form (conv.py) makes ~7 passes a block over an fp32
+ * copy of the window; here each input row is read once (bf16 or fp32, strided: a column range of in_proj's output),
+ * the K taps accumulate in fp32 registers and the silu'd row is written once in the input's dtype. The gated
+ * RMSNorm likewise in one pass over y and the gate.
  *
  * Plain C: with -O3 -march=native the channel loop vectorizes to the CPU's widest vectors (AVX-512, AVX2, or
  * scalar code elsewhere); vexpf is branch-free for that reason. bf16 is converted through its bits (the upper half
  * of an fp32), rounded to nearest even on the way out, as torch's .to(bfloat16) does. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -106,8 +108,65 @@ int mamba2_conv_extend(int64_t length, int64_t channels, int64_t kernel, const v
     return 0;
 }
 
+typedef struct {
+    int64_t dim, group, y_stride, z_stride;
+    int bf16;
+    const void *y, *z;
+    const float *weight;
+    float eps;
+    void *out;
+} norm_job;
+
+/* Rows [begin, end): h = y * silu(z), each group of `group` channels scaled by rsqrt(mean(h^2) + eps), times the
+ * weight. In bf16 the normalized h is rounded before the weight multiplies it and again after, as norm.py's
+ * `weight * h.to(bf16)` rounds. */
+static void norm_rows(void *ctx, int64_t begin, int64_t end) {
+    const norm_job *j = (const norm_job *)ctx;
+    float h[j->group];
+    for (int64_t t = begin; t < end; t++) {
+        for (int64_t g0 = 0; g0 < j->dim; g0 += j->group) {
+            const int64_t n = j->group;
+            float ss = 0.0f;
+            if (j->bf16) {
+                const uint16_t *restrict y = (const uint16_t *)j->y + t * j->y_stride + g0;
+                const uint16_t *restrict z = (const uint16_t *)j->z + t * j->z_stride + g0;
+                for (int64_t c = 0; c < n; c++) {
+                    const float zc = bf16_to_f32(z[c]);
+                    h[c] = zc / (1.0f + vexpf(-zc)) * bf16_to_f32(y[c]);
+                }
+            } else {
+                const float *restrict y = (const float *)j->y + t * j->y_stride + g0;
+                const float *restrict z = (const float *)j->z + t * j->z_stride + g0;
+                for (int64_t c = 0; c < n; c++) h[c] = z[c] / (1.0f + vexpf(-z[c])) * y[c];
+            }
+#pragma omp simd reduction(+ : ss)
+            for (int64_t c = 0; c < n; c++) ss += h[c] * h[c];
+            const float scale = 1.0f / sqrtf(ss / (float)n + j->eps);
+            const float *restrict w = j->weight + g0;
+            if (j->bf16) {
+                uint16_t *restrict o = (uint16_t *)j->out + t * j->dim + g0;
+                for (int64_t c = 0; c < n; c++) o[c] = f32_to_bf16(w[c] * bf16_to_f32(f32_to_bf16(h[c] * scale)));
+            } else {
+                float *restrict o = (float *)j->out + t * j->dim + g0;
+                for (int64_t c = 0; c < n; c++) o[c] = w[c] * (h[c] * scale);
+            }
+        }
+    }
+}
+
+/* Mamba2's gated RMSNorm over `rows` tokens: y [rows, dim] (row stride y_stride), gate z [rows, dim] (row stride
+ * z_stride), both bf16 when `bf16`, else fp32; weight [dim] fp32 (bf16-exact in bf16 mode); out [rows, dim]
+ * contiguous in the inputs' dtype. Rows go to the worker pool. Returns 0, or -1 for a shape it does not take. */
+int mamba2_gated_norm(int64_t rows, int64_t dim, int64_t group, const void *y, int64_t y_stride, const void *z,
+                      int64_t z_stride, int bf16, const float *weight, float eps, void *out) {
+    if (group < 1 || group > 4096 || dim % group != 0 || rows < 0) return -1;
+    norm_job job = {dim, group, y_stride, z_stride, bf16, y, z, weight, eps, out};
+    hp_parallel_for(rows, 16, norm_rows, &job);
+    return 0;
+}
+
 /* Threads for the next calls (1: inline, no worker started); returns the count now set. */
-int mamba2_conv_set_threads(int n) {
+int mamba2_extend_set_threads(int n) {
     hp_set_threads(n);
     return hp_threads();
 }

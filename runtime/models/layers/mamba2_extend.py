@@ -1,10 +1,12 @@
-"""Mamba2's extend conv for one sequence in C (runtime/native/mamba2_conv.c): the depthwise causal conv and its
-silu in one pass over the inputs, read in place from in_proj's output (bf16 or fp32) and written once in that dtype.
+"""Mamba2's extend in C (runtime/native/mamba2_extend.c), around the torch scan: the depthwise causal conv and its
+silu in one pass over one sequence's inputs, read in place from in_proj's output (bf16 or fp32) and written once in
+that dtype; and the gated RMSNorm (norm.GroupedGatedRMSNorm) in one pass over y and the gate.
 
 At Nemotron-H's width (6144 channels, 2048 tokens, bf16) the torch form (conv.py: an fp32 copy of each block's
 window, a multiply-add pass per tap, silu, a copy out) was ~7 passes over the data. Anything the kernel does not
 take (a batch of sequences, another device or dtype, the library unavailable, a compiled graph) goes to
-conv.causal_conv1d_extend, which the state writes here follow exactly (conv.window_rows)."""
+conv.causal_conv1d_extend, which the state writes here follow exactly (conv.window_rows). The gated norm was 6
+passes (a strided fp32 copy of the gate, silu, multiply, rms_norm, rounding, weight); it takes any token count."""
 
 from __future__ import annotations
 
@@ -15,16 +17,17 @@ from pathlib import Path
 import torch
 
 from runtime.models.layers.conv import causal_conv1d_extend, window_rows
+from runtime.models.layers.norm import GroupedGatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable, load
 from runtime.native.threads import usable_threads
 
 logger = logging.getLogger("runtime.native")
-SOURCE = Path(__file__).parents[2] / "native" / "mamba2_conv.c"
+SOURCE = Path(__file__).parents[2] / "native" / "mamba2_extend.c"
 # -fno-trapping-math: vexpf's branch-free clamps vectorize; -ffp-contract=off: a multiply and an add per tap, as
 # the torch conv rounds them (its fp32 sums bit for bit; only the silu's exp differs in the last bits).
 FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math", "-ffp-contract=off")
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _ARGS: list[type] = [_I64, _I64, _I64, _PTR, _I64, ctypes.c_int, _PTR, _PTR, _PTR, _PTR, _PTR]
 _state: dict[str, NativeLibrary | str] = {}
 
@@ -36,14 +39,19 @@ def _library() -> NativeLibrary | None:
     if held is not None:
         return None
     try:
-        lib = load("mamba2_conv", SOURCE, FLAGS)
+        lib = load("mamba2_extend", SOURCE, FLAGS)
     except NativeUnavailable as exc:
         _state["lib"] = exc.reason
-        logger.warning("Mamba2 conv C kernel unavailable: %s; the torch conv runs instead", exc.reason)
+        logger.warning("Mamba2 extend C kernels unavailable: %s; the torch forms run instead", exc.reason)
         return None
     fn = lib.lib.mamba2_conv_extend
     fn.restype, fn.argtypes = ctypes.c_int, _ARGS
-    threads = lib.lib.mamba2_conv_set_threads
+    norm = lib.lib.mamba2_gated_norm
+    norm.restype, norm.argtypes = (
+        ctypes.c_int,
+        [_I64, _I64, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_int, _PTR, _F32, _PTR],
+    )
+    threads = lib.lib.mamba2_extend_set_threads
     threads.restype, threads.argtypes = ctypes.c_int, [ctypes.c_int]
     # Set once, at first use (model load: torch's count is --num-threads then); its own pool (parallel.h), whose
     # workers spin ~300 us after each call: ~4 ms of a core over a 14-layer prefill.
@@ -108,3 +116,38 @@ def mamba2_conv_extend(
         seqs = torch.zeros_like(tokens)
         conv_pool[cps.slots] = window_rows(old, inputs, seqs, tokens).transpose(1, 2).to(conv_pool.dtype)
     return out
+
+
+def gated_norm(norm: GroupedGatedRMSNorm, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """norm(y, gate) for y, gate [T, D] of one dtype (bf16 or fp32; the gate may be a column range of a wider
+    tensor); the module itself for anything else."""
+    fits = (
+        y.device.type == "cpu"
+        and y.dtype in (torch.bfloat16, torch.float32)
+        and gate.dtype == y.dtype
+        and y.dim() == 2
+        and gate.shape == y.shape
+        and y.stride(1) == 1
+        and gate.stride(1) == 1
+        and norm.weight.shape == (y.shape[1],)
+        and not torch.compiler.is_compiling()
+    )
+    lib = _library() if fits else None
+    if lib is None:
+        return norm(y, gate)
+    weight = norm.weight.detach().float().contiguous()
+    out = torch.empty(y.shape, dtype=y.dtype)
+    status = lib.lib.mamba2_gated_norm(
+        y.shape[0],
+        y.shape[1],
+        norm.group_size,
+        y.data_ptr(),
+        y.stride(0),
+        gate.data_ptr(),
+        gate.stride(0),
+        int(y.dtype == torch.bfloat16),
+        weight.data_ptr(),
+        norm.eps,
+        out.data_ptr(),
+    )
+    return out if status == 0 else norm(y, gate)
