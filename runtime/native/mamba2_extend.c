@@ -165,6 +165,43 @@ int mamba2_gated_norm(int64_t rows, int64_t dim, int64_t group, const void *y, i
     return 0;
 }
 
+typedef struct {
+    int64_t groups, per_group, len;
+    const float *a_cum, *shifted, *scores, *d;
+    float *out;
+} mixing_job;
+
+/* (chunk, head) pairs [begin, end): out[l][s] = exp(a_cum[l] - shifted[s]) * scores[l][s] for s <= l, 0 above the
+ * diagonal, + d[head] on it; ssd.py's masked-exp form, in its order of operations, one pass, the exps of the lower
+ * triangle only. */
+static void mixing_part(void *ctx, int64_t begin, int64_t end) {
+    const mixing_job *j = (const mixing_job *)ctx;
+    const int64_t heads = j->groups * j->per_group, len = j->len;
+    for (int64_t p = begin; p < end; p++) {
+        const int64_t chunk = p / heads, head = p % heads, group = head / j->per_group;
+        const float *restrict a = j->a_cum + p * len;
+        const float *restrict sh = j->shifted + p * len;
+        const float *restrict sc = j->scores + (chunk * j->groups + group) * len * len;
+        float *restrict o = j->out + p * len * len;
+        for (int64_t l = 0; l < len; l++) {
+            const float al = a[l];
+            for (int64_t s = 0; s <= l; s++) o[l * len + s] = vexpf(al - sh[s]) * sc[l * len + s];
+            for (int64_t s = l + 1; s < len; s++) o[l * len + s] = 0.0f;
+            o[l * len + l] += j->d[head];
+        }
+    }
+}
+
+/* chunks x (groups * per_group) heads of len x len intra-chunk weights: a_cum, shifted [chunks, heads, len];
+ * scores [chunks, groups, len, len] (C . B); d [heads]; out [chunks, heads, len, len]; all fp32, contiguous. */
+int mamba2_mixing(int64_t chunks, int64_t groups, int64_t per_group, int64_t len, const float *a_cum,
+                  const float *shifted, const float *scores, const float *d, float *out) {
+    if (chunks < 0 || groups < 1 || per_group < 1 || len < 1) return -1;
+    mixing_job job = {groups, per_group, len, a_cum, shifted, scores, d, out};
+    hp_parallel_for(chunks * groups * per_group, 4, mixing_part, &job);
+    return 0;
+}
+
 /* Threads for the next calls (1: inline, no worker started); returns the count now set. */
 int mamba2_extend_set_threads(int n) {
     hp_set_threads(n);

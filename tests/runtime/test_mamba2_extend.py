@@ -88,3 +88,28 @@ def test_c_gated_norm_matches_the_module(dtype: torch.dtype) -> None:
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
     assert (got != want).float().mean() < (0.05 if dtype == torch.bfloat16 else 1.0)
+
+
+def test_c_intra_chunk_weights_match_the_torch_form() -> None:
+    """ssd.py's masked exp, one pass in C: the same up to the C exp's last bits, exact zeros above the diagonal even
+    where the exponent there would overflow (a decay of -200 over the chunk)."""
+    if mamba2_extend._library() is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(2)
+    chunks, batch, groups, per_group, length = 3, 2, 2, 3, 16
+    heads = groups * per_group
+    dt = torch.rand(chunks, batch, heads, length, generator=g) + 0.01
+    a_cum = (dt * -torch.rand(heads, 1, generator=g) * 25).cumsum(-1)
+    shifted = a_cum - dt.log()
+    scores = torch.randn(chunks, batch, groups, length, length, generator=g)
+    d = torch.randn(heads, generator=g)
+    got = mamba2_extend.intra_chunk_weights(a_cum, shifted, scores, d)
+    assert got is not None
+    upper = torch.ones(length, length, dtype=torch.bool).triu(1)
+    want = torch.sub(a_cum[..., :, None], shifted[..., None, :]).masked_fill_(upper, -torch.inf).exp_()
+    want = want.view(chunks, batch, groups, per_group, length, length).mul_(scores[:, :, :, None])
+    want.diagonal(0, -2, -1).add_(d.view(groups, per_group, 1))
+    assert torch.isfinite(got).all()
+    assert torch.equal(got.masked_select(upper), want.masked_select(upper))  # zeros
+    bad = ~torch.isclose(got, want, rtol=1e-6, atol=1e-6)  # atol: d + a product can cancel
+    assert not bad.any(), (got[bad][:5], want[bad][:5])

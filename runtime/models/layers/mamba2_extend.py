@@ -51,6 +51,8 @@ def _library() -> NativeLibrary | None:
         ctypes.c_int,
         [_I64, _I64, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_int, _PTR, _F32, _PTR],
     )
+    mix = lib.lib.mamba2_mixing
+    mix.restype, mix.argtypes = ctypes.c_int, [_I64, _I64, _I64, _I64, *[_PTR] * 5]
     threads = lib.lib.mamba2_extend_set_threads
     threads.restype, threads.argtypes = ctypes.c_int, [ctypes.c_int]
     # Set once, at first use (model load: torch's count is --num-threads then); its own pool (parallel.h), whose
@@ -151,3 +153,24 @@ def gated_norm(norm: GroupedGatedRMSNorm, y: torch.Tensor, gate: torch.Tensor) -
         out.data_ptr(),
     )
     return out if status == 0 else norm(y, gate)
+
+
+def intra_chunk_weights(
+    a_cum: torch.Tensor, shifted: torch.Tensor, scores: torch.Tensor, d: torch.Tensor
+) -> torch.Tensor | None:
+    """The SSD scan's within-chunk weights (ssd.py): exp(a_cum[l] - shifted[s]) * scores[l, s] for s <= l, 0 above
+    the diagonal, d on it; a_cum, shifted [C, B, H, l], scores [C, B, G, l, l], d [H], all fp32. One pass and half
+    the exps of the torch form's 5 passes over [C, B, H, l, l]; None where the kernel is not had (torch form then)."""
+    if a_cum.device.type != "cpu" or torch.compiler.is_compiling() or scores.dtype != torch.float32:
+        return None
+    lib = _library()
+    if lib is None:
+        return None
+    chunks, batch, heads, length = a_cum.shape
+    groups = scores.shape[2]
+    a_cum, shifted, scores, d = (t.float().contiguous() for t in (a_cum, shifted, scores, d))
+    out = torch.empty(chunks, batch, groups, heads // groups, length, length)
+    status = lib.lib.mamba2_mixing(
+        chunks * batch, groups, heads // groups, length, *(t.data_ptr() for t in (a_cum, shifted, scores, d, out))
+    )
+    return out if status == 0 else None
