@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Each call here is followed by milliseconds of torch work on torch's own threads: a worker of this pool spinning
+ * through parallel.h's default 300 us would take a core from them; it sleeps almost at once instead. */
+#define HP_SPIN_US 20
 #include "parallel.h"
 #include "vexp.h"
 
