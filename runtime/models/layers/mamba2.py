@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.models.layers.conv import causal_conv1d_decode, causal_conv1d_extend
+from runtime.models.layers.conv import causal_conv1d_decode
 from runtime.models.layers.derived import Derived, depthwise_taps, neg_exp
+from runtime.models.layers.mamba2_extend import gated_norm, mamba2_conv_extend
 from runtime.models.layers.norm import FalconGatedRMSNorm, GroupedGatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
 from runtime.models.layers.ssd import chunk_scan, recurrent_step
@@ -135,7 +136,7 @@ class Mamba2Mixer(nn.Module):
             )
             ssm_pool.index_copy_(0, state_slots, state.to(ssm_pool.dtype))  # cheaper than pool[slots] = ...
         else:
-            xbc = causal_conv1d_extend(xbc, weight, self.conv1d.bias, conv_pool, packing)
+            xbc = mamba2_conv_extend(xbc, weight, self.conv1d.bias, conv_pool, packing)
             xs, b, c = (packing.pad(t) for t in xbc.split([self.intermediate, groups_n, groups_n], dim=-1))
             batch, length = xs.shape[:2]
             captured: list[torch.Tensor] = []
@@ -161,6 +162,8 @@ class Mamba2Mixer(nn.Module):
         y = y.reshape(tokens, self.intermediate)
         if self.norm is None:
             y = y * F.silu(gate.float())
+        elif isinstance(self.norm, GroupedGatedRMSNorm):
+            y = gated_norm(self.norm, y.to(x.dtype), gate)
         else:
-            y = self.norm(y.to(x.dtype) if self.gated_norm == "mamba2" else y, gate)
+            y = self.norm(y, gate)
         return self.out_proj(y.to(x.dtype))

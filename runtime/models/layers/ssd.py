@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.models.layers.mamba2_extend import intra_chunk_weights
 from runtime.models.layers.state_checkpoints import StateCheckpoints, chunk_positions
 
 # Chunk and block sizes, measured at Nemotron-H's shapes (64 heads of 64, 8 groups, state 128; 2048 tokens, one
@@ -107,10 +108,13 @@ class _Scan:
         # shared by a group's heads: one [l, N] x [N, l] product per group, not per head. dt_s goes into the
         # exponent (log 0 = -inf: a padded step weighs 0) and D onto the diagonal, so x is read as it is.
         scores = c @ b.transpose(-1, -2)  # [C, B, G, l, s]
-        # Masked before exp: above the diagonal the exponent is positive and could overflow (inf * 0 = nan).
-        mixing = torch.sub(a_cum[..., :, None], (a_cum - dt.log())[..., None, :])
-        mixing = mixing.masked_fill_(self.upper, -torch.inf).exp_().view(*lead, groups, per_group, chunk, chunk)
-        mixing.mul_(scores[:, :, :, None]).diagonal(0, -2, -1).add_(self.d.view(groups, per_group, 1))
+        shifted = a_cum - dt.log()
+        mixing = intra_chunk_weights(a_cum, shifted, scores, self.d)  # the same in one C pass, where it is had
+        if mixing is None:
+            # Masked before exp: above the diagonal the exponent is positive and could overflow (inf * 0 = nan).
+            mixing = torch.sub(a_cum[..., :, None], shifted[..., None, :])
+            mixing = mixing.masked_fill_(self.upper, -torch.inf).exp_().view(*lead, groups, per_group, chunk, chunk)
+            mixing.mul_(scores[:, :, :, None]).diagonal(0, -2, -1).add_(self.d.view(groups, per_group, 1))
         by_head = torch.empty(*lead, groups, per_group, chunk, dim, device=x.device)
         by_head.copy_(tokens.permute(0, 1, 3, 4, 2, 5))
         y_diag = mixing @ by_head  # [C, B, G, h, l, P]
