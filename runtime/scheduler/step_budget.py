@@ -4,102 +4,40 @@ target (`--decoding-step-tokens auto`), and how many prompts one prefill step ta
 A decoding stream waits for every step, so the longest it stalls while another request's prompt is prefilled is
 one step. A fixed token cap means different pauses on different models and hosts (256 tokens: ~60 ms on the 11M
 demo model, ~1 s on a 0.76B one). `PauseBudget` turns a time target into tokens from the engine's own step times:
-a line, step seconds = fixed + per-token x tokens, fitted to the recent prefill and mixed steps (`StepFit`). Until
-it has timed a prefill it gives the fixed default. A slower host or a busy minute moves the line within a few
-steps.
-
-Why a line and not a per-token average: a step's fixed part (Python, thread wake-ups, every weight read once)
-divided among few tokens reads as slow tokens, so an average shrinks the next step, which reads slower still. A
-0.76B Qwen3-Next fell that way to 32-token steps: an 8000-token prompt among decoding streams took 41.7 s
-(llama.cpp: 29.6 s), and the 4 x 4 shared-prefix workload's mean TTFT rose from 2.5 to 3.9 s.
+a smoothed per-token prefill cost (extend steps with enough prompt tokens that their fixed cost is small beside
+them) and a smoothed decode step (what the decode rows of a mixed step add). Until it has timed a prefill it gives
+the fixed default. A slower host or a busy minute shrinks the budget within a few steps; a faster one grows it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Weight of the newest step in the line's level (how fast steps are now): a busy minute on a shared host moves it
-# within a few steps, one outlier step by about a third.
+# Steps with fewer prompt tokens than this do not update the per-token cost: their fixed part (Python, the decode
+# rows, thread wake-ups) would read as a slow prefill.
+MIN_TIMED_TOKENS = 32
+# Weight of a new sample in the smoothed costs: a busy minute on a shared host moves the budget within a few
+# steps, one outlier step by a third.
 SMOOTHING = 0.3
-# The same for its shape (how much of a step is fixed cost), which the host's speed does not change: slow, so that
-# the noise of a shared host's steps averages out over ~20 of them.
-SHAPE_SMOOTHING = 0.05
-# The shape is a per-token average (no fixed cost) until this many steps' worth: two or three steps, one of them
-# slowed by the host, can make a line of any shape.
-MIN_SHAPE_STEPS = 8.0
-# Steps of about one size (every chunk at the cap) say nothing about how a step's time splits into fixed and
-# per-token parts: while the sizes' weighted spread (standard deviation over mean) is under this, the fit keeps its
-# last fixed cost and moves only the per-token cost (a slower host shows as slower tokens).
-MIN_SPREAD = 0.3
-# In the shape's fit a step counts as at most this many times what the line says: a step slowed by a busy moment of
-# the shared host (or a page-in) would otherwise read as a large fixed cost. The level takes it as it is, so a
-# lasting slowdown still shows within a few steps.
-MAX_SURPRISE = 1.5
-# The cap at most doubles from one step to the next: a line that a few odd steps bent does not turn into one
-# step of thousands of tokens; the larger step's own time then corrects it.
-MAX_GROWTH = 2
-# A step is never so small that its fixed cost is more than this share of it: where the target cannot be met
-# otherwise, the pause is what prefilling at 90% of full speed takes, not a spiral of ever smaller, ever less
-# efficient steps. Measured prefills (16 to 512 tokens, 2 threads, a loaded host) fit 0.34 s + 15.3 ms a token on
-# the 0.76B Qwen3-Next (so ~200 tokens: what the former 256-token floor gave) and 7.4 ms + 0.30 ms a token on the
-# 11M demo model (~220 tokens, under what its 100 ms target allows, ~290).
-MAX_FIXED_SHARE = 0.1
-# The cap is a multiple of GRANULARITY tokens (a chunk that is not pays for the padded scan chunk of the recurrent
-# layers: 64 tokens for the delta rule, a Mamba2 model's chunk size) and at most MAX_TOKENS.
-GRANULARITY = 32
+# The cap stays within these bounds and is a multiple of GRANULARITY tokens (a chunk that is not pays for the
+# padded scan chunk of the recurrent layers: 64 tokens for the delta rule, a Mamba2 model's chunk size). The floor
+# is a step that still amortises its fixed costs: the per-token cost is measured on the steps the budget makes, so a
+# small step (whose fixed part, e.g. every expert's weights read once, reads as a slow prefill) shrinks the next
+# one. Without it a 0.76B Qwen3-Next fell to 32-token steps: an 8000-token prompt among decoding streams took
+# 41.7 s (llama.cpp: 29.6 s), and the 4 x 4 shared-prefix workload's mean TTFT rose from 2.5 to 3.9 s. At that size
+# the floor's step is the pause (~1 s); the target holds where 256 tokens take less than it (the tiny demo model).
+# Measured (2 threads, a loaded host): that model's prefills cost 25 ms a token at 32 tokens, 18 at 128, 15.7 at
+# 256 and 16.2 at 512, a line of 0.34 s + 15.3 ms a token, so 256 tokens is where the fixed part falls to about a
+# tenth. A fitted line (fixed + per-token cost) in place of the average and the floor spiralled as well: the
+# budget's own steps are all of one size, which cannot tell the two parts apart, and a step's cost also grows with
+# its position in the prompt (attention over the prefix), which a line in the step's tokens reads as no fixed cost.
+MIN_TOKENS = 256
 MAX_TOKENS = 2048
+GRANULARITY = 32
 
 
-@dataclass
-class StepFit:
-    """Step seconds against the tokens a forward computes (prompt tokens plus decode rows), as a line
-    seconds = token_s * (fixed_tokens + tokens): its shape, the fixed cost in tokens' worth, from a slow exponentially
-    weighted least-squares fit (a slower host scales both parts alike, so the shape holds), its level from a fast
-    average (SMOOTHING) of the recent steps."""
-
-    weight: float = 0.0  # the slow fit's sums of the samples' weights, of w*x, w*x^2, w*y and w*x*y
-    x: float = 0.0
-    xx: float = 0.0
-    y: float = 0.0
-    xy: float = 0.0
-    recent_tokens: float = 0.0  # the fast averages
-    recent_s: float = 0.0
-    fixed_tokens: float = 0.0
-    token_s: float = 0.0
-
-    @property
-    def fixed_s(self) -> float:
-        return self.fixed_tokens * self.token_s
-
-    def add(self, tokens: int, seconds: float) -> None:
-        if self.weight:
-            self.recent_tokens += SMOOTHING * (tokens - self.recent_tokens)
-            self.recent_s += SMOOTHING * (seconds - self.recent_s)
-            seconds = min(seconds, MAX_SURPRISE * self.token_s * (self.fixed_tokens + tokens))
-        else:
-            self.recent_tokens, self.recent_s = tokens, seconds
-        keep = 1.0 - SHAPE_SMOOTHING
-        self.weight = keep * self.weight + 1.0
-        self.x = keep * self.x + tokens
-        self.xx = keep * self.xx + tokens * tokens
-        self.y = keep * self.y + seconds
-        self.xy = keep * self.xy + tokens * seconds
-        mean_x, mean_s = self.x / self.weight, self.y / self.weight
-        variance = self.xx / self.weight - mean_x * mean_x
-        if self.weight >= MIN_SHAPE_STEPS and variance > (MIN_SPREAD * mean_x) ** 2:
-            slope = (self.xy / self.weight - mean_x * mean_s) / variance
-            if slope > 0:
-                # Noise can put the line's foot below zero: no fixed cost then.
-                self.fixed_tokens = max(mean_s / slope - mean_x, 0.0)
-        self.token_s = self.recent_s / (self.fixed_tokens + self.recent_tokens)
-
-    def tokens_within(self, seconds: float) -> float:
-        """The tokens a forward computes in `seconds`, by the line (negative where its fixed cost alone exceeds)."""
-        return seconds / self.token_s - self.fixed_tokens
-
-    def amortising_tokens(self) -> float:
-        """The tokens a forward needs for its fixed cost to be MAX_FIXED_SHARE of it."""
-        return self.fixed_tokens * (1.0 - MAX_FIXED_SHARE) / MAX_FIXED_SHARE
+def _smooth(old: float | None, sample: float) -> float:
+    return sample if old is None else old + SMOOTHING * (sample - old)
 
 
 @dataclass
@@ -108,32 +46,29 @@ class PauseBudget:
 
     target_s: float
     initial_tokens: int  # until a prefill has been timed, the step's tokens, decode rows included
-    fit: StepFit | None = None
-    last_tokens: int = 0  # the budget last given (0: none yet)
+    token_s: float | None = None  # smoothed seconds per prompt token
+    decode_s: float | None = None  # smoothed seconds of a decode step
 
     def observe(self, prompt_tokens: int, decode_rows: int, seconds: float) -> None:
-        """One step's wall time: a decode step (no prompt tokens), a prefill, or a mixed step (both). The decode
-        rows of a mixed step are rows of the same forward, so they count as its tokens; a decode-only step runs
-        another path (the native decode) whose time says little about a forward's, and is left out."""
+        """One step's wall time: a decode step (no prompt tokens), a prefill, or a mixed step (both)."""
         if prompt_tokens == 0:
+            if decode_rows:
+                self.decode_s = _smooth(self.decode_s, seconds)
             return
-        if self.fit is None:
-            self.fit = StepFit()
-        self.fit.add(prompt_tokens + decode_rows, seconds)
+        if prompt_tokens < MIN_TIMED_TOKENS:
+            return
+        rows_s = (self.decode_s or 0.0) if decode_rows else 0.0
+        # A decode step slower than the whole step (a busy moment when it was timed) must not make the prompt's
+        # tokens free: they cost at least half the step.
+        self.token_s = _smooth(self.token_s, max(seconds - rows_s, seconds / 2) / prompt_tokens)
 
     def prompt_tokens(self, decoding: int) -> int:
         """This step's prompt-token budget while `decoding` requests decode (at least one token)."""
-        if self.fit is None:
+        if self.token_s is None:
             return max(self.initial_tokens - decoding, 1)
-        if self.fit.fixed_s <= self.target_s / 2:  # the target leaves the tokens at least the fixed cost's time
-            tokens = int(max(self.fit.tokens_within(self.target_s) - decoding, 0.0)) // GRANULARITY
-        else:
-            tokens = -int(-max(self.fit.amortising_tokens() - decoding, 0.0) // GRANULARITY)  # rounded up
-        tokens = min(max(tokens, 1) * GRANULARITY, MAX_TOKENS)
-        if self.last_tokens:
-            tokens = min(tokens, MAX_GROWTH * self.last_tokens)
-        self.last_tokens = tokens
-        return tokens
+        spare = self.target_s - (self.decode_s or 0.0)
+        tokens = int(max(spare, 0.0) / self.token_s) // GRANULARITY * GRANULARITY
+        return min(max(tokens, MIN_TOKENS), MAX_TOKENS)
 
 
 def fits(step_tokens: int, chunk: int, limit: int) -> bool:
