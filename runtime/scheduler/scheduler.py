@@ -140,15 +140,20 @@ class Scheduler:
         if problem:
             self.finish(req, abort_reason(problem, 400, "BadRequestError"))
             return
-        req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
-        if g.sampling.seed is not None:
-            req.generator = self.new_generator(g.sampling.seed)
+        self.apply_sampling_limits(req, g)
         if req.max_new_tokens == 0 and lp.prompt_start(req) >= len(req.prompt_ids) - 1:
             lp.close_prompt(req)
             self.finish(req, {"type": "length", "length": 0})
             return  # (with prompt logprobs asked for, the prompt is still run: SGLang's scoring requests)
         if not self.forks.hold(req, g.fork_of if self.spec is None else None, self.waiting + self.running):
             self.waiting.append(req)
+
+    def apply_sampling_limits(self, req: Req, g: GenerateRequest) -> None:
+        """A new request's output limit (what the context leaves after its prompt) and its own generator (a seeded
+        request), for a queued request and a PD-transferred one alike (transferred.py)."""
+        req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
+        if g.sampling.seed is not None:
+            req.generator = self.new_generator(g.sampling.seed)
 
     def abort(self, rid: str, message: str = "Aborted by the client.", status_code: int = 499) -> bool:
         """Free everything the request holds and finish it as aborted. False when the rid is unknown."""

@@ -38,9 +38,7 @@ def admit_transferred(
     prompt = list(g.input_ids)
     n = len(prompt)
     req = Req(g.rid, prompt, g.sampling, on_output, g.return_logprob, sched.next_arrival())
-    req.max_new_tokens = min(g.sampling.max_new_tokens, sched.config.context_len - n)
-    if g.sampling.seed is not None:
-        req.generator = sched.new_generator(g.sampling.seed)
+    sched.apply_sampling_limits(req, g)
     # One token of the prompt stands in for it: a transferred request never reuses this server's cached
     # prefixes (their pages would be overwritten with the transfer), and admit() then matches nothing.
     admission, mem = sched.cache.admit(prompt[:1], n + req.max_new_tokens - 1)
