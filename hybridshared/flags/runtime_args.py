@@ -10,13 +10,18 @@ This module does not import torch: parsing and checking the command line is inst
 
 from __future__ import annotations
 
-import argparse
 import operator
-import re
 from dataclasses import asdict, dataclass
-from decimal import Decimal
 
 from hybridshared.flags.fields import flag, group_flags
+from hybridshared.flags.flag_types import (
+    fraction,
+    human_readable_int,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    step_tokens,
+)
 
 PROG = "python -m runtime"
 
@@ -29,7 +34,6 @@ DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS = 128  # the runtime's own (runtime/engi
 # engine has timed a prefill, and with a fixed cap, this many. Elsewhere no cap but chunked_prefill_size (a GPU
 # computes a long chunk in milliseconds).
 DEFAULT_CPU_DECODING_STEP_TOKENS = 256
-AUTO = "auto"
 # The longest a decoding stream should stall for another request's prefill under --decoding-step-tokens auto: a
 # reader takes about 180 ms per token (250 words a minute, ~1.3 tokens a word), so a shorter stall is not seen in
 # a stream read as it arrives; steps overshoot the estimate by up to a third (195 ms at a 150 ms target on the
@@ -58,58 +62,6 @@ GRAMMAR_BACKENDS = ("llguidance", "none")  # SGLang also has xgrammar (its defau
 SPEC = "speculative decoding (runtime/speculative)"
 PD = "prefill/decode disaggregation (runtime/pd)"
 OWN = "bundled-runtime flags (no SGLang equivalent)"
-
-
-def human_readable_int(value: str) -> int:
-    """SGLang's integer syntax for token counts: 4096, 25.6k, 1M (SI) or 8Ki (IEC)."""
-    value = value.strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
-    if match:
-        number, suffix = match.groups()
-        iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-        si = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-        if suffix in iec:
-            if "." in number:
-                raise argparse.ArgumentTypeError(f"decimals are not allowed with IEC suffixes like '{suffix}'")
-            return int(number) * iec[suffix]
-        return int(Decimal(number) * si[suffix])
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {value!r} (examples: 4096, 32k, 8Ki)") from None
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
-
-
-def _non_negative_int(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
-    return number
-
-
-def _fraction(value: str) -> float:
-    number = float(value)
-    if not 0.0 < number < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {number}")
-    return number
-
-
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if not number > 0.0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {number}")
-    return number
-
-
-def _step_tokens(value: str) -> int | str:
-    """--decoding-step-tokens: "auto" or a token count (checked in runtime_parser._check_values)."""
-    return AUTO if value.strip().lower() == AUTO else human_readable_int(value)
 
 
 def _engine_dtype(dtype: str) -> str:
@@ -141,23 +93,23 @@ class RuntimeArgs:
     device: str = flag(
         "--device", default="auto", choices=DEVICES, help="cpu, cuda, or auto (cuda when available).", engine=None
     )
-    page_size: int | None = flag("--page-size", type=_positive_int, help="Tokens per KV page (default 1).")
+    page_size: int | None = flag("--page-size", type=positive_int, help="Tokens per KV page (default 1).")
     disable_radix_cache: bool = flag("--disable-radix-cache", default=False, help="Turn the prefix cache off.")
     mem_fraction_static: float | None = flag(
-        "--mem-fraction-static", type=_fraction, help="Fraction of memory for weights and pools."
+        "--mem-fraction-static", type=fraction, help="Fraction of memory for weights and pools."
     )
     mamba_full_memory_ratio: float | None = flag(
-        "--mamba-full-memory-ratio", type=_positive_float, help="State-pool bytes per KV byte (0.9)."
+        "--mamba-full-memory-ratio", type=positive_float, help="State-pool bytes per KV byte (0.9)."
     )
     max_mamba_cache_size: int | None = flag(
-        "--max-mamba-cache-size", type=_positive_int, help="Number of recurrent-state slots."
+        "--max-mamba-cache-size", type=positive_int, help="Number of recurrent-state slots."
     )
     mamba_ssm_dtype: str | None = flag("--mamba-ssm-dtype", choices=MAMBA_SSM_DTYPES, help="dtype of the SSM state.")
     mamba_radix_cache_strategy: str = flag("--mamba-radix-cache-strategy", default="auto", choices=MAMBA_STRATEGIES)
     mamba_track_interval: int | None = flag(
-        "--mamba-track-interval", type=_positive_int, help="Tokens between state checkpoints."
+        "--mamba-track-interval", type=positive_int, help="Tokens between state checkpoints."
     )
-    max_running_requests: int | None = flag("--max-running-requests", type=_positive_int)
+    max_running_requests: int | None = flag("--max-running-requests", type=positive_int)
     max_total_tokens: int | None = flag(
         "--max-total-tokens", type=human_readable_int, help="Cap on the KV pool in tokens."
     )
@@ -173,7 +125,7 @@ class RuntimeArgs:
     )
     max_prefill_tokens: int | None = flag(
         "--max-prefill-tokens",
-        type=_positive_int,
+        type=positive_int,
         help=f"A prefill step takes further prompts only while its prompt tokens stay within this (its first "
         f"chunk is never cut by it; default {DEFAULT_CPU_MAX_PREFILL_TOKENS} on CPU, "
         f"{DEFAULT_MAX_PREFILL_TOKENS} elsewhere).",
@@ -240,7 +192,7 @@ class RuntimeArgs:
     torch_compile_max_bs: int = flag(
         "--torch-compile-max-bs",
         default=DEFAULT_TORCH_COMPILE_MAX_BS,
-        type=_positive_int,
+        type=positive_int,
         help=f"Largest compiled decode batch ({DEFAULT_TORCH_COMPILE_MAX_BS}).",
     )
 
@@ -259,14 +211,14 @@ class RuntimeArgs:
         group=SPEC,
     )
     speculative_num_steps: int | None = flag(
-        "--speculative-num-steps", type=_positive_int, help="Drafts per verify round (3).", group=SPEC
+        "--speculative-num-steps", type=positive_int, help="Drafts per verify round (3).", group=SPEC
     )
     speculative_eagle_topk: int | None = flag(
-        "--speculative-eagle-topk", type=_positive_int, help="Draft tree width; only 1.", group=SPEC
+        "--speculative-eagle-topk", type=positive_int, help="Draft tree width; only 1.", group=SPEC
     )
     speculative_num_draft_tokens: int | None = flag(
         "--speculative-num-draft-tokens",
-        type=_positive_int,
+        type=positive_int,
         help="Tokens per verify forward (steps + 1).",
         group=SPEC,
     )
@@ -290,7 +242,7 @@ class RuntimeArgs:
     # The bundled runtime's own flags: seed keys SGLang has no flag for (SGLang builds these into its cache).
     memory_budget_gib: float | None = flag(
         "--memory-budget-gib",
-        type=_positive_float,
+        type=positive_float,
         help="Memory treated as the device's (4 GiB).",
         group=OWN,
     )
@@ -323,7 +275,7 @@ class RuntimeArgs:
     )
     # Applied by the server process (torch.set_num_threads) before the engine starts.
     num_threads: int | None = flag(
-        "--num-threads", type=_positive_int, help="torch CPU threads.", group=OWN, engine=None
+        "--num-threads", type=positive_int, help="torch CPU threads.", group=OWN, engine=None
     )
     disable_mamba_state_sandbox: bool = flag(
         "--disable-mamba-state-sandbox",
@@ -343,7 +295,7 @@ class RuntimeArgs:
     elastic_realloc_timeout_s: float = flag(
         "--elastic-realloc-timeout-s",
         default=5.0,
-        type=_positive_float,
+        type=positive_float,
         help="Deadline of one move (5).",
         group=OWN,
     )
@@ -373,7 +325,7 @@ class RuntimeArgs:
     torch_compile_max_extend_tokens: int = flag(
         "--torch-compile-max-extend-tokens",
         default=DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS,
-        type=_non_negative_int,
+        type=non_negative_int,
         help=f"With --enable-torch-compile: longest one-sequence extend run compiled "
         f"({DEFAULT_TORCH_COMPILE_MAX_EXTEND_TOKENS}; 0: extends stay eager).",
         group=OWN,
@@ -396,7 +348,7 @@ class RuntimeArgs:
     )
     decoding_step_tokens: int | str | None = flag(
         "--decoding-step-tokens",
-        type=_step_tokens,
+        type=step_tokens,
         help="While requests decode, the most tokens one step computes, decode rows included: a long prompt "
         "pauses a decoding stream for one such step. auto (the CPU default): the prompt tokens the engine "
         "computes in --decode-pause-target-ms beside the decode rows, from its measured step times "
@@ -407,7 +359,7 @@ class RuntimeArgs:
     decode_pause_target_ms: float = flag(
         "--decode-pause-target-ms",
         default=DEFAULT_DECODE_PAUSE_TARGET_MS,
-        type=_positive_float,
+        type=positive_float,
         help=f"With --decoding-step-tokens auto: the longest a step should take while requests decode "
         f"(default {DEFAULT_DECODE_PAUSE_TARGET_MS:g}).",
         group=OWN,

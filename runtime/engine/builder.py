@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridshared.flags.flag_types import AUTO
 from hybridshared.flags.runtime_args import (
-    AUTO,
     DEFAULT_CPU_DECODING_STEP_TOKENS,
     DEFAULT_CPU_MAX_PREFILL_TOKENS,
     DEFAULT_MAX_PREFILL_TOKENS,

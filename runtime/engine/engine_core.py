@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from hybridshared.flags.runtime_args import AUTO
+from hybridshared.flags.flag_types import AUTO
 from runtime.core.config import EngineArgs
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput
 from runtime.engine.builder import EngineParts, build_engine
 from runtime.kvcache.cache_manager import Admission
 from runtime.scheduler.request import Req
-from runtime.scheduler.scheduler import Transferred
+from runtime.scheduler.transferred import Transferred, admit_transferred
 
 logger = logging.getLogger("runtime.engine")
 
@@ -85,8 +85,8 @@ class EngineCore(EngineParts):
         transferred: Transferred,
         write: Callable[[int, torch.Tensor], None],
     ) -> Admission:
-        """Admit a request whose prompt another engine computed (Scheduler.admit_transferred)."""
-        return self.scheduler.admit_transferred(g, on_output, transferred, write)
+        """Admit a request whose prompt another engine computed (runtime/scheduler/transferred.py)."""
+        return admit_transferred(self.scheduler, g, on_output, transferred, write)
 
     def check_invariants(self) -> None:
         """Pool accounting (free + cached + in-use == total, nothing in two places); raises AssertionError."""

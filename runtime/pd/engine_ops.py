@@ -16,7 +16,7 @@ import torch
 from runtime.core.requests import GenerateRequest, RequestOutput
 from runtime.pd.protocol import Staged, TransferError
 from runtime.scheduler.request import Req
-from runtime.scheduler.scheduler import Transferred
+from runtime.scheduler.transferred import Transferred
 
 if TYPE_CHECKING:
     from runtime.engine.engine_core import EngineCore

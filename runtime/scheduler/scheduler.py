@@ -21,7 +21,8 @@ shares a long uncached prefix with a request in prefill waits until that prefix'
 (`prefix_sharing.py`), so requests that arrive together compute a shared system prompt once.
 
 Which prompt chunks a step takes is `admission.py`; sampling and emitting a step's tokens is `emit.py`; the
-settings are `config.py`.
+settings are `config.py`; admitting a request whose prompt another engine computed (PD decode) is
+`transferred.py`.
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from runtime.core.batch import ForwardBatch, ScheduledBatch
 from runtime.core.requests import EngineStats, GenerateRequest, RequestOutput, prompt_problem
-from runtime.kvcache.cache_manager import Admission, CacheManager
+from runtime.kvcache.cache_manager import CacheManager
 from runtime.scheduler import logprobs as lp
 from runtime.scheduler.admission import PrefillAdmission
 from runtime.scheduler.batches import BatchBuilder, split_mixed
@@ -140,15 +140,20 @@ class Scheduler:
         if problem:
             self.finish(req, abort_reason(problem, 400, "BadRequestError"))
             return
-        req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
-        if g.sampling.seed is not None:
-            req.generator = self.new_generator(g.sampling.seed)
+        self.apply_sampling_limits(req, g)
         if req.max_new_tokens == 0 and lp.prompt_start(req) >= len(req.prompt_ids) - 1:
             lp.close_prompt(req)
             self.finish(req, {"type": "length", "length": 0})
             return  # (with prompt logprobs asked for, the prompt is still run: SGLang's scoring requests)
         if not self.forks.hold(req, g.fork_of if self.spec is None else None, self.waiting + self.running):
             self.waiting.append(req)
+
+    def apply_sampling_limits(self, req: Req, g: GenerateRequest) -> None:
+        """A new request's output limit (what the context leaves after its prompt) and its own generator (a seeded
+        request), for a queued request and a PD-transferred one alike (transferred.py)."""
+        req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - len(req.prompt_ids))
+        if g.sampling.seed is not None:
+            req.generator = self.new_generator(g.sampling.seed)
 
     def abort(self, rid: str, message: str = "Aborted by the client.", status_code: int = 499) -> bool:
         """Free everything the request holds and finish it as aborted. False when the rid is unknown."""
@@ -338,44 +343,6 @@ class Scheduler:
         else:
             req.on_output(req.take_output())
 
-    def admit_transferred(
-        self,
-        g: GenerateRequest,
-        on_output: Callable[[RequestOutput], None],
-        transferred: Transferred,
-        write: Callable[[int, torch.Tensor], None],
-    ) -> Admission:
-        """Admit a request whose prompt another engine computed (PD decode): it takes a state slot and a KV
-        reservation like any admitted request, `write(slot, kv_locs)` fills in the prompt's KV and state, and it
-        joins the running batch at its first output token. Not ok: wait (no message) or never (message)."""
-        if len(self.running) >= self.config.max_running_requests:
-            return Admission(False)
-        prompt = list(g.input_ids)
-        n = len(prompt)
-        req = Req(g.rid, prompt, g.sampling, on_output, g.return_logprob, self.next_arrival())
-        req.max_new_tokens = min(g.sampling.max_new_tokens, self.config.context_len - n)
-        if g.sampling.seed is not None:
-            req.generator = self.new_generator(g.sampling.seed)
-        # One token of the prompt stands in for it: a transferred request never reuses this server's cached
-        # prefixes (their pages would be overwritten with the transfer), and admit() then matches nothing.
-        admission, mem = self.cache.admit(prompt[:1], n + req.max_new_tokens - 1)
-        if not admission.ok:
-            return admission
-        assert mem is not None and mem.slot is not None
-        write(mem.slot, torch.tensor(self.cache.grow(mem, n), dtype=torch.int64))
-        mem.kv_len = n
-        req.mem = mem
-        self.counters.num_requests_total += 1
-        self.counters.prompt_tokens_total += n
-        # The prefix cache that served this prompt is the prefill server's: report its hits, as one server would.
-        req.cached_tokens = transferred.cached_tokens
-        self.counters.cached_tokens_total += req.cached_tokens
-        self.running.append(req)
-        logprobs = [transferred.first_logprob] if transferred.first_logprob is not None else None
-        _, reason = self.append_tokens(req, [transferred.first_token], logprobs if g.return_logprob else None)
-        self.emit(req, reason)
-        return admission
-
     def next_arrival(self) -> int:
         """The arrival number of a request admitted now (orders the waiting queue)."""
         return next(self._arrivals)
@@ -431,12 +398,3 @@ class Scheduler:
         assert len(self.running) <= self.config.max_running_requests
         assert all(r.mem is not None for r in self.running) and all(r.mem is None for r in self.waiting)
         assert len(self.cache.live) == len(self.running)
-
-
-@dataclass(frozen=True)
-class Transferred:
-    """What the prefill engine computed for a transferred request besides its KV and state."""
-
-    first_token: int
-    first_logprob: float | None = None
-    cached_tokens: int = 0

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from hybridshared.flags.engine_flags import sglang_flags
-from hybridshared.flags.runtime_args import RUNTIME_ONLY_FLAGS, human_readable_int
+from hybridshared.flags.flag_types import human_readable_int
+from hybridshared.flags.runtime_args import RUNTIME_ONLY_FLAGS
 from hybridshared.flags.runtime_parser import build_parser, parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -57,6 +57,26 @@ def test_bounds_and_the_start() -> None:
     assert fresh.prompt_tokens(4) == DEFAULT_CPU_DECODING_STEP_TOKENS - 4  # nothing timed yet: the fixed default
 
 
+@pytest.mark.parametrize(
+    ("fixed_s", "token_s", "want"),
+    [
+        (0.34, 0.0153, 256),  # the 0.76B Qwen3-Next, measured: no step meets 100 ms; the floor, no spiral
+        (0.0074, 0.0003, 288),  # the demo model, measured: (100 ms - a decode step) / 0.3 ms a token
+    ],
+)
+def test_the_budgets_own_steps_settle(fixed_s: float, token_s: float, want: int) -> None:
+    # Step after step the budget is timed on the sizes it gave (4 decode rows beside), from a whole prompt first.
+    b = PauseBudget(0.1, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    b.observe(576, 0, fixed_s + token_s * 576)
+    caps = []
+    for _ in range(20):
+        caps.append(b.prompt_tokens(4))
+        b.observe(caps[-1], 4, fixed_s + token_s * (caps[-1] + 4))
+        b.observe(0, 4, fixed_s / 3)  # a decode step: the native path, cheaper than a forward's fixed part
+    assert caps[-5:] == [want] * 5
+    assert min(caps) >= 256  # no step of the spiral
+
+
 def test_the_budget_follows_a_slower_host_within_a_few_steps() -> None:
     b = PauseBudget(0.15, DEFAULT_CPU_DECODING_STEP_TOKENS)
     b.observe(512, 0, 512 * 0.00005)
