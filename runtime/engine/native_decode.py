@@ -12,11 +12,10 @@ extends (it needs no warm-up).
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM (MoE blocks without
 latent projections; runtime/engine/native_nemotron.py), GraniteHybridForCausalLM (runtime/engine/
 native_granite.py), KimiLinearForCausalLM (runtime/engine/native_kimi.py) and FalconH1ForCausalLM
-(runtime/engine/native_falcon.py; the Mamba2, Kimi-Linear and Falcon-H1 families decode rows only, their extends
-stay torch's) on CPU with fp32 or bf16 weights
-(each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
-what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
-runs.
+(runtime/engine/native_falcon.py; the Kimi-Linear family decodes rows only, its extends stay torch's) on CPU with
+fp32 or bf16 weights (each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the
+step computes exactly what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says
+why and the torch path runs.
 
 Threads: the C step splits its weight rows over a pool of its own (runtime/native/parallel.h) of as many threads as
 the process's torch thread count (`--num-threads`) and the cores it may run on allow; RUNTIME_NATIVE_DECODE_THREADS
@@ -53,7 +52,6 @@ from runtime.native.build import NativeUnavailable
 from runtime.native.decode_structs import WEIGHT_DTYPES
 from runtime.native.decode_weights import (
     ATTENTION_KIND,
-    KDA_KIND,
     LINEAR_KIND,
     AttentionWeights,
     DecodeWeights,
@@ -294,7 +292,7 @@ class NativeDecode:
         self._sources = _derived_sources(model)
         self._key: tuple[tuple[int, int], ...] | None = None
         self.kernel = self._rebuild()
-        # A model the C step runs decode rows of only (Mamba2 layers): its extends stay torch's.
+        # A model the C step runs decode rows of only (KDA and MLA layers): its extends stay torch's.
         self.extends_model = self.kernel.weights.extends
         self.extends = self.extends and self.extends_model
         self._pool_key: tuple[int, ...] | None = None
@@ -312,10 +310,12 @@ class NativeDecode:
         return tuple((p.data_ptr(), _version(p)) for p in self._sources)
 
     def handles(self, batch: ForwardBatch) -> bool:
+        if self.extends and _short_extend(batch):
+            # Its state checkpoints too (the chain copies the state after their tokens), and every row's logits
+            # where asked for: a speculative verify of one request (runtime/speculative/worker.py).
+            return True
         if batch.all_logits:
             return False
-        if self.extends and _short_extend(batch):
-            return True  # its state checkpoints too: the chain copies the state after their tokens
         if batch.state_checkpoints:
             return False
         if batch.mode == "decode":
@@ -342,7 +342,8 @@ class NativeDecode:
             ids, positions, out_locs = _int64(batch.input_ids), _int64(batch.positions), _int64(batch.out_locs)
             slot = int(batch.state_slots[0])
             marks = batch.state_checkpoints[0] if batch.state_checkpoints else ()
-            return self.kernel.extend(ids, positions, out_locs, slot, _int64(kv_locs[0]), marks)
+            kv = _int64(kv_locs[0])
+            return self.kernel.extend(ids, positions, out_locs, slot, kv, marks, all_logits=batch.all_logits)
         lengths = [loc.numel() for loc in kv_locs]
         kv_flat = _int64(kv_locs[0]) if len(kv_locs) == 1 else torch.cat([_int64(loc) for loc in kv_locs])
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
@@ -365,7 +366,7 @@ class NativeDecode:
 
 def _short_extend(batch: ForwardBatch) -> bool:
     """An extend of ONE sequence by 2..EXTEND_MAX_TOKENS tokens (cached prefix or fresh, with or without state
-    checkpoints; the caller has ruled out per-token logits): the kernel runs its tokens as rows of one chain
+    checkpoints, the last token's logits or every token's): the kernel runs its tokens as rows of one chain
     (HDStep.chain)."""
     return batch.mode == "extend" and len(batch.extend_lens) == 1 and 2 <= batch.extend_lens[0] <= EXTEND_MAX_TOKENS
 
@@ -417,8 +418,7 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
     if native.extends:
         extends = "; short extends"
     elif not native.extends_model:
-        kinds = "KDA and MLA" if any(lw.kind == KDA_KIND for lw in native.kernel.weights.layers) else "Mamba2"
-        extends = f"; short extends off ({kinds} layers: decode rows only)"
+        extends = "; short extends off (KDA and MLA layers: decode rows only)"
     else:
         extends = f"; short extends off ({EXTEND_ENV}=0)"
     return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}{extends}")
