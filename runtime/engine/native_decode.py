@@ -311,9 +311,10 @@ class NativeDecode:
 
     def handles(self, batch: ForwardBatch) -> bool:
         if self.extends and _short_extend(batch):
-            # Its state checkpoints too (the chain copies the state after their tokens), and every row's logits
-            # where asked for: a speculative verify of one request (runtime/speculative/worker.py).
-            return True
+            # Its state checkpoints too (the chain copies the state after their tokens). Every row's logits only
+            # with checkpoints: an in-forward speculative verify of one request (runtime/speculative/worker.py);
+            # without them a verify's states go to a sandbox that only the torch mixers write to.
+            return not batch.all_logits or bool(batch.state_checkpoints)
         if batch.all_logits:
             return False
         if batch.state_checkpoints:

@@ -179,7 +179,9 @@ def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     assert not native.handles(longer)  # a prefill: torch's GEMMs and SDPA
     per_token = copy.copy(batch)
     per_token.all_logits = True
-    assert native.handles(per_token)  # a speculative verify: every row's logits
+    assert not native.handles(per_token)  # no checkpoints: a sandboxed verify, whose mixers step in torch
+    per_token.state_checkpoints = [[(1, 1)]]
+    assert native.handles(per_token)  # an in-forward verify: every row's logits, the states checkpointed
     marked = copy.copy(batch)
     marked.state_checkpoints = [[(2, 1)]]
     assert native.handles(marked)  # the chain copies the state after the checkpoint's tokens
