@@ -297,6 +297,7 @@ class NativeDecode:
         self.extends = self.extends and self.extends_model
         self._pool_key: tuple[int, ...] | None = None
         self.steps = 0
+        self.verifies = 0  # of the steps, the speculative verify chains (every row's logits)
 
     def _rebuild(self) -> HybridDecodeKernel:
         try:
@@ -344,6 +345,7 @@ class NativeDecode:
             slot = int(batch.state_slots[0])
             marks = batch.state_checkpoints[0] if batch.state_checkpoints else ()
             kv = _int64(kv_locs[0])
+            self.verifies += batch.all_logits
             return self.kernel.extend(ids, positions, out_locs, slot, kv, marks, all_logits=batch.all_logits)
         lengths = [loc.numel() for loc in kv_locs]
         kv_flat = _int64(kv_locs[0]) if len(kv_locs) == 1 else torch.cat([_int64(loc) for loc in kv_locs])
