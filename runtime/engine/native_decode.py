@@ -12,11 +12,10 @@ extends (it needs no warm-up).
 Applies to: Qwen3NextForCausalLM (qwen3_next, qwen3_5, qwen3_5_moe), NemotronHForCausalLM (MoE blocks without
 latent projections; runtime/engine/native_nemotron.py), GraniteHybridForCausalLM (runtime/engine/
 native_granite.py), KimiLinearForCausalLM (runtime/engine/native_kimi.py) and FalconH1ForCausalLM
-(runtime/engine/native_falcon.py; the Mamba2, Kimi-Linear and Falcon-H1 families decode rows only, their extends
-stay torch's) on CPU with fp32 or bf16 weights
-(each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the step computes exactly
-what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says why and the torch path
-runs.
+(runtime/engine/native_falcon.py; the Kimi-Linear family decodes rows only, its extends stay torch's) on CPU with
+fp32 or bf16 weights (each weight matrix read in place in its own dtype; bf16 widened to fp32 in registers, so the
+step computes exactly what it computes on fp32 weights rounded to bf16) and fp32 pools; elsewhere the status says
+why and the torch path runs.
 
 Threads: the C step splits its weight rows over a pool of its own (runtime/native/parallel.h) of as many threads as
 the process's torch thread count (`--num-threads`) and the cores it may run on allow; RUNTIME_NATIVE_DECODE_THREADS
@@ -53,8 +52,9 @@ from runtime.native.build import NativeUnavailable
 from runtime.native.decode_structs import WEIGHT_DTYPES
 from runtime.native.decode_weights import (
     ATTENTION_KIND,
-    KDA_KIND,
     LINEAR_KIND,
+    MAMBA2_KIND,
+    PARALLEL_KIND,
     AttentionWeights,
     DecodeWeights,
     DeltaNetWeights,
@@ -83,6 +83,12 @@ THREADS_ENV = "RUNTIME_NATIVE_DECODE_THREADS"  # pins the native step's thread c
 # 1.8-1.9x for fresh prompts of 128-512. It wins past 512 too (1.3x at 1024 after 2000, up to 1.7x for a fresh
 # 2048); those stay torch prefills until a chain that long is checked against transformers (the docs say why).
 EXTEND_MAX_TOKENS = 512
+# The longest chain of a model with Mamba2 layers (Nemotron-H, Granite-4.0-H, Falcon-H1), by weight dtype: their
+# dense layers make an extend's projections compute-bound sooner. Real Nemotron-H, 2 threads, after 300 cached
+# tokens, process CPU, median of 3 (chain and torch extend interleaved in one process): bf16 4 tokens 193 vs 343 ms,
+# 8 260 vs 397, 16 589 vs 473, 48 1391 vs 701 (torch's bf16 matmul beats the C step's fp32 FMAs past ~12 rows);
+# fp32 8 375 vs 886, 16 605 vs 976, 32 994 vs 1178. A speculative verify (steps + 1 tokens) stays well inside.
+MAMBA2_EXTEND_MAX_TOKENS = {torch.bfloat16: 8, torch.float32: 32}
 # "0": leave those extends to the torch path. On by default: its attention (query rows as
 # vector lanes) and GEMMs made the warm request's 48-token extend ~1.5x faster than torch's GEMMs and SDPA around
 # the short-extend kernels (docs/performance.md, "Runtime hot path").
@@ -294,11 +300,16 @@ class NativeDecode:
         self._sources = _derived_sources(model)
         self._key: tuple[tuple[int, int], ...] | None = None
         self.kernel = self._rebuild()
-        # A model the C step runs decode rows of only (Mamba2 layers): its extends stay torch's.
+        # A model the C step runs decode rows of only (KDA and MLA layers): its extends stay torch's.
         self.extends_model = self.kernel.weights.extends
         self.extends = self.extends and self.extends_model
+        # The longest extend taken as one chain (see MAMBA2_EXTEND_MAX_TOKENS).
+        self.chain_max_tokens = EXTEND_MAX_TOKENS
+        if any(lw.kind in (MAMBA2_KIND, PARALLEL_KIND) for lw in self.kernel.weights.layers):
+            self.chain_max_tokens = MAMBA2_EXTEND_MAX_TOKENS.get(model.weight_dtype, 8)
         self._pool_key: tuple[int, ...] | None = None
         self.steps = 0
+        self.verifies = 0  # of the steps, the speculative verify chains (every row's logits)
 
     def _rebuild(self) -> HybridDecodeKernel:
         try:
@@ -312,10 +323,13 @@ class NativeDecode:
         return tuple((p.data_ptr(), _version(p)) for p in self._sources)
 
     def handles(self, batch: ForwardBatch) -> bool:
+        if self.extends and _short_extend(batch, self.chain_max_tokens):
+            # Its state checkpoints too (the chain copies the state after their tokens). Every row's logits only
+            # with checkpoints: an in-forward speculative verify of one request (runtime/speculative/worker.py);
+            # without them a verify's states go to a sandbox that only the torch mixers write to.
+            return not batch.all_logits or bool(batch.state_checkpoints)
         if batch.all_logits:
             return False
-        if self.extends and _short_extend(batch):
-            return True  # its state checkpoints too: the chain copies the state after their tokens
         if batch.state_checkpoints:
             return False
         if batch.mode == "decode":
@@ -338,11 +352,13 @@ class NativeDecode:
             # Set every step (one ctypes call, ~1 us): the library's pool is per process, shared by every instance.
             set_threads(self.library, self.threads)
         self.steps += 1
-        if self.extends and _short_extend(batch):
+        if self.extends and _short_extend(batch, self.chain_max_tokens):
             ids, positions, out_locs = _int64(batch.input_ids), _int64(batch.positions), _int64(batch.out_locs)
             slot = int(batch.state_slots[0])
             marks = batch.state_checkpoints[0] if batch.state_checkpoints else ()
-            return self.kernel.extend(ids, positions, out_locs, slot, _int64(kv_locs[0]), marks)
+            kv = _int64(kv_locs[0])
+            self.verifies += batch.all_logits
+            return self.kernel.extend(ids, positions, out_locs, slot, kv, marks, all_logits=batch.all_logits)
         lengths = [loc.numel() for loc in kv_locs]
         kv_flat = _int64(kv_locs[0]) if len(kv_locs) == 1 else torch.cat([_int64(loc) for loc in kv_locs])
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
@@ -363,11 +379,11 @@ class NativeDecode:
         return f"{self.threads} ({THREADS_ENV})" if self.pinned else str(self.threads)
 
 
-def _short_extend(batch: ForwardBatch) -> bool:
-    """An extend of ONE sequence by 2..EXTEND_MAX_TOKENS tokens (cached prefix or fresh, with or without state
-    checkpoints; the caller has ruled out per-token logits): the kernel runs its tokens as rows of one chain
+def _short_extend(batch: ForwardBatch, max_tokens: int) -> bool:
+    """An extend of ONE sequence by 2..max_tokens tokens (cached prefix or fresh, with or without state
+    checkpoints, the last token's logits or every token's): the kernel runs its tokens as rows of one chain
     (HDStep.chain)."""
-    return batch.mode == "extend" and len(batch.extend_lens) == 1 and 2 <= batch.extend_lens[0] <= EXTEND_MAX_TOKENS
+    return batch.mode == "extend" and len(batch.extend_lens) == 1 and 2 <= batch.extend_lens[0] <= max_tokens
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:
@@ -417,8 +433,7 @@ def native_decode_for(model: HybridModel, mode: str, device: str) -> tuple[Nativ
     if native.extends:
         extends = "; short extends"
     elif not native.extends_model:
-        kinds = "KDA and MLA" if any(lw.kind == KDA_KIND for lw in native.kernel.weights.layers) else "Mamba2"
-        extends = f"; short extends off ({kinds} layers: decode rows only)"
+        extends = "; short extends off (KDA and MLA layers: decode rows only)"
     else:
         extends = f"; short extends off ({EXTEND_ENV}=0)"
     return native, NativeStatus("on", f"{detail}; threads {native.describe_threads()}{extends}")

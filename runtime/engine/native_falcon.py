@@ -5,7 +5,7 @@ SwiGLU MLP with its gate and down multipliers. The Mamba2 mixer's in_proj sectio
 `ssm_multipliers` (a per-row fp32 vector, applied to the projection's output as torch does: folding it into the
 weight would round otherwise), and its output is gated alone (`mamba_rms_norm` false) or through Falcon's grouped
 gated RMSNorm, gate before or after the norm (`mamba_norm_before_gate`). The embedding multiplier is the C model's
-embed_scale, lm_head_multiplier its logits_mul. Decode rows only: the extends stay torch's."""
+embed_scale, lm_head_multiplier its logits_mul."""
 
 from __future__ import annotations
 

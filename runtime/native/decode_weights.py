@@ -143,6 +143,5 @@ class DecodeWeights:
 
     @property
     def extends(self) -> bool:
-        """Whether the C step runs an extend chain of this model (not over a Mamba2, KDA, MLA or parallel layer:
-        decode rows only)."""
-        return all(lw.kind not in (MAMBA2_KIND, KDA_KIND, MLA_KIND, PARALLEL_KIND) for lw in self.layers)
+        """Whether the C step runs an extend chain of this model (not over a KDA or MLA layer: decode rows only)."""
+        return all(lw.kind not in (KDA_KIND, MLA_KIND) for lw in self.layers)

@@ -326,13 +326,17 @@ static void attention_chain(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+/* A layer whose mixer runs attend(): an attention layer, or Falcon-H1's parallel one (hd_parallel.h); the extend
+ * scratch below is sized over both, or a parallel chain would write past it. */
+static inline int has_attention(const HDLayer *L) { return L->kind == HD_ATTENTION || L->kind == HD_PARALLEL; }
+
 /* Floats of one part's attention scratch (hd_decode gives every part its own): a score row of the longest span
  * in a decode step; an extend's block of scores (its span x 16 lanes), queries and outputs (attention_chain). */
 static int64_t attention_part(const HDModel *m, const HDStep *s, int64_t max_kv) {
     if (!s->chain) return max_kv;
     int64_t hd = 0;
     for (int64_t l = 0; l < m->n_layers; l++)
-        if (m->layers[l].kind == 1) hd = max64(hd, m->layers[l].hd);
+        if (has_attention(&m->layers[l])) hd = max64(hd, m->layers[l].hd);
     return 16 * (s->kv_offsets[s->batch] + 2 * hd);
 }
 
@@ -341,7 +345,7 @@ static int64_t attention_shared(const HDModel *m, const HDStep *s) {
     if (!s->chain) return 0;
     int64_t kvw = 0;
     for (int64_t l = 0; l < m->n_layers; l++)
-        if (m->layers[l].kind == 1) kvw = max64(kvw, m->layers[l].nkv * m->layers[l].hd);
+        if (has_attention(&m->layers[l])) kvw = max64(kvw, m->layers[l].nkv * m->layers[l].hd);
     return 2 * s->kv_offsets[s->batch] * kvw;
 }
 

@@ -6,7 +6,8 @@
  * The Mamba2 mixer (hd_mamba2.h) scales its in_proj rows by their section's multiplier (in_proj_mul) and gates
  * its output as gate_mode says; the attention (hd_attention.h) scales its keys by key_mul before RoPE. Every
  * multiplier is applied where torch applies it, as an fp32 product (never folded into a weight: other bits), and
- * each sum in torch's order. Decode rows only: hd_decode refuses an extend chain over such a layer. */
+ * each sum in torch's order. An extend chain (HDStep.chain) runs through both mixers' chains: the Mamba2 state and
+ * the attention's causal rows advance token by token as in a Qwen3-Next extend. */
 #ifndef HYBRIDCTL_HD_PARALLEL_H
 #define HYBRIDCTL_HD_PARALLEL_H
 

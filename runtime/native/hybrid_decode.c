@@ -1,8 +1,8 @@
 /* One decode step of a hybrid LM in plain C: embedding, every layer (a mixer: gated DeltaNet, Mamba2 or full
  * attention, then a feed-forward: a sparse MoE with shared expert or a dense SwiGLU / squared-ReLU MLP; either may
  * be absent), final norm and lm_head, for B sequences of one new token each, or for one sequence's B new tokens (a
- * short extend: HDStep.chain, DeltaNet and attention layers only; the DeltaNet rows then run in token order,
- * hd_deltanet.h, and row b attends to the cached tokens and the new ones up to itself). The Qwen3-Next family
+ * short extend: HDStep.chain, every layer kind but KDA and MLA; the DeltaNet and Mamba2 rows then run in token
+ * order, hd_deltanet.h and hd_mamba2.h, and row b attends to the cached tokens and the new ones up to itself). The Qwen3-Next family
  * (qwen3_next, qwen3_5, qwen3_5_moe), Nemotron-H (Mamba2, attention without RoPE, squared-ReLU MLP layers,
  * hd_mamba2.h), Granite-4.0-H (muP multipliers: HDModel's residual_scale and logits_div), Kimi-Linear (KDA,
  * hd_kda.h, and MLA, hd_mla.h) and Falcon-H1 (HD_PARALLEL layers, hd_parallel.h) are what
@@ -96,7 +96,7 @@ int hd_decode(const HDModel *m, const HDStep *s) {
     const int64_t B = s->batch, H = m->hidden;
     if (s->chain)
         for (int64_t l = 0; l < m->n_layers; l++)
-            if (m->layers[l].kind == HD_MAMBA2 || m->layers[l].kind >= HD_KDA) return HD_NO_CHAIN; /* KDA, MLA, parallel */
+            if (m->layers[l].kind == HD_KDA || m->layers[l].kind == HD_MLA) return HD_NO_CHAIN;
     int64_t max_kv = 1;
     for (int64_t b = 0; b < B; b++) {
         if (s->ids[b] < 0 || s->ids[b] >= m->vocab) return HD_BAD_TOKEN;

@@ -54,10 +54,7 @@ _ERRORS = {
     4: "out of memory for the step's scratch",
     5: "a sequence with no KV tokens",
     6: "a state checkpoint outside the extend or the state pool",
-    7: (
-        "an extend over a Mamba2 layer or a Kimi-Linear layer (the C step runs their decode rows only; a Falcon-H1 "
-        "layer holds a Mamba2 mixer)"
-    ),
+    7: "an extend over a Kimi-Linear layer (the C step runs its decode rows only)",
 }
 
 
@@ -326,8 +323,11 @@ class HybridDecodeKernel:
         state_slot: int,
         kv_flat: torch.Tensor,
         checkpoints: Sequence[tuple[int, int]] = (),
+        *,
+        all_logits: bool = False,
     ) -> torch.Tensor:
-        """Logits [1, vocab] fp32 of the last of ONE sequence's T new tokens (`ids`, `positions`, `out_locs`: [T]),
+        """Logits [1, vocab] fp32 of the last of ONE sequence's T new tokens ([T, vocab], every token's, with
+        `all_logits`: a speculative verify) (`ids`, `positions`, `out_locs`: [T]),
         after the cached tokens whose KV slots begin `kv_flat` (all its tokens' slots, the new ones last: they must
         be `out_locs`). Writes the new K/V and advances the conv window and state at `state_slot` token by token;
         with no cached token the state starts from zero whatever the slot holds. `checkpoints`: (n, slot) pairs,
@@ -358,7 +358,16 @@ class HybridDecodeKernel:
                 )
             marks = (torch.tensor(ns, dtype=torch.int64), torch.tensor(dsts, dtype=torch.int64))
         return self._call(
-            ids, positions, out_locs, slots, offsets, kv_flat, chain=True, fresh=prefix == 0, checkpoints=marks
+            ids,
+            positions,
+            out_locs,
+            slots,
+            offsets,
+            kv_flat,
+            chain=True,
+            fresh=prefix == 0,
+            checkpoints=marks,
+            last_only=not all_logits,
         )
 
     def _call(
@@ -373,6 +382,7 @@ class HybridDecodeKernel:
         chain: bool,
         fresh: bool,
         checkpoints: tuple[torch.Tensor, torch.Tensor] | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
         if not self._bound:
             raise ValueError("native decode: no pools bound (bind_pools)")
@@ -380,7 +390,8 @@ class HybridDecodeKernel:
         for t, name in ((ids, "ids"), (positions, "positions"), (out_locs, "out_locs")):
             _check_index(t, batch, name)
         _check_index(kv_flat, kv_flat.numel(), "kv_flat")
-        logits = torch.empty(1 if chain else batch, self.weights.vocab, dtype=torch.float32)
+        last_only = chain and last_only
+        logits = torch.empty(1 if last_only else batch, self.weights.vocab, dtype=torch.float32)
         step = self._step
         step.batch = batch
         step.ids = ctypes.cast(ids.data_ptr(), IndexPtr)
@@ -390,7 +401,7 @@ class HybridDecodeKernel:
         step.kv_offsets = ctypes.cast(kv_offsets.data_ptr(), IndexPtr)
         step.kv_flat = ctypes.cast(kv_flat.data_ptr(), IndexPtr)
         step.logits = ctypes.cast(logits.data_ptr(), FloatPtr)
-        step.chain, step.fresh, step.last_logits = int(chain), int(fresh), int(chain)
+        step.chain, step.fresh, step.last_logits = int(chain), int(fresh), int(last_only)
         step.n_checkpoints = 0 if checkpoints is None else checkpoints[0].numel()
         if checkpoints is not None:  # the tensors live until the call returns (this frame holds them)
             step.checkpoint_tokens = ctypes.cast(checkpoints[0].data_ptr(), IndexPtr)

@@ -1,7 +1,7 @@
 """Checks of the native decode step shared by the per-family test files (test_native_decode_mamba2.py, _granite.py,
-_falcon.py, _kimi.py): prefilled runners in state slots of random order, the engine's decode batch, and the bodies
-of the bf16-bits, thread-bits, transformers-generate and many-step greedy tests, each taking the model and the few
-parameters in which the families differ."""
+_falcon.py, _kimi.py): prefilled runners in state slots of random order, the engine's decode and extend batches,
+and the bodies of the bf16-bits, thread-bits, transformers-generate, many-step greedy and extend-chain tests, each
+taking the model and the few parameters in which the families differ."""
 
 from __future__ import annotations
 
@@ -171,6 +171,106 @@ def assert_thread_bits(model: HybridModel, lengths: list[int], seed: int, steps:
                 tokens = dict(enumerate(logits.argmax(-1).tolist()))
             b = runner.buffers
             results.append(out + [t.clone() for group in (b.k, b.v, b.conv, b.ssm) for t in group])
+    finally:
+        set_min_part_bytes(native.library, 32768)
+        set_threads(native.library, 1)
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+# (prefix, new tokens, state checkpoints after these token counts, every row's logits): fresh (a garbage slot),
+# checkpoints at the chain's first and last row, a speculative verify's all-logits rows, 30 rows after 40 cached (the
+# GEMMs' broadcast form; a Mamba2 model's fp32 chains end at 32 tokens, MAMBA2_EXTEND_MAX_TOKENS).
+EXTEND_CASES = [(0, 2, (), False), (0, 17, (1, 17), False), (9, 5, (1, 2, 3, 4), True), (40, 30, (5, 29), False)]
+
+
+def extend_batch(runner: SimpleRunner, sid: int, tokens: list[int], *, all_logits: bool = False) -> ForwardBatch:
+    """The extend batch the engine builds for `tokens` appended to sequence `sid` (slots taken from the runner)."""
+    seq = runner.seqs[sid]
+    start = len(seq.tokens)
+    locs = list(range(runner.next_token_slot, runner.next_token_slot + len(tokens)))
+    runner.next_token_slot += len(tokens)
+    seq.tokens += tokens
+    seq.kv_locs += locs
+    return ForwardBatch(
+        mode="extend",
+        input_ids=torch.tensor(tokens, dtype=torch.int64),
+        positions=torch.arange(start, start + len(tokens), dtype=torch.int64),
+        extend_lens=[len(tokens)],
+        prefix_lens=[start],
+        kv_locs=[torch.tensor(seq.kv_locs, dtype=torch.int64)],
+        out_locs=torch.tensor(locs, dtype=torch.int64),
+        state_slots=torch.tensor([seq.slot], dtype=torch.int64),
+        all_logits=all_logits,
+    )
+
+
+def _extend_runner(model: HybridModel, prefix: int, slots: int) -> SimpleRunner:
+    """Sequence 1 after a torch prefill of `prefix` tokens (none: its slot full of garbage that a fresh extend must
+    ignore), sequence 0 holding another slot first."""
+    runner = SimpleRunner(model, num_state_slots=slots)
+    runner.add(0)
+    runner.add(1)
+    if prefix:
+        runner.extend({1: prompt(prefix, 11)})
+    else:
+        for buf in (*runner.buffers.conv, *runner.buffers.ssm):
+            buf[runner.seqs[1].slot].normal_(generator=torch.Generator().manual_seed(5))
+    return runner
+
+
+def assert_extend_matches_torch(
+    model: HybridModel, prefix: int, new: int, after: tuple[int, ...] = (), *, all_logits: bool = False
+) -> None:
+    """One sequence's `new` tokens after `prefix` cached ones as a native chain against the torch extend: the
+    logits (the last row's, or every row's with `all_logits`: a speculative verify), K/V at the new slots, the
+    state at the sequence's slot and at a state checkpoint after each of `after`'s token counts (1e-4 relative:
+    the decode tests' tolerance), and not one other pool row changed."""
+    runner = _extend_runner(model, prefix, slots=3 + len(after))
+    batch = extend_batch(runner, 1, prompt(new, 23), all_logits=all_logits)
+    own = int(batch.state_slots[0])
+    spare = [s for s in range(3 + len(after)) if s not in (own, runner.seqs[0].slot)][: len(after)]
+    if after:
+        batch.state_checkpoints = [list(zip(after, spare, strict=True))]
+    native = NativeDecode(model, extends=True)
+    assert native.handles(batch)
+    torch_buffers, native_buffers = runner.buffers, clone(runner.buffers)
+    with torch.inference_mode():
+        expected = model(batch, torch_buffers)
+        got = native(batch, native_buffers)
+    assert got.shape == expected.shape == (new if all_logits else 1, VOCAB)
+    _assert_close("logits", got, expected, 1e-4)
+    for name in ("k", "v", "conv", "ssm"):
+        rows = batch.out_locs if name in ("k", "v") else torch.tensor([own, *spare])
+        for i, (a, b) in enumerate(zip(getattr(torch_buffers, name), getattr(native_buffers, name), strict=True)):
+            _assert_close(f"{name}[{i}]", b[rows], a[rows], 1e-4)
+            keep = torch.ones(a.shape[0], dtype=torch.bool)
+            keep[rows] = False
+            assert torch.equal(a[keep], b[keep]), f"{name}[{i}]: a row outside the extend's changed"
+
+
+def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
+    err = float((got - want).abs().max())
+    assert err < rel * max(1.0, float(want.abs().max())), f"{name} differs by {err}"
+
+
+def assert_extend_thread_bits(model: HybridModel, prefix: int, new: int) -> None:
+    """A native extend chain (with a state checkpoint) on 1 and 2 threads, the projections split down to 4-row
+    blocks: the same logits and pools, bit for bit."""
+    native = NativeDecode(model, extends=True)
+    native.threads = None  # the test sets the count
+    set_min_part_bytes(native.library, 1)
+    results = []
+    try:
+        for count in (1, 2):
+            set_threads(native.library, count)
+            runner = _extend_runner(model, prefix, slots=4)
+            batch = extend_batch(runner, 1, prompt(new, 4))
+            spare = next(s for s in range(4) if s not in (runner.seqs[0].slot, runner.seqs[1].slot))
+            batch.state_checkpoints = [[(new // 2, spare)]]
+            with torch.inference_mode():
+                logits = native(batch, runner.buffers)
+            b = runner.buffers
+            results.append([logits.clone()] + [t.clone() for group in (b.k, b.v, b.conv, b.ssm) for t in group])
     finally:
         set_min_part_bytes(native.library, 32768)
         set_threads(native.library, 1)

@@ -93,7 +93,7 @@ def nemotron_cores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Engine
 def test_nemotron_h_greedy_tokens_identical_to_the_torch_decode(
     nemotron_cores: dict[str, EngineCore], prompts: list[list[int]], max_new: int, together: bool
 ) -> None:
-    """The Mamba2 hybrid's decode steps run in C (its extends, prefix-cache resumes included, stay torch's)."""
+    """The Mamba2 hybrid's decode steps and short extends (prefix-cache resumes included) run in C."""
     native = nemotron_cores["native"]
     assert native.runner.native_decode is not None and native.stats().native_decode == "on"
     before = native.runner.native_decode.steps

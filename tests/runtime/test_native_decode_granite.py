@@ -21,8 +21,11 @@ from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from runtime.native.decode_weights import ROUTE_TOPK_SOFTMAX
 from tests.runtime.native_step_checks import (
+    EXTEND_CASES,
     VOCAB,
     assert_bf16_bits,
+    assert_extend_matches_torch,
+    assert_extend_thread_bits,
     assert_generate_parity,
     assert_greedy_steps,
     assert_thread_bits,
@@ -98,7 +101,7 @@ def model(checkpoint: tuple[Path, object]) -> HybridModel:
 def test_the_model_runs_natively_with_its_multipliers(model: HybridModel) -> None:
     native, status = native_decode_for(model, "auto", "cpu")
     assert native is not None and status.state == "on", status.detail
-    assert "short extends off (Mamba2 layers: decode rows only)" in status.detail
+    assert status.detail.endswith("; short extends")
     weights = decode_weights(model)
     config = model.config  # type: ignore[attr-defined]
     assert (weights.embed_scale, weights.residual_scale, weights.logits_div) == (
@@ -176,3 +179,16 @@ def test_engine_greedy_tokens_identical_to_the_torch_decode(tmp_path: Path, expe
         for i in range(len(prompts)):
             assert got.tokens(f"r{i}") == want.tokens(f"r{i}"), f"prompt {i} diverged"
         assert native.runner.native_decode.steps - before >= 7
+
+
+@pytest.mark.parametrize(("prefix", "new", "after", "all_logits"), EXTEND_CASES)
+def test_extend_chain_matches_the_torch_extend(
+    model: HybridModel, prefix: int, new: int, after: tuple[int, ...], all_logits: bool
+) -> None:
+    """One sequence's new tokens as one native chain (the Mamba2 conv and state advanced token by token): the
+    torch extend's logits, K/V, states and state checkpoints."""
+    assert_extend_matches_torch(model, prefix, new, after, all_logits=all_logits)
+
+
+def test_extend_chain_on_two_threads_gives_the_bits_of_one(model: HybridModel) -> None:
+    assert_extend_thread_bits(model, 30, 31)

@@ -17,13 +17,16 @@ import torch
 
 from runtime.core.batch import ForwardBatch
 from runtime.core.requests import GenerateRequest
-from runtime.engine.native_decode import Unsupported, decode_weights, native_decode_for
+from runtime.engine.native_decode import MAMBA2_EXTEND_MAX_TOKENS, Unsupported, decode_weights, native_decode_for
 from runtime.models import load_model
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from tests.runtime.native_step_checks import (
+    EXTEND_CASES,
     VOCAB,
     assert_bf16_bits,
+    assert_extend_matches_torch,
+    assert_extend_thread_bits,
     assert_generate_parity,
     assert_greedy_steps,
     assert_thread_bits,
@@ -106,10 +109,10 @@ def model(checkpoint: tuple[Path, object]) -> HybridModel:
     return load_model(checkpoint[0])
 
 
-def test_the_model_runs_natively_without_extends(model: HybridModel) -> None:
+def test_the_model_runs_natively_with_extends(model: HybridModel) -> None:
     native, status = native_decode_for(model, "auto", "cpu")
     assert native is not None and status.state == "on", status.detail
-    assert "short extends off (Mamba2 layers: decode rows only)" in status.detail
+    assert status.detail.endswith("; short extends")
     weights = decode_weights(model)
     assert [lw.kind for lw in weights.layers].count(2) == weights.linear_layers > 0
     runner, nxt = _prefilled(model, [6])
@@ -120,14 +123,11 @@ def test_the_model_runs_natively_without_extends(model: HybridModel) -> None:
         prefix_lens=[6], kv_locs=[torch.tensor(seq.kv_locs + locs)], out_locs=torch.tensor(locs),
         state_slots=torch.tensor([seq.slot]),
     )  # fmt: skip
-    assert not native.handles(extend)  # the torch extend runs it
+    assert native.handles(extend)  # one chain of rows in C
+    longer = copy.copy(extend)
+    longer.extend_lens = [MAMBA2_EXTEND_MAX_TOKENS[torch.float32] + 1]
+    assert not native.handles(longer)  # torch's GEMMs win there (native_decode.py says by how much)
     assert native.handles(_decode_batch(runner, {0: nxt[0]}))
-    b = runner.buffers
-    native.kernel.bind_pools(b.k, b.v, b.conv, b.ssm)
-    with pytest.raises(ValueError, match="an extend over a Mamba2 layer"):
-        native.kernel.extend(
-            extend.input_ids, extend.positions, extend.out_locs, seq.slot, extend.kv_locs[0].to(torch.int64)
-        )
 
 
 @pytest.mark.parametrize("lengths", [[1], [7], [40], [5, 33, 17], [9, 9, 64, 2, 30, 11, 4, 20]])
@@ -192,3 +192,16 @@ def test_moe_engine_greedy_tokens_identical_to_the_torch_decode(tmp_path: Path) 
         for i in range(len(prompts)):
             assert got.tokens(f"r{i}") == want.tokens(f"r{i}"), f"prompt {i} diverged"
         assert native.runner.native_decode.steps - before >= 7
+
+
+@pytest.mark.parametrize(("prefix", "new", "after", "all_logits"), EXTEND_CASES)
+def test_extend_chain_matches_the_torch_extend(
+    model: HybridModel, prefix: int, new: int, after: tuple[int, ...], all_logits: bool
+) -> None:
+    """One sequence's new tokens as one native chain (the Mamba2 conv and state advanced token by token): the
+    torch extend's logits, K/V, states and state checkpoints."""
+    assert_extend_matches_torch(model, prefix, new, after, all_logits=all_logits)
+
+
+def test_extend_chain_on_two_threads_gives_the_bits_of_one(model: HybridModel) -> None:
+    assert_extend_thread_bits(model, 30, 31)

@@ -23,6 +23,7 @@ from runtime.engine.native_decode import EXTEND_ENV, EXTEND_MAX_TOKENS, NativeDe
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
+from tests.runtime.native_step_checks import assert_extend_matches_torch
 from tests.runtime.simple_runner import SimpleRunner
 from tests.runtime.test_native_decode import (
     VOCAB,
@@ -141,6 +142,12 @@ def test_extend_with_state_checkpoints_matches_the_torch_extend(
             assert torch.equal(a[keep], b[keep]), f"{name}[{i}]: a slot outside the extend's changed"
 
 
+def test_a_verify_extend_gives_every_rows_logits(model: HybridModel) -> None:  # noqa: F811
+    """A speculative verify (every row's logits, the state after each position but the last checkpointed): the
+    torch extend's rows and states."""
+    assert_extend_matches_torch(model, 9, 5, (1, 2, 3, 4), all_logits=True)
+
+
 def test_extend_refuses_checkpoints_it_cannot_take(model: HybridModel) -> None:  # noqa: F811
     runner = SimpleRunner(model, num_state_slots=4)
     runner.add(0)
@@ -172,7 +179,9 @@ def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     assert not native.handles(longer)  # a prefill: torch's GEMMs and SDPA
     per_token = copy.copy(batch)
     per_token.all_logits = True
-    assert not native.handles(per_token)
+    assert not native.handles(per_token)  # no checkpoints: a sandboxed verify, whose mixers step in torch
+    per_token.state_checkpoints = [[(1, 1)]]
+    assert native.handles(per_token)  # an in-forward verify: every row's logits, the states checkpointed
     marked = copy.copy(batch)
     marked.state_checkpoints = [[(2, 1)]]
     assert native.handles(marked)  # the chain copies the state after the checkpoint's tokens
@@ -181,6 +190,8 @@ def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     two = copy.copy(batch)
     two.extend_lens, two.prefix_lens = [3, 61], [6, 0]
     assert not native.handles(two)  # several sequences: the torch (or compiled) extend
+    two.all_logits = True
+    assert not native.handles(two)
 
 
 def test_extends_are_on_by_default_and_env_turns_them_off(model: HybridModel, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811

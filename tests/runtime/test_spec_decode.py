@@ -272,6 +272,19 @@ def test_ngram_rounds_without_a_match_are_plain_decode_steps(cores: dict[str, En
     assert got.final("p").spec_verify_ct == plain + verified
 
 
+def test_a_lone_requests_verify_rounds_are_native_chains(models: dict[str, Path], cores: dict[str, EngineCore]) -> None:
+    """One running request's verify forward (one sequence, every row's logits, the state after each position
+    checkpointed) runs as one chain of the native step; the output is still plain decoding's."""
+    core = make_core(models["target"], speculative_algorithm="NGRAM", speculative_num_steps=STEPS)
+    native = core.runner.native_decode
+    assert native is not None and native.extends
+    prompt = list(range(VOCAB - 1))  # every token but EOS: each round's tail occurred earlier, drafts to verify
+    ref = run_to_completion(cores["reference"], [GenerateRequest("p", prompt, greedy(10))], together=False)
+    got = run_to_completion(core, [GenerateRequest("p", prompt, greedy(10))], together=True)
+    assert got.tokens("p") == ref.tokens("p")
+    assert native.verifies > 0
+
+
 def test_draft_tokens_other_than_steps_plus_one_are_adjusted_as_sglang(
     models: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
