@@ -134,13 +134,14 @@ static inline int ag_gemm(const uint16_t *W, const float *bias, int64_t N, int64
     ag_configure(B);
     for (int64_t n = 0; n < N; n += 32) {
         const int64_t m0 = N - n < 16 ? N - n : 16, m1 = N - n - 16 < 16 ? N - n - 16 : 16;
-        if (n + 64 <= N) {
-            const char *ahead = (const char *)(W + (n + 32) * K);
-            for (int64_t at = 0; at < 32 * K * 2; at += 64) _mm_prefetch(ahead + at, _MM_HINT_T0);
-        }
+        /* The next group's 32 rows, at the columns this step reads: a line of each row per step, as fast as the
+         * tiles consume them, not a 32-row burst that fills the miss buffers. */
+        const uint16_t *ahead = n + 64 <= N ? W + (n + 32) * K : NULL;
         _tile_zero(0);
         _tile_zero(1);
         for (int64_t k = 0; k < K; k += 32) {
+            if (ahead)
+                for (int64_t i = 0; i < 32; i++) _mm_prefetch((const char *)(ahead + i * K + k), _MM_HINT_T0);
             _tile_loadd(4, xp + k / 2 * B, 4 * B);
             ag_load_a(2, W, K, n, m0, k, pad[0]);
             _tile_dpbf16ps(0, 2, 4);
