@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from native_decode_bf16 import ReadBandwidth, _batch  # noqa: E402 - the sibling benchmark's helpers
+from native_decode_bf16 import ReadBandwidth, decode_batch  # noqa: E402 - the sibling benchmark's helpers
 
 from runtime.core.batch import ForwardBatch, PoolBuffers  # noqa: E402
 from runtime.core.buffers import allocate_pool_buffers  # noqa: E402
@@ -113,7 +113,7 @@ def main() -> None:
         paths["torch-compiled"] = lambda fb: compiled(fb, buffers)
     vocab = layout.vocab_size
     for batch in BATCHES:
-        fb = _batch(batch, a.kv_len, vocab)
+        fb = decode_batch(batch, a.kv_len, vocab)
         ms: dict[str, list[float]] = {name: [] for name in paths}
         best: dict[str, float] = dict.fromkeys(paths, float("inf"))
         with torch.inference_mode():

@@ -11,12 +11,14 @@
  * thread that computes it. Which path a library takes is fixed when build.py compiles it for the host it runs on
  * (-march=native; the cache key carries the CPU's flags), so a CPU without AVX-512 builds the AVX2 path.
  *
- * Not AVX-512 BF16's vdpbf16ps: it rounds X to bf16 too (the activations stay fp32 here, and the bits equal the
- * fp32 kernel's), and a batch-1 step waits on DRAM, not on the widening: from L2 this kernel reads bf16 weights
- * at about twice one core's share of the development host's DRAM bandwidth.
+ * Not AVX-512 BF16's vdpbf16ps: it rounds X to bf16 too, and on the development host it ran no faster than this
+ * kernel from L2 (106 GFLOP/s each at batch 8). On a host with AMX, bf16 weights take amx_gemm.h instead (X
+ * rounded to bf16; its header states what that changes): there a batch of 8 rows costs what one row costs.
  */
 #ifndef HYBRIDCTL_DOT_GEMM_H
 #define HYBRIDCTL_DOT_GEMM_H
+
+#include "amx_gemm.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -205,6 +207,10 @@ static inline void dg_plain(const HDMat W, const float *bias, int64_t n0, int64_
 static inline void gemm(const HDMat W, const float *restrict bias, int64_t N, int64_t K, const float *X, int64_t ldx,
                         int64_t B, float *Y, int64_t ldy) {
     int64_t n = 0;
+#ifdef AG_AMX
+    if (ag_takes(W.data, W.dtype == HD_BF16, K, B) && ag_gemm((const uint16_t *)W.data, bias, N, K, X, ldx, B, Y, ldy))
+        return;
+#endif
 #ifdef DG_AVX2
     n = W.dtype == HD_BF16 ? dg_rows(W, bias, N, K, X, ldx, B, Y, ldy, 1) : dg_rows(W, bias, N, K, X, ldx, B, Y, ldy, 0);
 #endif

@@ -20,6 +20,15 @@ int probe_isa(void) {
 #endif
 }
 
+/* 1 when bf16 weights of the dot form take AMX tiles in this build (amx_gemm.h), else 0. */
+int probe_amx(void) {
+#ifdef AG_AMX
+    return ag_ready();
+#else
+    return 0;
+#endif
+}
+
 /* form 0: the dot form (gemm), 1: the broadcast form (gemm_wide), 2: gemm_rows (the dispatch on B). W: fp32 or
  * bf16 (dtype: HD_F32 / HD_BF16). */
 void probe_gemm(int form, int64_t dtype, const void *W, const float *bias, int64_t N, int64_t K, const float *X,

@@ -13,7 +13,8 @@ import torch
 from runtime.core.batch import ForwardBatch, PoolBuffers
 from runtime.engine.native_decode import NativeDecode
 from runtime.models.base import HybridModel
-from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
+from runtime.native.amx import fma_form
+from runtime.native.hybrid_decode import load_library, set_min_part_bytes, set_threads
 from tests.runtime.simple_runner import SimpleRunner
 
 VOCAB = 160
@@ -125,7 +126,14 @@ def assert_generate_parity(hf: object, model: HybridModel, max_new_tokens: int, 
 
 def assert_bf16_bits(model: HybridModel, lengths: list[int], seed: int, steps: int) -> None:
     """Every parameter rounded to bf16, held as fp32 or as bf16 storage read in place: the same logits and pool
-    rows, bit for bit, over greedy steps of a batch; and their tokens are the torch decode's on the rounded ones."""
+    rows, bit for bit, over greedy steps of a batch; and their tokens are the torch decode's on the rounded ones.
+    The bf16 GEMMs in their FMA form, which every host without AMX runs (on AMX, runtime/native/amx_gemm.h rounds
+    the activations to bf16: tests/runtime/test_native_gemm.py and test_native_decode_bf16.py check that path)."""
+    with fma_form(load_library()):
+        _assert_bf16_bits(model, lengths, seed, steps)
+
+
+def _assert_bf16_bits(model: HybridModel, lengths: list[int], seed: int, steps: int) -> None:
     rounded = copy.deepcopy(model)
     with torch.no_grad():
         for p in rounded.parameters():

@@ -4,7 +4,12 @@ parameter rounded to bf16 and then held either as fp32 values or as bf16 storage
 
 The kernels run the fp32 chains on the widened weights, so the bf16 step must give the fp32 step's bits on the
 rounded weights exactly (logits and every pool row), in decode batches (the dot form) and in extends long enough
-for the broadcast form; and its greedy tokens must be the torch forward's on the rounded fp32 weights."""
+for the broadcast form; and its greedy tokens must be the torch forward's on the rounded fp32 weights.
+
+On a host whose kernels run bf16 weights on AMX tiles (runtime/native/amx_gemm.h: the dot form rounds the
+activations to bf16) the bits are not the fp32 step's: the bit tests switch the tiles off (the FMA form every other
+host runs), and the greedy test runs with them, fed the torch tokens, at the project's bar for bf16 (95% of the
+tokens)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import torch
 from runtime.core.batch import ForwardBatch
 from runtime.engine.native_decode import NativeDecode, decode_weights
 from runtime.models.base import HybridModel
+from runtime.native import amx
+from runtime.native.hybrid_decode import load_library
 from tests.runtime.simple_runner import SimpleRunner
 from tests.runtime.test_engine_support import one_torch_thread
 from tests.runtime.test_native_decode import (
@@ -30,6 +37,18 @@ from tests.runtime.test_native_decode import (
 )
 
 pytest.importorskip("transformers")
+
+# On tiles: over forty steps the recurrent state carries each step's rounding on (measured: logits 0.08 apart at
+# most, of a largest logit under 1), and the project's bar for bf16 against a reference is 95% of greedy tokens.
+TILE_DRIFT = 0.25
+TILE_AGREEMENT = 0.95
+
+
+@pytest.fixture
+def fma_form() -> Iterator[None]:
+    """The decode library's bf16 GEMMs in the FMA form for one test (no-op on a host without the tiles)."""
+    with amx.fma_form(load_library()):
+        yield
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -89,6 +108,7 @@ def _same_step(pair: tuple[HybridModel, HybridModel], runner: SimpleRunner, batc
 
 
 @pytest.mark.parametrize("lengths", [[5], [9, 33, 2], [3, 7, 12, 20, 1, 40, 6, 11]])
+@pytest.mark.usefixtures("fma_form")
 def test_decode_on_bf16_weights_gives_the_bits_of_fp32_weights_rounded_to_bf16(
     pair: tuple[HybridModel, HybridModel], lengths: list[int]
 ) -> None:
@@ -97,6 +117,7 @@ def test_decode_on_bf16_weights_gives_the_bits_of_fp32_weights_rounded_to_bf16(
 
 
 @pytest.mark.parametrize("new_tokens", [5, 30])
+@pytest.mark.usefixtures("fma_form")
 def test_an_extend_on_bf16_weights_gives_the_same_bits(pair: tuple[HybridModel, HybridModel], new_tokens: int) -> None:
     """A short extend's rows: 5 take the dot form, 30 the broadcast form (HD_WIDE_ROWS) with its widened tiles."""
     runner, _ = _prefilled(pair[0], [9])
@@ -123,20 +144,27 @@ def test_greedy_decode_on_bf16_weights_matches_torch_on_the_rounded_weights(
     pair: tuple[HybridModel, HybridModel],
 ) -> None:
     """Forty steps of three sequences: the native step on bf16 storage picks the tokens the torch forward picks on
-    the same values in fp32 (within float reassociation of the torch path: logits within 1e-4 relative)."""
+    the same values in fp32 (within float reassociation of the torch path: logits within 1e-4 relative). On AMX
+    tiles (bf16 activations, their error carried by the recurrent state from step to step) both are fed the torch
+    tokens, and the native step must pick the same token in at least TILE_AGREEMENT of the steps, its logits
+    within TILE_DRIFT of the largest."""
     rounded, half = pair
+    tiles = amx.bf16_tiles()
     lengths = [4, 19, 44]
     torch_runner, nxt = _prefilled(rounded, lengths)
     native_runner, _ = _prefilled(rounded, lengths)
     native = NativeDecode(half)
     want, got = dict(enumerate(nxt)), dict(enumerate(nxt))
+    agree = 0
     for _ in range(40):
-        tb, nb = _decode_batch(torch_runner, want), _decode_batch(native_runner, got)
+        tb, nb = _decode_batch(torch_runner, want), _decode_batch(native_runner, want if tiles else got)
         with torch.inference_mode():
             expected = rounded(tb, torch_runner.buffers)
             logits = native(nb, native_runner.buffers)
         scale = max(1.0, float(expected.abs().max()))
-        assert float((logits - expected).abs().max()) < 1e-4 * scale
+        assert float((logits - expected).abs().max()) < (TILE_DRIFT if tiles else 1e-4) * scale
         want = dict(enumerate(expected.argmax(-1).tolist()))
         got = dict(enumerate(logits.argmax(-1).tolist()))
-        assert got == want
+        agree += sum(got[i] == want[i] for i in want)
+        assert tiles or got == want
+    assert agree >= TILE_AGREEMENT * 40 * len(lengths)

@@ -3,7 +3,10 @@
 built from tests/runtime/native_gemm_probe.c exactly as the runtime builds its kernels: each form against a float64
 reference, the dispatch on B (a decode batch keeps the dot form bit for bit), each form's promise that a row's
 result never depends on the tile it falls in, the split of the rows or the thread count; bf16 weights giving the
-same bits as fp32 weights rounded to bf16; and the AVX-512, AVX2 and plain-C builds giving the same bits."""
+same bits as fp32 weights rounded to bf16; and the AVX-512, AVX2 and plain-C builds giving the same bits. Where this
+host's build runs bf16 weights on AMX tiles (amx_gemm.h: K a multiple of 32, at most 16 batch rows), the tile path
+against a reference on bf16-rounded activations and its batch and split invariance; the bit-identity claims are
+checked on shapes the tiles do not take, and on tile shapes by a build without them (-DHD_NO_AMX)."""
 
 from __future__ import annotations
 
@@ -201,3 +204,55 @@ def test_plain_c_avx2_and_avx512_paths_give_the_same_bits(tmp_path: Path, form: 
         results = {name: _run(lib, form, weights, x, bias) for name, lib in builds.items()}
         for name in ("avx2", "plain"):
             assert np.array_equal(results[name], results["native"]), (name, n, k, b)
+
+
+# Shapes the AMX path takes (K a multiple of 32, 1..16 batch rows): rows off the 16-row tiles, one and two tiles.
+TILE_SHAPES = [(1, 32, 1), (16, 64, 8), (37, 256, 5), (77, 2048, 8), (50, 512, 16), (33, 96, 11)]
+
+
+def _tiles(probe: ctypes.CDLL) -> None:
+    if not probe.probe_amx():
+        pytest.skip("this host's build has no AMX path (or the kernel refused the tile state)")
+
+
+@pytest.mark.parametrize(("n", "k", "b"), TILE_SHAPES)
+def test_tiles_match_a_reference_on_bf16_rounded_activations(probe: ctypes.CDLL, n: int, k: int, b: int) -> None:
+    """X rounded to bf16 (nearest even), products of bf16 values exact, sums in fp32: within the fp32 bound of
+    the rounded inputs' product, far inside the ~2**-9 relative error unrounded activations would show."""
+    _tiles(probe)
+    w, x, bias = _inputs(n, k, b, seed=n + k + b)
+    half = _to_bf16(w)
+    got = _run(probe, 0, half, x, bias)
+    xs = _widen(_to_bf16(x[:, :k].copy())).astype(np.float64)
+    ws = _widen(half).astype(np.float64)
+    want = xs @ ws.T + bias
+    bound = 4 * k * 2.0**-24 * (np.abs(xs) @ np.abs(ws).T) + 1e-6
+    assert (np.abs(got - want) <= bound).all(), f"off by {np.abs(got - want).max()}"
+
+
+@pytest.mark.parametrize(("n", "k", "b"), TILE_SHAPES)
+def test_tile_rows_do_not_depend_on_the_batch_or_the_split(probe: ctypes.CDLL, n: int, k: int, b: int) -> None:
+    """A batch row's outputs at batch 1 are its outputs in the batch, and any split of the weight rows gives the
+    whole call's values: the bits of a decode row never depend on its neighbours or on the thread count."""
+    _tiles(probe)
+    w, x, bias = _inputs(n, k, b, seed=5)
+    half = _to_bf16(w)
+    whole = _run(probe, 0, half, x, bias)
+    for r in range(b):
+        assert np.array_equal(_run(probe, 0, half, x[r : r + 1].copy(), bias), whole[r : r + 1]), r
+    cuts = sorted({0, n, *np.random.default_rng(n).integers(0, n, size=3).tolist()})
+    for lo, hi in itertools.pairwise(cuts):
+        assert np.array_equal(_run(probe, 0, half[lo:hi].copy(), x, bias[lo:hi].copy()), whole[:, lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize(("n", "k", "b"), TILE_SHAPES)
+def test_without_tiles_bf16_tile_shapes_keep_the_bits_of_rounded_fp32_weights(
+    tmp_path: Path, n: int, k: int, b: int
+) -> None:
+    """A build without the AMX path (-DHD_NO_AMX, what a host without AMX compiles) keeps the fp32 chains on the
+    shapes the tiles would take."""
+    lib = _load(tmp_path, "gemm_probe_noamx", (*build.DEFAULT_FLAGS, "-DHD_NO_AMX"))
+    assert lib.probe_amx() == 0
+    w, x, bias = _inputs(n, k, b, seed=n * 3 + k + b)
+    half = _to_bf16(w)
+    assert np.array_equal(_run(lib, 0, half, x, bias), _run(lib, 0, _widen(half), x, bias))
