@@ -171,6 +171,14 @@ def size_and_allocate(
     if sized.capped_to_need:  # the budget is an upper bound: pools hold what the request cap can use
         logger.info("Pools cut to need (%d requests x %d tokens): %s", plan.max_running_requests, context_len,
                     sized.capped_to_need)  # fmt: skip
+    if args.max_running_requests is not None and plan.max_running_requests < args.max_running_requests:
+        # SGLang caps it silently; a user who asked for N concurrent requests should learn why N - 1 run.
+        logger.warning(
+            "--max-running-requests %d: the %s holds %d (%d state slots, %d per request); raise "
+            "--memory-budget-gib (memory.memory_budget_gib) for more",
+            args.max_running_requests, plan.limited_by.replace("_", " "), plan.max_running_requests,
+            plan.max_mamba_cache_size, plan.slots_per_request,
+        )  # fmt: skip
     sandbox_slots = plan.spec_intermediate_bytes // per_request
     buffers, token_slots, state_slots = _allocate(args, layout, plan, sandbox_slots, kv_dtype, conv_dtype, ssm_dtype)
     return Pools(
