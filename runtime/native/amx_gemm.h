@@ -35,7 +35,8 @@ extern long syscall(long number, ...); /* unistd.h declares it only with _DEFAUL
 #define AG_SYS_ARCH_PRCTL 158
 #define AG_ARCH_REQ_XCOMP_PERM 0x1023
 #define AG_XFEATURE_XTILEDATA 18
-#define AG_MAX_B 16 /* batch rows one B tile holds: the dot form's batches (< HD_WIDE_ROWS) */
+#define AG_MAX_B 16 /* batch rows one B tile holds: a batch up to this runs ag_gemm's narrow form */
+#define AG_WIDE_TILES 3 /* B tiles (16 batch rows each) one A tile meets per pass in the wide form: 48 rows */
 
 /* Whether this library may use the tiles: 0 unknown, 1 granted, -1 refused or switched off (hd_set_bf16_tiles). */
 static _Atomic int ag_state_ = 0;
@@ -68,11 +69,12 @@ static inline void ag_configure(int64_t B) {
     _tile_loadconfig(&c);
 }
 
-/* X rounded to bf16 in the tiles' pair layout: for each chunk of 32 of K, 16 rows (a pair of K each) of B pairs. */
-static inline const uint32_t *ag_pack(const float *X, int64_t ldx, int64_t B, int64_t K) {
+/* X rounded to bf16 in the tiles' pair layout: for each chunk of 32 of K, 16 rows (a pair of K each) of `lb` pairs,
+ * the batch rows 0 .. B-1 and zeros up to lb (lb >= B: the wide form pads the batch to whole tiles). */
+static inline const uint32_t *ag_pack(const float *X, int64_t ldx, int64_t B, int64_t lb, int64_t K) {
     static _Thread_local uint32_t *buf;
     static _Thread_local int64_t cap;
-    const int64_t need = K / 2 * B;
+    const int64_t need = K / 2 * lb;
     if (need > cap) {
         free(buf);
         buf = aligned_alloc(64, (size_t)((need * 4 + 63) & ~(int64_t)63));
@@ -84,9 +86,11 @@ static inline const uint32_t *ag_pack(const float *X, int64_t ldx, int64_t B, in
             uint32_t pairs[16];
             const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(X + b * ldx + k + 16), _mm512_loadu_ps(X + b * ldx + k));
             _mm512_storeu_si512(pairs, (__m512i)h);
-            uint32_t *dst = buf + k / 2 * B + b;
-            for (int p = 0; p < 16; p++) dst[p * B] = pairs[p];
+            uint32_t *dst = buf + k / 2 * lb + b;
+            for (int p = 0; p < 16; p++) dst[p * lb] = pairs[p];
         }
+    if (lb > B)
+        for (int64_t r = 0; r < K / 2; r++) memset(buf + r * lb + B, 0, (size_t)(lb - B) * 4);
     return buf;
 }
 
@@ -117,17 +121,21 @@ static inline void ag_store(int t, const float *bias, int64_t n, int64_t m, int6
         for (int64_t b = 0; b < B; b++) Y[b * ldy + n + i] = c[i][b] + (bias ? bias[n + i] : 0.0f);
 }
 
-/* Whether ag_gemm takes this call: bf16 weights, K in whole chunks of 32, a batch a B tile holds, permission. */
+/* Whether ag_gemm takes this call: bf16 weights, K in whole chunks of 32, any batch, permission. */
 static inline int ag_takes(const void *W, int bf16, int64_t K, int64_t B) {
     (void)W;
-    return bf16 && K % 32 == 0 && K > 0 && B >= 1 && B <= AG_MAX_B && ag_ready();
+    return bf16 && K % 32 == 0 && K > 0 && B >= 1 && ag_ready();
 }
 
 /* Rows 0 .. N-1 in groups of 32 (two C tiles; the last 1..31 rows as one or two zero-padded groups), the next
  * group's rows prefetched while this one computes. Returns 0 (nothing done) when X could not be packed. */
+static inline int ag_gemm_wide(const uint16_t *W, const float *bias, int64_t N, int64_t K, const float *X,
+                               int64_t ldx, int64_t B, float *Y, int64_t ldy);
+
 static inline int ag_gemm(const uint16_t *W, const float *bias, int64_t N, int64_t K, const float *X, int64_t ldx,
                           int64_t B, float *Y, int64_t ldy) {
-    const uint32_t *xp = ag_pack(X, ldx, B, K);
+    if (B > AG_MAX_B) return ag_gemm_wide(W, bias, N, K, X, ldx, B, Y, ldy);
+    const uint32_t *xp = ag_pack(X, ldx, B, B, K);
     if (!xp) return 0;
     uint16_t pad[2][16 * 32] __attribute__((aligned(64)));
     memset(pad, 0, sizeof pad);
@@ -152,6 +160,79 @@ static inline int ag_gemm(const uint16_t *W, const float *bias, int64_t N, int64
         }
         ag_store(0, bias, n, m0, B, Y, ldy);
         if (m1 > 0) ag_store(1, bias, n + 16, m1, B, Y, ldy);
+    }
+    _tile_release();
+    return 1;
+}
+
+/* Rows m (<= 16) of C tile t, batch columns b0 .. b0+w-1 (w <= 16), to Y (+ bias). */
+static inline void ag_store_wide(int t, const float *bias, int64_t n, int64_t m, int64_t b0, int64_t w, float *Y,
+                                 int64_t ldy) {
+    float c[16][16];
+    if (t == 0)
+        _tile_stored(0, c, 64);
+    else if (t == 1)
+        _tile_stored(1, c, 64);
+    else
+        _tile_stored(2, c, 64);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < w; b++) Y[(b0 + b) * ldy + n + i] = c[i][b] + (bias ? bias[n + i] : 0.0f);
+}
+
+/* The wide form (B > AG_MAX_B: an extend's new tokens, a verify): the batch padded with zero rows to whole B tiles
+ * of 16, each group of 16 weight rows in A tile 3 once per chunk of K against up to AG_WIDE_TILES B tiles (4, 5,
+ * 6) into C tiles 0, 1, 2; a batch past 48 rows loops over further groups of 48 while the weight rows are still
+ * in L1/L2. Every output element is still its own weight row against its own batch row through the chunks of 32
+ * in order, one tdpbf16ps each: the narrow form's bits, whatever B, thread or split. */
+static inline int ag_gemm_wide(const uint16_t *W, const float *bias, int64_t N, int64_t K, const float *X,
+                               int64_t ldx, int64_t B, float *Y, int64_t ldy) {
+    const int64_t lb = (B + 15) / 16 * 16;
+    const uint32_t *xp = ag_pack(X, ldx, B, lb, K);
+    if (!xp) return 0;
+    uint16_t pad[16 * 32] __attribute__((aligned(64)));
+    memset(pad, 0, sizeof pad);
+    ag_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+    for (int64_t n = 0; n < N; n += 16) {
+        const int64_t m = N - n < 16 ? N - n : 16;
+        const uint16_t *ahead = n + 32 <= N ? W + (n + 16) * K : NULL;
+        for (int64_t b0 = 0; b0 < B; b0 += 16 * AG_WIDE_TILES) {
+            const int64_t nt = (lb - b0) / 16 < AG_WIDE_TILES ? (lb - b0) / 16 : AG_WIDE_TILES;
+            _tile_zero(0);
+            if (nt > 1) _tile_zero(1);
+            if (nt > 2) _tile_zero(2);
+            for (int64_t k = 0; k < K; k += 32) {
+                if (ahead && b0 == 0)
+                    for (int64_t i = 0; i < 16; i++) _mm_prefetch((const char *)(ahead + i * K + k), _MM_HINT_T0);
+                const uint32_t *xk = xp + k / 2 * lb + b0;
+                if (m == 16) {
+                    _tile_loadd(3, W + n * K + k, K * 2);
+                } else {
+                    for (int64_t i = 0; i < m; i++) memcpy(pad + i * 32, W + (n + i) * K + k, 64);
+                    _tile_loadd(3, pad, 64);
+                }
+                _tile_loadd(4, xk, 4 * lb);
+                _tile_dpbf16ps(0, 3, 4);
+                if (nt > 1) {
+                    _tile_loadd(5, xk + 16, 4 * lb);
+                    _tile_dpbf16ps(1, 3, 5);
+                }
+                if (nt > 2) {
+                    _tile_loadd(6, xk + 32, 4 * lb);
+                    _tile_dpbf16ps(2, 3, 6);
+                }
+            }
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t bt = b0 + 16 * t, w = B - bt < 16 ? B - bt : 16;
+                ag_store_wide((int)t, bias, n, m, bt, w, Y, ldy);
+            }
+        }
     }
     _tile_release();
     return 1;

@@ -71,7 +71,11 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 
 static inline void gemm_rows(const HDMat W, const float *restrict bias, int64_t N, int64_t K, const float *X,
                              int64_t ldx, int64_t B, float *Y, int64_t ldy) {
-    if (B >= HD_WIDE_ROWS)
+    int tiles = 0; /* bf16 weights on an AMX host take the tiles (dot_gemm.h's gemm) at every B */
+#ifdef AG_AMX
+    tiles = ag_takes(W.data, W.dtype == HD_BF16, K, B);
+#endif
+    if (B >= HD_WIDE_ROWS && !tiles)
         gemm_wide(W, bias, N, K, X, ldx, B, Y, ldy);
     else
         gemm(W, bias, N, K, X, ldx, B, Y, ldy);
