@@ -48,6 +48,7 @@ from runtime.models.layers.mamba2 import Mamba2Mixer
 from runtime.models.layers.mlp import GatedMLP
 from runtime.models.layers.moe import SparseMoE
 from runtime.models.layers.norm import GatedRMSNorm, GroupedGatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm
+from runtime.native.amx import bf16_tiles
 from runtime.native.build import NativeUnavailable
 from runtime.native.decode_structs import WEIGHT_DTYPES
 from runtime.native.decode_weights import (
@@ -84,11 +85,15 @@ THREADS_ENV = "RUNTIME_NATIVE_DECODE_THREADS"  # pins the native step's thread c
 # 2048); those stay torch prefills until a chain that long is checked against transformers (the docs say why).
 EXTEND_MAX_TOKENS = 512
 # The longest chain of a model with Mamba2 layers (Nemotron-H, Granite-4.0-H, Falcon-H1), by weight dtype: their
-# dense layers make an extend's projections compute-bound sooner. Real Nemotron-H, 2 threads, after 300 cached
-# tokens, process CPU, median of 3 (chain and torch extend interleaved in one process): bf16 4 tokens 193 vs 343 ms,
-# 8 260 vs 397, 16 589 vs 473, 48 1391 vs 701 (torch's bf16 matmul beats the C step's fp32 FMAs past ~12 rows);
-# fp32 8 375 vs 886, 16 605 vs 976, 32 994 vs 1178. A speculative verify (steps + 1 tokens) stays well inside.
-MAMBA2_EXTEND_MAX_TOKENS = {torch.bfloat16: 8, torch.float32: 32}
+# dense layers make an extend's projections compute-bound sooner. Real Nemotron-H bf16 on an AMX host (the
+# projections on amx_gemm.h's tiles at every batch size), 2 threads with a second job on the host, after 300 cached
+# tokens, wall ms, median of 3 (chain and torch extend interleaved in one process): 4 tokens 141 vs 293, 8 151 vs
+# 304, 16 172 vs 333, 32 210 vs 400, 48 258 vs 537, 64 370 vs 564, 96 561 vs 669, 128 845 vs 713 (torch wins
+# from ~100). A host without AMX runs bf16 projections past 11 rows on FMAs, slower than torch from ~12 rows (16
+# 589 vs 473, 48 1391 vs 701 ms process CPU): MAMBA2_EXTEND_MAX_TOKENS_FMA there. fp32 (FMA; process CPU): 8 375
+# vs 886, 16 605 vs 976, 32 994 vs 1178. A speculative verify (steps + 1 tokens) stays well inside.
+MAMBA2_EXTEND_MAX_TOKENS = {torch.bfloat16: 64, torch.float32: 32}
+MAMBA2_EXTEND_MAX_TOKENS_FMA = {torch.bfloat16: 8, torch.float32: 32}  # bf16 weights without AMX tiles
 # "0": leave those extends to the torch path. On by default: its attention (query rows as
 # vector lanes) and GEMMs made the warm request's 48-token extend ~1.5x faster than torch's GEMMs and SDPA around
 # the short-extend kernels (docs/performance.md, "Runtime hot path").
@@ -306,7 +311,8 @@ class NativeDecode:
         # The longest extend taken as one chain (see MAMBA2_EXTEND_MAX_TOKENS).
         self.chain_max_tokens = EXTEND_MAX_TOKENS
         if any(lw.kind in (MAMBA2_KIND, PARALLEL_KIND) for lw in self.kernel.weights.layers):
-            self.chain_max_tokens = MAMBA2_EXTEND_MAX_TOKENS.get(model.weight_dtype, 8)
+            limits = MAMBA2_EXTEND_MAX_TOKENS if bf16_tiles() else MAMBA2_EXTEND_MAX_TOKENS_FMA
+            self.chain_max_tokens = limits.get(model.weight_dtype, 8)
         self._pool_key: tuple[int, ...] | None = None
         self.steps = 0
         self.verifies = 0  # of the steps, the speculative verify chains (every row's logits)

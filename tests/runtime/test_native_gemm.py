@@ -5,8 +5,9 @@ reference, the dispatch on B (a decode batch keeps the dot form bit for bit), ea
 result never depends on the tile it falls in, the split of the rows or the thread count; bf16 weights giving the
 same bits as fp32 weights rounded to bf16; and the AVX-512, AVX2 and plain-C builds giving the same bits. Where this
 host's build runs bf16 weights on AMX tiles (amx_gemm.h: K a multiple of 32, any batch: the narrow form up to 16
-batch rows, the wide form past that, which gemm_rows takes at every B too), the tile path against a reference on bf16-rounded activations and its batch and split invariance; the bit-identity claims are
-checked on shapes the tiles do not take, and on tile shapes by a build without them (-DHD_NO_AMX)."""
+batch rows, the wide form past that; gemm_rows takes the tiles at every B too), the tile path against a reference
+on bf16-rounded activations and its batch and split invariance; the bit-identity claims are checked on shapes the
+tiles do not take, and on tile shapes by a build without them (-DHD_NO_AMX)."""
 
 from __future__ import annotations
 
