@@ -64,7 +64,9 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 /* The batch size from which gemm_rows takes gemm_wide: a decode batch (B <= 8) keeps the dot form (the weights
  * stream from DRAM there and the two forms ran alike at 8..12 rows; docs/performance.md, "Runtime hot path");
  * an extend's projections (its new tokens) and its busy experts take the register tile. Which form a call takes
- * depends only on B, never on the thread or the split, so every row is computed the same way under any threads. */
+ * depends only on B, never on the thread or the split, so every row is computed the same way under any threads.
+ * bf16 weights on an AMX host take amx_gemm.h's tiles (through gemm) at every B instead: 16 weight rows against up
+ * to 48 batch rows per tile pass (real Nemotron-H, a 48-token chain after 300 cached: 1270 -> 258 ms). */
 #ifndef HD_WIDE_ROWS
 #define HD_WIDE_ROWS 12
 #endif
