@@ -179,6 +179,8 @@ class DecodeThreadChooser:
             return self.options[0]
         b = self._bucket(batch_size)
         untried = [t for t in self.options if t not in b.recent]
+        if untried and self._probes_on_hints:
+            return self._other(b) if b.exploring else b.current
         if untried:
             return untried[-1] if self.most_first else untried[0]
         other = self._other(b)
@@ -204,6 +206,9 @@ class DecodeThreadChooser:
             samples.clear()  # a probe's first step starts the other setting's estimate afresh (another load)
         samples.append(per_seq)
         if len(b.recent) < len(self.options):
+            if self._probes_on_hints and not b.exploring and _short_of_cores(threads, room):
+                b.exploring, b.hinted = EXPLORE_STEPS, True  # the first probe of fewer threads: a busy host
+                b.recent[threads] = collections.deque([per_seq], maxlen=WINDOW)  # the busy host's estimate
             return
         if first:  # the first measurement of the last untried setting: compare, no probe to end
             self._maybe_switch(b)
@@ -231,6 +236,13 @@ class DecodeThreadChooser:
             if hinted:  # the host changed: this step is the current setting's estimate, not the ones before it
                 b.recent[threads] = collections.deque([per_seq], maxlen=WINDOW)
 
+    @property
+    def _probes_on_hints(self) -> bool:
+        """Most threads first, and fewer only when the host hints it is short of cores: on an idle host the
+        one-thread probe was a whole prefill at half speed (the real Nemotron-H's second 2048-token prompt: 5.8 s
+        against 3.2 s), and it fell on whichever request came second, the one a user times."""
+        return self.most_first and self.host_hints
+
     @staticmethod
     def _host_favours_other(threads: int, other: int, room: float | None) -> bool:
         """Whether the host, during a step on `threads`, favoured the `other` count: more threads, each of which
@@ -255,7 +267,7 @@ class DecodeThreadChooser:
     def _bucket(self, batch_size: int) -> _Bucket:
         key = bucket_of(batch_size, self.bucket_bits)
         if key not in self._buckets:
-            self._buckets[key] = _Bucket(current=self.options[0])
+            self._buckets[key] = _Bucket(current=self.options[-1] if self._probes_on_hints else self.options[0])
         return self._buckets[key]
 
     def _other(self, b: _Bucket) -> int:

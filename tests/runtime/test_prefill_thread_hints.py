@@ -124,3 +124,13 @@ def test_this_hosts_clocks_read_and_bound_the_headroom() -> None:
     room = headroom(before, host_load.read_clocks())
     assert room is not None and 0.0 <= room <= (os.cpu_count() or 1)
     assert host_load.read_clocks(host_load.Path("/nonexistent/stat")) is None
+
+
+def test_most_first_with_hints_never_probes_one_thread_on_an_idle_host() -> None:
+    """The served prefill chooser: every thread from the first prefill on; the one-thread probe (a whole prefill at
+    half speed) only once a step shows the host short of a core, and then the faster count is kept."""
+    chooser = DecodeThreadChooser((1, 2), label="Prefill", bucket_bits=2, host_hints=True, most_first=True)
+    assert _prefills(chooser, QUIET, room=2.0, steps=EXPLORE_EVERY + 2) == [2] * (EXPLORE_EVERY + 2)
+    used = _prefills(chooser, BUSY, room=1.0, steps=4)
+    assert used[0] == 2 and 1 in used[1:]  # the busy step starts the probe of one thread
+    assert chooser.in_use() == {1024: 1}
