@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import re
@@ -17,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,8 @@ DISABLE_ENV = "HYBRIDCTL_NATIVE"  # "0" or "off": never build or load a native l
 
 _lock = threading.Lock()
 _loaded: dict[str, NativeLibrary] = {}
+_ready: dict[str, NativeLibrary | str] = {}  # load_once: the library its setup took, or why there is none
+logger = logging.getLogger("runtime.native")
 
 
 class NativeUnavailable(RuntimeError):
@@ -142,6 +146,43 @@ def load(name: str, source: Path, flags: tuple[str, ...] = DEFAULT_FLAGS) -> Nat
         library = _build_and_load(name, source, flags)
         _loaded[name] = library
         return library
+
+
+def load_once(
+    name: str,
+    source: Path,
+    flags: tuple[str, ...],
+    setup: Callable[[NativeLibrary], str | None],
+    what: str,
+    fallback: str,
+) -> NativeLibrary | None:
+    """`load` for a caller that has a torch path: the library once `setup` (which declares its functions and may
+    refuse with a reason, e.g. a CPU feature it lacks) took it; None when it cannot be had, the reason logged once
+    naming `what` and `fallback` (what runs instead). A `setup` that raises keeps nothing: the next call tries again."""
+    held = _ready.get(name)
+    if isinstance(held, NativeLibrary):
+        return held
+    if held is not None:
+        return None
+    try:
+        lib = load(name, source, flags)
+    except NativeUnavailable as exc:
+        _ready[name] = exc.reason
+        logger.warning("%s unavailable: %s; %s", what, exc.reason, fallback)
+        return None
+    reason = setup(lib)
+    if reason is not None:
+        _ready[name] = reason
+        logger.info("%s off: %s; %s", what, reason, fallback)
+        return None
+    _ready[name] = lib
+    return lib
+
+
+def load_state(name: str) -> bool | str | None:
+    """What `load_once` made of `name`: None while no one has asked, True when loaded, else the reason."""
+    held = _ready.get(name)
+    return held if held is None or isinstance(held, str) else True
 
 
 def _build_and_load(name: str, source: Path, flags: tuple[str, ...]) -> NativeLibrary:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable, load
+from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, load_once, load_state
 from runtime.native.threads import pinned_from_env, usable_threads
 
 logger = logging.getLogger("runtime.native")
@@ -52,7 +52,6 @@ FUNCTIONS: dict[str, list[type]] = {
 }  # fmt: skip
 FUNCTIONS["gdn_chunked_extend"] = FUNCTIONS["gdn_short_extend"]
 
-_state: dict[str, NativeLibrary | str] = {}  # "lib": the loaded library, or why there is none
 _pool_threads = [1]  # the kernels' worker pool's thread count, as last set
 THREADS_ENV = "RUNTIME_SHORT_EXTEND_THREADS"  # pins the pool's thread count ("1", "2", ...)
 
@@ -61,19 +60,7 @@ class NativeRefused(ValueError):
     """A call's tensors do not fit the kernel (the caller takes its torch path)."""
 
 
-def library() -> NativeLibrary | None:
-    """The short-extend kernels, built at first use; None (the reason logged once) when they cannot be had."""
-    held = _state.get("lib")
-    if isinstance(held, NativeLibrary):
-        return held
-    if held is not None:
-        return None
-    try:
-        lib = load("short_extend", SOURCE, FLAGS)
-    except NativeUnavailable as exc:
-        _state["lib"] = exc.reason
-        logger.warning("short-extend C kernels unavailable: %s; short extends take the torch path", exc.reason)
-        return None
+def _setup(lib: NativeLibrary) -> str | None:
     for fn_name, argtypes in FUNCTIONS.items():
         fn = getattr(lib.lib, fn_name)
         fn.restype, fn.argtypes = ctypes.c_int, argtypes
@@ -82,22 +69,28 @@ def library() -> NativeLibrary | None:
     count = default_threads()
     how = f"compiled in {lib.compile_seconds:.1f} s" if lib.compiled else "from the cache"
     logger.info("short-extend C kernels loaded: %s (%s)", lib.path.name, how)
-    _state["lib"] = lib
-    set_threads(count)
-    return lib
+    _pool_threads[0] = lib.lib.short_extend_set_threads(count)
+    return None
+
+
+def library() -> NativeLibrary | None:
+    """The short-extend kernels, built at first use; None (the reason logged once) when they cannot be had."""
+    return load_once(
+        "short_extend", SOURCE, FLAGS, _setup, "short-extend C kernels", "short extends take the torch path"
+    )
 
 
 def built() -> bool | None:
     """Whether `library()` has the kernels: None while no one has asked for them (a model on an accelerator never
     does), else True or False."""
-    held = _state.get("lib")
-    return None if held is None else isinstance(held, NativeLibrary)
+    state = load_state("short_extend")
+    return None if state is None else state is True
 
 
 def unavailable_reason() -> str | None:
     """Why `library()` returned None, once it has been asked."""
-    reason = _state.get("lib")
-    return reason if isinstance(reason, str) else None
+    state = load_state("short_extend")
+    return state if isinstance(state, str) else None
 
 
 def threads() -> int:

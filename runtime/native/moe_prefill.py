@@ -9,44 +9,29 @@ here before any call: a wrong pointer in C takes the server down.
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 
 import torch
 
-from runtime.native.build import NativeLibrary, NativeUnavailable, load
+from runtime.native.build import NativeLibrary, load_once
 from runtime.native.extend_kernels import FLAGS, NativeRefused
 
-logger = logging.getLogger("runtime.native")
 SOURCE = Path(__file__).parent / "moe_prefill.c"
 CHUNK = 512  # MP_CHUNK in moe_prefill.c: the scratch holds this many routed rows
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-_state: dict[str, NativeLibrary | str] = {}
 
 
-def library() -> NativeLibrary | None:
-    """The kernel when it can run here (built, AMX granted); None otherwise, the reason logged once."""
-    held = _state.get("lib")
-    if isinstance(held, NativeLibrary):
-        return held
-    if held is not None:
-        return None
-    try:
-        lib = load("moe_prefill", SOURCE, FLAGS)
-    except NativeUnavailable as exc:
-        _state["lib"] = exc.reason
-        logger.warning("MoE prefill kernel unavailable: %s; bf16 prefills take the torch path", exc.reason)
-        return None
+def _setup(lib: NativeLibrary) -> str | None:
     lib.lib.moe_prefill_bf16.restype = ctypes.c_int
     lib.lib.moe_prefill_bf16.argtypes = [*[_I64] * 3, _PTR, _I64, *[_PTR] * 8, _I64, _I64]
     lib.lib.moe_prefill_set_threads.restype = ctypes.c_int
     lib.lib.moe_prefill_set_threads.argtypes = [ctypes.c_int]
-    if not lib.lib.moe_prefill_ready():
-        _state["lib"] = "no AMX-BF16 (or the kernel refused the tile state)"
-        logger.info("MoE prefill kernel off: %s; bf16 prefills take the torch path", _state["lib"])
-        return None
-    _state["lib"] = lib
-    return lib
+    return None if lib.lib.moe_prefill_ready() else "no AMX-BF16 (or the kernel refused the tile state)"
+
+
+def library() -> NativeLibrary | None:
+    """The kernel when it can run here (built, AMX granted); None otherwise, the reason logged once."""
+    return load_once("moe_prefill", SOURCE, FLAGS, _setup, "MoE prefill kernel", "bf16 prefills take the torch path")
 
 
 def takes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, *, gated: bool = True) -> bool:

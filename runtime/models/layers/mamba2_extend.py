@@ -11,7 +11,6 @@ passes (a strided fp32 copy of the gate, silu, multiply, rms_norm, rounding, wei
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 
 import torch
@@ -19,31 +18,18 @@ import torch
 from runtime.models.layers.conv import causal_conv1d_extend, window_rows
 from runtime.models.layers.norm import GroupedGatedRMSNorm
 from runtime.models.layers.packing import SequencePacking
-from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, NativeUnavailable, load
+from runtime.native.build import DEFAULT_FLAGS, NativeLibrary, load_once
 from runtime.native.threads import usable_threads
 
-logger = logging.getLogger("runtime.native")
 SOURCE = Path(__file__).parents[2] / "native" / "mamba2_extend.c"
 # -fno-trapping-math: vexpf's branch-free clamps vectorize; -ffp-contract=off: a multiply and an add per tap, as
 # the torch conv rounds them (its fp32 sums bit for bit; only the silu's exp differs in the last bits).
 FLAGS = (*DEFAULT_FLAGS, "-fno-trapping-math", "-ffp-contract=off")
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _ARGS: list[type] = [_I64, _I64, _I64, _PTR, _I64, ctypes.c_int, _PTR, _PTR, _PTR, _PTR, _PTR]
-_state: dict[str, NativeLibrary | str] = {}
 
 
-def _library() -> NativeLibrary | None:
-    held = _state.get("lib")
-    if isinstance(held, NativeLibrary):
-        return held
-    if held is not None:
-        return None
-    try:
-        lib = load("mamba2_extend", SOURCE, FLAGS)
-    except NativeUnavailable as exc:
-        _state["lib"] = exc.reason
-        logger.warning("Mamba2 extend C kernels unavailable: %s; the torch forms run instead", exc.reason)
-        return None
+def _setup(lib: NativeLibrary) -> str | None:
     fn = lib.lib.mamba2_conv_extend
     fn.restype, fn.argtypes = ctypes.c_int, _ARGS
     norm = lib.lib.mamba2_gated_norm
@@ -58,8 +44,11 @@ def _library() -> NativeLibrary | None:
     # Set once, at first use (model load: torch's count is --num-threads then); its own pool (parallel.h), whose
     # workers spin only ~20 us after a call (HP_SPIN_US in the C file): torch's threads want the cores next.
     threads(usable_threads())
-    _state["lib"] = lib
-    return lib
+    return None
+
+
+def _library() -> NativeLibrary | None:
+    return load_once("mamba2_extend", SOURCE, FLAGS, _setup, "Mamba2 extend C kernels", "the torch forms run instead")
 
 
 def _fits(x: torch.Tensor, weight: torch.Tensor, packing: SequencePacking) -> bool:
