@@ -23,7 +23,7 @@ from runtime.engine.native_decode import EXTEND_ENV, EXTEND_MAX_TOKENS, NativeDe
 from runtime.models.base import HybridModel
 from runtime.native.build import find_compiler
 from runtime.native.hybrid_decode import set_min_part_bytes, set_threads
-from tests.runtime.native_step_checks import assert_extend_matches_torch
+from tests.runtime.native_step_checks import assert_extend_matches_torch, extend_batch
 from tests.runtime.simple_runner import SimpleRunner
 from tests.runtime.test_native_decode import (
     VOCAB,
@@ -55,26 +55,6 @@ def _runner(model: HybridModel, prefix: int, slots: int = 3) -> SimpleRunner:  #
     return runner
 
 
-def _extend_batch(runner: SimpleRunner, tokens: list[int]) -> ForwardBatch:
-    """The extend batch the engine builds for `tokens` appended to sequence 0 (slots taken from the runner)."""
-    seq = runner.seqs[0]
-    start = len(seq.tokens)
-    locs = list(range(runner.next_token_slot, runner.next_token_slot + len(tokens)))
-    runner.next_token_slot += len(tokens)
-    seq.tokens += tokens
-    seq.kv_locs += locs
-    return ForwardBatch(
-        mode="extend",
-        input_ids=torch.tensor(tokens, dtype=torch.int64),
-        positions=torch.arange(start, start + len(tokens), dtype=torch.int64),
-        extend_lens=[len(tokens)],
-        prefix_lens=[start],
-        kv_locs=[torch.tensor(seq.kv_locs, dtype=torch.int64)],
-        out_locs=torch.tensor(locs, dtype=torch.int64),
-        state_slots=torch.tensor([seq.slot], dtype=torch.int64),
-    )
-
-
 def _both_ways(model: HybridModel, runner: SimpleRunner, batch: ForwardBatch) -> tuple[PoolBuffers, PoolBuffers]:  # noqa: F811
     """The batch through the torch extend (the runner's pools) and the native one (a copy): both pools, after the
     last row's logits were checked to agree."""
@@ -97,7 +77,7 @@ def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) 
 @pytest.mark.parametrize(("prefix", "new"), [(0, 2), (0, 17), (1, 2), (9, 5), (40, 48), (70, EXTEND_MAX_TOKENS)])
 def test_extend_matches_the_torch_extend(model: HybridModel, prefix: int, new: int) -> None:  # noqa: F811
     runner = _runner(model, prefix)
-    batch = _extend_batch(runner, _prompt(new, 23))
+    batch = extend_batch(runner, 0, _prompt(new, 23))
     torch_buffers, native_buffers = _both_ways(model, runner, batch)
     slot = int(batch.state_slots[0])
     for i, (a, b) in enumerate(zip(torch_buffers.k, native_buffers.k, strict=True)):
@@ -127,7 +107,7 @@ def test_extend_with_state_checkpoints_matches_the_torch_extend(
     """A chunk of a prompt that crosses the prefix cache's checkpoint positions: the state after each checkpoint's
     tokens lands in its slot, as the torch extend writes it, and nothing else changes."""
     runner = _runner(model, prefix, slots=5)
-    batch = _extend_batch(runner, _prompt(new, 29))
+    batch = extend_batch(runner, 0, _prompt(new, 29))
     used = {runner.seqs[7].slot, runner.seqs[0].slot}
     spare = [s for s in range(5) if s not in used][: len(after)]
     batch.state_checkpoints = [list(zip(after, spare, strict=True))]
@@ -152,7 +132,7 @@ def test_extend_refuses_checkpoints_it_cannot_take(model: HybridModel) -> None: 
     runner = SimpleRunner(model, num_state_slots=4)
     runner.add(0)
     runner.extend({0: _prompt(6, 3)})
-    batch = _extend_batch(runner, _prompt(8, 2))
+    batch = extend_batch(runner, 0, _prompt(8, 2))
     own = int(batch.state_slots[0])
     spare = next(s for s in range(4) if s != own)
     native = NativeDecode(model, extends=True)
@@ -172,7 +152,7 @@ def test_extend_refuses_checkpoints_it_cannot_take(model: HybridModel) -> None: 
 def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
     runner = _runner(model, 6)
     native = NativeDecode(model, extends=True)
-    batch = _extend_batch(runner, _prompt(EXTEND_MAX_TOKENS, 1))
+    batch = extend_batch(runner, 0, _prompt(EXTEND_MAX_TOKENS, 1))
     assert native.handles(batch)
     longer = copy.copy(batch)
     longer.extend_lens = [EXTEND_MAX_TOKENS + 1]
@@ -195,7 +175,7 @@ def test_which_extends_go_native(model: HybridModel) -> None:  # noqa: F811
 
 
 def test_extends_are_on_by_default_and_env_turns_them_off(model: HybridModel, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    batch = _extend_batch(_runner(model, 6), _prompt(8, 1))
+    batch = extend_batch(_runner(model, 6), 0, _prompt(8, 1))
     monkeypatch.delenv(EXTEND_ENV, raising=False)
     assert NativeDecode(model).handles(batch)
     assert native_decode_for(model, "auto", "cpu")[1].line().endswith("; short extends)")
@@ -211,7 +191,7 @@ def test_extends_are_on_by_default_and_env_turns_them_off(model: HybridModel, mo
 
 def test_extend_refuses_new_slots_that_are_not_the_end_of_its_kv_list(model: HybridModel) -> None:  # noqa: F811
     runner = _runner(model, 6)
-    batch = _extend_batch(runner, _prompt(4, 2))
+    batch = extend_batch(runner, 0, _prompt(4, 2))
     native = NativeDecode(model, extends=True)
     bad = copy.copy(batch)
     bad.out_locs = batch.out_locs.flip(0).contiguous()
@@ -246,7 +226,7 @@ def test_extend_on_two_threads_is_bit_identical(
     for count in (1, 2):
         set_threads(split_finely.library, count)
         runner = _runner(model, prefix)
-        batch = _extend_batch(runner, _prompt(33, 4))
+        batch = extend_batch(runner, 0, _prompt(33, 4))
         with torch.inference_mode():
             logits = split_finely(batch, runner.buffers)
         b: PoolBuffers = runner.buffers
@@ -269,12 +249,12 @@ def test_greedy_through_the_runner_matches_transformers_generate(
     runner.add(0)
     got: list[int] = []
     for turn in range(2):
-        batch = _extend_batch(runner, [got[-1], *follow] if turn else prompt)
+        batch = extend_batch(runner, 0, [got[-1], *follow] if turn else prompt)
         assert model_runner.native_decode.handles(batch)
         with torch.inference_mode():
             got.append(int(model_runner.forward(batch)[-1].argmax()))
             for _ in range(19):
-                got.append(int(model_runner.forward(_extend_batch(runner, [got[-1]]))[-1].argmax()))
+                got.append(int(model_runner.forward(extend_batch(runner, 0, [got[-1]]))[-1].argmax()))
     history = [*prompt, *got[:20], *follow]
     with torch.no_grad():
         first = checkpoint[1].generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)
