@@ -58,9 +58,9 @@ _ERRORS = {
 }
 
 
-def load_library() -> NativeLibrary:
-    """The compiled kernel (built at first use, then from the cache); NativeUnavailable with the reason."""
-    library = load("hybrid_decode", SOURCE)
+def load_library(name: str = "hybrid_decode", source: Path = SOURCE) -> NativeLibrary:
+    """The kernel compiled from `source` (first use, then cached), loaded once a `name`; else NativeUnavailable."""
+    library = load(name, source)
     fn = library.lib.hd_decode
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(HDModel), ctypes.POINTER(HDStep)]
