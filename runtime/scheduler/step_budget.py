@@ -55,6 +55,10 @@ MIN_TOKENS = 256
 # model) is well under the target, so the floor is SMALL_MIN_TOKENS: on a busy host the demo model's 256 tokens 7,000
 # into a prompt take 300 ms, three targets.
 FAST_MODEL_RATIO = 2.0
+# "At a prompt's start": steps whose context is under this many tokens, timed as they come; until one has been,
+# the last steps' cost carried down by the growth (which a first prompt's steps are still learning: its late
+# steps alone would keep the demo model at the 256-token floor, 300 ms on a busy host).
+START_CONTEXT = 1024
 SMALL_MIN_TOKENS = 64
 MAX_TOKENS = 2048
 GRANULARITY = 32
@@ -93,6 +97,7 @@ class PauseBudget:
     initial_tokens: int  # until a prefill has been timed, the step's tokens, decode rows included
     token_s: float | None = None  # smoothed seconds per prompt token of the last steps
     context: float = 0.0  # smoothed context of those steps
+    start_token_s: float | None = None  # smoothed seconds per prompt token of steps under START_CONTEXT
     decode_s: float | None = None  # smoothed seconds of a decode step
     fit: _GrowthFit = field(default_factory=_GrowthFit)
 
@@ -112,6 +117,8 @@ class PauseBudget:
         self.fit.add(context, per_token)
         self.context = context if self.token_s is None else self.context + SMOOTHING * (context - self.context)
         self.token_s = _smooth(self.token_s, per_token)
+        if context < START_CONTEXT:
+            self.start_token_s = _smooth(self.start_token_s, per_token)
 
     def prompt_tokens(self, decoding: int, position: int = 0) -> int:
         """This step's prompt-token budget while `decoding` requests decode (at least one token), its chunk
@@ -126,8 +133,9 @@ class PauseBudget:
             # T tokens from `position` cost T * base * (1 + g * (position + T / 2)): the T that fills `spare`.
             lead = 1.0 + g * position
             tokens = (math.sqrt(lead * lead + 2.0 * g * spare / base) - lead) / g
+        start = min(base, self.start_token_s or base)
         floor = MIN_TOKENS
-        if (self.decode_s or 0.0) + MIN_TOKENS * base <= FAST_MODEL_RATIO * self.target_s:
+        if (self.decode_s or 0.0) + MIN_TOKENS * start <= FAST_MODEL_RATIO * self.target_s:
             floor = SMALL_MIN_TOKENS
         return min(max(int(tokens) // GRANULARITY * GRANULARITY, floor), MAX_TOKENS)
 
