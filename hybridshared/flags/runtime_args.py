@@ -37,7 +37,7 @@ DEFAULT_CPU_DECODING_STEP_TOKENS = 256
 # The longest a decoding stream should stall for another request's prefill under --decoding-step-tokens auto: a
 # reader takes about 180 ms per token (250 words a minute, ~1.3 tokens a word), so a shorter stall is not seen in
 # a stream read as it arrives; steps overshoot the estimate by up to a third (195 ms at a 150 ms target on the
-# demo model), hence 100. The budget never goes under 256 tokens (runtime/scheduler/step_budget.py MIN_TOKENS).
+# demo model), hence 100. The budget's floor: runtime/scheduler/step_budget.py MIN_TOKENS, 256 (or SMALL_MIN_TOKENS).
 DEFAULT_DECODE_PAUSE_TARGET_MS = 100.0
 # On CPU a prefill step admits another prompt only while the step stays within this many prompt tokens (SGLang's
 # --max-prefill-tokens; its default elsewhere). A CPU forward's cost grows linearly with its tokens from a few

@@ -62,7 +62,9 @@ class PrefillAdmission:
         cfg = self.host.config
         budget = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else 1 << 62
         if decoding and cfg.decode_pause_target_s > 0:  # the measured cost covers the decode rows
-            return max(min(budget, self.host.pause_budget.prompt_tokens(decoding)), 1)
+            # Unfinished prefills take the budget first; a step later in its prompt costs more a token.
+            position = next((r.mem.kv_len for r in self.host.running if r.in_prefill and r.mem is not None), 0)
+            return max(min(budget, self.host.pause_budget.prompt_tokens(decoding, position)), 1)
         if decoding and cfg.decoding_step_tokens > 0:
             budget = min(budget, cfg.decoding_step_tokens)
         if decoding and self.host.mixing:

@@ -48,7 +48,7 @@ from runtime.scheduler.fork import ForkHolds
 from runtime.scheduler.request import Req
 from runtime.scheduler.sampling import select_rows
 from runtime.scheduler.stats import DecodeRate, stats_snapshot
-from runtime.scheduler.step_budget import PauseBudget
+from runtime.scheduler.step_budget import PauseBudget, mean_context
 from runtime.scheduler.stopping import Detokenizer, abort_reason, finish_reason_after
 
 
@@ -255,8 +255,10 @@ class Scheduler:
         if batch.mode == "decode":
             self.pause_budget.observe(0, batch.batch_size, seconds)
         else:
-            prompt = sum(len(t) for t in batch.tokens[: batch.batch_size - batch.decode_rows])
-            self.pause_budget.observe(prompt, batch.decode_rows, seconds)
+            n = batch.batch_size - batch.decode_rows
+            lengths = [len(t) for t in batch.tokens[:n]]
+            context = mean_context(batch.starts[:n], lengths)
+            self.pause_budget.observe(sum(lengths), batch.decode_rows, seconds, context)
 
     def _finish_decode(self, reqs: list[Req], logits: torch.Tensor, started: float) -> None:
         """Decoding requests computed one token each: their KV grows by it, their next token is sampled."""

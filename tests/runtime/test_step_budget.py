@@ -14,7 +14,15 @@ from hybridshared.flags.runtime_parser import parse_args
 from runtime.core.config import engine_args
 from runtime.core.requests import GenerateRequest
 from runtime.engine.engine_core import EngineCore
-from runtime.scheduler.step_budget import GRANULARITY, MAX_TOKENS, MIN_TOKENS, PauseBudget
+from runtime.scheduler.step_budget import (
+    GRANULARITY,
+    MAX_GROWTH,
+    MAX_TOKENS,
+    MIN_TOKENS,
+    SMALL_MIN_TOKENS,
+    PauseBudget,
+    mean_context,
+)
 from tests.runtime.test_engine_support import (
     TINY_BUILDERS,
     VOCAB,
@@ -49,7 +57,10 @@ def test_the_decode_rows_share_the_target() -> None:
 
 def test_bounds_and_the_start() -> None:
     assert _budget(50.0) == MIN_TOKENS  # a 0.76B model: steps stay large enough to be efficient
-    assert _budget(1.0) == MIN_TOKENS  # 150 tokens fit, but a step under MIN_TOKENS would spiral down
+    assert _budget(3.0) == MIN_TOKENS  # 50 tokens fit, but 256 take 5 targets: the fixed part may spiral
+    # 150 tokens fit and 256 take under 2 targets: a fixed part too small to spiral, the smaller floor.
+    assert _budget(1.0) == 128
+    assert _budget(5.0, target_ms=1000) == 192  # the same at any target: 256 tokens within 2 targets
     assert _budget(0.001) == MAX_TOKENS
     assert _budget(0.5, decode_ms=500) == MIN_TOKENS  # decode rows alone over the target
     fresh = PauseBudget(0.15, DEFAULT_CPU_DECODING_STEP_TOKENS)
@@ -86,6 +97,70 @@ def test_the_budget_follows_a_slower_host_within_a_few_steps() -> None:
     after = b.prompt_tokens(1)
     assert after < before / 5
     assert after == pytest.approx(300, abs=GRANULARITY)
+
+
+def _prompts(b: PauseBudget, fixed_s: float, token_s: float, growth: float, n: int = 2) -> list[tuple[int, int, float]]:
+    """The budget's own steps over `n` 8000-token prompts (one decode row beside), each step costing
+    fixed + tokens * token_s * (1 + growth * its mean context), as it is timed: (position, tokens, seconds)."""
+    steps = []
+    for _ in range(n):
+        position = 0
+        while position < 8000:
+            tokens = min(b.prompt_tokens(1, position), 8000 - position)
+            context = mean_context([position], [tokens])
+            seconds = fixed_s + tokens * token_s * (1 + growth * context)
+            b.observe(tokens, 1, seconds, context)
+            b.observe(0, 1, 0.001)
+            steps.append((position, tokens, seconds))
+            position += tokens
+    return steps
+
+
+def test_steps_late_in_a_prompt_stay_within_the_target() -> None:
+    # The demo model, measured (2 threads): 139 us a token + 43 ns per prefix token, 10 ms fixed.
+    b = PauseBudget(0.1, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    second = _second_prompt(_prompts(b, 0.010, 139e-6, 43e-9 / 139e-6))
+    assert max(s for _, _, s in second) <= 0.1 * 1.05
+    assert max(t for _, t, _ in second) > 2 * second[-2][1]  # a prompt's early steps take more tokens than its late
+    flat = PauseBudget(0.1, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    flat.fit.add = lambda context, token_s: None  # type: ignore[method-assign]  # the flat average alone
+    late = max(s for _, _, s in _second_prompt(_prompts(flat, 0.010, 139e-6, 43e-9 / 139e-6)))
+    assert late > 0.1 * 1.1  # the flat average lags behind the prompt's rising cost: 15% over the target
+
+
+def _second_prompt(steps: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    return steps[[i for i, (p, _, _) in enumerate(steps) if p == 0][1] :]
+
+
+def test_a_busy_host_takes_the_demo_model_under_the_256_token_floor() -> None:
+    # 2.4 times slower (five other benchmarks on two cores): 256 tokens 7,000 into a prompt take 300 ms.
+    b = PauseBudget(0.1, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    steps = _prompts(b, 0.015, 335e-6, 43e-9 / 139e-6)
+    second = _second_prompt(steps)
+    assert min(t for _, t, _ in second) == SMALL_MIN_TOKENS
+    assert max(s for _, _, s in second) <= 0.15
+    # Before the growth is known (a noisy fit: none here), the steps at the prompt's start set the floor.
+    unfitted = PauseBudget(0.1, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    unfitted.fit.add = lambda context, token_s: None  # type: ignore[method-assign]
+    assert max(s for _, _, s in _prompts(unfitted, 0.015, 335e-6, 43e-9 / 139e-6, n=1)) <= 0.15
+
+
+def test_the_large_model_keeps_the_floor_along_a_prompt() -> None:
+    # The 0.76B Qwen3-Next (0.34 s + 15.3 ms a token), its attention a small part: the floor, never under it.
+    b = PauseBudget(0.1, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    steps = _prompts(b, 0.34, 0.0153, 2e-5)
+    assert {t for p, t, _ in steps[1:] if p + t < 8000} == {MIN_TOKENS}  # (the first: the default, untimed)
+
+
+def test_a_new_prompt_is_not_priced_below_the_last_steps() -> None:
+    b = PauseBudget(0.1, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    _prompts(b, 0.010, 139e-6, 43e-9 / 139e-6, n=1)
+    late = b.prompt_tokens(1, 7900)
+    assert b.prompt_tokens(1, 0) <= 2 * late  # priced at about the last steps' cost until timed
+    noisy = PauseBudget(0.1, DEFAULT_CPU_DECODING_STEP_TOKENS)
+    for i in range(40):  # costs that rise steeply with context (a host getting busier along the prompt)
+        noisy.observe(256, 0, 256 * 1e-6 * (1 + i * 4), context=i * 256.0)
+    assert noisy.fit.growth == MAX_GROWTH
 
 
 @pytest.mark.parametrize(
