@@ -205,6 +205,33 @@ int mamba2_mixing(int64_t chunks, int64_t groups, int64_t per_group, int64_t len
     return 0;
 }
 
+typedef struct {
+    uint16_t *x;
+} relu2_job;
+
+#define RELU2_SLICE 4096 /* elements per unit of work */
+
+/* relu(x)^2 in place: the square in fp32 rounded once, as torch's relu_().square_() on bf16 (bit for bit; a nan
+ * stays a nan, -0 squares to +0). */
+static void relu2_part(void *ctx, int64_t begin, int64_t end) {
+    uint16_t *restrict x = ((const relu2_job *)ctx)->x;
+    for (int64_t i = begin * RELU2_SLICE; i < end * RELU2_SLICE; i++) {
+        const float v = bf16_to_f32(x[i]);
+        const float r = v < 0.0f ? 0.0f : v;
+        x[i] = f32_to_bf16(r * r);
+    }
+}
+
+/* Nemotron-H's squared-ReLU MLP activation on its up projection's bf16 output [n], in place: torch's bf16 relu_
+ * (clamp_min_) took ~17 ms of a 2048-token prefill's [2048, 8192] per MLP layer, the square ~4. n a multiple of
+ * RELU2_SLICE (the caller does any tail); returns 0, or -1 otherwise. */
+int nemotron_relu2_bf16(int64_t n, uint16_t *x) {
+    if (n < 0 || n % RELU2_SLICE != 0) return -1;
+    relu2_job job = {x};
+    hp_parallel_for(n / RELU2_SLICE, 16, relu2_part, &job);
+    return 0;
+}
+
 /* Threads for the next calls (1: inline, no worker started); returns the count now set. */
 int mamba2_extend_set_threads(int n) {
     hp_set_threads(n);

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.models.layers.norm import ZeroCenteredRMSNorm
+from runtime.models.layers.norm import RMSNorm, ZeroCenteredRMSNorm
 from runtime.native import extend_kernels
 
 pytestmark = pytest.mark.skipif(extend_kernels.library() is None, reason="needs a C compiler (CI installs gcc)")
@@ -53,3 +53,30 @@ def test_a_bf16_zero_centred_norm_takes_the_kernel() -> None:
     assert torch.equal(got, extend_kernels.rms_norm(x.reshape(-1, 64), norm.scale(norm.weight), 1e-6).view(x.shape))
     want = F.rms_norm(x.float(), (64,), norm.scale(norm.weight), 1e-6)
     torch.testing.assert_close(got.float(), want, atol=0, rtol=2.0**-7)
+
+
+def test_a_bf16_plain_norm_takes_the_kernel_with_its_weight_in_fp32() -> None:
+    norm = RMSNorm(64, 1e-5)  # Nemotron-H's: the weight multiplies in fp32, before the rounding
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64) * 0.1 + 1)
+    norm.weight.data = norm.weight.data.bfloat16()
+    x = torch.randn(600, 64, generator=torch.Generator().manual_seed(5)).bfloat16()  # past by_row_blocks' cut
+    got = norm(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, extend_kernels.rms_norm(x, norm.weight.float(), 1e-5))
+    want = F.rms_norm(x.float(), (64,), norm.weight.float(), 1e-5)
+    torch.testing.assert_close(got.float(), want, atol=0, rtol=2.0**-7)
+
+
+def test_a_bf16_granite_norm_takes_the_kernel_and_weighs_after_rounding() -> None:
+    norm = RMSNorm(64, 1e-6, weight_in_fp32=False)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64) * 0.1 + 1)
+    norm.weight.data = norm.weight.data.bfloat16()
+    x = torch.randn(3, 9, 64, generator=torch.Generator().manual_seed(6)).bfloat16()
+    got = norm(x)
+    assert got.shape == x.shape and got.dtype == torch.bfloat16
+    normed = extend_kernels.rms_norm(x.reshape(-1, 64), torch.ones(64), 1e-6).view(x.shape)
+    assert torch.equal(got, norm.weight * normed)
+    want = norm.weight * F.rms_norm(x.float(), (64,), None, 1e-6).bfloat16()
+    torch.testing.assert_close(got.float(), want.float(), atol=0, rtol=2.0**-6)  # an ulp before and after the weight

@@ -113,3 +113,20 @@ def test_c_intra_chunk_weights_match_the_torch_form() -> None:
     assert torch.equal(got.masked_select(upper), want.masked_select(upper))  # zeros
     bad = ~torch.isclose(got, want, rtol=1e-6, atol=1e-6)  # atol: d + a product can cancel
     assert not bad.any(), (got[bad][:5], want[bad][:5])
+
+
+def test_c_relu_squared_is_torchs_bit_for_bit() -> None:
+    """Relu2MLP's activation in C on bf16, in place: torch's relu_().square_() to the bit, nan, -0, subnormals and
+    overflow included; a size that is not whole slices goes to torch."""
+    if mamba2_extend._library() is None:
+        pytest.skip("no C compiler")
+    x = (torch.randn(3, 4096, generator=torch.Generator().manual_seed(3)) * 3).bfloat16()
+    specials = [float("nan"), -0.0, 0.0, 1e-40, -1e-40, 1e-20, float("inf"), -float("inf"), 3e38, -3e38]
+    x.view(-1)[: len(specials)] = torch.tensor(specials).bfloat16()
+    want = x.clone().relu_().square_()
+    got = mamba2_extend.relu_squared_(buffer := x.clone())
+    assert got.data_ptr() == buffer.data_ptr()  # in place
+    assert torch.equal(got.isnan(), want.isnan())  # a nan's payload bits may differ (torch makes them canonical)
+    assert torch.equal(got.nan_to_num(0.5).view(torch.int16), want.nan_to_num(0.5).view(torch.int16))
+    odd = x[:, :100].nan_to_num(0.5).contiguous()
+    assert torch.equal(mamba2_extend.relu_squared_(odd.clone()), odd.clone().relu_().square_())

@@ -39,6 +39,8 @@ def _setup(lib: NativeLibrary) -> str | None:
     )
     mix = lib.lib.mamba2_mixing
     mix.restype, mix.argtypes = ctypes.c_int, [_I64, _I64, _I64, _I64, *[_PTR] * 5]
+    relu2 = lib.lib.nemotron_relu2_bf16
+    relu2.restype, relu2.argtypes = ctypes.c_int, [_I64, _PTR]
     threads = lib.lib.mamba2_extend_set_threads
     threads.restype, threads.argtypes = ctypes.c_int, [ctypes.c_int]
     # Set once, at first use (model load: torch's count is --num-threads then); its own pool (parallel.h), whose
@@ -163,3 +165,18 @@ def intra_chunk_weights(
         chunks * batch, groups, heads // groups, length, *(t.data_ptr() for t in (a_cum, shifted, scores, d, out))
     )
     return out if status == 0 else None
+
+
+def relu_squared_(x: torch.Tensor) -> torch.Tensor:
+    """x.relu_().square_() (Relu2MLP), bit for bit; bf16 CPU tensors of whole 4096-element slices in one C pass."""
+    fits = (
+        x.device.type == "cpu"
+        and x.dtype == torch.bfloat16
+        and x.is_contiguous()
+        and x.numel() % 4096 == 0
+        and not torch.compiler.is_compiling()
+    )
+    lib = _library() if fits else None
+    if lib is None or lib.lib.nemotron_relu2_bf16(x.numel(), x.data_ptr()) != 0:
+        return x.relu_().square_()
+    return x

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.models.layers.mamba2_extend import relu_squared_
+
 
 class GatedMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
@@ -30,4 +32,5 @@ class Relu2MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.up_proj(x).relu_().square_())  # in place, as GatedMLP
+        # In place, as GatedMLP; in C for bf16, where torch's relu_ is a slow scalar loop (mamba2_extend.py).
+        return self.down_proj(relu_squared_(self.up_proj(x)))

@@ -31,6 +31,17 @@ class RMSNorm(nn.Module):
             # Both variants are one rms_norm with the weight inside in fp32 (the same product, checked bit for bit)
             # and no no-op conversions.
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        if dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.compiler.is_compiling():
+            # One C pass (widen, norm, round), as ZeroCenteredRMSNorm: torch's composite made ~6 passes over each
+            # row block (real-size Nemotron-H, 2048 tokens: ~4% of the prefill's op time, prefill_cpu.py --profile).
+            # Granite's weight multiplies after the rounding: the kernel's weight is 1 (exact), then one bf16 mul.
+            inside = self.weight.float() if self.weight_in_fp32 else torch.ones(x.shape[-1])
+            try:
+                h = extend_kernels.rms_norm(x.reshape(-1, x.shape[-1]), inside, self.eps).view(x.shape)
+            except extend_kernels.NativeRefused:
+                pass
+            else:
+                return h if self.weight_in_fp32 else self.weight * h
         return by_row_blocks(self._widened, x)
 
     def _widened(self, x: torch.Tensor) -> torch.Tensor:
