@@ -105,35 +105,10 @@ static inline int64_t chain_blocks(const HDLayer *L, int64_t B) {
     return (L->nh / L->nkv * B + HD_ATT_ROWS - 1) / HD_ATT_ROWS;
 }
 
-/* A unit computes up to HD_ATT_GROUP blocks of one KV head together, a chunk of HD_ATT_CHUNK keys at a time (K or
- * V: 64 KB at hd 128, L2-resident while every block reads it). One block a unit re-read the whole span per block:
- * real Qwen3-Next's warm extend (12 blocks a KV head over 2000 cached keys, 1 MB of K and of V a head) spent ~30 ms
- * of CPU in its 4 attention layers, stalled on those reads. Two groups a KV head at that size: four units for two
- * threads, so a descheduled one holds a quarter, not half. */
-#define HD_ATT_GROUP 6
-#define HD_ATT_CHUNK 128
-
-static inline int64_t chain_group(const HDLayer *L, int64_t B) { return min64(chain_blocks(L, B), HD_ATT_GROUP); }
-
 /* ST[t][i] = sum over d of K_t[d] * QT[d][i] (d ascending, one FMA each), for t < nt; key t's row is at
  * kp + flat[t] * kvw (its head's offset included). */
 static void chain_scores(const float *QT, int64_t hd, const float *kp, int64_t kvw, int64_t nt, float *ST) {
     int64_t t = 0;
-#ifdef __AVX512F__
-    /* The block's 16 lanes in one register, 12 keys a tile: half the instructions of the 8-float form below and
-     * the same FMA per element in the same order (its bits). The span's 2000 keys made the 8-float tiles ~30 ms
-     * of a real Qwen3-Next warm extend's CPU. */
-    for (; t + 12 <= nt; t += 12) {
-        const float *k0 = kp + t * kvw;
-        __m512 acc[12];
-        for (int j = 0; j < 12; j++) acc[j] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < hd; d++) {
-            const __m512 q = _mm512_loadu_ps(QT + d * 16);
-            for (int j = 0; j < 12; j++) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(k0[j * kvw + d]), q, acc[j]);
-        }
-        for (int j = 0; j < 12; j++) _mm512_storeu_ps(ST + (t + j) * 16, acc[j]);
-    }
-#endif
 #ifdef __AVX2__
     for (; t + 6 <= nt; t += 6) {
         const float *k0 = kp + t * kvw, *k1 = k0 + kvw, *k2 = k1 + kvw, *k3 = k2 + kvw, *k4 = k3 + kvw, *k5 = k4 + kvw;
@@ -218,20 +193,6 @@ static void chain_pv(const float *P, int64_t hd, const float *vp, int64_t kvw, i
     for (int64_t t0 = 0; t0 < nt; t0 += HD_ATT_KEYS) {
         const int64_t t1 = min64(nt, t0 + HD_ATT_KEYS);
         int64_t d = 0;
-#ifdef __AVX512F__
-        /* 16 output columns x the 16 lanes, one register each: the 8-float form's FMAs per element, in its order */
-        for (; d + 16 <= hd; d += 16) {
-            float *o = OT + d * 16;
-            __m512 acc[16];
-            for (int j = 0; j < 16; j++) acc[j] = _mm512_loadu_ps(o + j * 16);
-            for (int64_t t = t0; t < t1; t++) {
-                const float *v = vp + t * kvw + d;
-                const __m512 p = _mm512_loadu_ps(P + t * 16);
-                for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(v[j]), p, acc[j]);
-            }
-            for (int j = 0; j < 16; j++) _mm512_storeu_ps(o + j * 16, acc[j]);
-        }
-#endif
 #ifdef __AVX2__
         /* 6 output columns x 16 lanes: 12 accumulators, enough to cover the FMA latency (8 left it latency-bound) */
         for (; d + 6 <= hd; d += 6) {
@@ -314,82 +275,52 @@ static void gather_kv(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
-/* Block j of a unit's scratch: its scores ST [span][16], then (after every block's scores) its QT and OT
- * [hd][16] each. */
-static inline float *chain_st(float *base, int64_t span, int64_t j) { return base + j * span * 16; }
-static inline float *chain_qt(float *base, int64_t span, int64_t G, int64_t hd, int64_t j) {
-    return base + G * span * 16 + j * hd * 32;
-}
-
 static void attention_chain(void *ctx, int64_t begin, int64_t end) {
     AttnCtx *a = ctx;
     const HDLayer *L = a->L;
     const HDStep *s = a->s;
     const int64_t hd = L->hd, nh = L->nh, kvw = L->nkv * hd, group = nh / L->nkv, B = s->batch;
     const int64_t qw = nh * hd * (L->out_gate ? 2 : 1), qstride = L->out_gate ? 2 * hd : hd;
-    const int64_t R = group * B, nblk = chain_blocks(L, B), G = chain_group(L, B), ngrp = (nblk + G - 1) / G;
-    const int64_t span = s->kv_offsets[B];
+    const int64_t R = group * B, nblk = chain_blocks(L, B);
     const float scale = (float)L->attn_scale;
-    float *base = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->part;
-    int64_t nb[HD_ATT_GROUP][16], nts[HD_ATT_GROUP], los[HD_ATT_GROUP];
-    float inv[HD_ATT_GROUP][16];
+    float *ST = a->scores + atomic_fetch_add(&a->next_slot, 1) * a->part; /* [span, 16] */
+    float *QT = ST + s->kv_offsets[B] * 16, *OT = QT + hd * 16; /* [hd, 16] each */
+    int64_t nb[16];
+    float inv[16];
     for (int64_t u = begin; u < end; u++) {
-        if (a->ffn_hidden > 0) hd_prefetch_ffn(L, a->ffn_hidden, u, L->nkv * ngrp); /* compute-bound: DRAM idle */
-        const int64_t g = u / ngrp, j0 = (u % ngrp) * G, nj = min64(G, nblk - j0);
-        int64_t nt_max = 0;
-        for (int64_t j = 0; j < nj; j++) {
-            float *QT = chain_qt(base, span, G, hd, j);
-            const int64_t r0 = (j0 + j) * HD_ATT_ROWS, rows = min64(HD_ATT_ROWS, R - r0);
-            int64_t nt = 0, lo = INT64_MAX;
-            for (int64_t i = 0; i < rows; i++) {
-                const int64_t r = r0 + i, b = r % B, h = g * group + r / B;
-                const float *src = a->q + b * qw + h * qstride;
-                for (int64_t d = 0; d < hd; d++) QT[d * 16 + i] = src[d] * scale;
-                nb[j][i] = s->kv_offsets[b + 1];
-                nt = max64(nt, nb[j][i]), lo = min64(lo, nb[j][i]);
-            }
-            for (int64_t i = rows; i < 16; i++) { /* padding lanes: zero queries, computed and dropped */
-                for (int64_t d = 0; d < hd; d++) QT[d * 16 + i] = 0.0f;
-                nb[j][i] = nt;
-            }
-            nts[j] = nt, los[j] = lo, nt_max = max64(nt_max, nt);
+        if (a->ffn_hidden > 0) hd_prefetch_ffn(L, a->ffn_hidden, u, L->nkv * nblk); /* compute-bound: DRAM idle */
+        const int64_t g = u / nblk, r0 = (u % nblk) * HD_ATT_ROWS, rows = min64(HD_ATT_ROWS, R - r0);
+        int64_t nt = 0, lo = INT64_MAX;
+        for (int64_t i = 0; i < rows; i++) {
+            const int64_t r = r0 + i, b = r % B, h = g * group + r / B;
+            const float *src = a->q + b * qw + h * qstride;
+            for (int64_t d = 0; d < hd; d++) QT[d * 16 + i] = src[d] * scale;
+            nb[i] = s->kv_offsets[b + 1];
+            nt = max64(nt, nb[i]), lo = min64(lo, nb[i]);
         }
-        /* Chunk by chunk of keys, every block of the unit: a chunk's K (then V) rows are read from memory once
-         * for all the unit's blocks, not once a block. Each score and each output's chain of FMAs is still the one
-         * a single run over the whole span computes (keys ascending per block). */
-        for (int64_t r = 0; r < a->runs && a->run_at[r] < nt_max; r++)
-            for (int64_t c0 = a->run_at[r]; c0 < min64(a->run_at[r + 1], nt_max); c0 += HD_ATT_CHUNK) {
-                const int64_t c1 = min64(c0 + HD_ATT_CHUNK, a->run_at[r + 1]);
-                const float *kc = a->run_k[r] + (c0 - a->run_at[r]) * kvw + g * hd;
-                for (int64_t j = 0; j < nj; j++)
-                    if (nts[j] > c0)
-                        chain_scores(chain_qt(base, span, G, hd, j), hd, kc, kvw, min64(c1, nts[j]) - c0,
-                                     chain_st(base, span, j) + c0 * 16);
-            }
-        for (int64_t j = 0; j < nj; j++) {
-            chain_softmax(chain_st(base, span, j), nts[j], nb[j], los[j], inv[j]);
-            memset(chain_qt(base, span, G, hd, j) + hd * 16, 0, (size_t)(hd * 16) * sizeof(float));
+        for (int64_t i = rows; i < 16; i++) { /* padding lanes: zero queries, computed and dropped */
+            for (int64_t d = 0; d < hd; d++) QT[d * 16 + i] = 0.0f;
+            nb[i] = nt;
         }
-        for (int64_t r = 0; r < a->runs && a->run_at[r] < nt_max; r++)
-            for (int64_t c0 = a->run_at[r]; c0 < min64(a->run_at[r + 1], nt_max); c0 += HD_ATT_CHUNK) {
-                const int64_t c1 = min64(c0 + HD_ATT_CHUNK, a->run_at[r + 1]);
-                const float *vc = a->run_v[r] + (c0 - a->run_at[r]) * kvw + g * hd;
-                for (int64_t j = 0; j < nj; j++)
-                    if (nts[j] > c0)
-                        chain_pv(chain_st(base, span, j) + c0 * 16, hd, vc, kvw, min64(c1, nts[j]) - c0,
-                                 chain_qt(base, span, G, hd, j) + hd * 16);
-            }
-        for (int64_t j = 0; j < nj; j++) {
-            const float *OT = chain_qt(base, span, G, hd, j) + hd * 16;
-            const int64_t r0 = (j0 + j) * HD_ATT_ROWS, rows = min64(HD_ATT_ROWS, R - r0);
-            for (int64_t i = 0; i < rows; i++) {
-                const int64_t r = r0 + i, b = r % B, h = g * group + r / B;
-                float *oh = a->o + b * nh * hd + h * hd;
-                const float *gate = a->q + b * qw + h * qstride + hd;
-                for (int64_t d = 0; d < hd; d++) {
-                    const float x = OT[d * 16 + i] * inv[j][i];
-                    oh[d] = L->out_gate ? x * sigmoidf_(gate[d]) : x;
-                }
+        /* Run by run, in span order: each score and each output's chain of FMAs is the one a single run over
+         * the whole span would compute. */
+        for (int64_t r = 0; r < a->runs && a->run_at[r] < nt; r++) {
+            const int64_t t0 = a->run_at[r], n = min64(a->run_at[r + 1], nt) - t0;
+            chain_scores(QT, hd, a->run_k[r] + g * hd, kvw, n, ST + t0 * 16);
+        }
+        chain_softmax(ST, nt, nb, lo, inv);
+        memset(OT, 0, (size_t)(hd * 16) * sizeof(float));
+        for (int64_t r = 0; r < a->runs && a->run_at[r] < nt; r++) {
+            const int64_t t0 = a->run_at[r], n = min64(a->run_at[r + 1], nt) - t0;
+            chain_pv(ST + t0 * 16, hd, a->run_v[r] + g * hd, kvw, n, OT);
+        }
+        for (int64_t i = 0; i < rows; i++) {
+            const int64_t r = r0 + i, b = r % B, h = g * group + r / B;
+            float *oh = a->o + b * nh * hd + h * hd;
+            const float *gate = a->q + b * qw + h * qstride + hd;
+            for (int64_t d = 0; d < hd; d++) {
+                const float x = OT[d * 16 + i] * inv[i];
+                oh[d] = L->out_gate ? x * sigmoidf_(gate[d]) : x;
             }
         }
     }
@@ -403,11 +334,10 @@ static inline int has_attention(const HDLayer *L) { return L->kind == HD_ATTENTI
  * in a decode step; an extend's block of scores (its span x 16 lanes), queries and outputs (attention_chain). */
 static int64_t attention_part(const HDModel *m, const HDStep *s, int64_t max_kv) {
     if (!s->chain) return max_kv;
-    int64_t floats = 0;
+    int64_t hd = 0;
     for (int64_t l = 0; l < m->n_layers; l++)
-        if (has_attention(&m->layers[l]))
-            floats = max64(floats, chain_group(&m->layers[l], s->batch) * 16 * (s->kv_offsets[s->batch] + 2 * m->layers[l].hd));
-    return floats;
+        if (has_attention(&m->layers[l])) hd = max64(hd, m->layers[l].hd);
+    return 16 * (s->kv_offsets[s->batch] + 2 * hd);
 }
 
 /* Floats an extend's attention shares between its parts, ahead of them: the gathered K and V (gather_kv). */
@@ -451,7 +381,7 @@ static void attend(const HDLayer *L, const HDStep *s, const float *q, float *o, 
         }
         a.run_at = run_at, a.run_k = run_k, a.run_v = run_v;
     }
-    const int64_t units = s->chain ? L->nkv * ((chain_blocks(L, B) + chain_group(L, B) - 1) / chain_group(L, B)) : B * L->nh;
+    const int64_t units = s->chain ? L->nkv * chain_blocks(L, B) : B * L->nh;
     hp_parallel_for(units, max64(1, (units + slots - 1) / slots), s->chain ? attention_chain : attention_heads, &a);
 }
 
@@ -496,9 +426,7 @@ static int attention(const HDModel *m, const HDLayer *L, const HDStep *s, const 
         memcpy(vp + loc * kvw, vb, (size_t)kvw * sizeof(float));
     }
     /* After every row's K/V is written: an extend's row reads the K/V of the rows before it. */
-    extern double hd_prof[8]; double hd_now(void); double t0_ = hd_now();
     attend(L, s, q, o, scores, attention_shared(m, s), part, slots, m->hidden);
-    hd_prof[7] += hd_now() - t0_;
     gemm_add(gs, L->wo, L->bo, H, nh * hd, o, nh * hd, B, out, H);
     gemm_run(gs);
     return HD_OK;

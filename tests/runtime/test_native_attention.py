@@ -169,18 +169,3 @@ def test_extend_reads_contiguous_runs_in_place_exactly_as_gathered(
     b = _run(lib, gathered, nh, nkv, hd, True, True)
     assert np.array_equal(a, b)
     np.testing.assert_allclose(a, _reference(in_place, nh, nkv, hd, True, True), rtol=2e-4, atol=2e-5)
-
-
-@pytest.mark.skipif("avx512f" not in build._cpu_signature().split(), reason="needs an AVX-512 host")  # noqa: SLF001
-@pytest.mark.parametrize("shape", CHAIN, ids=lambda s: "x".join(map(str, s)))
-def test_avx512_extend_attention_keeps_the_avx2_bits(
-    libs: tuple[ctypes.CDLL, ctypes.CDLL], tmp_path: Path, shape: tuple[int, int, int, int, int]
-) -> None:
-    """The extend's score and P V tiles in 16-float registers (this host's build) compute every element by the
-    FMAs the 8-float tiles (an AVX2 + FMA build) do, in the same order: the same bits."""
-    lib, _ = libs
-    base = tuple(f for f in build.DEFAULT_FLAGS if f != "-march=native")
-    avx2 = _load(tmp_path, "attention_probe_avx2", (*base, "-march=x86-64-v3"))
-    nh, nkv, hd, rows, prefix = shape
-    c = _case(nh, nkv, hd, rows, prefix, True, seed=11)
-    assert np.array_equal(_run(lib, c, nh, nkv, hd, True, True), _run(avx2, c, nh, nkv, hd, True, True))
