@@ -40,6 +40,10 @@ typedef struct {
     const int64_t *run_at;
     const float *const *run_k, *const *run_v;
     int64_t ffn_hidden; /* > 0: an extend's units prefetch the layer's feed-forward weights (hd_prefetch_ffn) */
+    /* The tile path (attention_tiles): each KV head's keys and values in bf16 in the B tiles' pair layouts (see
+     * attention_tiles_convert), over sp = the span rounded up to 32. */
+    uint16_t *kt, *vv;
+    int64_t sp;
 } AttnCtx;
 
 /* Units (sequence b, query head h): softmax(q . K) V over the sequence's KV slots, gated. */
@@ -326,6 +330,8 @@ static void attention_chain(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+#include "hd_attention_tiles.h" /* a bf16 model's extend on AMX tiles: it uses AttnCtx above */
+
 /* A layer whose mixer runs attend(): an attention layer, or Falcon-H1's parallel one (hd_parallel.h); the extend
  * scratch below is sized over both, or a parallel chain would write past it. */
 static inline int has_attention(const HDLayer *L) { return L->kind == HD_ATTENTION || L->kind == HD_PARALLEL; }
@@ -337,7 +343,9 @@ static int64_t attention_part(const HDModel *m, const HDStep *s, int64_t max_kv)
     int64_t hd = 0;
     for (int64_t l = 0; l < m->n_layers; l++)
         if (has_attention(&m->layers[l])) hd = max64(hd, m->layers[l].hd);
-    return 16 * (s->kv_offsets[s->batch] + 2 * hd);
+    const int64_t span = s->kv_offsets[s->batch];
+    /* the FMA tiles' block, or the tile path's (attention_tiles_rows: S and P over the padded span, O and Q) */
+    return max64(16 * (span + 2 * hd), 24 * (span + 32) + 24 * hd);
 }
 
 /* Floats an extend's attention shares between its parts, ahead of them: the gathered K and V (gather_kv). */
@@ -346,7 +354,9 @@ static int64_t attention_shared(const HDModel *m, const HDStep *s) {
     int64_t kvw = 0;
     for (int64_t l = 0; l < m->n_layers; l++)
         if (has_attention(&m->layers[l])) kvw = max64(kvw, m->layers[l].nkv * m->layers[l].hd);
-    return 2 * s->kv_offsets[s->batch] * kvw;
+    /* the gathered K and V, or the tile path's bf16 K and V pairs (hd_attention_tiles.h: half the floats, over the
+     * span padded to 32) */
+    return max64(2 * s->kv_offsets[s->batch] * kvw, (s->kv_offsets[s->batch] + 32) * kvw);
 }
 
 static int64_t attention_scratch(const HDLayer *L, int64_t B) {
@@ -362,6 +372,17 @@ static void attend(const HDLayer *L, const HDStep *s, const float *q, float *o, 
                    int64_t part, int64_t slots, int64_t ffn_hidden) {
     const int64_t B = s->batch, kvw = L->nkv * L->hd;
     AttnCtx a = {.L = L, .s = s, .q = q, .o = o, .scores = scores + shared, .part = part, .ffn_hidden = ffn_hidden};
+#ifdef AG_AMX
+    if (attention_tiles(L, s)) {
+        const int64_t span = s->kv_offsets[B], R = L->nh / L->nkv * B;
+        a.sp = (span + 31) / 32 * 32;
+        a.kt = (uint16_t *)scores, a.vv = a.kt + L->nkv * a.sp * L->hd;
+        const int64_t cunits = L->nkv * (a.sp / 32), units = L->nkv * ((R + 15) / 16);
+        hp_parallel_for(cunits, max64(1, (cunits + slots - 1) / slots), attention_tiles_convert, &a);
+        hp_parallel_for(units, max64(1, (units + slots - 1) / slots), attention_tiles_rows, &a);
+        return;
+    }
+#endif
     int64_t run_at[HD_ATT_RUNS + 1];
     const float *run_k[HD_ATT_RUNS], *run_v[HD_ATT_RUNS];
     if (s->chain) {

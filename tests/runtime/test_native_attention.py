@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from runtime.native import build
+from runtime.native.amx import bf16_tiles
 
 PROBE = Path(__file__).with_name("native_attention_probe.c")
 _F = ctypes.POINTER(ctypes.c_float)
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.skipif(build.find_compiler() is None, reason="needs a C
 
 # (query heads, KV heads, head size, rows, cached prefix): the peer model's warm extend; a fresh sequence; a real
 # Qwen3-Next head size; odd sizes (hd not a multiple of 8, rows not of 16); a group of one.
+# The tile path (a bf16 model's extend): real Qwen3-Next's warm extends (48 or 64 rows), a 256 head size, few rows.
+TILES = [(8, 2, 128, 48, 2000), (8, 2, 128, 64, 1984), (16, 2, 256, 5, 37), (4, 4, 64, 17, 100)]
 CHAIN = [(4, 2, 64, 48, 2000), (4, 2, 64, 2, 0), (16, 2, 256, 5, 37), (3, 1, 20, 7, 13), (4, 4, 16, 17, 100)]
 
 
@@ -33,6 +36,8 @@ def _load(tmp: Path, name: str, flags: tuple[str, ...] = build.DEFAULT_FLAGS) ->
     lib.probe_attend.argtypes = [_I64, _I64, _I64, _I64, ctypes.c_double, _I64, _I64, _I, _I, _F, _F, _F, _F]
     lib.probe_attend.restype = ctypes.c_int
     lib.probe_set_threads.argtypes = [ctypes.c_int]
+    lib.probe_attend_as.argtypes = [*lib.probe_attend.argtypes, _I64]
+    lib.probe_attend_as.restype = ctypes.c_int
     return lib
 
 
@@ -68,15 +73,18 @@ def _case(nh: int, nkv: int, hd: int, rows: int, prefix: int, chain: bool, seed:
     }
 
 
-def _run(lib: ctypes.CDLL, c: dict[str, np.ndarray], nh: int, nkv: int, hd: int, gate: bool, chain: bool) -> np.ndarray:
+def _run(
+    lib: ctypes.CDLL, c: dict[str, np.ndarray], nh: int, nkv: int, hd: int, gate: bool, chain: bool, bf16: bool = False
+) -> np.ndarray:
+    """`bf16`: the layer's weights are bf16 (HD_BF16), so an extend takes the AMX tiles where the host has them."""
     rows = c["offsets"].shape[0] - 1
     q = np.ascontiguousarray(c["q"] if gate else c["q"][:, : nh * hd])
     o = np.full((rows, nh * hd), np.nan, dtype=np.float32)
     k, v = c["k"].copy(), c["v"].copy()
-    code = lib.probe_attend(
+    code = lib.probe_attend_as(
         nh, nkv, hd, int(gate), hd**-0.5, int(chain), rows, c["offsets"].ctypes.data_as(_I),
         c["flat"].ctypes.data_as(_I), k.ctypes.data_as(_F), v.ctypes.data_as(_F), q.ctypes.data_as(_F),
-        o.ctypes.data_as(_F),
+        o.ctypes.data_as(_F), int(bf16),
     )  # fmt: skip
     assert code == 0
     assert np.array_equal(k, c["k"]) and np.array_equal(v, c["v"]), "attention wrote to the pools"
@@ -169,3 +177,29 @@ def test_extend_reads_contiguous_runs_in_place_exactly_as_gathered(
     b = _run(lib, gathered, nh, nkv, hd, True, True)
     assert np.array_equal(a, b)
     np.testing.assert_allclose(a, _reference(in_place, nh, nkv, hd, True, True), rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.skipif(not bf16_tiles(), reason="needs a host whose kernels run bf16 on AMX tiles")
+@pytest.mark.parametrize("shape", TILES, ids=lambda s: "x".join(map(str, s)))
+def test_bf16_extend_attention_on_tiles_is_bf16_close_and_thread_independent(
+    libs: tuple[ctypes.CDLL, ctypes.CDLL], shape: tuple[int, int, int, int, int]
+) -> None:
+    """A bf16 model's extend (real Qwen3-Next's warm request shapes first) takes the AMX tiles: within bf16
+    rounding of the float64 reference, visibly not the fp32 tiles' result, and bit-identical under 1, 2 and 3
+    threads."""
+    lib, _ = libs
+    nh, nkv, hd, rows, prefix = shape
+    c = _case(nh, nkv, hd, rows, prefix, True, seed=sum(shape))
+    ref = _reference(c, nh, nkv, hd, True, True)
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            lib.probe_set_threads(threads)
+            outs.append(_run(lib, c, nh, nkv, hd, True, True, bf16=True))
+    finally:
+        lib.probe_set_threads(1)
+    # bf16 keeps 8 bits of mantissa: q, k, P and v each rounded once (relative 2^-9), the sums in fp32
+    np.testing.assert_allclose(outs[0], ref, rtol=0, atol=3e-2 * np.abs(ref).max())
+    assert np.abs(outs[0] - ref).mean() < 6e-3 * np.abs(ref).mean()
+    assert not np.array_equal(outs[0], _run(lib, c, nh, nkv, hd, True, True)), "the bf16 layer took the fp32 tiles"
+    assert all(np.array_equal(outs[0], o) for o in outs[1:]), "a row's result depends on the thread count"
