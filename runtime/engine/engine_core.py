@@ -42,7 +42,7 @@ class EngineCore(EngineParts):
         parts = build_engine(args)
         super().__init__(**{f.name: getattr(parts, f.name) for f in fields(EngineParts)})
         self._spells: deque[int] = deque(maxlen=IDLE_RESERVE_SPELLS)  # slots handed out per recent busy spell
-        self._handed_out_at_idle = 0
+        self._handed_out_at_idle = self.cache.state_pool.handed_out  # start-up's warm-ups are no traffic
 
     @property
     def context_len(self) -> int:
