@@ -17,6 +17,7 @@ from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine.engine_core import EngineCore
 from runtime.engine.engine_thread import start_engine
+from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 
 LAYOUT = ModelLayout(
@@ -158,3 +159,23 @@ def test_idle_reserve_grows_to_what_a_busy_spell_took_and_a_request_interrupts_i
     core.check_invariants()
     core.on_idle(lambda: False)
     assert pool.next_unwritten(core.idle_prefault_slots()) == []
+    kv = core.pools.buffers
+    assert core.cache.kv_pool.prefault(len(prompt), [*kv.k, *kv.v]) == 0  # the KV pages it wrote: ready too
+
+
+def test_kv_prefault_zeroes_only_the_fresh_pages_next_in_line() -> None:
+    """KVPagePool.prefault: the pages a cold prompt will be handed after the stack's, in every buffer; never a
+    page in use or on the stack, never past `count`, the hand-out order unchanged, stoppable between runs."""
+    pool = KVPagePool(num_pages=12, page_size=2)
+    kv = [torch.full((24, 3), 7.0), torch.full((24, 5), 7.0)]
+    held = pool.alloc(3)  # pages 0-2 in use
+    assert held == [0, 1, 2]
+    pool.free([1])  # page 1 back on the stack: handed out first
+    assert pool.prefault(4, kv) == 3  # the next four: page 1 (stack), then fresh 3, 4, 5
+    for t in kv:
+        assert torch.all(t[6:12] == 0)  # pages 3-5
+        assert torch.all(t[:6] == 7.0) and torch.all(t[12:] == 7.0)  # in use, on the stack, or beyond the count
+    assert pool.prefault(4, kv) == 0  # done already
+    assert pool.prefault(6, kv, stop=lambda: True) == 0  # a request arrived: nothing more now
+    assert pool.prefault(6, kv) == 2 and torch.all(kv[0][12:16] == 0) and torch.all(kv[1][16:] == 7.0)
+    assert pool.alloc(3) == [1, 3, 4]  # order unchanged
