@@ -40,12 +40,12 @@ def _keep_freed_memory() -> None:
     if "MALLOC_ARENA_MAX" not in os.environ:
         # The server's forwards run on the engine thread and OpenMP workers, which glibc gives arenas of their
         # own: heaps of at most 64 MB that a long prefill's intermediates kept leaving and re-faulting (served
-        # real-size Nemotron-H, 2048-token cold prompt: ~200k of its ~230k minor faults, gone with one arena).
+        # real-size Nemotron-H, 2048-token cold prompt, slots prefaulted: 213-230k minor faults, 8-132k with one).
         mallopt(_M_ARENA_MAX, 1)
     if "MALLOC_MMAP_MAX_" not in os.environ:
         # Blocks of 32 MB and more (a 2048-token prefill's widest intermediates, depending on how its chunks
-        # fall) were still fresh mmaps each time: from the heap instead, which keeps them (same Nemotron-H
-        # prompt: cold faults ~100k -> ~50; idle RSS unchanged, the pools' untouched pages stay unbacked).
+        # fall) were still fresh mmaps each time: from the heap instead, which keeps them (same prompt: 45-2k
+        # faults; idle RSS unchanged, the pools' untouched pages stay unbacked).
         mallopt(_M_MMAP_MAX, 0)
 
 
