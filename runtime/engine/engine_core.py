@@ -7,6 +7,7 @@ server; tests drive it directly, in-process. `builder.py` builds it.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from typing import Any
@@ -23,10 +24,14 @@ from runtime.scheduler.transferred import Transferred, admit_transferred
 
 logger = logging.getLogger("runtime.engine")
 
-# Free state slots made ready while the engine is idle (StateSlotPool.prefault): what the next requests take (one
-# slot each, plus a cold prompt's checkpoints), as many as fit in this many bytes, at least one (a large model's
-# slot is tens of MB: resident memory grows by at most this much, or one slot, ahead of use).
+# Free state slots made ready while the engine is idle (StateSlotPool.prefault) before any traffic: as many as fit
+# in this many bytes, at least one (a large model's slot is tens of MB: idle memory right after start-up grows by
+# at most this much, or one slot).
 IDLE_PREFAULT_BYTES = 16 << 20
+# Once traffic has run, the idle reserve is the most slots any of this many recent busy spells took (a cold
+# 2048-token prompt: its slot plus ~32 checkpoints, each slot's first write otherwise faulting its pages in on the
+# prompt's critical path: 240k faults, over 1 s of a real-size Nemotron-H cold TTFT on this VM).
+IDLE_RESERVE_SPELLS = 4
 
 
 class EngineCore(EngineParts):
@@ -36,6 +41,9 @@ class EngineCore(EngineParts):
         """Build the engine in start-up order (runtime/engine/builder.py); refuses with EngineStartupError."""
         parts = build_engine(args)
         super().__init__(**{f.name: getattr(parts, f.name) for f in fields(EngineParts)})
+        # (state slots, KV pages) handed out per recent busy spell; start-up's warm-ups are no traffic
+        self._spells: deque[tuple[int, int]] = deque(maxlen=IDLE_RESERVE_SPELLS)
+        self._handed_out_at_idle = self._handed_out()
 
     @property
     def context_len(self) -> int:
@@ -59,17 +67,34 @@ class EngineCore(EngineParts):
 
     def on_idle(self, interrupted: Callable[[], bool], *, next_only: bool = False) -> None:
         """Work for when no request runs (the engine thread calls it before it blocks), dropped as soon as
-        `interrupted()` (a command arrived): fault in the state slots the next requests will be handed, so their
-        first copy does not (the elastic pool's slots move between chunks: not there). `next_only`: just the
+        `interrupted()` (a command arrived): fault in the state slots (then KV pages) the next requests will be
+        handed, so their first write does not (the elastic pool's chunks move: not there). `next_only`: just the
         slot the next request takes (one slot's pages, ~0.4 MB for the peer model: a fraction of a millisecond,
         done the moment the engine goes idle, before a client's next request can arrive)."""
-        if self.elastic is None:
-            count = 1 if next_only else self.idle_prefault_slots()
-            self.cache.state_pool.prefault(count, interrupted)
+        handed_out = self._handed_out()
+        if handed_out != self._handed_out_at_idle:  # a busy spell ended: what it took is the next one's guess
+            self._spells.append(
+                (handed_out[0] - self._handed_out_at_idle[0], handed_out[1] - self._handed_out_at_idle[1])
+            )
+            self._handed_out_at_idle = handed_out
+        if self.elastic is not None:
+            return
+        count = 1 if next_only else self.idle_prefault_slots()
+        self.cache.state_pool.prefault(count, interrupted)
+        if self.cache.state_pool.next_unwritten(count):
+            return  # interrupted
+        if not next_only and self._spells:  # the KV pages a cold prompt writes, once its states are ready
+            kv = self.pools.buffers
+            self.cache.kv_pool.prefault(max(n for _, n in self._spells), [*kv.k, *kv.v], interrupted)
+
+    def _handed_out(self) -> tuple[int, int]:
+        return self.cache.state_pool.handed_out, self.cache.kv_pool.handed_out
 
     def idle_prefault_slots(self) -> int:
-        """How many free state slots on_idle keeps faulted in."""
-        return max(1, IDLE_PREFAULT_BYTES // max(1, self.cache.state_pool.slot_bytes))
+        """How many free state slots on_idle keeps faulted in: a fixed few bytes' worth until traffic has shown
+        what a busy spell takes, then the most a recent spell took (the pool's free list bounds it)."""
+        floor = max(1, IDLE_PREFAULT_BYTES // max(1, self.cache.state_pool.slot_bytes))
+        return max(floor, *(n for n, _ in self._spells)) if self._spells else floor
 
     # -- PD disaggregation (runtime/pd): the engine's two operations for a transfer, on the engine thread -------
 

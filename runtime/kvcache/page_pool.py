@@ -12,7 +12,10 @@ memory a workload touches stays as small as it can (the buffers are untouched un
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ctypes
+from collections.abc import Callable, Iterable
+
+import torch
 
 _TAKEN, _STACKED, _FRESH = 0, 1, 2  # in use or withdrawn; free on the stack; free and never handed out
 
@@ -27,6 +30,8 @@ class KVPagePool:
         self._stack: list[int] = []  # free pages that were used (or added), the most recent last
         self._fresh = 0  # every _FRESH page is at or above this index
         self._num_free = num_pages
+        self.handed_out = 0  # pages alloc() returned: the engine sizes its idle reserve from this
+        self._faulted_below = 0  # fresh pages under this index were zeroed while idle (prefault)
 
     @property
     def num_free(self) -> int:
@@ -49,6 +54,7 @@ class KVPagePool:
         for p in pages:
             state[p] = _TAKEN
         self._num_free -= n
+        self.handed_out += n
         return pages
 
     def free(self, pages: list[int]) -> None:
@@ -82,6 +88,7 @@ class KVPagePool:
                 self._state[p] = _FRESH
         self._stack = []
         self._fresh = 0
+        self._faulted_below = 0
         self._num_free = len(mine)
         self.num_pages = len(mine)
 
@@ -114,3 +121,37 @@ class KVPagePool:
         self._stack.extend(reversed(pages))
         self._num_free += len(pages)
         self.num_pages += len(pages)
+
+    def prefault(self, count: int, kv: list[torch.Tensor], stop: Callable[[], bool] | None = None) -> int:
+        """Zero, in every `kv` buffer ([token slots, ...] per layer), the fresh pages among the next `count` the
+        allocator hands out (the stack's pages come first and were written already), one page-run per buffer at
+        a time, giving up as soon as `stop()` says so; returns how many pages are done. The buffers are allocated
+        untouched, so a cold prompt's first KV write faulted them in on its path (real-size Nemotron-H, 2048
+        tokens: 8k faults). Free never-handed-out pages only: no state is touched, the order is kept."""
+        state = self._state
+        end = min(len(state), self._fresh + max(0, count - len(self._stack)))
+        row_bytes = max((t[0].numel() * t.element_size() for t in kv), default=1)
+        run = max(1, (1 << 20) // (self.page_size * row_bytes))  # ~1 MB per memset: stop() is asked often
+        done = 0
+        page = max(self._fresh, self._faulted_below)
+        while page < end:
+            last = page
+            while last < end and last - page < run and state[last] == _FRESH:  # never a page someone has
+                last += 1
+            rows = slice(page * self.page_size, last * self.page_size)
+            for t in kv:
+                if stop is not None and stop():
+                    return done
+                _zero(t[rows])
+            done += last - page
+            page = last if last > page else page + 1
+            self._faulted_below = page
+        return done
+
+
+def _zero(t: torch.Tensor) -> None:
+    """memset through ctypes, which releases the GIL (torch's zero_ keeps it), for a contiguous CPU tensor."""
+    if t.device.type == "cpu" and t.is_contiguous():
+        ctypes.memset(t.data_ptr(), 0, t.numel() * t.element_size())
+    else:
+        t.zero_()

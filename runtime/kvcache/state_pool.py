@@ -21,6 +21,7 @@ class StateSlotPool:
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._is_free = [True] * num_slots
         self.copies = 0  # state copies done (snapshots on match and checkpoints)
+        self.handed_out = 0  # alloc() calls that returned a slot: the engine sizes its idle reserve from this
         # Per-slot tensors [num_slots, ...] another component keeps as part of "the state after n tokens" (the MTP
         # drafter: the target's last hidden state), so every snapshot, checkpoint and hand-over carries them too.
         self.extra: list[torch.Tensor] = []
@@ -37,6 +38,7 @@ class StateSlotPool:
             return None
         slot = self._free.pop()
         self._is_free[slot] = False
+        self.handed_out += 1
         return slot
 
     def free(self, slot: int) -> None:

@@ -17,6 +17,7 @@ from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine.engine_core import EngineCore
 from runtime.engine.engine_thread import start_engine
+from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 
 LAYOUT = ModelLayout(
@@ -112,3 +113,69 @@ def test_prefault_stops_when_asked_and_leaves_unfinished_slots_for_later() -> No
     assert pool.prefault(4, stop_after_three) == 1  # slot 1 has two tensors (conv, ssm): done; slot 2 half
     assert pool.next_unwritten(4) == first[1:]
     assert pool.prefault(4) == 3 and pool.next_unwritten(4) == []
+
+
+def test_idle_reserve_grows_to_what_a_busy_spell_took_and_a_request_interrupts_it(demo_model_dir: Path) -> None:
+    """Before traffic the idle engine readies only its fixed floor (start-up memory must not grow); after a long
+    prompt that took more slots (its checkpoints), the idle reserve is that many, faulted in in allocation order;
+    a request arriving mid-way stops it, loses no cached state, and the reserve is finished at the next idle."""
+    core = EngineCore(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.5, mamba_track_interval=8))
+    pool = core.cache.state_pool
+    floor = core.idle_prefault_slots()
+    core.on_idle(lambda: False)
+    assert len(pool.next_unwritten(pool.num_free)) == pool.num_free - floor  # only the floor, not the pool
+
+    params = SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True)
+    prompt = [(7 * i) % 4000 + 10 for i in range(600)]
+
+    def run(rid: str, ids: list[int]) -> list[int]:
+        out: list[RequestOutput] = []
+        core.scheduler.add_request(GenerateRequest(rid, ids, params), out.append)
+        while core.scheduler.has_work:
+            core.step()
+        return [t for o in out for t in o.new_token_ids]
+
+    handed = pool.handed_out
+    first = run("long", prompt)
+    took = pool.handed_out - handed
+    assert took > floor, "the prompt should take more slots (checkpoints) than the pre-traffic floor"
+    want = pool.next_unwritten(took)
+    assert len(want) > floor
+
+    asked = 0
+    assert pool.buffers is not None
+    per_slot = len(pool.buffers.conv) + len(pool.buffers.ssm) + len(pool.extra)  # tensors zeroed per slot
+
+    def arrives_mid_slot() -> bool:  # a request arrives half-way through the second slot
+        nonlocal asked
+        asked += 1
+        return asked > per_slot + 1
+
+    core.on_idle(arrives_mid_slot)
+    assert core.idle_prefault_slots() == took
+    assert pool.next_unwritten(took) == want[1:]  # stopped part-way: one slot done, the second left for later
+
+    assert run("again", prompt) == first  # the cached prefix and its states survived the prefault
+    core.check_invariants()
+    core.on_idle(lambda: False)
+    assert pool.next_unwritten(core.idle_prefault_slots()) == []
+    kv = core.pools.buffers
+    assert core.cache.kv_pool.prefault(len(prompt), [*kv.k, *kv.v]) == 0  # the KV pages it wrote: ready too
+
+
+def test_kv_prefault_zeroes_only_the_fresh_pages_next_in_line() -> None:
+    """KVPagePool.prefault: the pages a cold prompt will be handed after the stack's, in every buffer; never a
+    page in use or on the stack, never past `count`, the hand-out order unchanged, stoppable between runs."""
+    pool = KVPagePool(num_pages=12, page_size=2)
+    kv = [torch.full((24, 3), 7.0), torch.full((24, 5), 7.0)]
+    held = pool.alloc(3)  # pages 0-2 in use
+    assert held == [0, 1, 2]
+    pool.free([1])  # page 1 back on the stack: handed out first
+    assert pool.prefault(4, kv) == 3  # the next four: page 1 (stack), then fresh 3, 4, 5
+    for t in kv:
+        assert torch.all(t[6:12] == 0)  # pages 3-5
+        assert torch.all(t[:6] == 7.0) and torch.all(t[12:] == 7.0)  # in use, on the stack, or beyond the count
+    assert pool.prefault(4, kv) == 0  # done already
+    assert pool.prefault(6, kv, stop=lambda: True) == 0  # a request arrived: nothing more now
+    assert pool.prefault(6, kv) == 2 and torch.all(kv[0][12:16] == 0) and torch.all(kv[1][16:] == 7.0)
+    assert pool.alloc(3) == [1, 3, 4]  # order unchanged
