@@ -18,6 +18,39 @@ static inline void bf16_32(const float *x, void *dst) {
     _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x)));
 }
 
+/* C[0..16) x [0..16*nc) = sum over k of A's 16x32 bf16 tile k times B's tile k of each of nc (1-4) column blocks:
+ * A's tile k starts 64 bytes after tile k-1, B's 16 rows (of b_stride bytes) later, a column block 64 bytes after
+ * the last; the scores (Q K^T) and P V share it. Tile numbers must be constants, hence the unrolled blocks. */
+static inline void tiles_row_of_4(const char *A, int64_t a_stride, const char *B, int64_t b_stride, int64_t ksteps,
+                                  int64_t nc, float *C, int64_t c_stride) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k = 0; k < ksteps; k++) {
+        _tile_loadd(4, A + k * 64, a_stride);
+        const char *b = B + k * 16 * b_stride;
+        _tile_loadd(5, b, b_stride);
+        _tile_dpbf16ps(0, 4, 5);
+        if (nc > 1) {
+            _tile_loadd(5, b + 64, b_stride);
+            _tile_dpbf16ps(1, 4, 5);
+        }
+        if (nc > 2) {
+            _tile_loadd(5, b + 128, b_stride);
+            _tile_dpbf16ps(2, 4, 5);
+        }
+        if (nc > 3) {
+            _tile_loadd(5, b + 192, b_stride);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    }
+    _tile_stored(0, C, c_stride);
+    if (nc > 1) _tile_stored(1, C + 16, c_stride);
+    if (nc > 2) _tile_stored(2, C + 32, c_stride);
+    if (nc > 3) _tile_stored(3, C + 48, c_stride);
+}
+
 static inline int attention_tiles(const HDLayer *L, const HDStep *s) {
     return s->chain && L->wq.dtype == HD_BF16 && L->hd % 32 == 0 && ag_ready();
 }
@@ -110,33 +143,8 @@ static void attention_tiles_rows(void *ctx, int64_t begin, int64_t end) {
         }
         const int64_t nt16 = (nt + 15) / 16 * 16, nt32 = (nt + 31) / 32 * 32;
         for (int64_t t0 = 0; t0 < nt16; t0 += 64) {
-            const int64_t nc = min64(4, (nt16 - t0) / 16);
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t d = 0; d < hd; d += 32) {
-                _tile_loadd(4, Qb + d, hd * 2);
-                const uint32_t *kb = kt + d / 2 * sp + t0;
-                _tile_loadd(5, kb, sp * 4);
-                _tile_dpbf16ps(0, 4, 5);
-                if (nc > 1) {
-                    _tile_loadd(5, kb + 16, sp * 4);
-                    _tile_dpbf16ps(1, 4, 5);
-                }
-                if (nc > 2) {
-                    _tile_loadd(5, kb + 32, sp * 4);
-                    _tile_dpbf16ps(2, 4, 5);
-                }
-                if (nc > 3) {
-                    _tile_loadd(5, kb + 48, sp * 4);
-                    _tile_dpbf16ps(3, 4, 5);
-                }
-            }
-            _tile_stored(0, S + t0, sp * 4);
-            if (nc > 1) _tile_stored(1, S + t0 + 16, sp * 4);
-            if (nc > 2) _tile_stored(2, S + t0 + 32, sp * 4);
-            if (nc > 3) _tile_stored(3, S + t0 + 48, sp * 4);
+            tiles_row_of_4((const char *)Qb, hd * 2, (const char *)(kt + t0), sp * 4, hd / 32,
+                           min64(4, (nt16 - t0) / 16), S + t0, sp * 4);
         }
         for (int64_t i = 0; i < 16; i++) {
             float *row = S + i * sp;
@@ -166,33 +174,8 @@ static void attention_tiles_rows(void *ctx, int64_t begin, int64_t end) {
                 bf16_32(row + t, prow + t);
         }
         for (int64_t d0 = 0; d0 < hd; d0 += 64) {
-            const int64_t nc = min64(4, (hd - d0) / 16);
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t t = 0; t < nt32; t += 32) {
-                _tile_loadd(4, Pb + t, sp * 2);
-                const uint16_t *vb = vv + (t / 2) * 2 * hd + 2 * d0;
-                _tile_loadd(5, vb, hd * 4);
-                _tile_dpbf16ps(0, 4, 5);
-                if (nc > 1) {
-                    _tile_loadd(5, vb + 32, hd * 4);
-                    _tile_dpbf16ps(1, 4, 5);
-                }
-                if (nc > 2) {
-                    _tile_loadd(5, vb + 64, hd * 4);
-                    _tile_dpbf16ps(2, 4, 5);
-                }
-                if (nc > 3) {
-                    _tile_loadd(5, vb + 96, hd * 4);
-                    _tile_dpbf16ps(3, 4, 5);
-                }
-            }
-            _tile_stored(0, O + d0, hd * 4);
-            if (nc > 1) _tile_stored(1, O + d0 + 16, hd * 4);
-            if (nc > 2) _tile_stored(2, O + d0 + 32, hd * 4);
-            if (nc > 3) _tile_stored(3, O + d0 + 48, hd * 4);
+            tiles_row_of_4((const char *)Pb, sp * 2, (const char *)(vv + 2 * d0), hd * 4, nt32 / 32,
+                           min64(4, (hd - d0) / 16), O + d0, hd * 4);
         }
         for (int64_t i = 0; i < rows; i++) {
             const int64_t r = r0 + i, b = r % B, h = g * group + r / B;
