@@ -8,7 +8,7 @@ build (no AVX2) within float32 rounding of the reference."""
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +111,18 @@ def _reference(c: dict[str, np.ndarray], nh: int, nkv: int, hd: int, gate: bool,
     return out
 
 
+def _on_1_2_3_threads(lib: ctypes.CDLL, run: Callable[[], np.ndarray]) -> list[np.ndarray]:
+    """run()'s result under 1, 2 and 3 worker threads (the probe's pool back at 1 after)."""
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            lib.probe_set_threads(threads)
+            outs.append(run())
+    finally:
+        lib.probe_set_threads(1)
+    return outs
+
+
 @pytest.mark.parametrize("shape", CHAIN, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("gate", [True, False])
 def test_extend_attention_matches_float64_and_is_thread_independent(
@@ -120,13 +132,7 @@ def test_extend_attention_matches_float64_and_is_thread_independent(
     nh, nkv, hd, rows, prefix = shape
     c = _case(nh, nkv, hd, rows, prefix, True, seed=sum(shape))
     ref = _reference(c, nh, nkv, hd, gate, True)
-    outs = []
-    try:
-        for threads in (1, 2, 3):
-            lib.probe_set_threads(threads)
-            outs.append(_run(lib, c, nh, nkv, hd, gate, True))
-    finally:
-        lib.probe_set_threads(1)
+    outs = _on_1_2_3_threads(lib, lambda: _run(lib, c, nh, nkv, hd, gate, True))
     np.testing.assert_allclose(outs[0], ref, rtol=2e-4, atol=2e-5)
     assert all(np.array_equal(outs[0], o) for o in outs[1:]), "a row's result depends on the thread count"
 
@@ -191,13 +197,7 @@ def test_bf16_extend_attention_on_tiles_is_bf16_close_and_thread_independent(
     nh, nkv, hd, rows, prefix = shape
     c = _case(nh, nkv, hd, rows, prefix, True, seed=sum(shape))
     ref = _reference(c, nh, nkv, hd, True, True)
-    outs = []
-    try:
-        for threads in (1, 2, 3):
-            lib.probe_set_threads(threads)
-            outs.append(_run(lib, c, nh, nkv, hd, True, True, bf16=True))
-    finally:
-        lib.probe_set_threads(1)
+    outs = _on_1_2_3_threads(lib, lambda: _run(lib, c, nh, nkv, hd, True, True, bf16=True))
     # bf16 keeps 8 bits of mantissa: q, k, P and v each rounded once (relative 2^-9), the sums in fp32
     np.testing.assert_allclose(outs[0], ref, rtol=0, atol=3e-2 * np.abs(ref).max())
     assert np.abs(outs[0] - ref).mean() < 6e-3 * np.abs(ref).mean()
