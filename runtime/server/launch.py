@@ -165,6 +165,9 @@ def serve(ctx: ServerContext) -> int:
             logger.error("Initialization failed. warmup error: %s", e)
             server.should_exit = True
             return
+        # The warm-up prompt's cached state would hold a state slot (tens of MB for a real-size model) that no
+        # client will match; flushed, the slot goes back on top of the free list for the next request to reuse.
+        await asyncio.to_thread(ctx.client.flush_cache)
         ctx.ready = True
         logger.info(READY_MESSAGE)
 
