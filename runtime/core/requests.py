@@ -199,6 +199,9 @@ class GenerateRequest:
     # n > 1: the rid of the first continuation of the same prompt. The scheduler forks this request off it
     # after its prefill (shared KV, a copy of the recurrent state) instead of prefilling the prompt again.
     fork_of: str | None = None
+    # False: the finished sequence is not put in the prefix cache (the health probe: a cached state would hold a
+    # state slot, tens of MB for a real-size model, for a prompt no client sends).
+    cache_result: bool = True
 
     @property
     def disaggregated(self) -> bool:

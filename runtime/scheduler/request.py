@@ -42,6 +42,7 @@ class Req:
     input_top_logprobs: list[list[tuple[float | None, int]] | None] | None = None
     input_logprobs_sent: bool = False
     grammar: RequestGrammar | None = None
+    cache_result: bool = True  # GenerateRequest.cache_result: the finished sequence goes into the prefix cache
     spec_verify_ct: int = 0  # speculative verify rounds this request took part in
     spec_correct_drafts: int = 0
     spec_proposed_drafts: int = 0

@@ -121,6 +121,7 @@ class Scheduler:
         """Queue a request. Whatever is wrong with it, it finishes alone (with an abort), never the engine."""
         req = Req(g.rid, [], g.sampling, on_output, g.return_logprob, next(self._arrivals))
         req.top_logprobs_num, req.logprob_start_len, req.grammar = g.top_logprobs_num, g.logprob_start_len, g.grammar
+        req.cache_result = g.cache_result
         self.counters.num_requests_total += 1
         try:
             req.prompt_ids = [int(t) for t in g.input_ids]
@@ -361,7 +362,7 @@ class Scheduler:
     def finish_running(self, req: Req, reason: dict) -> None:
         """A running request stopped: take it out of the batch, cache and free its memory, send its last output."""
         self.running.remove(req)
-        self._release(req, cache=True)
+        self._release(req, cache=req.cache_result)
         self.counters.num_requests_finished += 1
         self.finish(req, reason)
 

@@ -75,6 +75,7 @@ async def health_generate(request: Request) -> Response:
         rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
         input_ids=[0],
         sampling=SamplingParams(temperature=0.0, max_new_tokens=1),
+        cache_result=False,
     )
     try:
         group = RequestGroup(ctx.engine, [probe])
@@ -86,9 +87,7 @@ async def health_generate(request: Request) -> Response:
         await asyncio.wait_for(anext(batches), HEALTH_CHECK_TIMEOUT_S)
         return Response(status_code=200)
     except TimeoutError:
-        logger.error(
-            "Health check failed: no output from the engine for %.0f seconds", HEALTH_CHECK_TIMEOUT_S
-        )
+        logger.error("Health check failed: no output from the engine for %.0f seconds", HEALTH_CHECK_TIMEOUT_S)
         return Response(status_code=503)
     finally:
         await batches.aclose()
@@ -223,9 +222,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 async def internal_error(request: Request, exc: Exception) -> Response:
     # A bug, not bad input: the traceback goes to the log, the client gets JSON (never the traceback).
     logger.error("Internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse(
-        {"error": {"message": f"Internal server error ({type(exc).__name__})"}}, status_code=500
-    )
+    return JSONResponse({"error": {"message": f"Internal server error ({type(exc).__name__})"}}, status_code=500)
 
 
 def build_app(
