@@ -142,15 +142,16 @@ class KVPagePool:
             for t in kv:
                 if stop is not None and stop():
                     return done
-                _zero(t[rows])
+                zero_releasing_the_gil(t[rows])
             done += last - page
             page = last if last > page else page + 1
             self._faulted_below = page
         return done
 
 
-def _zero(t: torch.Tensor) -> None:
-    """memset through ctypes, which releases the GIL (torch's zero_ keeps it), for a contiguous CPU tensor."""
+def zero_releasing_the_gil(t: torch.Tensor) -> None:
+    """t.zero_(), but for a contiguous CPU tensor through ctypes' memset, which lets go of the GIL (torch's zero_
+    keeps it): the event loop then parses a request that arrives meanwhile instead of waiting for the page faults."""
     if t.device.type == "cpu" and t.is_contiguous():
         ctypes.memset(t.data_ptr(), 0, t.numel() * t.element_size())
     else:

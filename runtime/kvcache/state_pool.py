@@ -6,12 +6,12 @@ is how the prefix cache snapshots a running request's state and hands a cached s
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable, Iterable
 
 import torch
 
 from runtime.core.batch import PoolBuffers
+from runtime.kvcache.page_pool import zero_releasing_the_gil
 
 
 class StateSlotPool:
@@ -120,7 +120,7 @@ class StateSlotPool:
             for t in self._slot_tensors():
                 if stop is not None and stop():
                     return done
-                _zero_releasing_the_gil(t[slot])
+                zero_releasing_the_gil(t[slot])
             self._written.add(slot)
             done += 1
         return done
@@ -134,12 +134,3 @@ class StateSlotPool:
         if self.buffers is None:
             return []
         return [t[slot].clone() for t in (*self.buffers.conv, *self.buffers.ssm)]
-
-
-def _zero_releasing_the_gil(t: torch.Tensor) -> None:
-    """t.zero_(), but for a contiguous CPU tensor through ctypes' memset, which lets go of the GIL (torch's zero_
-    keeps it): the event loop then parses a request that arrives meanwhile instead of waiting for the page faults."""
-    if t.device.type == "cpu" and t.is_contiguous():
-        ctypes.memset(t.data_ptr(), 0, t.numel() * t.element_size())
-    else:
-        t.zero_()
