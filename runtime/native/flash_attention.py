@@ -1,0 +1,53 @@
+"""Causal fp32 attention of a long extend in C (`flash_attention.c`, in the short-extend library and its worker pool):
+the new rows over their cached prefix and themselves, GQA's KV heads shared by their query heads, the output gate
+applied on the way out. Refuses (`NativeRefused`) what it does not take; the caller keeps torch's SDPA then."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.native.extend_kernels import NativeRefused, library, unavailable_reason
+
+MAX_GROUP = 32  # query heads per KV head: a unit's rows are 32 vector lanes (flash_attention.c)
+
+
+def _rows(t: torch.Tensor, name: str, shape: tuple[int, int, int], heads_packed: bool) -> None:
+    """fp32 on the CPU with `shape`, channels contiguous; `heads_packed`: each token's heads back to back too."""
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        raise NativeRefused(f"{name}: {t.dtype} on {t.device}, the kernel takes fp32 on the CPU")
+    if tuple(t.shape) != shape:
+        raise NativeRefused(f"{name}: shape {tuple(t.shape)}, expected {shape}")
+    if t.stride(2) != 1 or (heads_packed and t.stride(1) != shape[2]):
+        raise NativeRefused(f"{name}: strides {t.stride()}, channels (and heads) must be contiguous")
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, gate: torch.Tensor | None = None
+) -> torch.Tensor:
+    """softmax(scale * q k^T, causal) v [* sigmoid(gate)] for q [T, Hq, D] at the last T of the N positions of
+    k [N, Hkv, D] and v [N, Hkv, Dv] (query i sees keys 0 .. N - T + i); gate [T, Hq, Dv] or None. Returns a
+    contiguous [T, Hq, Dv]."""
+    lib = library()
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise NativeRefused("causal_attention: q, k, v [tokens, heads, dim] expected")
+    (tokens, heads, dim), (keys, kv_heads, dim_v) = q.shape, v.shape
+    if tokens < 1 or keys < tokens or kv_heads < 1 or heads % kv_heads or heads // kv_heads > MAX_GROUP:
+        raise NativeRefused(f"causal_attention: {tokens} queries x {heads} heads over {keys} keys x {kv_heads}")
+    if dim % 8 or dim_v % 8:
+        raise NativeRefused(f"causal_attention: head dims {dim}, {dim_v} (multiples of 8 only)")
+    _rows(q, "q", (tokens, heads, dim), heads_packed=False)
+    _rows(k, "k", (keys, kv_heads, dim), heads_packed=True)
+    _rows(v, "v", (keys, kv_heads, dim_v), heads_packed=True)
+    if gate is not None:
+        _rows(gate, "gate", (tokens, heads, dim_v), heads_packed=False)
+    out = torch.empty(tokens, heads, dim_v)
+    g_ptr, g_rs, g_hs = (gate.data_ptr(), gate.stride(0), gate.stride(1)) if gate is not None else (None, 0, 0)
+    rc = lib.lib.flash_attention_fp32(
+        tokens, keys, heads, kv_heads, dim, dim_v, q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0),
+        v.data_ptr(), v.stride(0), g_ptr, g_rs, g_hs, scale, out.data_ptr(),
+    )  # fmt: skip
+    if rc != 0:
+        raise NativeRefused("causal_attention: refused by the kernel")
+    return out
