@@ -72,8 +72,6 @@ class RotaryAttention(nn.Module):
         if cos_sin is not None:
             q, k = RotaryEmbedding.rotate(q, *cos_sin), RotaryEmbedding.rotate(k, *cos_sin)
         out = paged_attention(
-            q, k, v, ctx.buffers.k[ordinal], ctx.buffers.v[ordinal], ctx.out_locs, ctx.attn, self.scale
-        ).reshape(tokens, -1)
-        if gate is not None:
-            out = torch.sigmoid(gate).reshape(tokens, -1).mul_(out)  # the same products, two [T, H*D] copies fewer
-        return self.o_proj(out)
+            q, k, v, ctx.buffers.k[ordinal], ctx.buffers.v[ordinal], ctx.out_locs, ctx.attn, self.scale, gate
+        )
+        return self.o_proj(out.reshape(tokens, -1))
