@@ -51,3 +51,38 @@ def causal_attention(
     if rc != 0:
         raise NativeRefused("causal_attention: refused by the kernel")
     return out
+
+
+def norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos_sin: tuple[torch.Tensor, torch.Tensor] | None
+) -> torch.Tensor:
+    """RoPE(F.rms_norm(x, (D,), weight, eps)) in one pass for x [T, H, D] (channels contiguous); cos_sin: rotary.py's
+    tables ([T, 1, rd] each) or None (no RoPE). Returns a contiguous [T, H, D]."""
+    lib = library()
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    if x.dim() != 3:
+        raise NativeRefused("norm_rope: x [tokens, heads, dim] expected")
+    tokens, heads, dim = x.shape
+    _rows(x, "x", (tokens, heads, dim), heads_packed=False)
+    if weight.dtype != torch.float32 or tuple(weight.shape) != (dim,) or not weight.is_contiguous():
+        raise NativeRefused(f"norm_rope: weight {weight.dtype} {tuple(weight.shape)}, expected fp32 ({dim},)")
+    cos_ptr = sin_ptr = None
+    rd = 0
+    if cos_sin is not None:
+        cos, sin = cos_sin
+        rd = cos.shape[-1]
+        for name, table in (("cos", cos), ("sin", sin)):
+            if table.dtype != torch.float32 or tuple(table.shape) != (tokens, 1, rd) or not table.is_contiguous():
+                raise NativeRefused(f"norm_rope: {name} {table.dtype} {tuple(table.shape)}, not ({tokens}, 1, {rd})")
+        if rd % 2 or rd > dim:
+            raise NativeRefused(f"norm_rope: rotary dims {rd} of {dim}")
+        cos_ptr, sin_ptr = cos.data_ptr(), sin.data_ptr()
+    out = torch.empty(tokens, heads, dim)
+    rc = lib.lib.norm_rope_rows(
+        tokens, heads, dim, x.data_ptr(), x.stride(0), x.stride(1), weight.data_ptr(), eps, cos_ptr, sin_ptr, rd,
+        out.data_ptr(),
+    )  # fmt: skip
+    if rc != 0:
+        raise NativeRefused("norm_rope: refused by the kernel")
+    return out

@@ -1,7 +1,8 @@
 """The long extends' fp32 causal attention in C (runtime/native/flash_attention.c) against a float64 reference:
 rows not a multiple of a unit's block, cached prefixes, head sizes 64/128/256, GQA groups of 1/2/4/8 (and one that
 does not divide the 32 lanes), the output gate; bit-identical under 1 and 2 threads; the plain-C build (no AVX-512)
-too; and paged_attention's extend through it against its SDPA path, with and without a cached prefix."""
+too; paged_attention's extend through it against its SDPA path, with and without a cached prefix; and the q/k
+prologue (per-head RMSNorm, partial or full RoPE) against the torch ops it replaces."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.models.layers.attention import AttentionMetadata, paged_attention
+from runtime.models.layers.rotary import RotaryEmbedding
 from runtime.native import build, extend_kernels, flash_attention
 
 pytestmark = pytest.mark.skipif(build.find_compiler() is None, reason="needs a C compiler (CI installs gcc)")
@@ -134,3 +136,21 @@ def test_paged_attention_extend_native_matches_sdpa(prefixes: tuple[int, ...], m
 
 def _refuse(*args: object, **kwargs: object) -> torch.Tensor:
     raise extend_kernels.NativeRefused("the SDPA path, for comparison")
+
+
+@pytest.mark.parametrize(("heads", "dim", "rotary"), [(4, 64, 16), (2, 128, 128), (3, 256, 64), (2, 64, 0)])
+def test_norm_rope_matches_torch(heads: int, dim: int, rotary: int):
+    """The q/k prologue against the torch path it replaces: F.rms_norm, then RotaryEmbedding.rotate."""
+    tokens = 77
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(tokens, heads, 2 * dim, generator=gen)[..., :dim]  # q as a view of q_proj's [query | gate]
+    weight = 1.0 + 0.1 * torch.randn(dim, generator=gen)
+    positions = torch.arange(500, 500 + tokens)
+    cos_sin = RotaryEmbedding(dim, rotary, 10000.0).cos_sin(positions, torch.float32) if rotary else None
+    expected = F.rms_norm(x, (dim,), weight, 1e-6)
+    if cos_sin is not None:
+        expected = RotaryEmbedding.rotate(expected, *cos_sin)
+    got = flash_attention.norm_rope(x, weight, 1e-6, cos_sin)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(extend_kernels.NativeRefused):  # tables for other tokens
+        flash_attention.norm_rope(x[1:], weight, 1e-6, cos_sin or (torch.ones(1),) * 2)

@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from runtime.models.layers.attention import paged_attention
+from runtime.models.layers.norm import ZeroCenteredRMSNorm
 from runtime.models.layers.rotary import RotaryEmbedding
+from runtime.native import extend_kernels, flash_attention
 
 if TYPE_CHECKING:
     from runtime.models.base import StepContext
@@ -65,13 +67,35 @@ class RotaryAttention(nn.Module):
             q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.key_multiplier != 1.0:
-            k = k * self.key_multiplier
-        if cos_sin is not None:
-            q, k = RotaryEmbedding.rotate(q, *cos_sin), RotaryEmbedding.rotate(k, *cos_sin)
+        normed = self._native_norm_rope(q, k, cos_sin)
+        if normed is not None:
+            q, k = normed
+        else:
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if self.key_multiplier != 1.0:
+                k = k * self.key_multiplier
+            if cos_sin is not None:
+                q, k = RotaryEmbedding.rotate(q, *cos_sin), RotaryEmbedding.rotate(k, *cos_sin)
         out = paged_attention(
             q, k, v, ctx.buffers.k[ordinal], ctx.buffers.v[ordinal], ctx.out_locs, ctx.attn, self.scale, gate
         )
         return self.o_proj(out.reshape(tokens, -1))
+
+    def _native_norm_rope(
+        self, q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Qwen3-Next's fp32 q/k norm and RoPE in C, one pass each for q and k (torch: ~13 dispatched passes, ~6 ms
+        of CPU a layer at 2048 tokens on the peer model); None where it does not apply (the torch path runs)."""
+        qn, kn = self.q_norm, self.k_norm
+        if not (isinstance(qn, ZeroCenteredRMSNorm) and isinstance(kn, ZeroCenteredRMSNorm)):
+            return None
+        if self.key_multiplier != 1.0 or q.dtype != torch.float32 or torch.compiler.is_compiling():
+            return None
+        try:
+            return (
+                flash_attention.norm_rope(q, qn.scale(qn.weight), qn.eps, cos_sin),
+                flash_attention.norm_rope(k, kn.scale(kn.weight), kn.eps, cos_sin),
+            )
+        except extend_kernels.NativeRefused:
+            return None
