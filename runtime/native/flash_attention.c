@@ -231,8 +231,12 @@ static void fa_units(void *ctx, int64_t begin, int64_t end) {
             const int live = r < c->group * c->bq && i < c->T;
             /* a dead lane (past the group's rows or the last token) scores 0 against every key: finite, unused */
             limit[r] = (int32_t)(live ? P + i + 1 : kend);
-            const float *qr = c->q + i * c->q_rs + h * c->q_hs;
-            for (int64_t d = 0; d < hd; d++) QT[d * FA_LANES + r] = live ? qr[d] * c->scale : 0.0f;
+            if (live) {
+                const float *qr = c->q + i * c->q_rs + h * c->q_hs;
+                for (int64_t d = 0; d < hd; d++) QT[d * FA_LANES + r] = qr[d] * c->scale;
+            } else {
+                for (int64_t d = 0; d < hd; d++) QT[d * FA_LANES + r] = 0.0f;
+            }
             m[r] = -INFINITY;
             l[r] = 0.0f;
         }
