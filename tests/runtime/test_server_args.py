@@ -158,12 +158,3 @@ def test_every_engine_flag_reaches_engine_args() -> None:
     assert not (ea.state_snapshot_on_match or ea.state_copy_on_write or ea.dual_lru_eviction)
     assert ea.log_mamba_state_stats
     assert (ea.enable_mixed_chunk, ea.decoding_step_tokens) == (False, 1000)
-
-
-def test_schedule_policy_left_unset_is_lpm_on_cpu_only() -> None:
-    from runtime.core.config import EngineArgs
-    from runtime.engine.builder import schedule_policy
-
-    assert schedule_policy(EngineArgs(model_path="/m")) == "lpm"
-    assert schedule_policy(EngineArgs(model_path="/m", schedule_policy="fcfs")) == "fcfs"
-    assert schedule_policy(EngineArgs(model_path="/m", device="cuda")) == "fcfs"
