@@ -130,9 +130,7 @@ class RuntimeArgs:
         f"chunk is never cut by it; default {DEFAULT_CPU_MAX_PREFILL_TOKENS} on CPU, "
         f"{DEFAULT_MAX_PREFILL_TOKENS} elsewhere).",
     )
-    schedule_policy: str | None = flag(  # checked in runtime_parser
-        "--schedule-policy", default=None, help="fcfs or lpm (default lpm on CPU, fcfs elsewhere)."
-    )
+    schedule_policy: str = flag("--schedule-policy", default="fcfs", help="fcfs or lpm.")  # checked in runtime_parser
     log_level: str = flag("--log-level", default="info", type=str.lower, choices=LOG_LEVELS, engine=None)
     log_requests: bool = flag("--log-requests", default=False, help="Log every request's metadata.", engine=None)
     enable_metrics: bool = flag(

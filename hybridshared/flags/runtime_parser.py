@@ -72,7 +72,7 @@ def _check_values(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> No
             )
             + f"use --grammar-backend {' or '.join(GRAMMAR_BACKENDS)}"
         )
-    if ns.schedule_policy is not None and ns.schedule_policy not in SCHEDULE_POLICIES:
+    if ns.schedule_policy not in SCHEDULE_POLICIES:
         parser.error(
             f"--schedule-policy {ns.schedule_policy}: the bundled runtime implements {', '.join(SCHEDULE_POLICIES)}"
         )

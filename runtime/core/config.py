@@ -49,7 +49,7 @@ class EngineArgs:
     # A prefill step takes further prompts only while it holds at most this many prompt tokens (SGLang's
     # --max-prefill-tokens); None: the device's default (DEFAULT_CPU_MAX_PREFILL_TOKENS on CPU).
     max_prefill_tokens: int | None = None
-    schedule_policy: Literal["fcfs", "lpm"] | None = None  # None: the device's default (lpm on CPU, else fcfs)
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     state_snapshot_on_match: bool = True
     state_copy_on_write: bool = True
     dual_lru_eviction: bool = True

@@ -116,7 +116,7 @@ def _validate(args: EngineArgs) -> None:
             f"mamba_track_interval ({args.mamba_track_interval}) must be a positive multiple of page_size "
             f"({args.page_size}); set --mamba-track-interval accordingly."
         )
-    if args.schedule_policy not in (None, "fcfs", "lpm"):
+    if args.schedule_policy not in ("fcfs", "lpm"):
         raise EngineStartupError(
             f"schedule_policy {args.schedule_policy!r} is not implemented by the bundled runtime; use fcfs or lpm."
         )
@@ -195,7 +195,7 @@ def _scheduler(
             max_running_requests=pools.plan.max_running_requests,
             chunked_prefill_size=args.chunked_prefill_size if args.chunked_prefill_size > 0 else -1,
             context_len=pools.context_len,
-            schedule_policy=schedule_policy(args),
+            schedule_policy=args.schedule_policy,
             checkpoint_interval=args.mamba_track_interval if checkpointing(cache, pools) else 0,
             in_forward_checkpoints=supports_state_checkpoints(model),
             random_seed=args.random_seed,
@@ -227,17 +227,6 @@ def decoding_step_tokens(args: EngineArgs) -> int:
     if isinstance(steps, int):
         return max(steps, 0)
     return DEFAULT_CPU_DECODING_STEP_TOKENS if pause_targeted(args) else 0
-
-
-def schedule_policy(args: EngineArgs) -> str:
-    """lpm on CPU unless set: with prompts prefilled one after another (max_prefill_tokens), a request whose
-    system prompt another one has just cached costs a few dozen tokens, and running it before a waiting prompt
-    that shares nothing cached costs that prompt little more (the peers harness's 4 x 4 shared-prefix workload,
-    demo model, in-process, 16 rounds: mean TTFT 0.83x of fcfs, engine CPU up to each first token 0.82x).
-    Requests that hit nothing in the cache keep their arrival order."""
-    if args.schedule_policy is not None:
-        return args.schedule_policy
-    return "lpm" if _on_cpu(args) else "fcfs"
 
 
 def max_prefill_tokens(args: EngineArgs) -> int:

@@ -165,7 +165,6 @@ class EngineCore(EngineParts):
             context_length=self.context_len,
             chunked_prefill_size=self.scheduler.config.chunked_prefill_size,
             max_prefill_tokens=self.scheduler.config.max_prefill_tokens,
-            schedule_policy=self.scheduler.config.schedule_policy,
             enable_mixed_chunk=self.scheduler.mixing,
             decoding_step_tokens=AUTO if cfg.decode_pause_target_s > 0 else cfg.decoding_step_tokens,
             decode_pause_target_ms=cfg.decode_pause_target_s * 1000 or self.args.decode_pause_target_ms,

@@ -34,7 +34,7 @@ def test_sglang_names_and_defaults() -> None:
     assert args.context_length == 8192
     assert args.host == "127.0.0.1"  # loopback unless --host says otherwise
     assert args.port == 30000
-    assert args.schedule_policy is None  # the device's default: lpm on CPU (runtime/engine/builder.py)
+    assert args.schedule_policy == "fcfs"
     assert args.mamba_radix_cache_strategy == "auto"
 
 
