@@ -36,7 +36,9 @@ class BatchBuilder:
             start = mem.kv_len
             new_locs = self.cache.grow(mem, len(tokens))
             out_locs.extend(new_locs)
-            kv_locs.append(torch.cat([self.cache.token_slots(mem, start), torch.tensor(new_locs, dtype=torch.int64)]))
+            # The slots of every token up to the chunk's end, through the page list's mirror (grow took the pages):
+            # not a tensor of the new slots' Python ints joined to the old ones.
+            kv_locs.append(self.cache.token_slots(mem, start + len(tokens)))
             starts.append(start)
             slots.append(mem.slot)
         return ScheduledBatch(

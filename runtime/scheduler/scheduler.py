@@ -293,9 +293,8 @@ class Scheduler:
         for i, (req, tokens, start) in enumerate(zip(batch.reqs, batch.tokens, batch.starts, strict=True)):
             assert req.mem is not None
             req.mem.kv_len += len(tokens)
-            for k, slot in batch.checkpoints[i]:
-                if self.cache.commit_checkpoint(req.mem, req.prompt_ids, start + k, slot):
-                    self.counters.state_checkpoints += 1
+            points = [(start + k, slot) for k, slot in batch.checkpoints[i]]
+            self.counters.state_checkpoints += self.cache.commit_checkpoints(req.mem, req.prompt_ids, points)
             if req.mem.kv_len == len(req.prompt_ids):
                 lp.close_prompt(req)
                 done.append(i)

@@ -79,3 +79,54 @@ def test_commit_refuses_a_position_it_cannot_cache() -> None:
     assert cm.state_pool.num_free == free_before
     cm.release(mem, [1, 2, 3, 4, 5, 6], cache=False)
     cm.check_invariants()
+
+
+def _tree_dump(cm: CacheManager) -> list[tuple]:
+    """Every node (depth first): key, pages, state slot, locks, and the access stamps' ranks (their order)."""
+    nodes, stack = [], [cm.tree.root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.children[k] for k in sorted(node.children, reverse=True))
+    kv_rank = {t: i for i, t in enumerate(sorted({n.kv_access for n in nodes}))}
+    state_rank = {t: i for i, t in enumerate(sorted({n.state_access for n in nodes}))}
+    return [
+        (n.key, list(n.pages), n.state_slot, n.lock_ref, kv_rank[n.kv_access], state_rank[n.state_access])
+        for n in nodes
+    ]
+
+
+def _chunk_commit(batched: bool) -> tuple[CacheManager, list[tuple], list[int], int, int]:
+    """A cached 4-token prompt (its pages differ from the next request's: duplicates), then a 12-token prompt
+    that shares it, computed as one chunk, committing checkpoints at 2 (the tree has KV there, no state), 4 (a state
+    there already: slot back), 6, 7 (not a whole page: slot back), 8 and 12."""
+    cm = _manager(page_size=2)
+    _, first = cm.admit([1, 2, 3, 4, 5], total_tokens=6)
+    assert first is not None
+    cm.grow(first, 4)
+    first.kv_len = 4
+    cm.release(first, [1, 2, 3, 4, 5], cache=True)
+    prompt = [1, 2, 3, 4, 9, 9, 8, 8, 7, 7, 6, 6]
+    _, mem = cm.admit(prompt, total_tokens=13, max_prefix=0)  # computes everything again: its own pages
+    assert mem is not None and mem.tree_len == 0
+    cm.grow(mem, len(prompt))
+    mem.kv_len = len(prompt)
+    points = []
+    for n in (2, 4, 6, 7, 8, 12):
+        slot = cm.take_checkpoint_slot()
+        assert slot is not None
+        points.append((n, slot))
+    if batched:
+        taken = cm.commit_checkpoints(mem, prompt, points)
+    else:
+        taken = sum(cm.commit_checkpoint(mem, prompt, n, slot) for n, slot in points)
+    cm.check_invariants()
+    return cm, _tree_dump(cm), list(mem.pages), mem.tree_len, taken
+
+
+def test_commit_checkpoints_builds_the_tree_the_single_commits_build() -> None:
+    one_by_one, batched = _chunk_commit(batched=False), _chunk_commit(batched=True)
+    assert batched[1:] == one_by_one[1:]
+    assert batched[4] == 4  # 2, 6, 8, 12 (4 already had a state, 7 is not a whole page)
+    assert batched[0].state_pool.num_free == one_by_one[0].state_pool.num_free
+    assert batched[0].kv_pool.num_free == one_by_one[0].kv_pool.num_free
