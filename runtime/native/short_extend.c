@@ -1,5 +1,5 @@
 /* The short-extend library: the gated-DeltaNet and norm kernels (extend_kernels.c; long extends chunked,
- * gdn_chunked.c; bf16 RMSNorm rows, bf16_rows.c) and the MoE kernel
+ * gdn_chunked.c; bf16 RMSNorm rows, bf16_rows.c; residual add + norm, residual_norm.c) and the MoE kernel
  * (moe_kernels.c) built as one shared object, because parallel.h keeps one worker pool per library: with two, one
  * library's workers would still be spinning on the second core when the other's region wants it.
  *
@@ -8,6 +8,7 @@
 #include "extend_kernels.c"
 #include "gdn_chunked.c"
 #include "bf16_rows.c"
+#include "residual_norm.c"
 #include "moe_kernels.c"
 
 /* Threads for the next calls (1: everything inline, no worker ever started); returns the count now set. */
