@@ -166,12 +166,17 @@ static void chunk_load(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
     gmm(n, n, dk, t->q, dk, t->kt, n, t->qk, n, 1.0f, 0);
     const float last = t->cum[n - 1];
     for (int64_t i = 0; i < n; i++) {
-        const float ci = t->cum[i], ei = vexpf(ci), bi = t->beta[i] * ei;
-        for (int64_t j = 0; j < n; j++) {
-            const float decay = j <= i ? vexpf(ci - t->cum[j]) : 0.0f;
-            t->kk[i * n + j] = j < i ? t->beta[i] * t->kk[i * n + j] * decay : 0.0f;
-            t->qk[i * n + j] *= decay;
+        const float ci = t->cum[i], ei = vexpf(ci), bi = t->beta[i] * ei, beta = t->beta[i];
+        float *kki = t->kk + i * n, *qki = t->qk + i * n;
+        /* the pairs j < i only (a branch-free loop, so it vectorizes); on the diagonal the decay is exp(0) = 1 */
+#pragma omp simd
+        for (int64_t j = 0; j < i; j++) {
+            const float decay = vexpf(ci - t->cum[j]);
+            kki[j] = beta * kki[j] * decay;
+            qki[j] *= decay;
         }
+        for (int64_t j = i; j < n; j++) kki[j] = 0.0f;
+        for (int64_t j = i + 1; j < n; j++) qki[j] = 0.0f;
 #pragma omp simd
         for (int64_t j = 0; j < dk; j++) {
             t->k[i * dk + j] *= bi; /* β e^cum k */
