@@ -267,7 +267,11 @@ static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
     inner_checkpoints(c, t, h, t0, n);
     float *o = c->out + (c->row0 + t0) * ldo + h * dv;
     gmm(n, dv, dk, t->q, dk, t->state, dv, o, ldo, 1.0f, 0);
-    gmm(n, dv, n, t->qk, n, t->r, dv, o, ldo, 1.0f, 1);
+    /* qk is lower triangular: rows [i0, i0 + 4) need v_new's first i0 + 4 rows only (half the product) */
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const int64_t rows = n - i0 < 4 ? n - i0 : 4;
+        gmm(rows, dv, i0 + rows, t->qk + i0 * n, n, t->r, dv, o + i0 * ldo, ldo, 1.0f, 1);
+    }
     const float end = vexpf(t->cum[n - 1]);
     for (int64_t p = 0; p < dk * dv; p++) t->state[p] *= end;
     gmm(dk, dv, n, t->kt, n, t->r, dv, t->state, dv, 1.0f, 1);
