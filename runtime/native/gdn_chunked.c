@@ -121,11 +121,12 @@ static void gmm(int64_t m, int64_t n, int64_t kk, const float *a, int64_t lda, c
 /* One value head's per-chunk tiles, carved from its work_stride floats of scratch. */
 typedef struct {
     float *state, *k, *kt, *q, *r, *kk, *qk, *cum, *beta, *snap, *kd; /* snap, kd: a checkpoint inside a chunk */
+    float *raw; /* k.kT then q.kT before decays: the same for every value head of one key head */
 } chunk_tiles;
 
 static int64_t chunk_work_floats(int64_t dk, int64_t dv) {
     const int64_t c = GDN_CHUNK;
-    return 2 * dk * dv + 4 * c * dk + c * dv + 2 * c * c + 2 * c;
+    return 2 * dk * dv + 4 * c * dk + c * dv + 4 * c * c + 2 * c;
 }
 
 static chunk_tiles carve_tiles(float *w, int64_t dk, int64_t dv) {
@@ -141,13 +142,15 @@ static chunk_tiles carve_tiles(float *w, int64_t dk, int64_t dv) {
     t.cum = w, w += c;
     t.beta = w, w += c;
     t.snap = w, w += dk * dv;
+    t.raw = w, w += 2 * c * c;
     t.kd = w;
     return t;
 }
 
 /* Tokens [t0, t0 + n) of value head h: loads the chunk (k, its transpose, q scaled, β, cumulative gates), forms
- * k.kᵀ and q.kᵀ, then turns them and the tiles into the decayed forms the update uses. */
-static void chunk_load(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n) {
+ * k.kᵀ and q.kᵀ (or takes them from `shared`: the previous value head's of the same key head, this chunk), then
+ * turns them and the tiles into the decayed forms the update uses. */
+static void chunk_load(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n, const float *shared) {
     const int64_t dk = c->dk, nv = c->nv, kh = h / c->ratio;
     float run = 0.0f;
     for (int64_t i = 0; i < n; i++) {
@@ -162,19 +165,24 @@ static void chunk_load(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
         t->cum[i] = run;
         t->beta[i] = c->gates[(2 * (t0 + i) + 1) * nv + h];
     }
-    gmm(n, n, dk, t->k, dk, t->kt, n, t->kk, n, 1.0f, 0);
-    gmm(n, n, dk, t->q, dk, t->kt, n, t->qk, n, 1.0f, 0);
+    const float *raw_kk = shared ? shared : t->raw, *raw_qk = raw_kk + n * n;
+    if (!shared) {
+        gmm(n, n, dk, t->k, dk, t->kt, n, t->raw, n, 1.0f, 0);
+        gmm(n, n, dk, t->q, dk, t->kt, n, t->raw + n * n, n, 1.0f, 0);
+    }
     const float last = t->cum[n - 1];
     for (int64_t i = 0; i < n; i++) {
         const float ci = t->cum[i], ei = vexpf(ci), bi = t->beta[i] * ei, beta = t->beta[i];
         float *kki = t->kk + i * n, *qki = t->qk + i * n;
         /* the pairs j < i only (a branch-free loop, so it vectorizes); on the diagonal the decay is exp(0) = 1 */
+        const float *rk = raw_kk + i * n, *rq = raw_qk + i * n;
 #pragma omp simd
         for (int64_t j = 0; j < i; j++) {
             const float decay = vexpf(ci - t->cum[j]);
-            kki[j] = beta * kki[j] * decay;
-            qki[j] *= decay;
+            kki[j] = beta * rk[j] * decay;
+            qki[j] = rq[j] * decay;
         }
+        qki[i] = rq[i];
         for (int64_t j = i; j < n; j++) kki[j] = 0.0f;
         for (int64_t j = i + 1; j < n; j++) qki[j] = 0.0f;
 #pragma omp simd
@@ -245,7 +253,7 @@ static void inner_checkpoints(const gdn_seq *c, const chunk_tiles *t, int64_t h,
 }
 
 /* Tokens [t0, t0 + n) of value head h, its state in t->state: the outputs (gated-normed) and the state after. */
-static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n) {
+static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n, const float *shared) {
     const int64_t dk = c->dk, dv = c->dv, nv = c->nv, ldo = nv * dv;
     /* The gate rows the norm reads last come straight from the projection's output in memory: fetched now, behind
      * the chunk's matmuls, instead of a cache miss per row at the end (the norm's largest cost in a profile). */
@@ -255,7 +263,7 @@ static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
         const char *zr = c->z ? (const char *)(c->z + at) : (const char *)(c->z16 + at);
         for (size_t off = 0; off < z_bytes; off += 64) __builtin_prefetch(zr + off);
     }
-    chunk_load(c, t, h, t0, n);
+    chunk_load(c, t, h, t0, n, shared);
     for (int64_t i = 0; i < n; i++) {
         const float *v = c->act + (t0 + i) * c->conv_dim + 2 * c->key_dim + h * dv;
         const float bi = t->beta[i];
@@ -306,7 +314,10 @@ static void gdn_chunk_heads(void *ctx, int64_t begin, int64_t end) {
             transpose_heads(t.state, c->state + h * head_size, 1, dv, dk);
         else if (t0 == 0)
             memset(t.state, 0, sizeof(float) * (size_t)head_size);
-        chunk_step(c, &t, h, t0, t1 - t0);
+        /* the previous head of this part, if it reads the same key head: its k.kᵀ and q.kᵀ serve this one (the
+         * same products whichever head makes them, so the split over threads never changes a bit) */
+        const int share = h > begin && (h - 1) / c->ratio == h / c->ratio;
+        chunk_step(c, &t, h, t0, t1 - t0, share ? carve_tiles(c->work + (h - 1) * c->work_stride, dk, dv).raw : NULL);
         for (int64_t m = 0; m < c->n_ck; m++)
             if (c->ck_seq[m] == c->seq && c->ck_tokens[m] == t1)
                 transpose_heads(c->ssm_pool + c->ck_slots[m] * c->state_size + h * head_size, t.state, 1, dk, dv);
