@@ -102,6 +102,7 @@ static void gated_rmsnorm(float *restrict x, const float *restrict z, const floa
 typedef struct {
     int64_t len, row0, conv_dim, key_dim, nk, nv, dk, dv, taps, ratio, head_size, ba_stride, z_stride, n_ck, seq;
     int64_t mixed_stride; /* mixed32's rows apart */
+    int64_t act_t0; /* the token in act's first row: 0, or the chunked kernel's current chunk (gdn_chunked.c) */
     float scale, norm_eps;
     const float *mixed32; /* fp32 conv inputs read in place (NULL: every row widened into full) */
     const float *full, *w_t, *conv_bias, *a, *b, *neg_exp_a, *dt_bias, *z, *norm_w;
@@ -128,7 +129,7 @@ static void gdn_prologue(void *ctx, int64_t begin, int64_t end) {
     const int64_t conv_dim = c->conv_dim, nv = c->nv, taps = c->taps;
     for (int64_t t = begin; t < end; t++) {
         const int64_t row = c->row0 + t;
-        float *tok = c->act + t * conv_dim;
+        float *tok = c->act + (t - c->act_t0) * conv_dim;
         if (taps == 4) { /* every model here: the taps unrolled, so the loop vectorizes over channels */
             const float *x0 = conv_row(c, t), *x1 = conv_row(c, t + 1), *x2 = conv_row(c, t + 2);
             const float *x3 = conv_row(c, t + 3), *w = c->w_t;

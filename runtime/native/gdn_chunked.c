@@ -155,7 +155,7 @@ static void chunk_load(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
     float run = 0.0f;
     for (int64_t i = 0; i < n; i++) {
         const int64_t row = c->row0 + t0 + i;
-        const float *tok = c->act + (t0 + i) * c->conv_dim;
+        const float *tok = c->act + (t0 - c->act_t0 + i) * c->conv_dim;
         memcpy(t->k + i * dk, tok + c->key_dim + kh * dk, sizeof(float) * (size_t)dk);
         const float *q = tok + kh * dk;
 #pragma omp simd
@@ -241,7 +241,7 @@ static void inner_checkpoints(const gdn_seq *c, const chunk_tiles *t, int64_t h,
         if (c->ck_seq[m] != c->seq || r <= 0 || r >= n) continue;
         const float at = t->cum[r - 1], scale = vexpf(at);
         for (int64_t j = 0; j < r; j++) {
-            const float *k = c->act + (t0 + j) * c->conv_dim + c->key_dim + kh * dk;
+            const float *k = c->act + (t0 - c->act_t0 + j) * c->conv_dim + c->key_dim + kh * dk;
             const float decay = vexpf(at - t->cum[j]);
             for (int64_t p = 0; p < dk; p++) t->kd[p * r + j] = k[p] * decay;
         }
@@ -265,7 +265,7 @@ static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
     }
     chunk_load(c, t, h, t0, n, shared);
     for (int64_t i = 0; i < n; i++) {
-        const float *v = c->act + (t0 + i) * c->conv_dim + 2 * c->key_dim + h * dv;
+        const float *v = c->act + (t0 - c->act_t0 + i) * c->conv_dim + 2 * c->key_dim + h * dv;
         const float bi = t->beta[i];
 #pragma omp simd
         for (int64_t j = 0; j < dv; j++) t->r[i * dv + j] = bi * v[j];
@@ -336,6 +336,7 @@ static void chunk_prologue(void *ctx, int64_t begin, int64_t end) {
  * (25 MB at 2048 tokens of the real model) went through memory. */
 static void gdn_chunked(gdn_seq *c) {
     for (int64_t t0 = 0; t0 < c->len;) {
+        c->act_t0 = t0; /* act holds one chunk's rows, reused: they stay in cache, not a fresh 4 MB a layer */
         chunk_span span = {c, t0, chunk_end(c, t0)};
         hp_parallel_for(span.t1 - t0, 8, chunk_prologue, &span);
         hp_parallel_for(c->nv, 1, gdn_chunk_heads, &span);
