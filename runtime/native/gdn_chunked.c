@@ -314,10 +314,10 @@ static void gdn_chunk_heads(void *ctx, int64_t begin, int64_t end) {
             transpose_heads(t.state, c->state + h * head_size, 1, dv, dk);
         else if (t0 == 0)
             memset(t.state, 0, sizeof(float) * (size_t)head_size);
-        /* the previous head of this part, if it reads the same key head: its k.kᵀ and q.kᵀ serve this one (the
+        /* the first head of this part that reads the same key head made k.kᵀ and q.kᵀ: they serve this one (the
          * same products whichever head makes them, so the split over threads never changes a bit) */
-        const int share = h > begin && (h - 1) / c->ratio == h / c->ratio;
-        chunk_step(c, &t, h, t0, t1 - t0, share ? carve_tiles(c->work + (h - 1) * c->work_stride, dk, dv).raw : NULL);
+        const int64_t first = (h / c->ratio) * c->ratio > begin ? (h / c->ratio) * c->ratio : begin;
+        chunk_step(c, &t, h, t0, t1 - t0, first < h ? carve_tiles(c->work + first * c->work_stride, dk, dv).raw : NULL);
         for (int64_t m = 0; m < c->n_ck; m++)
             if (c->ck_seq[m] == c->seq && c->ck_tokens[m] == t1)
                 transpose_heads(c->ssm_pool + c->ck_slots[m] * c->state_size + h * head_size, t.state, 1, dk, dv);
