@@ -149,8 +149,12 @@ class Qwen3NextDecoderLayer(HybridLayer):
     def forward(self, x: torch.Tensor, cos_sin: CosSin, ctx: StepContext) -> torch.Tensor:
         mixer = self.linear_attn if self.kind == LINEAR else self.self_attn
         short = ctx.packing is not None and ctx.packing.host is not None  # a short extend: C kernels where they fit
-        x = x + self.mix(mixer, self.input_layernorm(x, short_extend=short), cos_sin, ctx)
-        h = self.post_attention_layernorm(x, short_extend=short)
+        if ctx.packing is not None and not short and x.device.type == "cpu":  # a long extend: add and norm in C
+            _, h = self.input_layernorm.add_and_norm(x, None, long_extend=True)
+            x, h = self.post_attention_layernorm.add_and_norm(x, self.mix(mixer, h, cos_sin, ctx), long_extend=True)
+        else:
+            x = x + self.mix(mixer, self.input_layernorm(x, short_extend=short), cos_sin, ctx)
+            h = self.post_attention_layernorm(x, short_extend=short)
         return x + (self.mlp(h, short_extend=short) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
 
 

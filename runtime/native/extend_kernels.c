@@ -101,7 +101,10 @@ static void gated_rmsnorm(float *restrict x, const float *restrict z, const floa
 /* One sequence's work, shared by the parallel parts below. */
 typedef struct {
     int64_t len, row0, conv_dim, key_dim, nk, nv, dk, dv, taps, ratio, head_size, ba_stride, z_stride, n_ck, seq;
+    int64_t mixed_stride; /* mixed32's rows apart */
+    int64_t act_t0; /* the token in act's first row: 0, or the chunked kernel's current chunk (gdn_chunked.c) */
     float scale, norm_eps;
+    const float *mixed32; /* fp32 conv inputs read in place (NULL: every row widened into full) */
     const float *full, *w_t, *conv_bias, *a, *b, *neg_exp_a, *dt_bias, *z, *norm_w;
     const uint16_t *z16; /* z as bf16 bits instead (then z is NULL): the chunked kernel's 16-bit inputs */
     const int64_t *ck_seq, *ck_tokens, *ck_slots;
@@ -110,28 +113,48 @@ typedef struct {
     int64_t state_size, work_stride; /* work: work_stride floats per value head */
 } gdn_seq;
 
-/* Tokens [begin, end): conv taps in torch's order (x0*w0, then + x_tap*w_tap, then + bias), silu, the l2 norm of
- * the q and k heads, and the gates. Tokens are independent here. */
+/* Row j of the sequence's conv input (its `taps - 1` old inputs, then the new tokens): fp32 inputs are read where
+ * the projection wrote them, not through a copy of the whole prompt's (4 MB a layer at 2048 tokens of the peer
+ * model, written and read back through memory). */
+static inline const float *conv_row(const gdn_seq *c, int64_t j) {
+    const int64_t width = c->taps - 1;
+    if (j < width || !c->mixed32) return c->full + j * c->conv_dim;
+    return c->mixed32 + (c->row0 + j - width) * c->mixed_stride;
+}
+
+/* Tokens [begin, end): conv taps in torch's order (x0*w0, then + x_tap*w_tap, then + bias), silu (8 lanes at a
+ * time), the l2 norm of the q and k heads, and the gates. Tokens are independent here. */
 static void gdn_prologue(void *ctx, int64_t begin, int64_t end) {
     const gdn_seq *c = ctx;
-    const int64_t conv_dim = c->conv_dim, nv = c->nv;
+    const int64_t conv_dim = c->conv_dim, nv = c->nv, taps = c->taps;
     for (int64_t t = begin; t < end; t++) {
         const int64_t row = c->row0 + t;
-        float *tok = c->act + t * conv_dim;
-        const float *x0 = c->full + t * conv_dim;
+        float *tok = c->act + (t - c->act_t0) * conv_dim;
+        if (taps == 4) { /* every model here: the taps unrolled, so the loop vectorizes over channels */
+            const float *x0 = conv_row(c, t), *x1 = conv_row(c, t + 1), *x2 = conv_row(c, t + 2);
+            const float *x3 = conv_row(c, t + 3), *w = c->w_t;
 #pragma omp simd
-        for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] = x0[ch] * c->w_t[ch];
-        for (int64_t j = 1; j < c->taps; j++) {
-            const float *xj = c->full + (t + j) * conv_dim, *wj = c->w_t + j * conv_dim;
+            for (int64_t ch = 0; ch < conv_dim; ch++) {
+                float acc = x0[ch] * w[ch];
+                acc += x1[ch] * w[conv_dim + ch];
+                acc += x2[ch] * w[2 * conv_dim + ch];
+                tok[ch] = acc + x3[ch] * w[3 * conv_dim + ch];
+            }
+        } else {
+            const float *x0 = conv_row(c, t);
 #pragma omp simd
-            for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] += xj[ch] * wj[ch];
+            for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] = x0[ch] * c->w_t[ch];
+            for (int64_t j = 1; j < taps; j++) {
+                const float *xj = conv_row(c, t + j), *wj = c->w_t + j * conv_dim;
+#pragma omp simd
+                for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] += xj[ch] * wj[ch];
+            }
         }
         if (c->conv_bias) {
 #pragma omp simd
             for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] += c->conv_bias[ch];
         }
-#pragma omp simd
-        for (int64_t ch = 0; ch < conv_dim; ch++) tok[ch] = silu(tok[ch]);
+        silu_inplace(tok, conv_dim);
         l2norm_heads(tok, 2 * c->nk, c->dk); /* q heads, then k heads */
         for (int64_t h = 0; h < nv; h++) {
             const float g = c->neg_exp_a[h] * softplus(c->a[row * c->ba_stride + h] + c->dt_bias[h]);
@@ -194,7 +217,7 @@ static void widen_row(float *restrict dst, const void *src, int64_t at, int64_t 
     for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
 }
 
-/* One sequence's conv, gates, recurrence and norm, its conv input already in c->full. */
+/* One sequence's conv, gates, recurrence and norm, its conv input in place or in c->full (conv_row). */
 typedef void (*gdn_seq_fn)(gdn_seq *c);
 
 /* Every new token's conv, silu, l2 norm and gates first (split over threads by token), then the recurrence (split
@@ -212,10 +235,10 @@ static int gdn_extend_run(GDN_EXTEND_PARAMS, gdn_seq_fn run, int64_t work_stride
     const int64_t ratio = nv / nk, head_size = dv * dk, state_size = nv * head_size;
     int64_t max_len = 0;
     for (int64_t s = 0; s < n_seqs; s++) max_len = lens[s] > max_len ? lens[s] : max_len;
-    /* full: time-major conv input of one sequence (its old window, then the new tokens); act: the conv outputs,
+    /* full: time-major conv input of one sequence (its old window, then with bf16 inputs the new tokens widened); act: the conv outputs,
      * q and k normalized; gates: decay then beta per (token, head); w_t: the taps tap-major; work: per value head,
      * its state as [dk, dv], then kv [dv] */
-    float *full = malloc(sizeof(float) * (size_t)((width + max_len) * conv_dim));
+    float *full = malloc(sizeof(float) * (size_t)((width + (bf16 ? max_len : 0)) * conv_dim + 1));
     float *act = malloc(sizeof(float) * (size_t)(max_len * conv_dim + 1));
     float *gates = malloc(sizeof(float) * (size_t)(2 * max_len * nv + 1));
     float *w_t = malloc(sizeof(float) * (size_t)(taps * conv_dim));
@@ -240,13 +263,13 @@ static int gdn_extend_run(GDN_EXTEND_PARAMS, gdn_seq_fn run, int64_t work_stride
         } else {
             memset(full, 0, sizeof(float) * (size_t)(width * conv_dim));
         }
-        for (int64_t t = 0; t < len; t++)
+        for (int64_t t = 0; bf16 && t < len; t++)
             widen_row(full + (width + t) * conv_dim, mixed, (start + t) * mixed_stride, conv_dim, bf16);
         gdn_seq c = {
             .len = len, .row0 = start, .conv_dim = conv_dim, .key_dim = key_dim, .nk = nk, .nv = nv, .dk = dk,
             .dv = dv, .taps = taps, .ratio = ratio, .head_size = head_size, .ba_stride = ba_stride,
             .z_stride = z_stride, .n_ck = n_ck, .seq = s, .scale = 1.0f / sqrtf((float)dk), .norm_eps = norm_eps,
-            .full = full, .w_t = w_t, .conv_bias = conv_bias, .a = a, .b = b, .neg_exp_a = neg_exp_a,
+            .mixed32 = bf16 ? NULL : mixed, .mixed_stride = mixed_stride, .full = full, .w_t = w_t, .conv_bias = conv_bias, .a = a, .b = b, .neg_exp_a = neg_exp_a,
             .dt_bias = dt_bias, .z = bf16 ? NULL : z, .z16 = bf16 ? z : NULL, .norm_w = norm_w, .ck_seq = ck_seq, .ck_tokens = ck_tokens,
             .ck_slots = ck_slots, .has_prefix = (int)has_prefix[s], .act = act, .gates = gates,
             .state = ssm_pool + state_slots[s] * state_size, .ssm_pool = ssm_pool, .work = work, .out = out,
@@ -258,10 +281,10 @@ static int gdn_extend_run(GDN_EXTEND_PARAMS, gdn_seq_fn run, int64_t work_stride
             if (ck_seq[m] != s) continue;
             float *cw = conv_pool + ck_slots[m] * conv_dim * width;
             for (int64_t ch = 0; ch < conv_dim; ch++)
-                for (int64_t j = 0; j < width; j++) cw[ch * width + j] = full[(ck_tokens[m] + j) * conv_dim + ch];
+                for (int64_t j = 0; j < width; j++) cw[ch * width + j] = conv_row(&c, ck_tokens[m] + j)[ch];
         }
         for (int64_t ch = 0; ch < conv_dim; ch++)
-            for (int64_t j = 0; j < width; j++) cstate[ch * width + j] = full[(len + j) * conv_dim + ch];
+            for (int64_t j = 0; j < width; j++) cstate[ch * width + j] = conv_row(&c, len + j)[ch];
         start += len;
     }
     free(full);

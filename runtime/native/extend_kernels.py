@@ -47,6 +47,7 @@ FUNCTIONS: dict[str, list[type]] = {
     "gdn_chunked_extend": [],  # gdn_short_extend's arguments (set below)
     "rmsnorm_rows": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
     "rmsnorm_rows_bf16": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
+    "residual_rmsnorm": [_I64, _I64, _PTR, _PTR, _PTR, _F32, _PTR, _PTR],
     "moe_short_extend": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
     "flash_attention_fp32": [*[_I64] * 6, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64, _F32, _PTR],
     "norm_rope_rows": [*[_I64] * 3, _PTR, _I64, _I64, _PTR, _F32, _PTR, _PTR, _I64, _PTR],
@@ -348,3 +349,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     kernel = lib.lib.rmsnorm_rows_bf16 if x.dtype == torch.bfloat16 else lib.lib.rmsnorm_rows
     kernel(rows, dim, x.data_ptr(), x.stride(0) if rows else dim, weight.data_ptr(), eps, out.data_ptr())
     return out
+
+
+def residual_rms_norm(
+    x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, F.rms_norm(s, (dim,), weight, eps)) with s = x + y (x itself when y is None), fp32 [T, dim] contiguous,
+    in one pass split over the pool; the norm's sum in another order than torch's (rounding-level differences).
+    Raises NativeRefused when a tensor does not fit."""
+    lib = library()
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    if x.dim() != 2 or weight.dim() != 1:
+        raise NativeRefused("residual_rms_norm: x [T, dim] and weight [dim] expected")
+    rows, dim = x.shape
+    _check(x, "x", (rows, dim))
+    if y is not None:
+        _check(y, "y", (rows, dim))
+    _check(weight, "weight", (dim,))
+    total = x if y is None else torch.empty_like(x)
+    out = torch.empty_like(x)
+    lib.lib.residual_rmsnorm(
+        rows, dim, x.data_ptr(), None if y is None else y.data_ptr(), weight.data_ptr(), eps, total.data_ptr(),
+        out.data_ptr(),
+    )  # fmt: skip
+    return total, out

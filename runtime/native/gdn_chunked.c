@@ -121,11 +121,12 @@ static void gmm(int64_t m, int64_t n, int64_t kk, const float *a, int64_t lda, c
 /* One value head's per-chunk tiles, carved from its work_stride floats of scratch. */
 typedef struct {
     float *state, *k, *kt, *q, *r, *kk, *qk, *cum, *beta, *snap, *kd; /* snap, kd: a checkpoint inside a chunk */
+    float *raw; /* k.kT then q.kT before decays: the same for every value head of one key head */
 } chunk_tiles;
 
 static int64_t chunk_work_floats(int64_t dk, int64_t dv) {
     const int64_t c = GDN_CHUNK;
-    return 2 * dk * dv + 4 * c * dk + c * dv + 2 * c * c + 2 * c;
+    return 2 * dk * dv + 4 * c * dk + c * dv + 4 * c * c + 2 * c;
 }
 
 static chunk_tiles carve_tiles(float *w, int64_t dk, int64_t dv) {
@@ -141,18 +142,20 @@ static chunk_tiles carve_tiles(float *w, int64_t dk, int64_t dv) {
     t.cum = w, w += c;
     t.beta = w, w += c;
     t.snap = w, w += dk * dv;
+    t.raw = w, w += 2 * c * c;
     t.kd = w;
     return t;
 }
 
 /* Tokens [t0, t0 + n) of value head h: loads the chunk (k, its transpose, q scaled, β, cumulative gates), forms
- * k.kᵀ and q.kᵀ, then turns them and the tiles into the decayed forms the update uses. */
-static void chunk_load(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n) {
+ * k.kᵀ and q.kᵀ (or takes them from `shared`: the previous value head's of the same key head, this chunk), then
+ * turns them and the tiles into the decayed forms the update uses. */
+static void chunk_load(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n, const float *shared) {
     const int64_t dk = c->dk, nv = c->nv, kh = h / c->ratio;
     float run = 0.0f;
     for (int64_t i = 0; i < n; i++) {
         const int64_t row = c->row0 + t0 + i;
-        const float *tok = c->act + (t0 + i) * c->conv_dim;
+        const float *tok = c->act + (t0 - c->act_t0 + i) * c->conv_dim;
         memcpy(t->k + i * dk, tok + c->key_dim + kh * dk, sizeof(float) * (size_t)dk);
         const float *q = tok + kh * dk;
 #pragma omp simd
@@ -162,16 +165,26 @@ static void chunk_load(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
         t->cum[i] = run;
         t->beta[i] = c->gates[(2 * (t0 + i) + 1) * nv + h];
     }
-    gmm(n, n, dk, t->k, dk, t->kt, n, t->kk, n, 1.0f, 0);
-    gmm(n, n, dk, t->q, dk, t->kt, n, t->qk, n, 1.0f, 0);
+    const float *raw_kk = shared ? shared : t->raw, *raw_qk = raw_kk + n * n;
+    if (!shared) {
+        gmm(n, n, dk, t->k, dk, t->kt, n, t->raw, n, 1.0f, 0);
+        gmm(n, n, dk, t->q, dk, t->kt, n, t->raw + n * n, n, 1.0f, 0);
+    }
     const float last = t->cum[n - 1];
     for (int64_t i = 0; i < n; i++) {
-        const float ci = t->cum[i], ei = vexpf(ci), bi = t->beta[i] * ei;
-        for (int64_t j = 0; j < n; j++) {
-            const float decay = j <= i ? vexpf(ci - t->cum[j]) : 0.0f;
-            t->kk[i * n + j] = j < i ? t->beta[i] * t->kk[i * n + j] * decay : 0.0f;
-            t->qk[i * n + j] *= decay;
+        const float ci = t->cum[i], ei = vexpf(ci), bi = t->beta[i] * ei, beta = t->beta[i];
+        float *kki = t->kk + i * n, *qki = t->qk + i * n;
+        /* the pairs j < i only (a branch-free loop, so it vectorizes); on the diagonal the decay is exp(0) = 1 */
+        const float *rk = raw_kk + i * n, *rq = raw_qk + i * n;
+#pragma omp simd
+        for (int64_t j = 0; j < i; j++) {
+            const float decay = vexpf(ci - t->cum[j]);
+            kki[j] = beta * rk[j] * decay;
+            qki[j] = rq[j] * decay;
         }
+        qki[i] = rq[i];
+        for (int64_t j = i; j < n; j++) kki[j] = 0.0f;
+        for (int64_t j = i + 1; j < n; j++) qki[j] = 0.0f;
 #pragma omp simd
         for (int64_t j = 0; j < dk; j++) {
             t->k[i * dk + j] *= bi; /* β e^cum k */
@@ -228,7 +241,7 @@ static void inner_checkpoints(const gdn_seq *c, const chunk_tiles *t, int64_t h,
         if (c->ck_seq[m] != c->seq || r <= 0 || r >= n) continue;
         const float at = t->cum[r - 1], scale = vexpf(at);
         for (int64_t j = 0; j < r; j++) {
-            const float *k = c->act + (t0 + j) * c->conv_dim + c->key_dim + kh * dk;
+            const float *k = c->act + (t0 - c->act_t0 + j) * c->conv_dim + c->key_dim + kh * dk;
             const float decay = vexpf(at - t->cum[j]);
             for (int64_t p = 0; p < dk; p++) t->kd[p * r + j] = k[p] * decay;
         }
@@ -240,11 +253,19 @@ static void inner_checkpoints(const gdn_seq *c, const chunk_tiles *t, int64_t h,
 }
 
 /* Tokens [t0, t0 + n) of value head h, its state in t->state: the outputs (gated-normed) and the state after. */
-static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n) {
+static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_t t0, int64_t n, const float *shared) {
     const int64_t dk = c->dk, dv = c->dv, nv = c->nv, ldo = nv * dv;
-    chunk_load(c, t, h, t0, n);
+    /* The gate rows the norm reads last come straight from the projection's output in memory: fetched now, behind
+     * the chunk's matmuls, instead of a cache miss per row at the end (the norm's largest cost in a profile). */
+    const size_t z_bytes = (c->z ? sizeof(float) : sizeof(uint16_t)) * (size_t)dv;
     for (int64_t i = 0; i < n; i++) {
-        const float *v = c->act + (t0 + i) * c->conv_dim + 2 * c->key_dim + h * dv;
+        const int64_t at = (c->row0 + t0 + i) * c->z_stride + h * dv;
+        const char *zr = c->z ? (const char *)(c->z + at) : (const char *)(c->z16 + at);
+        for (size_t off = 0; off < z_bytes; off += 64) __builtin_prefetch(zr + off);
+    }
+    chunk_load(c, t, h, t0, n, shared);
+    for (int64_t i = 0; i < n; i++) {
+        const float *v = c->act + (t0 - c->act_t0 + i) * c->conv_dim + 2 * c->key_dim + h * dv;
         const float bi = t->beta[i];
 #pragma omp simd
         for (int64_t j = 0; j < dv; j++) t->r[i * dv + j] = bi * v[j];
@@ -254,7 +275,11 @@ static void chunk_step(const gdn_seq *c, const chunk_tiles *t, int64_t h, int64_
     inner_checkpoints(c, t, h, t0, n);
     float *o = c->out + (c->row0 + t0) * ldo + h * dv;
     gmm(n, dv, dk, t->q, dk, t->state, dv, o, ldo, 1.0f, 0);
-    gmm(n, dv, n, t->qk, n, t->r, dv, o, ldo, 1.0f, 1);
+    /* qk is lower triangular: rows [i0, i0 + 4) need v_new's first i0 + 4 rows only (half the product) */
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const int64_t rows = n - i0 < 4 ? n - i0 : 4;
+        gmm(rows, dv, i0 + rows, t->qk + i0 * n, n, t->r, dv, o + i0 * ldo, ldo, 1.0f, 1);
+    }
     const float end = vexpf(t->cum[n - 1]);
     for (int64_t p = 0; p < dk * dv; p++) t->state[p] *= end;
     gmm(dk, dv, n, t->kt, n, t->r, dv, t->state, dv, 1.0f, 1);
@@ -289,7 +314,10 @@ static void gdn_chunk_heads(void *ctx, int64_t begin, int64_t end) {
             transpose_heads(t.state, c->state + h * head_size, 1, dv, dk);
         else if (t0 == 0)
             memset(t.state, 0, sizeof(float) * (size_t)head_size);
-        chunk_step(c, &t, h, t0, t1 - t0);
+        /* the first head of this part that reads the same key head made k.kᵀ and q.kᵀ: they serve this one (the
+         * same products whichever head makes them, so the split over threads never changes a bit) */
+        const int64_t first = (h / c->ratio) * c->ratio > begin ? (h / c->ratio) * c->ratio : begin;
+        chunk_step(c, &t, h, t0, t1 - t0, first < h ? carve_tiles(c->work + first * c->work_stride, dk, dv).raw : NULL);
         for (int64_t m = 0; m < c->n_ck; m++)
             if (c->ck_seq[m] == c->seq && c->ck_tokens[m] == t1)
                 transpose_heads(c->ssm_pool + c->ck_slots[m] * c->state_size + h * head_size, t.state, 1, dk, dv);
@@ -308,6 +336,7 @@ static void chunk_prologue(void *ctx, int64_t begin, int64_t end) {
  * (25 MB at 2048 tokens of the real model) went through memory. */
 static void gdn_chunked(gdn_seq *c) {
     for (int64_t t0 = 0; t0 < c->len;) {
+        c->act_t0 = t0; /* act holds one chunk's rows, reused: they stay in cache, not a fresh 4 MB a layer */
         chunk_span span = {c, t0, chunk_end(c, t0)};
         hp_parallel_for(span.t1 - t0, 8, chunk_prologue, &span);
         hp_parallel_for(c->nv, 1, gdn_chunk_heads, &span);

@@ -80,6 +80,17 @@ class ZeroCenteredRMSNorm(nn.Module):
                 pass
         return by_row_blocks(lambda rows: F.rms_norm(rows.float(), scale.shape, scale, self.eps).type_as(rows), x)
 
+    def add_and_norm(self, x: torch.Tensor, y: torch.Tensor | None, long_extend: bool) -> tuple[torch.Tensor, ...]:
+        """(x + y, norm(x + y)); y None: (x, norm(x)). `long_extend`: fp32 rows of a long extend, added and normed
+        in one C pass (residual_norm.c) where the kernel takes them; otherwise torch's ops."""
+        if long_extend and x.dtype == torch.float32 and x.dim() == 2 and not torch.compiler.is_compiling():
+            try:
+                return extend_kernels.residual_rms_norm(x, y, self.scale(self.weight), self.eps)
+            except extend_kernels.NativeRefused:
+                pass
+        total = x if y is None else x + y
+        return total, self(total)
+
 
 class GatedRMSNorm(nn.Module):
     """Norm-then-gate used on the gated DeltaNet output: `weight * norm(x) * silu(gate)`."""
