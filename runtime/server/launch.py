@@ -183,6 +183,7 @@ def serve(ctx: ServerContext) -> int:
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         payload = {"text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+        ctx.client.hold_idle_work(True)
         try:
             status, body = await asyncio.wait_for(
                 post_json(host, args.port, "/generate", json.dumps(payload).encode(), headers), WARMUP_TIMEOUT_S
@@ -197,6 +198,7 @@ def serve(ctx: ServerContext) -> int:
         # The warm-up prompt's cached state would hold a state slot (tens of MB for a real-size model) that no
         # client will match; flushed, the slot goes back on top of the free list for the next request to reuse.
         await asyncio.to_thread(ctx.client.flush_cache)
+        ctx.client.hold_idle_work(False)
         ctx.ready = True
         logger.info(READY_MESSAGE)
 
