@@ -168,6 +168,7 @@ async def post_json(host: str, port: int, path: str, body: bytes, headers: dict[
 
 def serve(ctx: ServerContext) -> int:
     """Run the HTTP server until SIGINT/SIGTERM; returns the process exit code."""
+    import anyio
     import uvicorn
 
     from runtime.server.http_server import build_app
@@ -184,6 +185,9 @@ def serve(ctx: ServerContext) -> int:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         payload = {"text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
         ctx.client.hold_idle_work(True)
+        # Streamed responses run on anyio (starlette), which imports its asyncio backend on first use: done here,
+        # or the first streaming client's TTFT pays the import (httpx's client used to do it, unasked).
+        await anyio.sleep(0)
         try:
             status, body = await asyncio.wait_for(
                 post_json(host, args.port, "/generate", json.dumps(payload).encode(), headers), WARMUP_TIMEOUT_S
