@@ -46,6 +46,11 @@ class EngineClient:
         """Empty the prefix cache. False (nothing flushed) while requests run or wait, as SGLang."""
         raise NotImplementedError
 
+    def hold_idle_work(self, hold: bool) -> None:
+        """While held, the engine gone idle faults in no free state slots or KV pages for the next requests. The
+        server holds it over its start-up warm-up, whose cached state it then flushes: the slot that frees is the
+        next request's, and a slot faulted in meanwhile would only stay resident. Default: no idle work."""
+
     def stats(self) -> EngineStats:
         raise NotImplementedError
 

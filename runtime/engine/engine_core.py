@@ -87,6 +87,11 @@ class EngineCore(EngineParts):
             kv = self.pools.buffers
             self.cache.kv_pool.prefault(max(n for _, n in self._spells), [*kv.k, *kv.v], interrupted)
 
+    def forget_busy_spell(self) -> None:
+        """What was handed out since the engine was last idle is no traffic (the server's start-up warm-up):
+        the next on_idle does not take it as a busy spell's need."""
+        self._handed_out_at_idle = self._handed_out()
+
     def _handed_out(self) -> tuple[int, int]:
         return self.cache.state_pool.handed_out, self.cache.kv_pool.handed_out
 

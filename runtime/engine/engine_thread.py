@@ -53,6 +53,7 @@ class ThreadedEngineClient(EngineClient):
         self._failure: str | None = None  # why the engine loop died (it never should)
         self._step_listeners: list[Callable[[], None]] = []
         self._idle_work_due = True  # EngineCore.on_idle has not run since the last step that did work
+        self._idle_work_held = False  # hold_idle_work: on_idle waits (still due) until released
         self._thread = threading.Thread(target=self._loop, name="runtime-engine", daemon=True)
 
     @classmethod
@@ -101,6 +102,18 @@ class ThreadedEngineClient(EngineClient):
 
     def flush_cache(self) -> bool:
         return bool(self._call("flush", None))
+
+    def hold_idle_work(self, hold: bool) -> None:
+        if hold:
+            self._idle_work_held = True
+            return
+
+        def release(core: EngineCore) -> None:
+            # On the engine thread, between commands: its next idle must already see the spell forgotten.
+            core.forget_busy_spell()  # what ran while held (the warm-up) is no traffic to size the reserve by
+            self._idle_work_held = False
+
+        self._send("call", release)
 
     def stats(self) -> EngineStats:
         with self._stats_lock:
@@ -250,7 +263,7 @@ class ThreadedEngineClient(EngineClient):
         state copy into a never-written slot faulted its pages in on the critical path (0.5 of its 1.4 ms of
         scheduling, measured served); the bulk waits, because a client's next request right after the last must
         not find the engine faulting megabytes in."""
-        if block and self._idle_work_due:
+        if block and self._idle_work_due and not self._idle_work_held:
             self.core.on_idle(lambda: self._commands.qsize() > 0, next_only=True)
             try:
                 return self._commands.get(timeout=_IDLE_WORK_DELAY_S)

@@ -26,6 +26,9 @@ class RoleClient(EngineClient):
     def flush_cache(self) -> bool:
         return bool(self.inner.flush_cache())
 
+    def hold_idle_work(self, hold: bool) -> None:
+        self.inner.hold_idle_work(hold)
+
     def failure(self) -> str | None:
         return self.inner.failure()
 

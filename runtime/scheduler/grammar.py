@@ -27,7 +27,7 @@ import torch
 from runtime.core.requests import SamplingParams
 
 if TYPE_CHECKING:  # llguidance is imported when a grammar is first compiled, not with the scheduler
-    from llguidance import LLExecutor, LLMatcher
+    from llguidance import LLExecutor, LLMatcher, LLTokenizer
     from llguidance._lib import JsonCompileOptions  # a TypedDict of its stubs only
 
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
@@ -80,22 +80,22 @@ class GrammarBackend:
 
     def __init__(
         self,
-        tokenizer_json: str,
+        tokenizer_file: Path,
         vocab_size: int,
         eos_token_ids: list[int],
         *,
         any_whitespace: bool = True,
         whitespace_pattern: str | None = None,
     ) -> None:
-        from llguidance import LLTokenizer
-
         self.vocab_size = vocab_size
         # As SGLang's llguidance backend: JSON schemas allow free whitespace unless the server says otherwise.
         self.json_defaults: JsonCompileOptions = {
             "whitespace_flexible": any_whitespace,
             "whitespace_pattern": whitespace_pattern,
         }
-        self.tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_token_ids or None)
+        self._tokenizer_file = tokenizer_file
+        self._eos_token_ids = eos_token_ids
+        self._tokenizer: LLTokenizer | None = None
         self._cache: OrderedDict[tuple[str, str], LLMatcher] = OrderedDict()
         self._lock = threading.Lock()  # requests are parsed on several worker threads
 
@@ -103,7 +103,22 @@ class GrammarBackend:
     def load(
         cls, tokenizer_dir: str | Path, vocab_size: int, eos_token_ids: list[int], **options: Any
     ) -> GrammarBackend:
-        return cls((Path(tokenizer_dir) / "tokenizer.json").read_text(), vocab_size, eos_token_ids, **options)
+        tokenizer_file = Path(tokenizer_dir) / "tokenizer.json"
+        tokenizer_file.stat()  # a missing file fails here (OSError), at start-up, not at the first grammar
+        return cls(tokenizer_file, vocab_size, eos_token_ids, **options)
+
+    @property
+    def tokenizer(self) -> LLTokenizer:
+        """llguidance's view of the vocabulary, built by the first grammar compiled: ~15 MB resident for a
+        150k-token vocabulary (real-size Qwen3-Next) that a server without structured-output requests never
+        uses; the first one pays its ~60 ms build once."""
+        with self._lock:
+            if self._tokenizer is None:
+                from llguidance import LLTokenizer
+
+                text = self._tokenizer_file.read_text()
+                self._tokenizer = LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos_token_ids or None)
+            return self._tokenizer
 
     def compile(self, kind: str, source: str) -> RequestGrammar:
         """A fresh grammar state for `source`; raises GrammarError with llguidance's reason."""

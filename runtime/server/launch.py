@@ -7,6 +7,7 @@ are raised as `StartupError` with one line naming the flag to change; `python -m
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ logger = logging.getLogger("runtime.server")
 READY_MESSAGE = "The server is fired up and ready to roll!"
 ENGINE_WATCH_INTERVAL_S = 0.2
 WARMUP_TEXT = "The capital city of France is"  # SGLang's warm-up prompt
+WARMUP_TIMEOUT_S = 600.0
 
 
 class StartupError(Exception):
@@ -136,9 +138,37 @@ def defer_to_the_engine_on_wakeup() -> bool:
     return True
 
 
+async def post_json(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    """One HTTP/1.1 POST over a fresh loopback connection: (status, raw response body).
+
+    Why not httpx: importing it (and through it rich, pygments, click, trio) and its client's TLS context kept
+    ~10 MB resident in a server that only ever sends this one request (served real-size models, idle VmRSS)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        lines = [
+            f"POST {path} HTTP/1.1",
+            f"Host: {authority}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        await writer.drain()
+        response = await reader.read()  # to EOF: the server closes after answering a `Connection: close`
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    status_line, _, rest = response.partition(b"\r\n")
+    parts = status_line.split()
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    return status, rest.partition(b"\r\n\r\n")[2]
+
+
 def serve(ctx: ServerContext) -> int:
     """Run the HTTP server until SIGINT/SIGTERM; returns the process exit code."""
-    import httpx
+    import anyio
     import uvicorn
 
     from runtime.server.http_server import build_app
@@ -152,14 +182,18 @@ def serve(ctx: ServerContext) -> int:
         while not server.started:
             await asyncio.sleep(0.05)
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-        host = f"[{host}]" if ":" in host else host
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         payload = {"text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+        ctx.client.hold_idle_work(True)
+        # Streamed responses run on anyio (starlette), which imports its asyncio backend on first use: done here,
+        # or the first streaming client's TTFT pays the import (httpx's client used to do it, unasked).
+        await anyio.sleep(0)
         try:
-            async with httpx.AsyncClient(timeout=600.0) as client:
-                res = await client.post(f"http://{host}:{args.port}/generate", json=payload, headers=headers)
-            if res.status_code != 200:
-                raise RuntimeError(f"warm-up request answered {res.status_code}: {res.text[:300]}")
+            status, body = await asyncio.wait_for(
+                post_json(host, args.port, "/generate", json.dumps(payload).encode(), headers), WARMUP_TIMEOUT_S
+            )
+            if status != 200:
+                raise RuntimeError(f"warm-up request answered {status}: {body.decode(errors='replace')[:300]}")
         except Exception as e:
             failed.append(str(e))
             logger.error("Initialization failed. warmup error: %s", e)
@@ -168,6 +202,7 @@ def serve(ctx: ServerContext) -> int:
         # The warm-up prompt's cached state would hold a state slot (tens of MB for a real-size model) that no
         # client will match; flushed, the slot goes back on top of the free list for the next request to reuse.
         await asyncio.to_thread(ctx.client.flush_cache)
+        ctx.client.hold_idle_work(False)
         ctx.ready = True
         logger.info(READY_MESSAGE)
 

@@ -3,6 +3,7 @@ compiled before it reaches the engine (a constraint that does not compile is tha
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -61,13 +62,12 @@ def load_grammar_backend(args: RuntimeArgs, vocab_size: int, hf_config: dict[str
     options = grammar_backend_options(args, vocab_size, hf_config)
     if options is None:
         return None
-    try:
-        import llguidance  # noqa: F401
-    except ImportError:
+    # Found, not imported: llguidance loads with the first grammar compiled (GrammarBackend.tokenizer).
+    if importlib.util.find_spec("llguidance") is None:
         raise GrammarBackendUnavailable(
             "--grammar-backend llguidance: the llguidance package is not installed; "
             "pip install 'llguidance==1.9.1' (the runtime extra has it), or start with --grammar-backend none"
-        ) from None
+        )
     from runtime.scheduler.grammar import GrammarBackend
 
     return GrammarBackend.load(options.pop("tokenizer_dir"), **options)

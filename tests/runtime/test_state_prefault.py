@@ -179,3 +179,36 @@ def test_kv_prefault_zeroes_only_the_fresh_pages_next_in_line() -> None:
     assert pool.prefault(6, kv, stop=lambda: True) == 0  # a request arrived: nothing more now
     assert pool.prefault(6, kv) == 2 and torch.all(kv[0][12:16] == 0) and torch.all(kv[1][16:] == 7.0)
     assert pool.alloc(3) == [1, 3, 4]  # order unchanged
+
+
+def test_held_idle_work_faults_nothing_in_and_the_held_spell_is_no_traffic(demo_model_dir: Path) -> None:
+    """The server holds idle work over its start-up warm-up: meanwhile nothing is faulted in (not even the next
+    slot), and once released the warm-up does not size the idle reserve; only the pre-traffic floor is readied."""
+    args = EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.5, mamba_track_interval=8)
+    client = start_engine(args)
+    try:
+        floor = client.call_in_engine(lambda core: core.idle_prefault_slots())
+        client.hold_idle_work(True)
+        finished = threading.Event()
+        params = SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True)
+        prompt = [(7 * i) % 4000 + 10 for i in range(600)]  # takes more slots (checkpoints) than the floor
+        client.add_request(GenerateRequest("w", prompt, params), lambda o: finished.set() if o.finished else None)
+        assert finished.wait(120)
+
+        def unwritten(core: EngineCore) -> list[int]:
+            return core.cache.state_pool.next_unwritten(core.cache.state_pool.num_free)
+
+        held = client.call_in_engine(unwritten)
+        time.sleep(0.3)  # well past the engine's idle-work delay
+        assert client.call_in_engine(unwritten) == held, "idle work ran while held"
+        assert client.flush_cache()
+        client.hold_idle_work(False)
+        for _ in range(50):
+            time.sleep(0.1)
+            ready = client.call_in_engine(lambda core: core.cache.state_pool.next_unwritten(floor))
+            if ready == []:
+                break
+        assert ready == []
+        assert client.call_in_engine(lambda core: core.idle_prefault_slots()) == floor
+    finally:
+        client.shutdown()
