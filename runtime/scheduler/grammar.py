@@ -116,8 +116,14 @@ class GrammarBackend:
             if self._tokenizer is None:
                 from llguidance import LLTokenizer
 
-                text = self._tokenizer_file.read_text()
-                self._tokenizer = LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos_token_ids or None)
+                try:
+                    text = self._tokenizer_file.read_text(encoding="utf-8")
+                    tokenizer = LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos_token_ids or None)
+                except (OSError, ValueError, RuntimeError) as e:  # this request fails alone; the server stays up
+                    raise GrammarError(
+                        f"structured output is unavailable: llguidance cannot read {self._tokenizer_file}: {e}"
+                    ) from None
+                self._tokenizer = tokenizer
             return self._tokenizer
 
     def compile(self, kind: str, source: str) -> RequestGrammar:

@@ -36,3 +36,20 @@ def test_a_broken_grammar_fails_alone(demo_model_dir: Path) -> None:
     text = core.tokenizer.decode(got.tokens("digits")[:-1]) if core.tokenizer else ""
     assert len(text) == 3 and text.isdigit(), text
     assert got.final("digits").finish_reason == {"type": "stop", "matched": got.tokens("digits")[-1]}
+
+
+def test_an_unreadable_tokenizer_fails_the_constrained_request_alone(tmp_path: Path) -> None:
+    """The vocabulary is read by the first grammar compiled, not at start-up: a tokenizer.json llguidance cannot
+    parse fails that request with a message naming the file, and the backend stays usable for the next one."""
+    from runtime.scheduler.grammar import GrammarError
+
+    (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    backend = GrammarBackend.load(tmp_path, 4096, [2])
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="tokenizer.json"):
+            backend.compile("regex", "[0-9]+")
+
+
+def test_a_missing_tokenizer_fails_at_load(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        GrammarBackend.load(tmp_path, 4096, [2])
