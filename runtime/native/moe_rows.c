@@ -29,6 +29,7 @@
 
 #include "parallel.h"
 #include "vexp.h"
+/* route(): moe_kernels.c, included before this file by short_extend.c. */
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -106,19 +107,17 @@ static void mf_down_tile(const float *h, int64_t ldh, int64_t mr, int64_t K, con
     const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
     for (int r = 0; r < MF_MR; r++) {
         if (r >= mr) break;
+        /* one FMA: torch rounds the weighted term before its index_add_, one rounding more (fp32 noise) */
         const __m512 w = _mm512_set1_ps(rw[r]);
-        /* the weighted term rounded on its own, then added: as torch's mul_ then index_add_ */
-        const __m512 t0 = _mm512_mul_ps(a0[r], w), t1 = _mm512_mul_ps(a1[r], w);
-        _mm512_mask_storeu_ps(o[r], m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o[r]), t0));
-        _mm512_mask_storeu_ps(o[r] + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o[r] + 16), t1));
+        _mm512_mask_storeu_ps(o[r], m0, _mm512_fmadd_ps(a0[r], w, _mm512_maskz_loadu_ps(m0, o[r])));
+        _mm512_mask_storeu_ps(o[r] + 16, m1, _mm512_fmadd_ps(a1[r], w, _mm512_maskz_loadu_ps(m1, o[r] + 16)));
     }
 #else
     for (int64_t r = 0; r < mr; r++)
         for (int64_t j = 0; j < cols; j++) {
             float a = 0.0f;
             for (int64_t k = 0; k < K; k++) a = fmaf(P[32 * k + j], hr[r][k], a);
-            const volatile float t = a * rw[r]; /* no contraction into the add: the same roundings as above */
-            o[r][j] += t;
+            o[r][j] = fmaf(a, rw[r], o[r][j]);
         }
 #endif
 }
