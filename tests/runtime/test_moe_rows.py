@@ -83,7 +83,7 @@ def test_the_block_matches_the_torch_path(shape: tuple[int, ...], seed: int) -> 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_given_routing_with_experts_left_empty(shape: tuple[int, ...]) -> None:
     """Routing given as ids and weights (any router's), only the even experts ever picked: the odd ones get no
-    rows. Against Experts.forward_sparse, the torch dispatch."""
+    rows. Experts.forward's C call against Experts.forward_sparse, the torch dispatch."""
     tokens, experts, top_k, hidden, inter, _ = shape
     moe = _random_moe(shape, 3)
     used = list(range(0, experts, 2))
@@ -92,10 +92,12 @@ def test_given_routing_with_experts_left_empty(shape: tuple[int, ...]) -> None:
     ids = torch.stack([torch.tensor(used)[torch.randperm(len(used), generator=gen)[:k]] for _ in range(tokens)])
     weights = torch.rand(tokens, k, generator=gen)
     x = torch.randn(tokens, hidden, generator=gen)
-    with torch.no_grad():
+    calls, counted = _counted()
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
         want = moe.experts.forward_sparse(x, ids, weights)
-        packed = moe_rows.pack_experts(moe.experts.gate_up_proj, moe.experts.down_proj)
-        got = moe_rows.moe_rows(x, packed, ids=ids, weights=weights)
+        patch.setattr(moe_rows, "moe_rows", counted)
+        got = moe.experts(x, ids, weights)  # as Kimi-Linear's block calls them, with its own router's routing
+    assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
 
 
@@ -155,3 +157,10 @@ def test_tensors_that_do_not_fit_are_refused() -> None:
         moe_rows.moe_rows(torch.randn(4, 33), packed, ids=torch.full((4, 1), 5), weights=torch.ones(4, 1))
     with pytest.raises(extend_kernels.NativeRefused, match="fp32"):
         moe_rows.pack_experts(moe.experts.gate_up_proj.bfloat16(), moe.experts.down_proj)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(moe_layer, "ROWS_MAX_PACKED_BYTES", 1024)
+        with pytest.raises(extend_kernels.NativeRefused, match="too large"):
+            moe.experts.packed()
+        x = torch.randn(70, 33)
+        with torch.no_grad():  # the block then runs torch's ops
+            torch.testing.assert_close(moe(x), _torch_path(moe, x))
