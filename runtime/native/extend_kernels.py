@@ -49,6 +49,7 @@ FUNCTIONS: dict[str, list[type]] = {
     "rmsnorm_rows_bf16": [_I64, _I64, _PTR, _I64, _PTR, _F32, _PTR],
     "moe_short_extend": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
     "moe_prefill_f32": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 4],
+    "moe_rows_vectorized": [],
     "short_extend_set_threads": [ctypes.c_int],
 }  # fmt: skip
 FUNCTIONS["gdn_chunked_extend"] = FUNCTIONS["gdn_short_extend"]

@@ -3,18 +3,20 @@
  *
  * Why: torch runs it as ~40 dispatched ops a layer (router matmul, softmax, top-k, sort, gather, a matmul pair per
  * expert, SwiGLU, the weights, index_add, the shared expert's 6 ops) each making its own pass over [T*k, ...]
- * tensors: at the demo model's size (H 256, I 128) the passes and dispatch cost as much as the FLOPs. Here the
- * work goes by token range: a thread routes its tokens, then per expert (ascending) takes that expert's rows among
- * them in chunks of MF_CHUNK, runs gate/up and SwiGLU into a small L1/L2 scratch, then down, and adds each row's
- * weighted output straight into its token's output row; the shared expert last, scaled by its sigmoid gate. The
- * gathered rows are never copied: the broadcast operand is read from x's rows in place.
+ * tensors: at the demo model's size (H 256, I 128) they cost about what the FLOPs do (2048 tokens, one thread:
+ * 16.0 ms CPU a layer in torch, 10.1 here; benchmarks/moe_rows_cost.py). Here the work goes by token range: a
+ * thread routes its tokens, then per expert (ascending) takes that expert's rows among them in chunks of MF_CHUNK,
+ * runs gate/up and SwiGLU into a small L1/L2 scratch, then down, and adds each row's weighted output straight into
+ * its token's output row; the shared expert last, scaled by its sigmoid gate. The gathered rows are never copied:
+ * the broadcast operand is read from x's rows in place.
  *
  * GEMM form: the weights are packed once per model (runtime/native/moe_rows.py) into panels of 32 output
  * features, [K][32], so one k step is two vector loads and MF_MR broadcasts of the rows' element k: a 12 x 32
  * register tile (24 accumulators, 2 loads + 12 broadcasts per 24 FMAs). Gate/up panels hold 16 gate and 16 up
  * features (SwiGLU then runs on the tile); down panels 32 output features. Every output is the chain
  * acc = fma(w[k], x[k], acc) over k = 0 .. K-1 from 0, whichever tile row, chunk or thread it falls in, so any
- * thread count and any split of the tokens give the same bits; the plain-C form computes the same chains (fmaf).
+ * thread count and any split of the tokens give the same bits; the plain-C form (no AVX-512) computes the same
+ * chains (fmaf, vectorized over the features by the compiler).
  *
  * Layouts (fp32; checked by moe_rows.py): x [T, H] rows x_stride apart; router_w [E, H] or NULL (then ids [T, K]
  * and weights [T, K] are given); w_in [E][Ip/16][H][32], w_out [E][Hp/32][I][32] (Ip, Hp: I and H rounded up
@@ -73,14 +75,15 @@ static void mf_gate_up_tile(const float *const xr[MF_MR], int64_t mr, int64_t K,
         _mm512_storeu_ps(u[r], au[r]);
     }
 #else
-    for (int64_t r = 0; r < mr; r++)
-        for (int j = 0; j < 16; j++) {
-            float a = 0.0f, b = 0.0f;
-            for (int64_t k = 0; k < K; k++) {
-                a = fmaf(P[32 * k + j], xr[r][k], a);
-                b = fmaf(P[32 * k + 16 + j], xr[r][k], b);
+    /* k outside, the 16 features inside: the compiler vectorizes them (AVX2 where there is AVX2), each the chain */
+    memset(g, 0, sizeof g), memset(u, 0, sizeof u);
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t r = 0; r < mr; r++) {
+            const float b = xr[r][k];
+            for (int j = 0; j < 16; j++) {
+                g[r][j] = fmaf(P[32 * k + j], b, g[r][j]);
+                u[r][j] = fmaf(P[32 * k + 16 + j], b, u[r][j]);
             }
-            g[r][j] = a, u[r][j] = b;
         }
 #endif
     for (int64_t r = 0; r < mr; r++) silu_mul(h + r * ldh, g[r], u[r], 16);
@@ -113,12 +116,15 @@ static void mf_down_tile(const float *h, int64_t ldh, int64_t mr, int64_t K, con
         _mm512_mask_storeu_ps(o[r] + 16, m1, _mm512_fmadd_ps(a1[r], w, _mm512_maskz_loadu_ps(m1, o[r] + 16)));
     }
 #else
-    for (int64_t r = 0; r < mr; r++)
-        for (int64_t j = 0; j < cols; j++) {
-            float a = 0.0f;
-            for (int64_t k = 0; k < K; k++) a = fmaf(P[32 * k + j], hr[r][k], a);
-            o[r][j] = fmaf(a, rw[r], o[r][j]);
+    float a[MF_MR][32];
+    memset(a, 0, sizeof a);
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t r = 0; r < mr; r++) {
+            const float b = hr[r][k];
+            for (int j = 0; j < 32; j++) a[r][j] = fmaf(P[32 * k + j], b, a[r][j]);
         }
+    for (int64_t r = 0; r < mr; r++)
+        for (int64_t j = 0; j < cols; j++) o[r][j] = fmaf(a[r][j], rw[r], o[r][j]);
 #endif
 }
 
@@ -186,6 +192,17 @@ static void mf_tokens(void *arg, int64_t t0, int64_t t1) {
         mf_expert(c, tok, rw, n, c->s_in, c->s_out, c->shared_inter, h);
     }
     free(tok), free(rw), free(h);
+}
+
+/* 1 when built with the AVX-512 tiles. Without them (the plain-C tiles, vectorized by the compiler) the block
+ * is slower than torch's ops, whose GEMMs have AVX2 kernels: an AVX2 build at 2048 tokens, one thread, 32.4 vs
+ * 16.6 ms CPU a layer. The layers then keep torch's path. */
+int moe_rows_vectorized(void) {
+#ifdef MF_AVX512
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* Returns 0, or 1 when scratch memory could not be had (out undefined then). ids / weights: written when

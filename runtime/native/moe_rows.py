@@ -49,6 +49,13 @@ def pack_shared(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> Pac
     return pack_experts(torch.cat([gate, up])[None], down[None])
 
 
+def vectorized() -> bool:
+    """Whether the kernel has its AVX-512 tiles here: without them it is slower than torch's ops (moe_rows.c), so
+    the layers take it only when this holds."""
+    lib = library()
+    return lib is not None and bool(lib.lib.moe_rows_vectorized())
+
+
 def _fits(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:
     if t.device.type != "cpu" or t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous():
         raise NativeRefused(f"moe rows: {name} must be contiguous fp32 {shape} on the CPU")

@@ -75,6 +75,7 @@ def test_the_block_matches_the_torch_path(shape: tuple[int, ...], seed: int) -> 
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
         want = _torch_path(moe, x)
         patch.setattr(moe_rows, "moe_rows", counted)
+        patch.setattr(moe_rows, "vectorized", lambda: True)  # a host without AVX-512: its plain-C tiles
         got = moe(x)
     assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
@@ -96,6 +97,7 @@ def test_given_routing_with_experts_left_empty(shape: tuple[int, ...]) -> None:
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
         want = moe.experts.forward_sparse(x, ids, weights)
         patch.setattr(moe_rows, "moe_rows", counted)
+        patch.setattr(moe_rows, "vectorized", lambda: True)
         got = moe.experts(x, ids, weights)  # as Kimi-Linear's block calls them, with its own router's routing
     assert calls == [1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
@@ -135,6 +137,9 @@ def test_the_plain_c_build_computes_the_same_block(monkeypatch: pytest.MonkeyPat
     flags = (*(f for f in extend_kernels.FLAGS if f != "-march=native"), "-mno-avx2", "-mno-fma")
     plain = build.load("short_extend_plain_c", extend_kernels.SOURCE, flags)
     extend_kernels._setup(plain)  # noqa: SLF001 - the same argument declarations as the host's build
+    assert plain.lib.moe_rows_vectorized() == 0  # so the layers keep torch's path on such a CPU
+    if "avx512f" in build._cpu_signature().split():  # noqa: SLF001 - the flags -march=native builds for
+        assert moe_rows.vectorized()
     for shape in SHAPES[1:4]:
         moe = _random_moe(shape, 4)
         x = torch.randn(shape[0], shape[3])

@@ -78,7 +78,8 @@ class Experts(nn.Module):
             # 16-512 (real-size Qwen3-Next experts, one thread), 0.3x for the tiny model's (benchmarks/
             # moe_prefill_cost.py).
             return moe_prefill.routed_experts(x, ids, weights, self.gate_up_proj, self.down_proj).to(x.dtype)
-        if x.shape[0] >= ROWS_MIN_TOKENS and x.dtype == weights.dtype == self.gate_up_proj.dtype == torch.float32:
+        fp32 = x.dtype == weights.dtype == self.gate_up_proj.dtype == torch.float32
+        if x.shape[0] >= ROWS_MIN_TOKENS and fp32 and moe_rows.vectorized():
             try:  # any router's routing (Kimi-Linear's), the experts in one C call (runtime/native/moe_rows.c)
                 return moe_rows.moe_rows(x, self.packed(), ids=ids.contiguous(), weights=weights.contiguous())
             except extend_kernels.NativeRefused:
@@ -202,7 +203,7 @@ class SparseMoE(nn.Module):
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """The whole block in one C call (an fp32 prefill's rows), or None where the kernel refuses the tensors."""
-        if x.device.type != "cpu" or self.gate.weight.dtype != torch.float32:
+        if x.device.type != "cpu" or self.gate.weight.dtype != torch.float32 or not moe_rows.vectorized():
             return None
         try:
             shared = shared_gate = None
