@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(extend_kernels.library() is None, reason="needs 
 ATOL, RTOL = 2e-5, 1e-4
 # (tokens, experts, top_k, hidden, intermediate, shared intermediate)
 SHAPES = [
-    (65, 8, 2, 256, 128, 128),  # the demo model's block at the kernel's smallest token count
+    (2, 8, 2, 256, 128, 128),  # the demo model's block at the kernel's smallest token count
+    (65, 8, 2, 256, 128, 128),
     (300, 8, 2, 256, 128, 128),
     (97, 5, 1, 33, 17, 9),  # every size off the tiles and panels
     (130, 16, 8, 40, 8, 24),
@@ -153,7 +154,7 @@ def test_the_plain_c_build_computes_the_same_block(monkeypatch: pytest.MonkeyPat
 
 
 def test_tensors_that_do_not_fit_are_refused() -> None:
-    moe = _random_moe(SHAPES[2], 0)
+    moe = _random_moe(SHAPES[3], 0)  # H 33
     packed = moe_rows.pack_experts(moe.experts.gate_up_proj, moe.experts.down_proj)
     router = extend_kernels.Router(moe.gate.weight, 1, True)
     with pytest.raises(extend_kernels.NativeRefused, match="x must be"):

@@ -19,8 +19,11 @@ from runtime.native import extend_kernels, moe_prefill, moe_rows
 # hot caches, 1.5x torch's sorted dispatch at 32 tokens, even at 64-96, 0.9x at 128 (benchmarks/
 # short_extend_cost.py); in a forward, where the weights come from DRAM, 0.61 vs 0.97 ms at 48 tokens.
 SHORT_EXTEND_MAX_TOKENS = 64
-# From this many tokens an fp32 block (not a short extend's) runs in one C call (runtime/native/moe_rows.c).
-ROWS_MIN_TOKENS = 65
+# From this many tokens an fp32 block (not a short extend's) runs in one C call (runtime/native/moe_rows.c). Its
+# rows' bits do not depend on the token count, so a prefix cache checkpoint at n tokens equals an n-token prefill
+# (tests/runtime/test_checkpoint_states.py): a threshold past 2 would put a 64-token and a 150-token prefill on
+# two paths. 2048 tokens, one thread: 0.63x torch's CPU time; 4-64 tokens, hot caches: 0.36-0.47x.
+ROWS_MIN_TOKENS = 2
 # ... for experts of at most this many fp32 bytes a layer: the kernel reads a packed copy of the weights, kept
 # beside them (the demo model's 3 MiB a layer; real Qwen3-Next-sized experts in fp32, 144 MiB, keep torch's path).
 ROWS_MAX_PACKED_BYTES = 32 << 20
