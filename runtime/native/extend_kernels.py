@@ -51,6 +51,8 @@ FUNCTIONS: dict[str, list[type]] = {
     "moe_short_extend": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 5],
     "flash_attention_fp32": [*[_I64] * 6, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64, _F32, _PTR],
     "norm_rope_rows": [*[_I64] * 3, _PTR, _I64, _I64, _PTR, _F32, _PTR, _PTR, _I64, _PTR],
+    "moe_prefill_f32": [*[_I64] * 5, _PTR, _I64, _PTR, _I64, *[_PTR] * 4, _I64, *[_PTR] * 4],
+    "moe_rows_vectorized": [],
     "short_extend_set_threads": [ctypes.c_int],
 }  # fmt: skip
 FUNCTIONS["gdn_chunked_extend"] = FUNCTIONS["gdn_short_extend"]

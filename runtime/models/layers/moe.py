@@ -13,12 +13,20 @@ from runtime.core.device_path import accelerator_path, on_accelerator_path
 from runtime.models.layers.derived import Derived, per_expert
 from runtime.models.layers.grouped_moe import grouped_experts
 from runtime.models.layers.mlp import GatedMLP
-from runtime.native import extend_kernels, moe_prefill
+from runtime.native import extend_kernels, moe_prefill, moe_rows
 
 # A short extend's experts run in C up to this many tokens (runtime/native/moe_kernels.c): per block, one thread,
 # hot caches, 1.5x torch's sorted dispatch at 32 tokens, even at 64-96, 0.9x at 128 (benchmarks/
 # short_extend_cost.py); in a forward, where the weights come from DRAM, 0.61 vs 0.97 ms at 48 tokens.
 SHORT_EXTEND_MAX_TOKENS = 64
+# From this many tokens an fp32 block (not a short extend's) runs in one C call (runtime/native/moe_rows.c). Its
+# rows' bits do not depend on the token count, so a prefix cache checkpoint at n tokens equals an n-token prefill
+# (tests/runtime/test_checkpoint_states.py): a threshold past 2 would put a 64-token and a 150-token prefill on
+# two paths. 2048 tokens, one thread: 0.63x torch's CPU time; 4-64 tokens, hot caches: 0.36-0.47x.
+ROWS_MIN_TOKENS = 2
+# ... for experts of at most this many fp32 bytes a layer: the kernel reads a packed copy of the weights, kept
+# beside them (the demo model's 3 MiB a layer; real Qwen3-Next-sized experts in fp32, 144 MiB, keep torch's path).
+ROWS_MAX_PACKED_BYTES = 32 << 20
 # Dense expert dispatch (see Experts.dense_is_cheaper) for at most this many token x expert rows.
 _DENSE_MAX_ROWS = 128
 # Traced (torch.compile) batches of several tokens run every expert while there are at most this many; past
@@ -52,6 +60,14 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         self._per_expert_in, self._per_expert_out = Derived(per_expert), Derived(per_expert)
+        self._packed = Derived(moe_rows.pack_experts)
+
+    def packed(self) -> moe_rows.PackedExperts:
+        """The weights in moe_rows.c's panels, packed once (again only when a parameter changes). Raises
+        NativeRefused past ROWS_MAX_PACKED_BYTES."""
+        if (self.gate_up_proj.numel() + self.down_proj.numel()) * 4 > ROWS_MAX_PACKED_BYTES:
+            raise extend_kernels.NativeRefused("moe rows: experts too large for a packed copy")
+        return self._packed(self.gate_up_proj, self.down_proj)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -65,6 +81,12 @@ class Experts(nn.Module):
             # 16-512 (real-size Qwen3-Next experts, one thread), 0.3x for the tiny model's (benchmarks/
             # moe_prefill_cost.py).
             return moe_prefill.routed_experts(x, ids, weights, self.gate_up_proj, self.down_proj).to(x.dtype)
+        fp32 = x.dtype == weights.dtype == self.gate_up_proj.dtype == torch.float32
+        if x.shape[0] >= ROWS_MIN_TOKENS and fp32 and moe_rows.vectorized():
+            try:  # any router's routing (Kimi-Linear's), the experts in one C call (runtime/native/moe_rows.c)
+                return moe_rows.moe_rows(x, self.packed(), ids=ids.contiguous(), weights=weights.contiguous())
+            except extend_kernels.NativeRefused:
+                pass
         if self.dense_is_cheaper(x.shape[0], ids.shape[1]):
             return self.forward_dense(x, ids, weights)
         return self.forward_sparse(x, ids, weights)
@@ -141,6 +163,7 @@ class SparseMoE(nn.Module):
         self.experts = Experts(num_experts, hidden, intermediate)
         self.shared_expert = GatedMLP(hidden, shared_intermediate) if shared_intermediate > 0 else None
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate > 0 else None
+        self._packed_shared = Derived(moe_rows.pack_shared)
 
     def after_weights_loaded(self) -> None:
         if accelerator_path(self.gate.weight.device):
@@ -155,6 +178,10 @@ class SparseMoE(nn.Module):
         stays in torch)."""
         if short_extend and 1 < x.shape[0] <= SHORT_EXTEND_MAX_TOKENS and not torch.compiler.is_compiling():
             out = self._short_extend(x)
+            if out is not None:
+                return out
+        if x.shape[0] >= ROWS_MIN_TOKENS and x.dtype == torch.float32 and not torch.compiler.is_compiling():
+            out = self._rows(x)
             if out is not None:
                 return out
         weights, ids = self.gate(x)
@@ -174,6 +201,22 @@ class SparseMoE(nn.Module):
             return extend_kernels.moe_short_extend(
                 x, None, None, self.experts.gate_up_proj, self.experts.down_proj, shared, router=router
             ).to(x.dtype)
+        except extend_kernels.NativeRefused:
+            return None
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The whole block in one C call (an fp32 prefill's rows), or None where the kernel refuses the tensors."""
+        if x.device.type != "cpu" or self.gate.weight.dtype != torch.float32 or not moe_rows.vectorized():
+            return None
+        try:
+            shared = shared_gate = None
+            if self.shared_expert is not None and self.shared_expert_gate is not None:
+                mlp = self.shared_expert
+                shared = self._packed_shared(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+                shared_gate = self.shared_expert_gate.weight[0]
+            experts = self.experts.packed()
+            router = extend_kernels.Router(self.gate.weight, self.gate.top_k, self.gate.norm_topk_prob)
+            return moe_rows.moe_rows(x, experts, router=router, shared=shared, shared_gate=shared_gate)
         except extend_kernels.NativeRefused:
             return None
 
