@@ -84,7 +84,25 @@ static inline const uint32_t *ag_pack(const float *X, int64_t ldx, int64_t B, in
         cap = buf ? need : 0;
         if (!buf) return NULL;
     }
-    for (int64_t b = 0; b < B; b++)
+    /* Whole blocks of 16 batch rows: their pairs of a chunk converted into the rows of `pairs`, then its columns
+     * gathered into the pair rows (K 1024, 48 rows: 10.7 -> 5.6 us; written pair by pair with a stride of lb, the
+     * stores were most of the time); the rows past them (a decode batch) keep that, cheaper there than a gather. */
+    const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(16));
+    int64_t b0 = 0;
+    for (; b0 + 16 <= B; b0 += 16)
+        for (int64_t k = 0; k < K; k += 32) {
+            uint32_t pairs[16 * 16] __attribute__((aligned(64)));
+            for (int64_t i = 0; i < 16; i++) {
+                const float *x = X + (b0 + i) * ldx + k;
+                _mm512_store_si512(pairs + i * 16,
+                                   (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x)));
+            }
+            uint32_t *dst = buf + k / 2 * lb + b0;
+            for (int p = 0; p < 16; p++)
+                _mm512_storeu_si512(dst + p * lb, _mm512_i32gather_epi32(column, (const int *)(pairs + p), 4));
+        }
+    for (int64_t b = b0; b < B; b++)
         for (int64_t k = 0; k < K; k += 32) {
             uint32_t pairs[16];
             const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(X + b * ldx + k + 16), _mm512_loadu_ps(X + b * ldx + k));
