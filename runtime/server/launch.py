@@ -166,6 +166,18 @@ async def post_json(host: str, port: int, path: str, body: bytes, headers: dict[
     return status, rest.partition(b"\r\n\r\n")[2]
 
 
+async def _warmup_request(args: RuntimeArgs) -> None:
+    """One greedy /generate through the server's own HTTP stack; raises with the answer when it is not 200."""
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    payload = {"text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+    status, body = await asyncio.wait_for(
+        post_json(host, args.port, "/generate", json.dumps(payload).encode(), headers), WARMUP_TIMEOUT_S
+    )
+    if status != 200:
+        raise RuntimeError(f"warm-up request answered {status}: {body.decode(errors='replace')[:300]}")
+
+
 def serve(ctx: ServerContext) -> int:
     """Run the HTTP server until SIGINT/SIGTERM; returns the process exit code."""
     import anyio
@@ -181,19 +193,12 @@ def serve(ctx: ServerContext) -> int:
         assert server is not None
         while not server.started:
             await asyncio.sleep(0.05)
-        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        payload = {"text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
         ctx.client.hold_idle_work(True)
         # Streamed responses run on anyio (starlette), which imports its asyncio backend on first use: done here,
         # or the first streaming client's TTFT pays the import (httpx's client used to do it, unasked).
         await anyio.sleep(0)
         try:
-            status, body = await asyncio.wait_for(
-                post_json(host, args.port, "/generate", json.dumps(payload).encode(), headers), WARMUP_TIMEOUT_S
-            )
-            if status != 200:
-                raise RuntimeError(f"warm-up request answered {status}: {body.decode(errors='replace')[:300]}")
+            await _warmup_request(args)
         except Exception as e:
             failed.append(str(e))
             logger.error("Initialization failed. warmup error: %s", e)
