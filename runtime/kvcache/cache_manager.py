@@ -17,7 +17,7 @@ import torch
 
 from runtime.kvcache.page_list import PageList
 from runtime.kvcache.page_pool import KVPagePool
-from runtime.kvcache.radix_cache import RadixCache, RadixNode
+from runtime.kvcache.radix_cache import InsertResult, RadixCache, RadixNode
 from runtime.kvcache.state_pool import StateSlotPool
 
 logger = logging.getLogger("runtime.kvcache")
@@ -281,12 +281,7 @@ class CacheManager:
         end = valid[-1][0]
         deepest, used = self.tree.insert_nested(tokens[:end], mem.pages[: end // self.page_size], valid)
         # Only the deepest insert can meet pages the tree already had: the others' pages are the tree's by then.
-        self.kv_pool.free(deepest.duplicate_pages)
-        mem.pages[: end // self.page_size] = deepest.pages
-        self.tree.lock(deepest.node)
-        if mem.node is not None:
-            self.tree.unlock(mem.node)
-        mem.node, mem.tree_len = deepest.node, end
+        self._adopt(mem, deepest, end)
         for took, (_, slot) in zip(used, valid, strict=True):
             if not took:
                 self.state_pool.free(slot)
@@ -298,13 +293,18 @@ class CacheManager:
     def _insert(self, mem: ReqMemory, tokens: list[int], slot: int | None, n: int | None = None) -> bool:
         n = mem.kv_len if n is None else n
         res = self.tree.insert(tokens[:n], mem.pages[: n // self.page_size], slot)
+        self._adopt(mem, res, n)
+        return res.state_used
+
+    def _adopt(self, mem: ReqMemory, res: InsertResult, n: int) -> None:
+        """The request's first n tokens now live in the tree at res.node: its pages become the tree's (the
+        duplicates it computed again go back) and its lock moves down to that node."""
         self.kv_pool.free(res.duplicate_pages)
         mem.pages[: n // self.page_size] = res.pages
         self.tree.lock(res.node)
         if mem.node is not None:
             self.tree.unlock(mem.node)
         mem.node, mem.tree_len = res.node, n
-        return res.state_used
 
     def release(self, mem: ReqMemory, tokens: list[int], cache: bool) -> None:
         """Give everything back; with `cache`, the sequence (KV and final state) goes into the cache."""

@@ -85,6 +85,14 @@ def library() -> NativeLibrary | None:
     )
 
 
+def required_library() -> NativeLibrary:
+    """`library()` for a kernel call: raises NativeRefused (the caller takes its torch path) when it is missing."""
+    lib = library()
+    if lib is None:
+        raise NativeRefused(f"no library: {unavailable_reason()}")
+    return lib
+
+
 def built() -> bool | None:
     """Whether `library()` has the kernels: None while no one has asked for them (a model on an accelerator never
     does), else True or False."""
@@ -165,13 +173,41 @@ class ShortExtendPlan:
         return [base + 8 * offset for offset in (0, b, 2 * b, 3 * b, 3 * b + m, 3 * b + 2 * m)]
 
 
+def routing_inputs(
+    tokens: int,
+    hidden: int,
+    experts: int,
+    router: Router | None,
+    ids: torch.Tensor | None,
+    weights: torch.Tensor | None,
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(top_k, ids, weights) for a MoE kernel: with a router, empty [T, K] buffers the kernel routes into; without,
+    the caller's ids and weights, checked. Raises NativeRefused naming what does not fit."""
+    if router is not None:
+        if ids is not None or weights is not None:
+            raise NativeRefused("moe: a router or ids and weights, not both")
+        top_k = router.top_k
+        if not 0 < top_k <= experts:
+            raise NativeRefused(f"moe: top-k {top_k} of {experts} experts")
+        _check(router.weight, "router", (experts, hidden))
+        return top_k, torch.empty(tokens, top_k, dtype=torch.int64), torch.empty(tokens, top_k, dtype=torch.float32)
+    if ids is None or weights is None or ids.dim() != 2:
+        raise NativeRefused("moe: ids [T, K] and weights [T, K] expected")
+    top_k = ids.shape[1]
+    _check(ids, "ids", (tokens, top_k), dtype=torch.int64)
+    _check(weights, "weights", (tokens, top_k))
+    if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
+        raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
+    return top_k, ids, weights
+
+
 def _check(
     t: torch.Tensor, name: str, shape: tuple[int, ...], *, rows_apart: bool = False, dtype: torch.dtype = torch.float32
 ) -> None:
     """`dtype` (fp32 unless told) on the CPU with `shape`; contiguous, or with `rows_apart` a 2-D view whose rows are
     contiguous."""
     if t.dtype != dtype or t.device.type != "cpu":
-        raise NativeRefused(f"{name}: {t.dtype} on {t.device}, the kernel takes fp32 on the CPU")
+        raise NativeRefused(f"{name}: {t.dtype} on {t.device}, the kernel takes {dtype} on the CPU")
     if tuple(t.shape) != shape:
         raise NativeRefused(f"{name}: shape {tuple(t.shape)}, expected {shape}")
     if rows_apart:
@@ -205,9 +241,7 @@ def gdn_short_extend(
     mixed and z as bf16 (both), widened as it reads them, rather than through fp32 copies of the whole prompt's.
     heads = (nk, nv, dk, dv). mixed [T, 2 nk dk + nv dv], z [T, nv dv], b and a [T, nv] may be column slices of
     wider projections (rows contiguous). Raises NativeRefused before touching anything when a tensor does not fit."""
-    lib = library()
-    if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason()}")
+    lib = required_library()
     nk, nv, dk, dv = heads
     if nk <= 0 or nv % nk or min(dk, dv) <= 0:
         raise NativeRefused(f"heads {heads}: value heads must be a multiple of key heads")
@@ -279,9 +313,7 @@ def moe_short_extend(
     each token's routed terms summed in ascending expert order, then the shared term. With `router` (ids and
     weights None) the kernel routes the tokens itself. Raises NativeRefused before any work when a tensor does
     not fit."""
-    lib = library()
-    if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason()}")
+    lib = required_library()
     if w_in.dim() != 3 or w_out.dim() != 3 or x.dim() != 2:
         raise NativeRefused("moe: x 2-D and expert weights 3-D expected")
     experts, two_inter, hidden = w_in.shape
@@ -291,26 +323,7 @@ def moe_short_extend(
     _check(w_out, "w_out", (experts, hidden, two_inter // 2))
     if two_inter % 2:
         raise NativeRefused("moe: w_in's rows must be gate rows then up rows")
-    if router is not None:
-        if ids is not None or weights is not None:
-            raise NativeRefused("moe: a router or ids and weights, not both")
-        top_k = router.top_k
-        if not 0 < top_k <= experts:
-            raise NativeRefused(f"moe: top-k {top_k} of {experts} experts")
-        _check(router.weight, "router", (experts, hidden))
-        ids = torch.empty(tokens, top_k, dtype=torch.int64)
-        weights = torch.empty(tokens, top_k, dtype=torch.float32)
-    else:
-        if ids is None or weights is None or ids.dim() != 2:
-            raise NativeRefused("moe: ids [T, K] and weights [T, K] expected")
-        top_k = ids.shape[1]
-        if tuple(ids.shape) != (tokens, top_k) or ids.dtype != torch.int64 or ids.device.type != "cpu":
-            raise NativeRefused("moe: ids must be [T, K] int64 on the CPU")
-        if not ids.is_contiguous():
-            raise NativeRefused("moe: ids not contiguous")
-        _check(weights, "weights", (tokens, top_k))
-        if tokens and not (0 <= int(ids.min()) and int(ids.max()) < experts):
-            raise NativeRefused(f"moe: expert ids outside 0..{experts - 1}")
+    top_k, ids, weights = routing_inputs(tokens, hidden, experts, router, ids, weights)
     if top_k > 64:
         raise NativeRefused(f"moe: top-k {top_k}, the kernel sums at most 64 experts a token")
     shared_inter = 0
@@ -339,9 +352,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """F.rms_norm(x, (dim,), weight, eps) for a short extend's rows: x [T, dim] fp32 (rows contiguous), weight
     [dim] fp32. x bf16: F.rms_norm(x.float(), ...).bfloat16() for any number of rows (one pass, split over the pool).
     Raises NativeRefused when a tensor does not fit."""
-    lib = library()
-    if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason()}")
+    lib = required_library()
     if x.dim() != 2 or weight.dim() != 1:
         raise NativeRefused("rms_norm: x [T, dim] and weight [dim] expected")
     rows, dim = x.shape
@@ -359,9 +370,7 @@ def residual_rms_norm(
     """(s, F.rms_norm(s, (dim,), weight, eps)) with s = x + y (x itself when y is None), fp32 [T, dim] contiguous,
     in one pass split over the pool; the norm's sum in another order than torch's (rounding-level differences).
     Raises NativeRefused when a tensor does not fit."""
-    lib = library()
-    if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason()}")
+    lib = required_library()
     if x.dim() != 2 or weight.dim() != 1:
         raise NativeRefused("residual_rms_norm: x [T, dim] and weight [dim] expected")
     rows, dim = x.shape

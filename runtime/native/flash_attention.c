@@ -39,24 +39,10 @@ typedef struct {
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define FA_AVX512 1
-/* vexpf on 16 lanes, 0 below -87.3 (a masked score is -inf: its weight must be exactly 0). */
+/* vexp512, 0 below -87.3 (a masked score is -inf: its weight must be exactly 0). */
 static inline __m512 fa_exp(__m512 x) {
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.37f));
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    const __m512 r2 = _mm512_mul_ps(r, r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_add_ps(_mm512_fmadd_ps(y, r2, r), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(live, y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps(live, vexp512(x));
 }
 
 /* ST[t][lanes] = sum over d of K_t[d] * QT[d][lanes] for t < nk; key t's row at k + t * k_rs. */

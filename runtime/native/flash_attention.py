@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.native.extend_kernels import NativeRefused, library, unavailable_reason
+from runtime.native.extend_kernels import NativeRefused, required_library
 
 MAX_GROUP = 32  # query heads per KV head: a unit's rows are 32 vector lanes (flash_attention.c)
 
@@ -27,9 +27,7 @@ def causal_attention(
     """softmax(scale * q k^T, causal) v [* sigmoid(gate)] for q [T, Hq, D] at the last T of the N positions of
     k [N, Hkv, D] and v [N, Hkv, Dv] (query i sees keys 0 .. N - T + i); gate [T, Hq, Dv] or None. Returns a
     contiguous [T, Hq, Dv]."""
-    lib = library()
-    if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason()}")
+    lib = required_library()
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise NativeRefused("causal_attention: q, k, v [tokens, heads, dim] expected")
     (tokens, heads, dim), (keys, kv_heads, dim_v) = q.shape, v.shape
@@ -58,9 +56,7 @@ def norm_rope(
 ) -> torch.Tensor:
     """RoPE(F.rms_norm(x, (D,), weight, eps)) in one pass for x [T, H, D] (channels contiguous); cos_sin: rotary.py's
     tables ([T, 1, rd] each) or None (no RoPE). Returns a contiguous [T, H, D]."""
-    lib = library()
-    if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason()}")
+    lib = required_library()
     if x.dim() != 3:
         raise NativeRefused("norm_rope: x [tokens, heads, dim] expected")
     tokens, heads, dim = x.shape

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from runtime.native.extend_kernels import NativeRefused, Router, library, unavailable_reason
+from runtime.native.extend_kernels import NativeRefused, Router, library, required_library, routing_inputs
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,7 @@ def moe_rows(
     """x [T, H] fp32 (rows contiguous). Either `router` (the kernel routes) or ids [T, K] int64 and weights
     [T, K] fp32. `shared` with `shared_gate` [H]: a shared expert added scaled by sigmoid(x . shared_gate).
     Returns [T, H] fp32: each token's routed terms in ascending expert order, then the shared term."""
-    lib = library()
-    if lib is None:
-        raise NativeRefused(f"no library: {unavailable_reason()}")
+    lib = required_library()
     hidden, inter, count = experts.hidden, experts.inter, experts.experts
     if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] != hidden:
         raise NativeRefused(f"moe rows: x must be fp32 [T, {hidden}] on the CPU")
@@ -86,24 +84,7 @@ def moe_rows(
     ip, hp = -(-inter // 16) * 16, -(-hidden // 32) * 32
     _fits(experts.w_in, "packed w_in", (count, ip // 16, hidden, 32))
     _fits(experts.w_out, "packed w_out", (count, hp // 32, inter, 32))
-    if router is not None:
-        if ids is not None or weights is not None:
-            raise NativeRefused("moe rows: a router or ids and weights, not both")
-        top_k = router.top_k
-        if not 0 < top_k <= count:
-            raise NativeRefused(f"moe rows: top-k {top_k} of {count} experts")
-        _fits(router.weight, "router", (count, hidden))
-        ids = torch.empty(tokens, top_k, dtype=torch.int64)
-        weights = torch.empty(tokens, top_k, dtype=torch.float32)
-    else:
-        if ids is None or weights is None or ids.dim() != 2:
-            raise NativeRefused("moe rows: ids [T, K] and weights [T, K] expected")
-        top_k = ids.shape[1]
-        if tuple(ids.shape) != (tokens, top_k) or ids.dtype != torch.int64 or not ids.is_contiguous():
-            raise NativeRefused("moe rows: ids must be contiguous [T, K] int64")
-        _fits(weights, "weights", (tokens, top_k))
-        if tokens and not (0 <= int(ids.min()) and int(ids.max()) < count):
-            raise NativeRefused(f"moe rows: expert ids outside 0..{count - 1}")
+    top_k, ids, weights = routing_inputs(tokens, hidden, count, router, ids, weights)
     shared_inter, shared_ptrs = 0, [None, None, None]
     if shared is not None:
         if shared_gate is None or shared.experts != 1 or shared.hidden != hidden:
