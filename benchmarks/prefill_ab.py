@@ -162,7 +162,7 @@ def main() -> None:
             raise SystemExit("give --a TREE or --base-rev REV")
         trees = {"A": tree_a.resolve(), "B": a.b.resolve()}
         for model in a.models:
-            compare(model, trees, a)
+            compare(model.resolve(), trees, a)  # the workers run in the trees' directories
 
 
 if __name__ == "__main__":
