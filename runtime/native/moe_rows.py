@@ -85,7 +85,8 @@ def moe_rows(
     _fits(experts.w_in, "packed w_in", (count, ip // 16, hidden, 32))
     _fits(experts.w_out, "packed w_out", (count, hp // 32, inter, 32))
     top_k, ids, weights = routing_inputs(tokens, hidden, count, router, ids, weights)
-    shared_inter, shared_ptrs = 0, [None, None, None]
+    shared_inter = 0
+    shared_ptrs: list[int | None] = [None, None, None]
     if shared is not None:
         if shared_gate is None or shared.experts != 1 or shared.hidden != hidden:
             raise NativeRefused("moe rows: a shared expert needs its gate vector [H]")

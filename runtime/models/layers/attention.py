@@ -124,9 +124,9 @@ def paged_attention(
     for seq, (kv_slots, (start, length)) in enumerate(zip(meta.seq_kv, meta.q_spans, strict=False)):
         seq_gate = None if gate is None else gate[start : start + length]
         if native:
-            out = _native_extend(q, k, v, k_cache, v_cache, kv_slots, meta, seq, (start, length), scale, seq_gate)
-            if out is not None:
-                outs.append(out)
+            done = _native_extend(q, k, v, k_cache, v_cache, kv_slots, meta, seq, (start, length), scale, seq_gate)
+            if done is not None:
+                outs.append(done)
                 continue
         mask = meta.extend_mask(seq, q.dtype)
         qs = q[start : start + length].transpose(0, 1)[None]
