@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -38,10 +39,14 @@ class EngineUnavailable(RuntimeError):
     """The engine loop is not running (it died): the request gets 503, the process is on its way out."""
 
 
-def start_group(ctx: ServerContext, prepared: list[PreparedRequest]) -> tuple[RequestGroup, list[RequestState]]:
+def start_group(
+    ctx: ServerContext, prepared: list[PreparedRequest], received: float
+) -> tuple[RequestGroup, list[RequestState]]:
     """Submit the requests; raises DuplicateRequestId before anything runs when a rid is already in flight,
-    RequestValueError when the engine refuses one (a PD room in use), EngineUnavailable when it is down."""
-    states = [RequestState(p, ctx.tokenizer) for p in prepared]
+    RequestValueError when the engine refuses one (a PD room in use), EngineUnavailable when it is down.
+    `received` (perf_counter at the handler's start) is where TTFT and e2e latency count from: as SGLang's
+    created_time, it holds body parsing and tokenization."""
+    states = [RequestState(p, ctx.tokenizer, created=received) for p in prepared]
     failure = ctx.engine_failure()
     if failure is not None:
         raise EngineUnavailable(f"The engine is not running ({failure}); the server is restarting.")
@@ -90,6 +95,7 @@ def abort_error(states: list[RequestState]) -> JSONResponse | None:
 
 
 async def generate(request: Request) -> Response:
+    received = time.perf_counter()
     ctx: ServerContext = request.app.state.ctx
     try:
         body = await json_body(request)
@@ -116,7 +122,7 @@ async def generate(request: Request) -> Response:
     single = single and len(expanded) == len(prepared)
     prepared = expanded
     try:
-        group, states = start_group(ctx, prepared)
+        group, states = start_group(ctx, prepared, received)
     except (DuplicateRequestId, RequestValueError) as e:
         return value_error(str(e))
     except EngineUnavailable as e:

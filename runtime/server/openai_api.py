@@ -96,6 +96,7 @@ async def _parse(request: Request) -> dict[str, Any] | Response:
 
 
 async def completions(request: Request) -> Response:
+    received = time.perf_counter()
     ctx = _ctx(request)
     body = await _parse(request)
     if isinstance(body, Response):
@@ -116,10 +117,11 @@ async def completions(request: Request) -> Response:
         await ctx.compile_grammars(prepared)  # structured output; a bad grammar is a 400
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
-    return await _serve(ctx, request, body, prepared, chat=None)
+    return await _serve(ctx, request, body, prepared, received, chat=None)
 
 
 async def chat_completions(request: Request) -> Response:
+    received = time.perf_counter()
     ctx = _ctx(request)
     body = await _parse(request)
     if isinstance(body, Response):
@@ -140,7 +142,7 @@ async def chat_completions(request: Request) -> Response:
         await ctx.compile_grammars(prepared)  # structured output; a bad grammar is a 400
     except (RequestValueError, ContractError) as e:
         return error_response(str(e))
-    return await _serve(ctx, request, body, prepared, chat=opts)
+    return await _serve(ctx, request, body, prepared, received, chat=opts)
 
 
 def _choice_logprobs(
@@ -172,10 +174,11 @@ async def _serve(
     request: Request,
     body: dict[str, Any],
     prepared: list[PreparedRequest],
+    received: float,
     chat: ChatOptions | None,
 ) -> Response:
     try:
-        group, states = start_group(ctx, prepared)
+        group, states = start_group(ctx, prepared, received)
     except (DuplicateRequestId, RequestValueError) as e:
         return error_response(str(e))
     except EngineUnavailable as e:

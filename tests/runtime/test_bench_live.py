@@ -15,9 +15,7 @@ from tests.runtime.conftest import RunningServer, free_port
 
 
 def hybridctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hybridctl", *args], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([sys.executable, "-m", "hybridctl", *args], capture_output=True, text=True, timeout=300)
 
 
 def bench_json(url: str, *args: str) -> dict[str, Any]:
@@ -53,10 +51,14 @@ def test_shared_prefix_bench_holds_8_streams_and_agrees_with_server_metrics(
     assert result["cache"]["hit_rate"] > 0.2
     server = result["server"]
     assert server["ttft_observations"] == 16 and server["output_tokens"] == 16 * 48
-    # The client's TTFT also holds HTTP delivery and SSE parsing on the same two cores: 0.05-0.09 apart on a quiet
-    # host, 0.107 once under the full suite's load. A server that mis-timed TTFT (e.g.
-    # from admission, or at emit of the last token) is off by far more.
-    assert server["ttft_relative_diff"] <= 0.15, server
+    # The client's TTFT also holds HTTP delivery and SSE parsing on the same two cores: a few ms that do not shrink
+    # with the prefill, so a relative bar alone fails once TTFT is short (0.163 of a ~50 ms mean once in CI under
+    # the full suite's load). A server that mis-timed TTFT (at emit of the last token, or without the queue wait)
+    # is off by a good part of the e2e latency, far beyond 15% + 10 ms.
+    client_ttft, server_ttft = lat["ttft"]["mean"], server["ttft_mean_ms"]
+    print(f"TTFT client {client_ttft:.1f} ms, server {server_ttft:.1f} ms, e2e {lat['e2e']['mean']:.1f} ms")
+    assert abs(client_ttft - server_ttft) <= 0.15 * server_ttft + 10.0, server
+    assert abs(client_ttft - server_ttft) <= 0.1 * lat["e2e"]["mean"], server
     assert server["throughput_relative_diff"] <= 0.10, server
     assert abs(server["cache_hit_rate"] - result["cache"]["hit_rate"]) < 0.02
 
@@ -73,9 +75,7 @@ def test_random_dataset_with_request_rate_and_table(runtime_server: RunningServe
     assert proc.returncode == 0 and "TTFT" in proc.stdout and "throughput" in proc.stdout
 
 
-def test_plot_without_matplotlib_and_bad_options_are_clear(
-    runtime_server: RunningServer, tmp_path: Path
-) -> None:
+def test_plot_without_matplotlib_and_bad_options_are_clear(runtime_server: RunningServer, tmp_path: Path) -> None:
     png = tmp_path / "lat.png"
     args = (
         "bench", "--url", runtime_server.url, "--dataset", "random", "--num-prompts", "2",
@@ -89,6 +89,4 @@ def test_plot_without_matplotlib_and_bad_options_are_clear(
     proc = hybridctl("bench", "--url", runtime_server.url, "--dataset", "sharegpt")
     assert proc.returncode == 2 and "--dataset 'sharegpt' is not known" in proc.stderr
     proc = hybridctl("bench", "--url", f"http://127.0.0.1:{free_port()}")
-    assert (
-        proc.returncode == 2 and "cannot reach the server" in proc.stderr and "Traceback" not in proc.stderr
-    )
+    assert proc.returncode == 2 and "cannot reach the server" in proc.stderr and "Traceback" not in proc.stderr
