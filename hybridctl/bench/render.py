@@ -17,6 +17,10 @@ def _rate(rate: float | str | None) -> str:
     return f"{format_number(float(rate))} req/s"
 
 
+def _signed_ms(ms: float | None) -> str:
+    return "n/a" if ms is None else f"{ms:+.1f} ms"
+
+
 def render_bench(result: BenchResult, console: Console) -> None:
     cfg = result.config
     console.print(
@@ -58,7 +62,7 @@ def render_bench(result: BenchResult, console: Console) -> None:
         s = result.server
         console.print(
             f"server /metrics over the run: TTFT mean {format_ms(s['ttft_mean_ms'])} "
-            f"(client differs by {format_percent(s['ttft_relative_diff'])}), output "
+            f"(client differs by {format_percent(s['ttft_relative_diff'])}, {_signed_ms(s['ttft_diff_ms'])}), output "
             f"{format_number(s['output_throughput_tok_s'], none='n/a', digits=1)} tok/s "
             f"(client differs by {format_percent(s['throughput_relative_diff'])}), cache hit rate "
             f"{format_percent(s['cache_hit_rate'])}",

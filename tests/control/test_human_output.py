@@ -170,6 +170,7 @@ def _bench(**overrides: object) -> BenchResult:
         "server": {
             "ttft_mean_ms": 131.3333,
             "ttft_relative_diff": 0.05,
+            "ttft_diff_ms": 8.6667,
             "output_throughput_tok_s": 95.0,
             "throughput_relative_diff": None,
             "cache_hit_rate": 0.6667,
@@ -185,6 +186,7 @@ def test_bench_report_reads_as_text() -> None:
     assert "max concurrency no limit" in text and "request rate no limit" in text, text
     assert "cache hit rate (client, cached/prompt tokens): 66.7%" in text, text
     assert "server max running not measured" in text and "TTFT mean 131 ms" in text, text
+    assert "(client differs by 5.0%, +8.7 ms)" in text, text
     assert "in 1.4 s" in text, text
     measured = _render(render_bench, _bench(concurrency={"requested": 8, "client_max_in_flight": 8,
                                                          "server_max_running": 8.0}))  # fmt: skip

@@ -58,6 +58,7 @@ def test_shared_prefix_bench_holds_8_streams_and_agrees_with_server_metrics(
     client_ttft, server_ttft = lat["ttft"]["mean"], server["ttft_mean_ms"]
     print(f"TTFT client {client_ttft:.1f} ms, server {server_ttft:.1f} ms, e2e {lat['e2e']['mean']:.1f} ms")
     assert abs(client_ttft - server_ttft) <= 0.15 * server_ttft + 10.0, server
+    assert abs(server["ttft_diff_ms"] - (client_ttft - server_ttft)) < 0.01, server  # the report's own difference
     assert abs(client_ttft - server_ttft) <= 0.1 * lat["e2e"]["mean"], server
     assert server["throughput_relative_diff"] <= 0.10, server
     assert abs(server["cache_hit_rate"] - result["cache"]["hit_rate"]) < 0.02
