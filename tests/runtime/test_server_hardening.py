@@ -255,12 +255,14 @@ def test_health_answers_while_a_long_prompt_is_tokenized(server: RunningServer) 
     body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 1}}).encode()
     with httpx.Client(base_url=server.url, timeout=30.0) as c:
         assert c.get("/health").status_code == 200
-        done, status, latencies = threading.Event(), [], []
+        done, status, latencies, request_s = threading.Event(), [], [], []
 
         def send() -> None:
+            t0 = time.perf_counter()
             try:
                 status.append(httpx.post(server.url + "/generate", content=body, timeout=120).status_code)
             finally:
+                request_s.append(time.perf_counter() - t0)
                 done.set()
 
         sender = threading.Thread(target=send)
@@ -274,7 +276,12 @@ def test_health_answers_while_a_long_prompt_is_tokenized(server: RunningServer) 
     latencies.sort()
     # The GIL-holding encode stalled the loop ~1-1.75 s; the bounds sit well under that and above what a loaded
     # 2-core host gives (medians of 0.10-0.11 s at load 12).
-    assert latencies[len(latencies) // 2] < 0.3 and latencies[-1] < 0.9, f"/health latencies {latencies[-3:]}"
+    assert latencies[len(latencies) // 2] < 0.3, f"/health latencies {latencies[-3:]}"
+    # The stall is one /health wait over ~90% of the request's own time (1.49 of 1.63 s, 2.71 of 2.88 s with a
+    # spinning core); the loop that stays free never waits over ~6% of it (0.28 of 4.68 s). One bad moment of a
+    # loaded host may exceed 0.9 s, so the bar is whichever is larger: 0.9 s or half the request's time.
+    longest, bar = latencies[-1], max(0.9, 0.5 * request_s[0])
+    assert longest < bar, f"/health waited {longest:.2f} s of the request's {request_s[0]:.2f} s: {latencies[-3:]}"
 
 
 def test_flush_cache_waits_up_to_its_timeout(server: RunningServer) -> None:
