@@ -8,6 +8,7 @@ side's pools and transfer accounting whole; mismatched layouts fail the request 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
 import socket
@@ -169,6 +170,24 @@ def test_dropped_connection_mid_transfer_is_retried_and_leaks_nothing(trio: Trio
     assert after["delivered"] == before["delivered"] + 1 and after["pending"] == before["pending"]
 
 
+def _connected_to(pid: int, port: int) -> bool:
+    """Whether process `pid` holds an established TCP connection to local port `port` (Linux /proc)."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:[") : -1])
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()  # sl local remote st ... inode
+            if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in sockets:
+                return True
+    return False
+
+
 def test_decode_killed_mid_transfer_then_a_fresh_decode_finishes_the_request(
     trio: Trio, demo_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -186,7 +205,13 @@ def test_decode_killed_mid_transfer_then_a_fresh_decode_finishes_the_request(
         with ThreadPoolExecutor(1) as pool:
             # The decode side connects first and waits for the room: its transfer is in flight when it dies.
             pending = pool.submit(generate, f"http://127.0.0.1:{port}", PROMPTS[2], 12, **routing)
-            time.sleep(1.0)
+            # Killed once its fetch is connected (a fixed sleep could kill it before it connected on a loaded
+            # host: then nothing was in flight and the prefill side had nothing to notice).
+            deadline = time.monotonic() + 60
+            while not _connected_to(doomed.pid, trio.bootstrap_port):
+                assert doomed.poll() is None and not pending.done(), "the decode server ended before it fetched"
+                assert time.monotonic() < deadline, "the decode server never connected to the bootstrap port"
+                time.sleep(0.02)
             doomed.kill()
             doomed.wait(timeout=30)
             with pytest.raises(httpx.TransportError):
