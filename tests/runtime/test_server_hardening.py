@@ -285,16 +285,22 @@ def test_health_answers_while_a_long_prompt_is_tokenized(server: RunningServer) 
 
 
 def test_flush_cache_waits_up_to_its_timeout(server: RunningServer) -> None:
-    with httpx.Client(base_url=server.url, timeout=60.0) as c:
-        body = {"text": "flush me", "sampling_params": {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}}
-        running = threading.Thread(target=lambda: c.post("/generate", json=body))
+    with httpx.Client(base_url=server.url, timeout=360.0) as c:
+        # 512 tokens (~3 s here): the request still runs when the refusal below is asked for, even if a loaded
+        # host stalls this process for a while (64 tokens, ~0.2 s, could finish before the poll saw it running).
+        params = {"temperature": 0, "max_new_tokens": 512, "ignore_eos": True}
+        running = threading.Thread(
+            target=lambda: c.post("/generate", json={"text": "flush me", "sampling_params": params})
+        )
         running.start()
+        deadline = time.monotonic() + 60
         while c.get("/server_info").json()["internal_states"][0]["num_running_reqs"] == 0:
+            assert time.monotonic() < deadline, "the request never showed as running"
             time.sleep(0.01)
         # Without a timeout: refused at once while a request runs (SGLang's default).
         assert c.post("/flush_cache").status_code == 400
         # With one: waits for the request to finish, then flushes.
-        r = c.post("/flush_cache", params={"timeout": 60})
+        r = c.post("/flush_cache", params={"timeout": 300})
         running.join()
         assert r.status_code == 200, r.text
         assert r.text.startswith("Cache flushed.")
