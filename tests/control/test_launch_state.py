@@ -180,7 +180,7 @@ def test_launch_beside_a_running_server_names_the_stop_that_works(
     from hybridctl.launch.command import EngineCommand
     from hybridctl.launch.plan import LaunchPlan
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while not Path(f"/proc/{sleeper.pid}/cmdline").read_bytes().startswith(b"sleep"):  # exec'd yet?
         assert time.monotonic() < deadline
         time.sleep(0.01)

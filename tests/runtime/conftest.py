@@ -61,27 +61,28 @@ def start_runtime_server(
     log_dir: str | os.PathLike[str] | None = None,
 ) -> Iterator[RunningServer]:
     """Run a real runtime server for the duration of the `with` block."""
-    port = free_port()
     directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="runtime-server-"))
     directory.mkdir(parents=True, exist_ok=True)
-    log_path = directory / f"server-{port}.log"
-    cmd = [
-        sys.executable, "-m", "runtime",
-        "--model-path", str(model_dir),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        *extra_args,
-    ]  # fmt: skip
     child_env = dict(os.environ)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     if env:
         child_env.update(env)
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=child_env)
-    url = f"http://127.0.0.1:{port}"
-    server = RunningServer(url=url, port=port, log_path=log_path, process=proc)
+    # The port is free when picked but bound only after the model loaded (seconds): another socket of a busy host
+    # may take it meanwhile. Only that case, the server's own bind of the port it was given, starts it again.
+    for attempt in range(1, _PORT_TRIES + 1):
+        server = _launch(model_dir, extra_args, free_port(), directory, child_env)
+        try:
+            _wait_healthy(server, startup_timeout_s)
+        except _PortTaken:
+            if attempt == _PORT_TRIES:
+                raise
+            continue
+        except BaseException:
+            _stop(server.process)
+            raise
+        break
+    proc, log_path = server.process, server.log_path
     try:
-        _wait_healthy(server, startup_timeout_s)
         yield server
     finally:
         _stop(proc)
@@ -92,14 +93,40 @@ def start_runtime_server(
     )
 
 
+_PORT_TRIES = 3
+
+
+class _PortTaken(RuntimeError):
+    """The server exited because the port picked for it was taken before it could bind it."""
+
+
+def _launch(
+    model_dir: str | os.PathLike[str], extra_args: tuple[str, ...], port: int, directory: Path, env: dict[str, str]
+) -> RunningServer:
+    log_path = directory / f"server-{port}.log"
+    cmd = [
+        sys.executable, "-m", "runtime",
+        "--model-path", str(model_dir),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        *extra_args,
+    ]  # fmt: skip
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
+    return RunningServer(url=f"http://127.0.0.1:{port}", port=port, log_path=log_path, process=proc)
+
+
 def _wait_healthy(server: RunningServer, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=5.0) as client:
         while time.monotonic() < deadline:
             if server.process.poll() is not None:
-                raise RuntimeError(
+                log = _log_tail(server.log_path)
+                bind_error = f"error while attempting to bind on address ('127.0.0.1', {server.port})"
+                kind = _PortTaken if bind_error in log and "address already in use" in log else RuntimeError
+                raise kind(
                     f"runtime server exited with code {server.process.returncode} before it was healthy; "
-                    f"log {server.log_path}:\n{_log_tail(server.log_path)}"
+                    f"log {server.log_path}:\n{log}"
                 )
             try:
                 if client.get(server.url + "/health").status_code == 200:
@@ -109,8 +136,7 @@ def _wait_healthy(server: RunningServer, timeout_s: float) -> None:
             time.sleep(0.2)
     _stop(server.process)
     raise RuntimeError(
-        f"runtime server not healthy after {timeout_s:.0f}s; "
-        f"log {server.log_path}:\n{_log_tail(server.log_path)}"
+        f"runtime server not healthy after {timeout_s:.0f}s; log {server.log_path}:\n{_log_tail(server.log_path)}"
     )
 
 

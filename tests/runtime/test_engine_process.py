@@ -165,7 +165,7 @@ def test_metrics_health_and_server_info_read_the_engine_process_stats(server: Ru
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     before = _metric(server.url, "generation_tokens_total")
     _greedy(server.url, "Hello there")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while _metric(server.url, "generation_tokens_total") < before + 24 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _metric(server.url, "generation_tokens_total") >= before + 24

@@ -8,6 +8,7 @@ side's pools and transfer accounting whole; mismatched layouts fail the request 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
 import socket
@@ -88,8 +89,9 @@ def transfer_stats(trio: Trio) -> dict[str, int]:
 
 
 def settled(trio: Trio, ok: object) -> dict[str, int]:
-    """The prefill side's counters once `ok(stats)` holds (its connection threads read acks asynchronously)."""
-    deadline = time.monotonic() + 10
+    """The prefill side's counters once `ok(stats)` holds (its connection threads read acks asynchronously).
+    The polls here wait up to 60 s: a condition that holds returns at once; a loaded host may take seconds."""
+    deadline = time.monotonic() + 60
     while not ok(stats := transfer_stats(trio)):  # type: ignore[operator]
         assert time.monotonic() < deadline, stats
         time.sleep(0.05)
@@ -154,7 +156,7 @@ def test_dropped_connection_mid_transfer_is_retried_and_leaks_nothing(trio: Trio
                    bootstrap_port=trio.bootstrap_port, bootstrap_room=room)  # fmt: skip
     assert res.status_code == 200 and len(res.json()["output_ids"]) == 1  # prefill computes the first token
     assert _fetch_raw(trio.bootstrap_port, room, cut_after=1000) is None
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while transfer_stats(trio)["dropped_connections"] == before["dropped_connections"]:
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -162,11 +164,29 @@ def test_dropped_connection_mid_transfer_is_retried_and_leaks_nothing(trio: Trio
     assert mid["pending"] == before["pending"] + 1  # the staged prefill waits for a retry
     assert pools_idle(trio.prefill)["state_slots_in_use"] == 0  # staging never holds a pool slot
     assert _fetch_raw(trio.bootstrap_port, room, cut_after=None)
-    deadline = time.monotonic() + 10  # the ack is read by the prefill side's connection thread
+    deadline = time.monotonic() + 60  # the ack is read by the prefill side's connection thread
     while (after := transfer_stats(trio))["delivered"] == before["delivered"]:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert after["delivered"] == before["delivered"] + 1 and after["pending"] == before["pending"]
+
+
+def _connected_to(pid: int, port: int) -> bool:
+    """Whether process `pid` holds an established TCP connection to local port `port` (Linux /proc)."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:[") : -1])
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()  # sl local remote st ... inode
+            if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in sockets:
+                return True
+    return False
 
 
 def test_decode_killed_mid_transfer_then_a_fresh_decode_finishes_the_request(
@@ -186,7 +206,13 @@ def test_decode_killed_mid_transfer_then_a_fresh_decode_finishes_the_request(
         with ThreadPoolExecutor(1) as pool:
             # The decode side connects first and waits for the room: its transfer is in flight when it dies.
             pending = pool.submit(generate, f"http://127.0.0.1:{port}", PROMPTS[2], 12, **routing)
-            time.sleep(1.0)
+            # Killed once its fetch is connected (a fixed sleep could kill it before it connected on a loaded
+            # host: then nothing was in flight and the prefill side had nothing to notice).
+            deadline = time.monotonic() + 60
+            while not _connected_to(doomed.pid, trio.bootstrap_port):
+                assert doomed.poll() is None and not pending.done(), "the decode server ended before it fetched"
+                assert time.monotonic() < deadline, "the decode server never connected to the bootstrap port"
+                time.sleep(0.02)
             doomed.kill()
             doomed.wait(timeout=30)
             with pytest.raises(httpx.TransportError):
@@ -197,7 +223,7 @@ def test_decode_killed_mid_transfer_then_a_fresh_decode_finishes_the_request(
             doomed.wait(timeout=30)
     res = generate(trio.prefill.url, PROMPTS[2], 12, **routing)
     assert res.status_code == 200
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while transfer_stats(trio)["dropped_connections"] == before["dropped_connections"]:
         assert time.monotonic() < deadline, "the prefill side never noticed the dead decode server"
         time.sleep(0.05)

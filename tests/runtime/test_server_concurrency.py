@@ -81,9 +81,7 @@ def _wait_idle(client: httpx.Client, timeout_s: float = 60.0) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_concurrent_streams_with_cancellations_leak_nothing(runtime_server: RunningServer) -> None:
-    prefixes = [
-        list(range(20 + 300 * k, 20 + 300 * k + 150)) for k in range(4)
-    ]  # 4 shared 150-token prefixes
+    prefixes = [list(range(20 + 300 * k, 20 + 300 * k + 150)) for k in range(4)]  # 4 shared 150-token prefixes
     with httpx.Client(base_url=runtime_server.url, timeout=120.0) as client:
         before = _wait_idle(client)
         results = asyncio.run(_run_all(runtime_server.url, prefixes))
@@ -138,7 +136,7 @@ def test_non_streaming_client_disconnect_aborts_the_request(runtime_server: Runn
         assert after["num_requests_aborted"] == before["num_requests_aborted"] + 1
         assert after["generation_tokens_total"] - before["generation_tokens_total"] < 4000
         # The handler itself did not hang on the aborted request: it saw the final output and finished.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while _finished_non_streaming(client) < handled_before + 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _finished_non_streaming(client) == handled_before + 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ from runtime.core.buffers import allocate_pool_buffers
 from runtime.core.config import EngineArgs
 from runtime.core.requests import GenerateRequest, RequestOutput, SamplingParams
 from runtime.engine.engine_core import EngineCore
-from runtime.engine.engine_thread import start_engine
+from runtime.engine.engine_thread import ThreadedEngineClient, start_engine
 from runtime.kvcache.page_pool import KVPagePool
 from runtime.kvcache.state_pool import StateSlotPool
 
@@ -57,6 +58,24 @@ def test_prefault_zeroes_only_free_never_written_slots_next_in_line() -> None:
     assert [pool.alloc() for _ in range(3)] == [a, *order[:2]]  # prefault never reorders the free list
 
 
+def _bulk_idle_work_done(client: ThreadedEngineClient, ready: Callable[[EngineCore], bool]) -> threading.Event:
+    """Set once the engine thread's bulk idle work (on_idle without next_only) returns with `ready(core)` true.
+    Waited on instead of polling through call_in_engine: each query is a command, a command interrupts the bulk
+    prefault, and interrupted it is not resumed before the next busy spell (on a loaded host the first poll
+    caught it mid-way every time)."""
+    core = client.core
+    done = threading.Event()
+    on_idle = core.on_idle
+
+    def watched(interrupted: Callable[[], bool], *, next_only: bool = False) -> None:
+        on_idle(interrupted, next_only=next_only)
+        if not next_only and ready(core):
+            done.set()
+
+    core.on_idle = watched  # type: ignore[method-assign]
+    return done
+
+
 def test_the_idle_engine_has_its_next_slots_faulted_in(demo_model_dir: Path) -> None:
     client = start_engine(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.5))
     try:
@@ -69,19 +88,16 @@ def test_the_idle_engine_has_its_next_slots_faulted_in(demo_model_dir: Path) -> 
                 done.append(out)
                 finished.set()
 
+        idle_done = _bulk_idle_work_done(
+            client, lambda core: bool(done) and not core.cache.state_pool.next_unwritten(core.idle_prefault_slots())
+        )
         client.add_request(GenerateRequest("p", list(range(10, 60)), params), on_output)
         assert finished.wait(120)
-        # Once the engine has gone idle after the request, nothing is left to fault in (polled: the engine only
-        # prefaults when no command is waiting, and these queries are commands).
-        left = -1
-        for _ in range(50):
-            time.sleep(0.1)
-            left = len(
-                client.call_in_engine(lambda core: core.cache.state_pool.next_unwritten(core.idle_prefault_slots()))
-            )
-            if left == 0:
-                break
-        assert left == 0
+        # Once the engine has gone idle after the request, nothing is left to fault in. Awaited, not polled: a
+        # query is a command, and a command interrupts the idle work (which then waits for the next busy spell).
+        assert idle_done.wait(120), "the idle engine never finished faulting in its next slots"
+        left = client.call_in_engine(lambda core: core.cache.state_pool.next_unwritten(core.idle_prefault_slots()))
+        assert left == []
     finally:
         client.shutdown()
 
@@ -202,13 +218,10 @@ def test_held_idle_work_faults_nothing_in_and_the_held_spell_is_no_traffic(demo_
         time.sleep(0.3)  # well past the engine's idle-work delay
         assert client.call_in_engine(unwritten) == held, "idle work ran while held"
         assert client.flush_cache()
+        idle_done = _bulk_idle_work_done(client, lambda core: not core.cache.state_pool.next_unwritten(floor))
         client.hold_idle_work(False)
-        for _ in range(50):
-            time.sleep(0.1)
-            ready = client.call_in_engine(lambda core: core.cache.state_pool.next_unwritten(floor))
-            if ready == []:
-                break
-        assert ready == []
+        assert idle_done.wait(120), "released, the idle engine never faulted in its floor"  # awaited, as above
+        assert client.call_in_engine(lambda core: core.cache.state_pool.next_unwritten(floor)) == []
         assert client.call_in_engine(lambda core: core.idle_prefault_slots()) == floor
     finally:
         client.shutdown()
