@@ -65,12 +65,14 @@ class EngineCore(EngineParts):
         sched.postprocess(batch, logits)
         return True
 
-    def on_idle(self, interrupted: Callable[[], bool], *, next_only: bool = False) -> None:
+    def on_idle(self, interrupted: Callable[[], bool], *, next_only: bool = False) -> bool:
         """Work for when no request runs (the engine thread calls it before it blocks), dropped as soon as
         `interrupted()` (a command arrived): fault in the state slots (then KV pages) the next requests will be
         handed, so their first write does not (the elastic pool's chunks move: not there). `next_only`: just the
         slot the next request takes (one slot's pages, ~0.4 MB for the peer model: a fraction of a millisecond,
-        done the moment the engine goes idle, before a client's next request can arrive)."""
+        done the moment the engine goes idle, before a client's next request can arrive). Returns whether the
+        work is done (False: interrupted, what is left waits for the next idle moment; a call with nothing left
+        costs a few list lookups)."""
         handed_out = self._handed_out()
         if handed_out != self._handed_out_at_idle:  # a busy spell ended: what it took is the next one's guess
             self._spells.append(
@@ -78,14 +80,16 @@ class EngineCore(EngineParts):
             )
             self._handed_out_at_idle = handed_out
         if self.elastic is not None:
-            return
+            return True
         count = 1 if next_only else self.idle_prefault_slots()
         self.cache.state_pool.prefault(count, interrupted)
         if self.cache.state_pool.next_unwritten(count):
-            return  # interrupted
+            return False  # interrupted
         if not next_only and self._spells:  # the KV pages a cold prompt writes, once its states are ready
             kv = self.pools.buffers
             self.cache.kv_pool.prefault(max(n for _, n in self._spells), [*kv.k, *kv.v], interrupted)
+            return not interrupted()
+        return True
 
     def forget_busy_spell(self) -> None:
         """What was handed out since the engine was last idle is no traffic (the server's start-up warm-up):

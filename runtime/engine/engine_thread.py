@@ -259,7 +259,8 @@ class ThreadedEngineClient(EngineClient):
     def _next_command(self, block: bool) -> tuple[str, Any, Future[Any] | None]:
         """The next command (queue.Empty when none and not `block`). Gone idle after work, the engine makes the
         next request's state slot ready at once, waits _IDLE_WORK_DELAY_S for a command, then does the rest of its
-        idle work (dropped when a command arrives), then blocks. Why the slot at once: a cached prompt's first
+        idle work (dropped when a command arrives, taken up again at the next idle wait: a monitor's /server_info
+        every few seconds must not leave it undone), then blocks. Why the slot at once: a cached prompt's first
         state copy into a never-written slot faulted its pages in on the critical path (0.5 of its 1.4 ms of
         scheduling, measured served); the bulk waits, because a client's next request right after the last must
         not find the engine faulting megabytes in."""
@@ -268,8 +269,7 @@ class ThreadedEngineClient(EngineClient):
             try:
                 return self._commands.get(timeout=_IDLE_WORK_DELAY_S)
             except queue.Empty:
-                self._idle_work_due = False
-                self.core.on_idle(lambda: self._commands.qsize() > 0)
+                self._idle_work_due = not self.core.on_idle(lambda: self._commands.qsize() > 0)
         return self._commands.get(block=block, timeout=None)
 
     def _notify_step_listeners(self) -> None:

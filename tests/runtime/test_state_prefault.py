@@ -67,10 +67,11 @@ def _bulk_idle_work_done(client: ThreadedEngineClient, ready: Callable[[EngineCo
     done = threading.Event()
     on_idle = core.on_idle
 
-    def watched(interrupted: Callable[[], bool], *, next_only: bool = False) -> None:
-        on_idle(interrupted, next_only=next_only)
+    def watched(interrupted: Callable[[], bool], *, next_only: bool = False) -> bool:
+        finished = on_idle(interrupted, next_only=next_only)
         if not next_only and ready(core):
             done.set()
+        return finished
 
     core.on_idle = watched  # type: ignore[method-assign]
     return done
@@ -98,6 +99,52 @@ def test_the_idle_engine_has_its_next_slots_faulted_in(demo_model_dir: Path) -> 
         assert idle_done.wait(120), "the idle engine never finished faulting in its next slots"
         left = client.call_in_engine(lambda core: core.cache.state_pool.next_unwritten(core.idle_prefault_slots()))
         assert left == []
+    finally:
+        client.shutdown()
+
+
+def test_idle_work_a_command_interrupts_is_taken_up_again(demo_model_dir: Path) -> None:
+    """A command that arrives during the bulk idle work (a monitor's /server_info) stops it, and the engine takes it
+    up again at its next idle wait, with no request in between: a server polled every few seconds still has its
+    next slots ready when traffic comes."""
+    client = start_engine(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.5))
+    try:
+        core = client.core
+        on_idle = core.on_idle
+        results: list[bool] = []  # each bulk pass's return: done or interrupted
+        resumed = threading.Event()
+        queries: list[threading.Thread] = []
+
+        def watched(interrupted: Callable[[], bool], *, next_only: bool = False) -> bool:
+            if not next_only and not results:
+                # The first bulk pass: a query arrives as it starts (from another thread, as the HTTP loop's do).
+                query = threading.Thread(target=client.call_in_engine, args=(lambda c: c.stats(),), daemon=True)
+                query.start()
+                queries.append(query)
+                deadline = time.monotonic() + 60
+                while not interrupted() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            finished = on_idle(interrupted, next_only=next_only)
+            if not next_only:
+                results.append(finished)
+                if finished and not core.cache.state_pool.next_unwritten(core.idle_prefault_slots()):
+                    resumed.set()
+            return finished
+
+        core.on_idle = watched  # type: ignore[method-assign]
+        finished = threading.Event()
+        params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+
+        def on_output(out: RequestOutput) -> None:
+            if out.finished:
+                finished.set()
+
+        client.add_request(GenerateRequest("p", list(range(10, 60)), params), on_output)
+        assert finished.wait(120)
+        assert resumed.wait(120), f"the interrupted idle work was not taken up again (bulk passes: {results})"
+        assert results[0] is False and results[-1] is True  # really interrupted once, then finished
+        queries[0].join(60)
+        assert not queries[0].is_alive()
     finally:
         client.shutdown()
 
