@@ -58,19 +58,29 @@ def test_prefault_zeroes_only_free_never_written_slots_next_in_line() -> None:
     assert [pool.alloc() for _ in range(3)] == [a, *order[:2]]  # prefault never reorders the free list
 
 
-def _bulk_idle_work_done(client: ThreadedEngineClient, ready: Callable[[EngineCore], bool]) -> threading.Event:
+def _bulk_idle_work_done(
+    client: ThreadedEngineClient,
+    ready: Callable[[EngineCore], bool],
+    passes: list[bool] | None = None,
+    before_bulk: Callable[[Callable[[], bool]], None] | None = None,
+) -> threading.Event:
     """Set once the engine thread's bulk idle work (on_idle without next_only) returns with `ready(core)` true.
-    Waited on instead of polling through call_in_engine: each query is a command, a command interrupts the bulk
-    prefault, and interrupted it is not resumed before the next busy spell (on a loaded host the first poll
-    caught it mid-way every time)."""
+    Waited on instead of polling through call_in_engine: each query is a command, and a command interrupts the
+    bulk prefault (it resumes at the next idle wait, but a poll loop keeps catching it mid-way). `passes` gets each
+    bulk pass's result (finished or interrupted); `before_bulk(interrupted)` runs before each bulk pass."""
     core = client.core
     done = threading.Event()
     on_idle = core.on_idle
 
     def watched(interrupted: Callable[[], bool], *, next_only: bool = False) -> bool:
+        if not next_only and before_bulk is not None:
+            before_bulk(interrupted)
         finished = on_idle(interrupted, next_only=next_only)
-        if not next_only and ready(core):
-            done.set()
+        if not next_only:
+            if passes is not None:
+                passes.append(finished)
+            if ready(core):
+                done.set()
         return finished
 
     core.on_idle = watched  # type: ignore[method-assign]
@@ -109,29 +119,28 @@ def test_idle_work_a_command_interrupts_is_taken_up_again(demo_model_dir: Path) 
     next slots ready when traffic comes."""
     client = start_engine(EngineArgs(model_path=str(demo_model_dir), memory_budget_gib=0.5))
     try:
-        core = client.core
-        on_idle = core.on_idle
         results: list[bool] = []  # each bulk pass's return: done or interrupted
-        resumed = threading.Event()
         queries: list[threading.Thread] = []
 
-        def watched(interrupted: Callable[[], bool], *, next_only: bool = False) -> bool:
-            if not next_only and not results:
-                # The first bulk pass: a query arrives as it starts (from another thread, as the HTTP loop's do).
-                query = threading.Thread(target=client.call_in_engine, args=(lambda c: c.stats(),), daemon=True)
-                query.start()
-                queries.append(query)
-                deadline = time.monotonic() + 60
-                while not interrupted() and time.monotonic() < deadline:
-                    time.sleep(0.001)
-            finished = on_idle(interrupted, next_only=next_only)
-            if not next_only:
-                results.append(finished)
-                if finished and not core.cache.state_pool.next_unwritten(core.idle_prefault_slots()):
-                    resumed.set()
-            return finished
+        def query_arrives(interrupted: Callable[[], bool]) -> None:
+            if results:
+                return
+            # The first bulk pass: a query arrives as it starts (from another thread, as the HTTP loop's do).
+            query = threading.Thread(target=client.call_in_engine, args=(lambda c: c.stats(),), daemon=True)
+            query.start()
+            queries.append(query)
+            deadline = time.monotonic() + 60
+            while not interrupted() and time.monotonic() < deadline:
+                time.sleep(0.001)
 
-        core.on_idle = watched  # type: ignore[method-assign]
+        resumed = _bulk_idle_work_done(
+            client,
+            lambda core: (
+                bool(results) and results[-1] and not core.cache.state_pool.next_unwritten(core.idle_prefault_slots())
+            ),
+            passes=results,
+            before_bulk=query_arrives,
+        )
         finished = threading.Event()
         params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
 
